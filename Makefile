@@ -1,0 +1,48 @@
+# llmesh: everything a fresh machine needs goes through these targets.
+PY       ?= python3.11
+VENV     := .venv
+BIN      := $(VENV)/bin
+MODELS   := var/models
+PROTOS   := $(wildcard protos/llmesh/v1/*.proto)
+GEN      := $(patsubst protos/%.proto,libs/%_pb2.py,$(PROTOS))
+
+.PHONY: install run test test-unit test-e2e bench protos model lock clean
+
+install: $(VENV)/.installed $(GEN) $(MODELS)/smollm2-135m-instruct/model.json
+
+$(VENV)/.installed: requirements.lock pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements.lock
+	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
+	touch $@
+
+# Generated code is not committed: protoc writes llmesh/v1/*_pb2*.py under libs/.
+protos: $(GEN)
+$(GEN) &: $(PROTOS) $(VENV)/.installed
+	$(BIN)/python -m grpc_tools.protoc -Iprotos --python_out=libs --pyi_out=libs \
+	    --grpc_python_out=libs $(PROTOS)
+
+model: $(MODELS)/smollm2-135m-instruct/model.json
+$(MODELS)/smollm2-135m-instruct/model.json: $(VENV)/.installed
+	$(BIN)/python -m llmesh.modelmgr.fetch --model-dir $(MODELS)
+
+run: install
+	$(BIN)/llmesh up --model-dir $(MODELS)
+
+test: install
+	$(BIN)/python -m pytest -q
+
+test-unit: install
+	$(BIN)/python -m pytest -q tests/unit
+
+bench: install
+	$(BIN)/python -m bench.gateway
+
+# Re-resolve the pinned dependencies after editing pyproject.toml.
+lock:
+	$(BIN)/python -m pip install --quiet uv
+	$(BIN)/python -m uv pip compile pyproject.toml --extra dev --python-version 3.11 -o requirements.lock
+
+clean:
+	rm -rf $(VENV) libs/llmesh/v1/*_pb2*.py* build *.egg-info

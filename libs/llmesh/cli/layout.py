@@ -1,0 +1,31 @@
+"""Where the services of a one-machine mesh listen. One base port decides all of them,
+so several meshes (tests, say) can share a machine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llmesh.settings import DEFAULT_PORTS
+
+CORE_SERVICES = ("scheduler", "modelmgr", "cache")
+
+
+@dataclass(frozen=True)
+class Layout:
+    host: str = "127.0.0.1"
+    base_port: int = DEFAULT_PORTS["gateway"]
+    http_port: int = DEFAULT_PORTS["gateway_http"]
+
+    def port(self, service: str) -> int:
+        offsets = {"gateway": 0, "scheduler": 1, "modelmgr": 2, "cache": 3}
+        return self.base_port + offsets[service]
+
+    def address(self, service: str) -> str:
+        return f"{self.host}:{self.port(service)}"
+
+    def engine_address(self, index: int) -> str:
+        return f"{self.host}:{self.base_port + 10 + index}"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.host}:{self.http_port}"

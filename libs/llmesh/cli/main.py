@@ -1,0 +1,130 @@
+"""``llmesh``: run and inspect a mesh.
+
+    llmesh up       start all five services on this machine
+    llmesh status   services, endpoints and models of a running mesh
+    llmesh chat     stream a chat answer through the gateway's gRPC API
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from pathlib import Path
+
+from llmesh.cli.layout import Layout
+
+
+def _layout(args: argparse.Namespace) -> Layout:
+    return Layout(base_port=args.base_port, http_port=args.http_port)
+
+
+def _add_layout_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--base-port", type=int, default=Layout.base_port,
+                   help="gateway gRPC port; scheduler, modelmgr and cache take the next three, engines base+10…")
+    p.add_argument("--http-port", type=int, default=Layout.http_port, help="gateway HTTP port")
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from llmesh.cli.up import MeshSpec, StartFailed, plan, start_all, stop_all, supervise
+
+    layout = _layout(args)
+    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    spec = MeshSpec(layout=layout, engines=engines, model_dir=args.model_dir.resolve(),
+                    log_dir=args.log_dir.resolve(), grace_s=args.grace)
+    if "llamacpp" in engines and not (spec.model_dir / spec.model).is_dir():
+        print(f"llmesh: no model '{spec.model}' in {spec.model_dir}; run 'make model' first", file=sys.stderr)
+        return 2
+    children = plan(spec)
+
+    async def main() -> int:
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        print(f"llmesh: starting {len(children)} services (logs in {spec.log_dir})", flush=True)
+        try:
+            await start_all(children)
+        except StartFailed as exc:
+            print(f"llmesh: {exc}", file=sys.stderr, flush=True)
+            return 1
+        print(_banner(layout, spec), flush=True)
+        dead = await supervise(children, stop)
+        if dead:
+            print(f"llmesh: {dead} exited; stopping the mesh (see {spec.log_dir / dead}.log)",
+                  file=sys.stderr, flush=True)
+        return 1 if dead else 0
+
+    try:
+        code = asyncio.run(main())
+    finally:
+        print("llmesh: stopping…", flush=True)
+        results = stop_all(children, spec.grace_s)
+        print("llmesh: stopped " + ", ".join(f"{n} ({rc})" for n, rc in results), flush=True)
+    return code
+
+
+def _banner(layout: Layout, spec) -> str:
+    model = spec.model if "llamacpp" in spec.engines else spec.sim_model
+    url = layout.http_url
+    return f"""llmesh is up: OpenAI-compatible API at {url}/v1, gRPC at {layout.address('gateway')}
+
+  curl {url}/v1/chat/completions -H 'content-type: application/json' \\
+    -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "Name three planets."}}]}}'
+
+  python -c 'from openai import OpenAI
+  c = OpenAI(base_url="{url}/v1", api_key="none")
+  for ch in c.chat.completions.create(model="{model}", stream=True,
+          messages=[{{"role": "user", "content": "Name three planets."}}]):
+      print(ch.choices[0].delta.content or "", end="", flush=True)'
+
+Ctrl-C stops every service."""
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from llmesh.cli.status import collect, render
+
+    report = asyncio.run(collect(_layout(args)))
+    print(render(report, as_json=args.json))
+    return 0 if all(s["health"] == "SERVING" for s in report["services"]) else 1
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    from llmesh.cli.chat import chat
+
+    return asyncio.run(chat(_layout(args).address("gateway"), args.model, args.prompt,
+                            args.max_tokens, args.temperature))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="llmesh", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    up = sub.add_parser("up", help="start the mesh on this machine")
+    _add_layout_args(up)
+    up.add_argument("--engines", default="llamacpp",
+                    help="comma-separated backends, one engine each: llamacpp, sim (default: llamacpp)")
+    up.add_argument("--model-dir", type=Path, default=Path("var/models"))
+    up.add_argument("--log-dir", type=Path, default=Path("var/log"))
+    up.add_argument("--grace", type=float, default=10.0, help="seconds in-flight work gets on stop")
+    up.set_defaults(func=cmd_up)
+
+    status = sub.add_parser("status", help="show services, endpoints and models")
+    _add_layout_args(status)
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(func=cmd_status)
+
+    chat = sub.add_parser("chat", help="stream a chat answer")
+    _add_layout_args(chat)
+    chat.add_argument("-m", "--model", required=True)
+    chat.add_argument("prompt")
+    chat.add_argument("--max-tokens", type=int, default=None)
+    chat.add_argument("--temperature", type=float, default=None)
+    chat.set_defaults(func=cmd_chat)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    raise SystemExit(args.func(args))

@@ -1,0 +1,147 @@
+"""``llmesh up``: run the whole mesh on one machine, one process per service.
+
+Children start in their own session (so a terminal's Ctrl-C reaches only us) and
+are told by the kernel to stop if we die (PR_SET_PDEATHSIG), so none is orphaned.
+We start them in dependency order, wait for each to report SERVING, and stop
+them in reverse order with SIGTERM, then SIGKILL after the grace period."""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from llmesh.rpc.health import health_status
+from llmesh.cli.layout import CORE_SERVICES, Layout
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+@dataclass
+class Child:
+    name: str
+    module: str
+    address: str
+    env: dict[str, str]
+    log_path: Path
+    proc: subprocess.Popen | None = None
+    extra: dict = field(default_factory=dict)
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", self.module], env=self.env, stdout=log,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     start_new_session=True, preexec_fn=_die_with_parent)
+        log.close()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+@dataclass
+class MeshSpec:
+    layout: Layout
+    engines: list[str]              # backend per engine: "llamacpp" | "sim"
+    model_dir: Path
+    log_dir: Path
+    model: str = "smollm2-135m-instruct"
+    sim_model: str = "sim-small"
+    grace_s: float = 10.0
+
+
+def plan(spec: MeshSpec) -> list[Child]:
+    """The processes of the mesh, in start order."""
+    lay = spec.layout
+    base = dict(os.environ)
+    base.setdefault("PYTHONUNBUFFERED", "1")
+    children: list[Child] = []
+
+    def add(name: str, service: str, address: str, env: dict[str, str]) -> None:
+        children.append(Child(name, f"llmesh.{service}", address, {**base, **env}, spec.log_dir / f"{name}.log"))
+
+    add("scheduler", "scheduler", lay.address("scheduler"), {"LLMESH_SCHEDULER_PORT": str(lay.port("scheduler"))})
+    add("modelmgr", "modelmgr", lay.address("modelmgr"), {
+        "LLMESH_MODELMGR_PORT": str(lay.port("modelmgr")), "LLMESH_MODELMGR_MODEL_DIR": str(spec.model_dir)})
+    add("cache", "cache", lay.address("cache"), {"LLMESH_CACHE_PORT": str(lay.port("cache"))})
+    for i, backend in enumerate(spec.engines):
+        address = lay.engine_address(i)
+        add(f"engine-{i}", "engine", address, {
+            "LLMESH_ENGINE_PORT": address.rsplit(":", 1)[1],
+            "LLMESH_ENGINE_BACKEND": backend,
+            "LLMESH_ENGINE_MODEL": spec.model if backend == "llamacpp" else spec.sim_model,
+            "LLMESH_ENGINE_MODEL_DIR": str(spec.model_dir),
+            "LLMESH_ENGINE_ENDPOINT_ID": f"engine-{i}",
+            "LLMESH_ENGINE_SCHEDULER_ADDRESS": lay.address("scheduler"),
+            "LLMESH_ENGINE_GRACE_S": str(spec.grace_s)})
+    add("gateway", "gateway", lay.address("gateway"), {
+        "LLMESH_GATEWAY_PORT": str(lay.port("gateway")),
+        "LLMESH_GATEWAY_HTTP_PORT": str(lay.http_port),
+        "LLMESH_GATEWAY_SCHEDULER_ADDRESS": lay.address("scheduler"),
+        "LLMESH_GATEWAY_MODELMGR_ADDRESS": lay.address("modelmgr"),
+        "LLMESH_GATEWAY_CACHE_ADDRESS": lay.address("cache"),
+        "LLMESH_GATEWAY_GRACE_S": str(spec.grace_s)})
+    assert [c.name for c in children[:3]] == list(CORE_SERVICES)
+    return children
+
+
+class StartFailed(RuntimeError):
+    pass
+
+
+async def _wait_serving(child: Child, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not child.alive():
+            raise StartFailed(f"{child.name} exited with code {child.proc.returncode}; see {child.log_path}")
+        if await health_status(child.address, timeout_s=0.5) == "SERVING":
+            return
+        await asyncio.sleep(0.1)
+    raise StartFailed(f"{child.name} did not become SERVING at {child.address} within {timeout_s:.0f}s; "
+                      f"see {child.log_path}")
+
+
+async def start_all(children: list[Child], timeout_s: float = 120.0) -> None:
+    core = [c for c in children if c.name in CORE_SERVICES]
+    engines = [c for c in children if c.name.startswith("engine-")]
+    gateway = [c for c in children if c.name == "gateway"]
+    for group in (core, engines, gateway):
+        for child in group:
+            child.start()
+        await asyncio.gather(*(_wait_serving(c, timeout_s) for c in group))
+
+
+def stop_all(children: list[Child], grace_s: float) -> list[tuple[str, int]]:
+    """SIGTERM in reverse start order (front door first), then SIGKILL what is left."""
+    for child in reversed(children):
+        if child.alive():
+            child.proc.send_signal(signal.SIGTERM)
+            try:
+                child.proc.wait(timeout=grace_s + 2)
+            except subprocess.TimeoutExpired:
+                child.proc.kill()
+                child.proc.wait()
+    return [(c.name, c.proc.returncode) for c in children if c.proc is not None]
+
+
+async def supervise(children: list[Child], stop: asyncio.Event) -> str | None:
+    """Waits for a stop request or a child's death; returns the dead child's name."""
+    while not stop.is_set():
+        for child in children:
+            if not child.alive():
+                return child.name
+        try:
+            await asyncio.wait_for(stop.wait(), 0.5)
+        except asyncio.TimeoutError:
+            pass
+    return None

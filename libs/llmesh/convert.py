@@ -1,0 +1,73 @@
+"""Domain types <-> llmesh.v1 protobuf messages, in one place for every service."""
+
+from __future__ import annotations
+
+from llmesh.types import FinishReason, Message, Prompt, Sampling, Usage
+from llmesh.v1 import common_pb2
+
+_FINISH_TO_PB = {
+    FinishReason.STOP: common_pb2.FINISH_REASON_STOP,
+    FinishReason.LENGTH: common_pb2.FINISH_REASON_LENGTH,
+}
+_FINISH_FROM_PB = {v: k for k, v in _FINISH_TO_PB.items()}
+
+
+def sampling_to_pb(s: Sampling) -> common_pb2.SamplingParams:
+    pb = common_pb2.SamplingParams(stop=list(s.stop))
+    if s.max_tokens is not None:
+        pb.max_tokens = s.max_tokens
+    if s.temperature is not None:
+        pb.temperature = s.temperature
+    if s.top_p is not None:
+        pb.top_p = s.top_p
+    if s.seed is not None:
+        pb.seed = s.seed
+    return pb
+
+
+def sampling_from_pb(pb: common_pb2.SamplingParams) -> Sampling:
+    return Sampling(
+        max_tokens=pb.max_tokens if pb.HasField("max_tokens") else None,
+        temperature=pb.temperature if pb.HasField("temperature") else None,
+        top_p=pb.top_p if pb.HasField("top_p") else None,
+        stop=tuple(pb.stop),
+        seed=pb.seed if pb.HasField("seed") else None,
+    )
+
+
+def messages_to_pb(messages: tuple[Message, ...]) -> list[common_pb2.ChatMessage]:
+    return [common_pb2.ChatMessage(role=m.role, content=m.content) for m in messages]
+
+
+def messages_from_pb(pbs) -> tuple[Message, ...]:
+    return tuple(Message(role=m.role, content=m.content) for m in pbs)
+
+
+def prompt_fields(prompt: Prompt, chat_type) -> dict:
+    """Keyword arguments that set a message's ``input`` oneof (``chat`` or ``prompt``)."""
+    if prompt.messages is not None:
+        return {"chat": chat_type(messages=messages_to_pb(prompt.messages))}
+    return {"prompt": prompt.text or ""}
+
+
+def prompt_from_pb(pb) -> Prompt:
+    """Reads the ``input`` oneof of a request that has ``chat`` and ``prompt``."""
+    if pb.WhichOneof("input") == "chat":
+        return Prompt(messages=messages_from_pb(pb.chat.messages))
+    return Prompt(text=pb.prompt)
+
+
+def finish_to_pb(reason: FinishReason) -> int:
+    return _FINISH_TO_PB[reason]
+
+
+def finish_from_pb(value: int) -> FinishReason:
+    return _FINISH_FROM_PB.get(value, FinishReason.STOP)
+
+
+def usage_to_pb(u: Usage) -> common_pb2.Usage:
+    return common_pb2.Usage(prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens)
+
+
+def usage_from_pb(pb: common_pb2.Usage) -> Usage:
+    return Usage(prompt_tokens=pb.prompt_tokens, completion_tokens=pb.completion_tokens)

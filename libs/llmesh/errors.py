@@ -1,0 +1,94 @@
+"""Domain errors: raised by pure code, mapped to gRPC and HTTP at the edges only."""
+
+from __future__ import annotations
+
+import enum
+
+
+class ErrorCode(enum.Enum):
+    INVALID_ARGUMENT = "invalid_argument"
+    NOT_FOUND = "not_found"
+    RESOURCE_EXHAUSTED = "resource_exhausted"
+    UNAVAILABLE = "unavailable"
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+    CANCELLED = "cancelled"
+    INTERNAL = "internal"
+
+
+class LlmeshError(Exception):
+    """Base of every error a client may see. ``reason`` is a stable machine-readable
+    word (OpenAI's ``code`` field); ``param`` names the offending request field."""
+
+    code: ErrorCode = ErrorCode.INTERNAL
+
+    def __init__(self, message: str, *, reason: str | None = None, param: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.reason = reason
+        self.param = param
+
+
+class InvalidArgument(LlmeshError):
+    code = ErrorCode.INVALID_ARGUMENT
+
+
+class ContextLengthExceeded(InvalidArgument):
+    def __init__(self, prompt_tokens: int, requested: int, context_length: int):
+        if requested > prompt_tokens:
+            detail = (f"you requested {requested} tokens ({prompt_tokens} in the prompt, "
+                      f"{requested - prompt_tokens} for the completion)")
+        else:
+            detail = f"the prompt has {prompt_tokens} tokens"
+        super().__init__(
+            f"This model's maximum context length is {context_length} tokens, but {detail}.",
+            reason="context_length_exceeded", param="messages")
+        self.prompt_tokens = prompt_tokens
+        self.context_length = context_length
+
+
+class NotFound(LlmeshError):
+    code = ErrorCode.NOT_FOUND
+
+
+class ModelNotFound(NotFound):
+    def __init__(self, model: str):
+        super().__init__(f"The model '{model}' does not exist.", reason="model_not_found", param="model")
+
+
+class Overloaded(LlmeshError):
+    code = ErrorCode.RESOURCE_EXHAUSTED
+
+    def __init__(self, message: str = "The engine's queue is full; retry later."):
+        super().__init__(message, reason="overloaded")
+
+
+class Unavailable(LlmeshError):
+    code = ErrorCode.UNAVAILABLE
+
+
+class DeadlineExceeded(LlmeshError):
+    code = ErrorCode.DEADLINE_EXCEEDED
+
+    def __init__(self, message: str = "The request's deadline expired."):
+        super().__init__(message, reason="deadline_exceeded")
+
+
+class Cancelled(LlmeshError):
+    code = ErrorCode.CANCELLED
+
+
+class Internal(LlmeshError):
+    code = ErrorCode.INTERNAL
+
+
+_BY_CODE = {cls.code: cls for cls in (InvalidArgument, NotFound, Overloaded, Unavailable,
+                                      DeadlineExceeded, Cancelled, Internal)}
+
+
+def error_for(code: ErrorCode, message: str, *, reason: str | None = None,
+              param: str | None = None) -> LlmeshError:
+    """Rebuild a domain error received from another service."""
+    cls = _BY_CODE.get(code, Internal)
+    err = LlmeshError.__new__(cls)
+    LlmeshError.__init__(err, message, reason=reason, param=param)
+    return err

@@ -1,0 +1,1 @@
+"""gRPC plumbing shared by the services: server lifecycle, error mapping, channels."""

@@ -1,0 +1,19 @@
+"""Client side of grpc.health.v1, for supervisors and status tools."""
+
+from __future__ import annotations
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from llmesh.rpc.channels import insecure_channel
+
+
+async def health_status(address: str, service: str = "", timeout_s: float = 1.0) -> str:
+    """SERVING, NOT_SERVING, ... or UNREACHABLE."""
+    async with insecure_channel(address) as channel:
+        try:
+            resp = await health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)
+        except grpc.aio.AioRpcError:
+            return "UNREACHABLE"
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)

@@ -1,0 +1,91 @@
+"""The one server interceptor: binds the request id to the logs and turns domain
+errors into gRPC status codes. Servicers raise; they never call context.abort."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+import grpc
+
+from llmesh.errors import LlmeshError
+from llmesh.logs import request_id_var
+from llmesh.rpc.status import grpc_code, trailing_metadata
+
+log = logging.getLogger("llmesh.rpc")
+
+REQUEST_ID_KEY = "x-request-id"
+
+
+def _request_id(context: grpc.aio.ServicerContext) -> str:
+    for key, value in context.invocation_metadata() or ():
+        if key == REQUEST_ID_KEY:
+            return value
+    return uuid.uuid4().hex
+
+
+async def _abort(context: grpc.aio.ServicerContext, exc: BaseException, method: str) -> None:
+    if isinstance(exc, grpc.aio.AbortError):
+        raise exc
+    if isinstance(exc, LlmeshError):
+        context.set_trailing_metadata(trailing_metadata(exc))
+        await context.abort(grpc_code(exc), exc.message)
+    log.exception("unhandled error", extra={"method": method})
+    await context.abort(grpc.StatusCode.INTERNAL, "internal error")
+
+
+class ErrorInterceptor(grpc.aio.ServerInterceptor):
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method
+        if handler.unary_unary:
+            inner = handler.unary_unary
+
+            async def unary_unary(request, context):
+                request_id_var.set(_request_id(context))
+                try:
+                    return await inner(request, context)
+                except Exception as exc:  # noqa: BLE001 - mapped to a status below
+                    await _abort(context, exc, method)
+
+            return grpc.unary_unary_rpc_method_handler(
+                unary_unary, handler.request_deserializer, handler.response_serializer)
+        if handler.unary_stream:
+            inner_stream = handler.unary_stream
+
+            async def unary_stream(request, context):
+                request_id_var.set(_request_id(context))
+                try:
+                    async for item in inner_stream(request, context):
+                        yield item
+                except Exception as exc:  # noqa: BLE001
+                    await _abort(context, exc, method)
+
+            return grpc.unary_stream_rpc_method_handler(
+                unary_stream, handler.request_deserializer, handler.response_serializer)
+        if handler.stream_unary:
+            inner_su = handler.stream_unary
+
+            async def stream_unary(request_iterator, context):
+                request_id_var.set(_request_id(context))
+                try:
+                    return await inner_su(request_iterator, context)
+                except Exception as exc:  # noqa: BLE001
+                    await _abort(context, exc, method)
+
+            return grpc.stream_unary_rpc_method_handler(
+                stream_unary, handler.request_deserializer, handler.response_serializer)
+        inner_ss = handler.stream_stream
+
+        async def stream_stream(request_iterator, context):
+            request_id_var.set(_request_id(context))
+            try:
+                async for item in inner_ss(request_iterator, context):
+                    yield item
+            except Exception as exc:  # noqa: BLE001
+                await _abort(context, exc, method)
+
+        return grpc.stream_stream_rpc_method_handler(
+            stream_stream, handler.request_deserializer, handler.response_serializer)

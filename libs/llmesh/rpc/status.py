@@ -1,0 +1,41 @@
+"""The one mapping between domain errors and gRPC status codes, both ways."""
+
+from __future__ import annotations
+
+import grpc
+
+from llmesh.errors import ErrorCode, LlmeshError, error_for
+
+_TO_GRPC = {
+    ErrorCode.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorCode.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    ErrorCode.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ErrorCode.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    ErrorCode.DEADLINE_EXCEEDED: grpc.StatusCode.DEADLINE_EXCEEDED,
+    ErrorCode.CANCELLED: grpc.StatusCode.CANCELLED,
+    ErrorCode.INTERNAL: grpc.StatusCode.INTERNAL,
+}
+_FROM_GRPC = {v: k for k, v in _TO_GRPC.items()}
+
+REASON_KEY = "llmesh-error-reason"
+PARAM_KEY = "llmesh-error-param"
+
+
+def grpc_code(err: LlmeshError) -> grpc.StatusCode:
+    return _TO_GRPC[err.code]
+
+
+def trailing_metadata(err: LlmeshError) -> tuple[tuple[str, str], ...]:
+    md = []
+    if err.reason:
+        md.append((REASON_KEY, err.reason))
+    if err.param:
+        md.append((PARAM_KEY, err.param))
+    return tuple(md)
+
+
+def from_rpc_error(exc: grpc.aio.AioRpcError) -> LlmeshError:
+    """Turn an upstream call's failure back into the domain error it carried."""
+    code = _FROM_GRPC.get(exc.code(), ErrorCode.INTERNAL)
+    md = dict(exc.trailing_metadata() or ())
+    return error_for(code, exc.details() or exc.code().name, reason=md.get(REASON_KEY), param=md.get(PARAM_KEY))

@@ -1,0 +1,66 @@
+"""Plain domain types shared by the services (no gRPC, no HTTP)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"
+    LENGTH = "length"
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    role: str
+    content: str
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """Sampling controls; None means the serving default."""
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+    @property
+    def deterministic(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    """Either a chat (template applied by the engine) or raw completion text."""
+    messages: tuple[Message, ...] | None = None
+    text: str | None = None
+
+    @property
+    def is_chat(self) -> bool:
+        return self.messages is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class Delta:
+    """Generated text that became final, and the number of tokens behind it."""
+    text: str
+    tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """The end of a generation."""
+    reason: FinishReason
+    usage: Usage = field(default_factory=Usage)

@@ -1,0 +1,1 @@
+"""cache: response cache (exact match now; semantic later)."""

@@ -1,0 +1,22 @@
+"""Cache composition root."""
+
+from __future__ import annotations
+
+from llmesh.rpc.server import GrpcServer, ServiceBinding
+from llmesh.v1 import cache_pb2_grpc
+from llmesh.cache.config import CacheSettings
+from llmesh.cache.memory import LruTtlStore
+from llmesh.cache.servicer import CacheServicer
+
+
+class CacheApp:
+    def __init__(self, settings: CacheSettings):
+        self.store: LruTtlStore[bytes] = LruTtlStore(settings.max_entries, settings.ttl_s)
+        self.server = GrpcServer(settings.address, [ServiceBinding(
+            "llmesh.v1.Cache", CacheServicer(self.store), cache_pb2_grpc.add_CacheServicer_to_server)])
+
+    async def start(self) -> None:
+        await self.server.start()
+
+    async def stop(self, grace: float) -> None:
+        await self.server.stop(grace)

@@ -1,0 +1,1 @@
+"""engine: wraps one inference backend and streams tokens over gRPC."""

@@ -1,0 +1,64 @@
+"""Engine composition root: settings -> backend, admission, core, servicer, reporter."""
+
+from __future__ import annotations
+
+import logging
+
+from llmesh.rpc.server import GrpcServer, ServiceBinding
+from llmesh.v1 import engine_pb2_grpc, scheduler_pb2
+from llmesh.engine.admission import Admission
+from llmesh.engine.backends.base import Backend
+from llmesh.engine.config import EngineSettings
+from llmesh.engine.core import Defaults, EngineCore
+from llmesh.engine.reporter import Reporter
+from llmesh.engine.servicer import EngineServicer, load_pb
+
+log = logging.getLogger("llmesh.engine")
+
+
+def build_backend(settings: EngineSettings) -> Backend:
+    if settings.backend == "sim":
+        from llmesh.engine.backends.sim import SimBackend
+        return SimBackend(model=settings.model, context_length=settings.sim_context_length,
+                          prefill_ms_per_token=settings.sim_prefill_ms_per_token,
+                          decode_ms_per_token=settings.sim_decode_ms_per_token,
+                          output_tokens=settings.sim_output_tokens)
+    from llmesh.engine.backends.llamacpp import LlamaCppBackend
+    return LlamaCppBackend.from_store(settings.model_dir, settings.model, n_ctx=settings.n_ctx,
+                                      n_threads=settings.n_threads, n_batch=settings.n_batch)
+
+
+class EngineApp:
+    def __init__(self, settings: EngineSettings, backend: Backend | None = None):
+        self.settings = settings
+        self.backend = backend or build_backend(settings)
+        self.admission = Admission(settings.max_running, settings.max_waiting, on_change=self._load_changed)
+        self.core = EngineCore(self.backend, self.admission,
+                               Defaults(settings.default_temperature, settings.default_top_p))
+        self.server = GrpcServer(settings.address, [ServiceBinding(
+            "llmesh.v1.Engine", EngineServicer(self.core, settings.endpoint_id),
+            engine_pb2_grpc.add_EngineServicer_to_server)])
+        self.reporter: Reporter | None = None
+
+    def _load_changed(self) -> None:
+        if self.reporter is not None:
+            self.reporter.notify()
+
+    async def start(self) -> None:
+        await self.server.start()
+        if self.settings.scheduler_address:
+            identity = scheduler_pb2.EngineReport(
+                endpoint_id=self.settings.endpoint_id,
+                address=self.settings.advertise_address or self.server.bound_address,
+                backend=self.backend.name, models=[self.backend.model])
+            self.reporter = Reporter(self.settings.scheduler_address, identity,
+                                     lambda: load_pb(self.core), self.settings.report_interval_s)
+            self.reporter.start()
+        log.info("engine ready", extra={"backend": self.backend.name, "model": self.backend.model,
+                                        "context_length": self.backend.context_length})
+
+    async def stop(self, grace: float) -> None:
+        if self.reporter is not None:
+            await self.reporter.stop()  # deregister first: no new work routed here
+        await self.server.stop(grace)
+        await self.backend.close()

@@ -1,0 +1,1 @@
+"""Inference backends. Each turns token ids into a stream of text pieces."""

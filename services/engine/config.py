@@ -1,0 +1,45 @@
+"""Engine settings, from LLMESH_ENGINE_* environment variables."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from llmesh.settings import DEFAULT_PORTS, ServiceSettings, default_address
+
+
+class EngineSettings(ServiceSettings):
+    model_config = SettingsConfigDict(env_prefix="LLMESH_ENGINE_", extra="ignore", frozen=True)
+
+    port: int = DEFAULT_PORTS["engine"]
+    backend: Literal["llamacpp", "sim"] = "llamacpp"
+    model: str = "smollm2-135m-instruct"
+    model_dir: Path = Path("var/models")
+    endpoint_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-engine")
+    advertise_address: str | None = None  # what the scheduler hands to gateways
+    scheduler_address: str | None = default_address("scheduler")
+    report_interval_s: float = Field(default=1.0, gt=0)
+
+    # Applied when a request leaves them unset (as vLLM applies a model's generation
+    # config). 0.2 / 0.9 is what SmolLM2's authors recommend; OpenAI's own default
+    # of 1.0 / 1.0 makes a 135M model ramble.
+    default_temperature: float = Field(default=0.2, ge=0, le=2)
+    default_top_p: float = Field(default=0.9, gt=0, le=1)
+
+    max_running: int = Field(default=1, ge=1)
+    max_waiting: int = Field(default=32, ge=0)
+
+    # llamacpp
+    n_ctx: int = Field(default=2048, ge=16, description="context window; capped by the model's own")
+    n_threads: int = Field(default=2, ge=1)
+    n_batch: int = Field(default=512, ge=1)
+
+    # sim
+    sim_context_length: int = Field(default=4096, ge=16)
+    sim_prefill_ms_per_token: float = Field(default=0.0, ge=0)
+    sim_decode_ms_per_token: float = Field(default=5.0, ge=0)
+    sim_output_tokens: int = Field(default=64, ge=1)

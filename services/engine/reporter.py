@@ -1,0 +1,80 @@
+"""Keeps one Report stream open to the scheduler: registers this engine, sends its
+load when it changes (at most every ``min_gap_s``) and at least every ``interval_s``.
+Reconnects with backoff; ends the stream cleanly on drain so the scheduler forgets us."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+
+import grpc
+
+from llmesh.rpc.channels import insecure_channel
+from llmesh.v1 import engine_pb2, scheduler_pb2, scheduler_pb2_grpc
+
+log = logging.getLogger("llmesh.engine.reporter")
+
+
+class Reporter:
+    def __init__(self, scheduler_address: str, identity: scheduler_pb2.EngineReport,
+                 load: Callable[[], engine_pb2.EngineLoad], interval_s: float = 1.0,
+                 min_gap_s: float = 0.05):
+        self._address = scheduler_address
+        self._identity = identity
+        self._load = load
+        self._interval = interval_s
+        self._min_gap = min_gap_s
+        self._changed = asyncio.Event()
+        self._draining = False
+        self._done = asyncio.Event()
+        self._task: asyncio.Task | None = None
+
+    def notify(self) -> None:
+        self._changed.set()
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="scheduler-reporter")
+
+    async def stop(self, timeout: float = 2.0) -> None:
+        """Tell the scheduler we are draining, then close the stream."""
+        if self._task is None:
+            return
+        self._draining = True
+        self._done.set()
+        self._changed.set()
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), timeout)
+        except (asyncio.TimeoutError, grpc.aio.AioRpcError):
+            self._task.cancel()
+
+    async def _run(self) -> None:
+        backoff = 0.2
+        async with insecure_channel(self._address) as channel:
+            stub = scheduler_pb2_grpc.SchedulerStub(channel)
+            while not self._done.is_set():
+                try:
+                    await stub.Report(self._reports())
+                    backoff = 0.2
+                except grpc.aio.AioRpcError as exc:
+                    log.warning("scheduler report stream broke", extra={
+                        "scheduler": self._address, "code": exc.code().name, "retry_in_s": backoff})
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 5.0)
+
+    async def _reports(self) -> AsyncIterator[scheduler_pb2.EngineReport]:
+        while True:
+            report = scheduler_pb2.EngineReport()
+            report.CopyFrom(self._identity)
+            report.load.CopyFrom(self._load())
+            report.draining = self._draining
+            yield report
+            if self._done.is_set():
+                return
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), self._interval)
+            except asyncio.TimeoutError:
+                pass
+            if not self._done.is_set():
+                await asyncio.sleep(self._min_gap)

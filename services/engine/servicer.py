@@ -1,0 +1,41 @@
+"""Engine gRPC servicer: protobuf <-> engine core, nothing else."""
+
+from __future__ import annotations
+
+from contextlib import aclosing
+
+from llmesh.convert import finish_to_pb, prompt_from_pb, sampling_from_pb, usage_to_pb
+from llmesh.types import Delta
+from llmesh.v1 import engine_pb2, engine_pb2_grpc
+from llmesh.engine.core import EngineCore
+
+
+class EngineServicer(engine_pb2_grpc.EngineServicer):
+    def __init__(self, core: EngineCore, endpoint_id: str):
+        self._core = core
+        self._endpoint_id = endpoint_id
+
+    async def Generate(self, request, context):
+        items = self._core.generate(request.model, prompt_from_pb(request), sampling_from_pb(request.sampling))
+        async with aclosing(items):
+            async for item in items:
+                if isinstance(item, Delta):
+                    yield engine_pb2.GenerateResponse(text=item.text, token_count=item.tokens)
+                else:
+                    yield engine_pb2.GenerateResponse(finish_reason=finish_to_pb(item.reason),
+                                                      usage=usage_to_pb(item.usage))
+
+    async def Tokenize(self, request, context):
+        count = self._core.count_tokens(request.model, prompt_from_pb(request))
+        return engine_pb2.TokenizeResponse(count=count, context_length=self._core.backend.context_length)
+
+    async def GetStatus(self, request, context):
+        return engine_pb2.GetStatusResponse(
+            endpoint_id=self._endpoint_id, backend=self._core.backend.name,
+            models=[self._core.backend.model], load=load_pb(self._core))
+
+
+def load_pb(core: EngineCore) -> engine_pb2.EngineLoad:
+    a = core.admission
+    return engine_pb2.EngineLoad(running=a.running, waiting=a.waiting,
+                                 max_running=a.max_running, max_waiting=a.max_waiting)

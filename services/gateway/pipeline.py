@@ -1,0 +1,153 @@
+"""One request's way through the gateway, shared by the HTTP and gRPC fronts:
+validate -> known model -> cache -> pick endpoint -> stream from the engine
+(retrying elsewhere before the first token) -> cache store, access log.
+
+It talks to the other services through the small ports below, so it has no
+gRPC in it and tests can drive it with real or in-process adapters."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Protocol
+
+from llmesh.errors import DeadlineExceeded, LlmeshError, ModelNotFound, Overloaded, Unavailable
+from llmesh.types import Delta, Finish, Prompt, Sampling
+from llmesh.validation import check_request
+from llmesh.gateway.endpoints import EndpointPicker
+
+log = logging.getLogger("llmesh.gateway.access")
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionRequest:
+    request_id: str
+    tenant: str
+    model: str
+    prompt: Prompt
+    sampling: Sampling
+    timeout_s: float
+
+
+class EngineClient(Protocol):
+    def generate(self, address: str, req: CompletionRequest, timeout_s: float
+                 ) -> AsyncIterator[Delta | Finish]: ...
+
+
+class ResponseCache(Protocol):
+    async def lookup(self, req: CompletionRequest) -> tuple[str, Finish] | None: ...
+    async def store(self, req: CompletionRequest, text: str, finish: Finish) -> None: ...
+
+
+class Catalog(Protocol):
+    def known(self, model: str) -> bool: ...
+
+
+class Pipeline:
+    def __init__(self, picker: EndpointPicker, engines: EngineClient, catalog: Catalog,
+                 cache: ResponseCache | None = None, max_attempts: int = 2,
+                 clock: Callable[[], float] = time.monotonic):
+        self._picker = picker
+        self._engines = engines
+        self._catalog = catalog
+        self._cache = cache
+        self._max_attempts = max_attempts
+        self._clock = clock
+        self._background: set[asyncio.Task] = set()
+
+    async def run(self, req: CompletionRequest) -> AsyncIterator[Delta | Finish]:
+        """Yields text deltas then one Finish; raises a LlmeshError on failure."""
+        started = self._clock()
+        record = {"model": req.model, "tenant": req.tenant, "endpoint": None, "cache": "skip",
+                  "status": "ok", "ttft_ms": None, "prompt_tokens": 0, "completion_tokens": 0}
+        try:
+            check_request(req.model, req.prompt, req.sampling)
+            if not self._catalog.known(req.model):
+                raise ModelNotFound(req.model)
+            cacheable = self._cache is not None and req.sampling.deterministic
+            if cacheable:
+                hit = await self._cache.lookup(req)
+                record["cache"] = "hit" if hit else "miss"
+                if hit is not None:
+                    text, finish = hit
+                    record["ttft_ms"] = round((self._clock() - started) * 1000, 3)
+                    self._count(record, finish)
+                    yield Delta(text=text, tokens=finish.usage.completion_tokens)
+                    yield finish
+                    return
+            parts: list[str] = []
+            async with aclosing(self._generate(req, started + req.timeout_s, record)) as items:
+                async for item in items:
+                    if record["ttft_ms"] is None:
+                        record["ttft_ms"] = round((self._clock() - started) * 1000, 3)
+                    if isinstance(item, Delta):
+                        if cacheable:
+                            parts.append(item.text)
+                    else:
+                        self._count(record, item)
+                        if cacheable:
+                            self._spawn(self._cache.store(req, "".join(parts), item))
+                    yield item
+        except LlmeshError as exc:
+            record["status"] = exc.code.value
+            raise
+        except (asyncio.CancelledError, GeneratorExit):
+            record["status"] = "cancelled"
+            raise
+        finally:
+            record["duration_ms"] = round((self._clock() - started) * 1000, 3)
+            log.info("request", extra=record)
+
+    async def _generate(self, req: CompletionRequest, deadline: float, record: dict
+                        ) -> AsyncIterator[Delta | Finish]:
+        tried: set[str] = set()
+        last_error: LlmeshError | None = None
+        for _ in range(self._max_attempts):
+            endpoint = self._picker.pick(req.model, self._clock(), frozenset(tried))
+            if endpoint is None:
+                break
+            tried.add(endpoint.endpoint_id)
+            remaining = deadline - self._clock()
+            if remaining <= 0:
+                raise DeadlineExceeded()
+            record["endpoint"] = endpoint.endpoint_id
+            self._picker.acquire(endpoint.endpoint_id)
+            streamed = False
+            try:
+                async with aclosing(self._engines.generate(endpoint.address, req, remaining)) as items:
+                    async for item in items:
+                        streamed = True
+                        yield item
+                return
+            except (Unavailable, Overloaded) as exc:
+                if streamed:
+                    raise
+                if isinstance(exc, Unavailable):
+                    self._picker.mark_down(endpoint.endpoint_id, self._clock())
+                last_error = exc
+            finally:
+                self._picker.release(endpoint.endpoint_id)
+        if last_error is not None:
+            raise last_error
+        raise Unavailable(f"No healthy endpoint serves the model '{req.model}' right now.",
+                          reason="no_healthy_endpoint")
+
+    @staticmethod
+    def _count(record: dict, finish: Finish) -> None:
+        record["prompt_tokens"] = finish.usage.prompt_tokens
+        record["completion_tokens"] = finish.usage.completion_tokens
+        record["finish_reason"] = finish.reason.value
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def drain(self) -> None:
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+

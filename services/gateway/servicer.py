@@ -1,0 +1,47 @@
+"""Gateway gRPC servicer: protobuf <-> the same pipeline the HTTP front uses."""
+
+from __future__ import annotations
+
+import uuid
+from contextlib import aclosing
+
+from llmesh.convert import finish_to_pb, messages_from_pb, sampling_from_pb, usage_to_pb
+from llmesh.rpc.interceptor import REQUEST_ID_KEY
+from llmesh.types import Delta, Prompt
+from llmesh.v1 import gateway_pb2, gateway_pb2_grpc
+from llmesh.gateway.pipeline import CompletionRequest, Pipeline
+from llmesh.gateway.upstreams import ModelCatalog
+
+
+class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
+    def __init__(self, pipeline: Pipeline, catalog: ModelCatalog, default_timeout_s: float,
+                 tenant: str = "default"):
+        self._pipeline = pipeline
+        self._catalog = catalog
+        self._default_timeout = default_timeout_s
+        self._tenant = tenant
+
+    async def Chat(self, request, context):
+        rid = dict(context.invocation_metadata() or ()).get(REQUEST_ID_KEY) or uuid.uuid4().hex
+        context.set_trailing_metadata(((REQUEST_ID_KEY, rid),))
+        remaining = context.time_remaining()
+        timeout = self._default_timeout if remaining is None else min(remaining, self._default_timeout)
+        req = CompletionRequest(request_id=rid, tenant=self._tenant, model=request.model,
+                                prompt=Prompt(messages=messages_from_pb(request.messages)),
+                                sampling=sampling_from_pb(request.sampling), timeout_s=timeout)
+        chat_id = "chatcmpl-" + rid
+        first = True
+        async with aclosing(self._pipeline.run(req)) as items:
+            async for item in items:
+                if first:
+                    yield gateway_pb2.ChatResponse(id=chat_id, role="assistant", model=request.model)
+                    first = False
+                if isinstance(item, Delta):
+                    if item.text:
+                        yield gateway_pb2.ChatResponse(id=chat_id, text=item.text)
+                else:
+                    yield gateway_pb2.ChatResponse(id=chat_id, finish_reason=finish_to_pb(item.reason),
+                                                   usage=usage_to_pb(item.usage))
+
+    async def ListModels(self, request, context):
+        return gateway_pb2.GatewayListModelsResponse(models=self._catalog.names())

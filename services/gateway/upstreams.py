@@ -1,0 +1,161 @@
+"""gRPC adapters behind the pipeline's ports, and the background feeds that keep
+the gateway's view of the mesh current (scheduler stream, model catalog)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+
+from llmesh.convert import (finish_from_pb, finish_to_pb, prompt_fields, sampling_to_pb,
+                            usage_from_pb, usage_to_pb)
+from llmesh.rpc.channels import insecure_channel
+from llmesh.rpc.interceptor import REQUEST_ID_KEY
+from llmesh.rpc.status import from_rpc_error
+from llmesh.types import Delta, Finish
+from llmesh.v1 import (cache_pb2, cache_pb2_grpc, engine_pb2, engine_pb2_grpc, modelmgr_pb2,
+                       modelmgr_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc)
+from llmesh.gateway.endpoints import Endpoint, EndpointPicker
+from llmesh.gateway.pipeline import CompletionRequest
+
+log = logging.getLogger("llmesh.gateway.upstreams")
+
+
+class EngineClients:
+    """One channel per engine address, opened on first use."""
+
+    def __init__(self) -> None:
+        self._stubs: dict[str, tuple[grpc.aio.Channel, engine_pb2_grpc.EngineStub]] = {}
+
+    def _stub(self, address: str) -> engine_pb2_grpc.EngineStub:
+        entry = self._stubs.get(address)
+        if entry is None:
+            channel = insecure_channel(address)
+            entry = self._stubs[address] = (channel, engine_pb2_grpc.EngineStub(channel))
+        return entry[1]
+
+    async def generate(self, address: str, req: CompletionRequest, timeout_s: float
+                       ) -> AsyncIterator[Delta | Finish]:
+        request = engine_pb2.GenerateRequest(
+            request_id=req.request_id, model=req.model, sampling=sampling_to_pb(req.sampling),
+            **prompt_fields(req.prompt, engine_pb2.ChatInput))
+        call = self._stub(address).Generate(request, timeout=timeout_s,
+                                            metadata=((REQUEST_ID_KEY, req.request_id),))
+        try:
+            async for resp in call:
+                if resp.finish_reason:
+                    yield Finish(reason=finish_from_pb(resp.finish_reason), usage=usage_from_pb(resp.usage))
+                else:
+                    yield Delta(text=resp.text, tokens=resp.token_count)
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc) from None
+        finally:
+            call.cancel()  # no-op once finished; frees the engine's slot if we stop early
+
+    async def close(self) -> None:
+        for channel, _ in self._stubs.values():
+            await channel.close()
+        self._stubs.clear()
+
+
+class CacheClient:
+    """The response cache; a failing cache never fails a request, it only misses."""
+
+    def __init__(self, address: str, timeout_s: float = 0.25):
+        self._channel = insecure_channel(address)
+        self._stub = cache_pb2_grpc.CacheStub(self._channel)
+        self._timeout = timeout_s
+
+    @staticmethod
+    def _query(req: CompletionRequest) -> cache_pb2.CacheQuery:
+        return cache_pb2.CacheQuery(tenant=req.tenant, model=req.model, sampling=sampling_to_pb(req.sampling),
+                                    **prompt_fields(req.prompt, cache_pb2.CachedChat))
+
+    async def lookup(self, req: CompletionRequest) -> tuple[str, Finish] | None:
+        try:
+            resp = await self._stub.Lookup(cache_pb2.LookupRequest(query=self._query(req)),
+                                           timeout=self._timeout)
+        except grpc.aio.AioRpcError as exc:
+            log.warning("cache lookup failed", extra={"code": exc.code().name})
+            return None
+        if not resp.hit:
+            return None
+        r = resp.response
+        return r.text, Finish(reason=finish_from_pb(r.finish_reason), usage=usage_from_pb(r.usage))
+
+    async def store(self, req: CompletionRequest, text: str, finish: Finish) -> None:
+        response = cache_pb2.CachedResponse(text=text, finish_reason=finish_to_pb(finish.reason),
+                                            usage=usage_to_pb(finish.usage))
+        try:
+            await self._stub.Store(cache_pb2.StoreRequest(query=self._query(req), response=response),
+                                   timeout=self._timeout)
+        except grpc.aio.AioRpcError as exc:
+            log.warning("cache store failed", extra={"code": exc.code().name})
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+
+def endpoint_from_pb(e: scheduler_pb2.Endpoint) -> Endpoint:
+    return Endpoint(endpoint_id=e.endpoint_id, address=e.address, models=frozenset(e.models),
+                    running=e.load.running, waiting=e.load.waiting, max_running=e.load.max_running,
+                    healthy=e.healthy)
+
+
+class SchedulerFeed:
+    """Keeps the picker's table current from the scheduler's WatchEndpoints stream.
+    If the scheduler goes away, the last known table stays in use."""
+
+    def __init__(self, address: str, picker: EndpointPicker):
+        self._address = address
+        self._picker = picker
+        self.synced = asyncio.Event()
+
+    async def run(self) -> None:
+        backoff = 0.2
+        async with insecure_channel(self._address) as channel:
+            stub = scheduler_pb2_grpc.SchedulerStub(channel)
+            while True:
+                try:
+                    async for table in stub.WatchEndpoints(scheduler_pb2.WatchEndpointsRequest()):
+                        self._picker.replace_all(endpoint_from_pb(e) for e in table.endpoints)
+                        self.synced.set()
+                        backoff = 0.2
+                except grpc.aio.AioRpcError as exc:
+                    log.warning("scheduler stream broke; keeping the last endpoint table",
+                                extra={"scheduler": self._address, "code": exc.code().name})
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+
+class ModelCatalog:
+    """Models the gateway accepts: the registry's, plus any an engine serves (the
+    sim backend's, say). Refreshed in the background, never on the request path."""
+
+    def __init__(self, address: str | None, picker: EndpointPicker, refresh_s: float = 10.0):
+        self._address = address
+        self._picker = picker
+        self._refresh = refresh_s
+        self._registry: set[str] = set()
+
+    def known(self, model: str) -> bool:
+        return model in self._registry or model in self._picker.models()
+
+    def names(self) -> list[str]:
+        return sorted(self._registry | self._picker.models())
+
+    async def run(self) -> None:
+        if not self._address:
+            return
+        async with insecure_channel(self._address) as channel:
+            stub = modelmgr_pb2_grpc.ModelManagerStub(channel)
+            while True:
+                try:
+                    resp = await stub.ListModels(modelmgr_pb2.ListModelsRequest(), timeout=10)
+                    self._registry = {m.name for m in resp.models}
+                except grpc.aio.AioRpcError as exc:
+                    log.warning("model registry unreachable; keeping the last catalog",
+                                extra={"modelmgr": self._address, "code": exc.code().name})
+                await asyncio.sleep(self._refresh)

