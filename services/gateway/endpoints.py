@@ -28,6 +28,7 @@ class EndpointPicker:
 
     def __init__(self, rng: random.Random | None = None, down_for_s: float = 2.0):
         self._endpoints: dict[str, Endpoint] = {}
+        self._seen_models: set[str] = set()
         self._inflight: dict[str, int] = {}
         self._down_until: dict[str, float] = {}
         self._down_for = down_for_s
@@ -35,12 +36,20 @@ class EndpointPicker:
 
     def replace_all(self, endpoints: Iterable[Endpoint]) -> None:
         self._endpoints = {e.endpoint_id: e for e in endpoints}
+        for e in self._endpoints.values():
+            self._seen_models |= e.models
 
     def all(self) -> list[Endpoint]:
         return list(self._endpoints.values())
 
     def models(self) -> set[str]:
+        """Models some endpoint serves now."""
         return {m for e in self._endpoints.values() for m in e.models}
+
+    def seen_models(self) -> set[str]:
+        """Models any endpoint has served since start: asking for one whose engines are
+        all gone is 'unavailable', not 'no such model'."""
+        return self._seen_models
 
     def pick(self, model: str, now: float, exclude: frozenset[str] = frozenset()) -> Endpoint | None:
         best: list[Endpoint] = []

@@ -15,6 +15,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from llmesh.errors import ErrorCode, LlmeshError
+from llmesh.logs import request_id_var
 from llmesh.types import Delta, Finish
 from llmesh.gateway.openai_api import (CHAT, TEXT, ChatBody, ChunkWriter, CompletionBody, Shape,
                                        completion_json, error_json, parse)
@@ -82,6 +83,7 @@ class HttpFront:
 
     async def _complete(self, request: Request, body_cls, shape: Shape) -> Response:
         rid = request.headers.get(REQUEST_ID) or uuid.uuid4().hex
+        request_id_var.set(rid)
         try:
             body = parse(body_cls, await request.body())
             prompt = body.prompt() if shape.chat else body.prompt_value()

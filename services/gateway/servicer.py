@@ -6,6 +6,7 @@ import uuid
 from contextlib import aclosing
 
 from llmesh.convert import finish_to_pb, messages_from_pb, sampling_from_pb, usage_to_pb
+from llmesh.logs import request_id_var
 from llmesh.rpc.interceptor import REQUEST_ID_KEY
 from llmesh.types import Delta, Prompt
 from llmesh.v1 import gateway_pb2, gateway_pb2_grpc
@@ -22,7 +23,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         self._tenant = tenant
 
     async def Chat(self, request, context):
-        rid = dict(context.invocation_metadata() or ()).get(REQUEST_ID_KEY) or uuid.uuid4().hex
+        rid = request_id_var.get() or uuid.uuid4().hex  # the interceptor read x-request-id
         context.set_trailing_metadata(((REQUEST_ID_KEY, rid),))
         remaining = context.time_remaining()
         timeout = self._default_timeout if remaining is None else min(remaining, self._default_timeout)

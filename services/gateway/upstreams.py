@@ -141,7 +141,7 @@ class ModelCatalog:
         self._registry: set[str] = set()
 
     def known(self, model: str) -> bool:
-        return model in self._registry or model in self._picker.models()
+        return model in self._registry or model in self._picker.seen_models()
 
     def names(self) -> list[str]:
         return sorted(self._registry | self._picker.models())

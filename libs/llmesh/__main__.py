@@ -1,0 +1,3 @@
+from llmesh.cli.main import main
+
+main()

@@ -1,0 +1,142 @@
+"""Helpers to run real llmesh processes from tests and benchmarks: free ports, a
+whole mesh under ``llmesh up``, single services. Everything binds 127.0.0.1 and
+every process started here is stopped here."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from llmesh.cli.layout import Layout
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_layout(n_engines: int = 4) -> Layout:
+    """A base port whose service and engine ports are all free, and a free HTTP port."""
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(20000, 40000)
+        ports = [base + i for i in range(4)] + [base + 10 + i for i in range(n_engines)] + [base + 9]
+        if all(_port_free(p) for p in ports):
+            return Layout(base_port=base, http_port=base + 9)
+    raise RuntimeError("no free port range found")
+
+
+def children_of(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            if ppid == pid:
+                out.append(int(entry.name))
+    return out
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@dataclass
+class Mesh:
+    """``llmesh up`` as a child process."""
+    layout: Layout
+    engines: str
+    model_dir: Path
+    log_dir: Path
+    env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen | None = None
+    output: list[str] = field(default_factory=list)
+
+    def start(self, timeout_s: float = 180.0) -> None:
+        cmd = [sys.executable, "-m", "llmesh", "up", "--base-port", str(self.layout.base_port),
+               "--http-port", str(self.layout.http_port), "--engines", self.engines,
+               "--model-dir", str(self.model_dir), "--log-dir", str(self.log_dir), "--grace", "5"]
+        self.proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     stdin=subprocess.DEVNULL)
+        reader = threading.Thread(target=self._read_output, daemon=True)
+        reader.start()
+        up = wait_until(lambda: any("llmesh is up" in line for line in self.output) or self.proc.poll() is not None,
+                        timeout_s)
+        if not up or self.proc.poll() is not None:
+            self.stop()
+            raise RuntimeError("mesh did not start:\n" + "".join(self.output) + "\n" + self.logs())
+
+    def _read_output(self) -> None:
+        for line in self.proc.stdout:
+            self.output.append(line)
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(self.log_dir.glob("*.log")))
+
+    def stop(self, sig: int = signal.SIGINT, timeout_s: float = 30.0) -> int:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(sig)
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        return self.proc.returncode
+
+
+@dataclass
+class Service:
+    """One service module (``llmesh.engine`` etc.) as a child process."""
+    module: str
+    env: dict[str, str]
+    log_path: Path
+    proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", self.module],
+                                         env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
+                                         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 15.0) -> int:
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+def wait_until(predicate, timeout_s: float = 10.0, interval_s: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval_s)
+    return bool(predicate())

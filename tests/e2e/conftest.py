@@ -1,0 +1,72 @@
+"""One real mesh for the end-to-end tests: `llmesh up` with a llama.cpp engine
+(SmolLM2) and a sim engine, plus one deliberately tight sim engine started on its
+own (one slot, no queue, slow) for the overload and deadline cases."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import grpc
+import pytest
+from openai import OpenAI
+
+from llmesh.testing import Mesh, Service, free_layout, wait_until
+from llmesh.v1 import scheduler_pb2, scheduler_pb2_grpc
+
+SMOL = "smollm2-135m-instruct"
+N_CTX = 2048
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory, real_model_dir: Path) -> Path:
+    """The real model, plus a registered model no engine serves (for 503)."""
+    d = tmp_path_factory.mktemp("models")
+    (d / SMOL).symlink_to(real_model_dir / SMOL, target_is_directory=True)
+    unserved = d / "unserved-model"
+    unserved.mkdir()
+    gguf = next((real_model_dir / SMOL).glob("*.gguf"))
+    (unserved / gguf.name).symlink_to(gguf)
+    return d
+
+
+@pytest.fixture(scope="session")
+def mesh(model_dir: Path, tmp_path_factory):
+    layout = free_layout(n_engines=3)
+    m = Mesh(layout=layout, engines="llamacpp,sim", model_dir=model_dir,
+             log_dir=tmp_path_factory.mktemp("logs"),
+             env={"LLMESH_ENGINE_N_CTX": str(N_CTX), "LLMESH_ENGINE_SIM_DECODE_MS_PER_TOKEN": "2"})
+    m.start()
+    yield m
+    code = m.stop()
+    if os.environ.get("LLMESH_SHOW_LOGS"):
+        print(m.logs())
+    assert code == 0, m.logs()
+
+
+def endpoints(mesh: Mesh) -> list:
+    with grpc.insecure_channel(mesh.layout.address("scheduler")) as ch:
+        return list(scheduler_pb2_grpc.SchedulerStub(ch).ListEndpoints(
+            scheduler_pb2.ListEndpointsRequest(), timeout=2).endpoints)
+
+
+@pytest.fixture(scope="session")
+def tight_engine(mesh: Mesh, tmp_path_factory):
+    """sim-tight: one slot, no queue, 50 ms a token, 64 tokens (3.2 s a request)."""
+    address = mesh.layout.engine_address(2)
+    svc = Service("llmesh.engine", {
+        "LLMESH_ENGINE_BACKEND": "sim", "LLMESH_ENGINE_MODEL": "sim-tight",
+        "LLMESH_ENGINE_PORT": address.rsplit(":", 1)[1], "LLMESH_ENGINE_ENDPOINT_ID": "tight",
+        "LLMESH_ENGINE_SCHEDULER_ADDRESS": mesh.layout.address("scheduler"),
+        "LLMESH_ENGINE_MAX_RUNNING": "1", "LLMESH_ENGINE_MAX_WAITING": "0",
+        "LLMESH_ENGINE_SIM_DECODE_MS_PER_TOKEN": "50"}, tmp_path_factory.mktemp("tight") / "engine.log")
+    svc.start()
+    assert wait_until(lambda: any(e.endpoint_id == "tight" and e.healthy for e in endpoints(mesh)), 20), \
+        svc.log_path.read_text()
+    yield address
+    assert svc.stop() == 0, svc.log_path.read_text()
+
+
+@pytest.fixture(scope="session")
+def client(mesh: Mesh) -> OpenAI:
+    return OpenAI(base_url=mesh.layout.http_url + "/v1", api_key="unused", max_retries=0, timeout=120)
