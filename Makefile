@@ -37,7 +37,7 @@ test-unit: install
 	$(BIN)/python -m pytest -q tests/unit
 
 bench: install
-	$(BIN)/python -m bench.gateway
+	$(BIN)/python -m bench
 
 # Re-resolve the pinned dependencies after editing pyproject.toml.
 lock:

@@ -8,6 +8,8 @@ import signal
 from collections.abc import Callable
 from typing import Protocol
 
+import uvloop
+
 from llmesh.logs import setup_logging
 from llmesh.settings import ServiceSettings
 
@@ -37,7 +39,12 @@ async def serve(build: Callable[[], App], grace: float) -> None:
 def run(name: str, settings: ServiceSettings, build: Callable[[ServiceSettings], App]) -> None:
     setup_logging(name, settings.log_level)
     try:
-        asyncio.run(serve(lambda: build(settings), settings.grace_s))
+        main = serve(lambda: build(settings), settings.grace_s)
+        if settings.event_loop == "uvloop":
+            # ~15% less CPU per wake-up here, and 0.3-2 ms less added TTFT (bench/gateway.py).
+            uvloop.run(main)
+        else:
+            asyncio.run(main)
     except OSError as exc:
         log.error("cannot start", extra={"error": str(exc)})
         raise SystemExit(1) from exc

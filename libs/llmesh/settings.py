@@ -3,6 +3,8 @@ with its own env prefix (``LLMESH_<SERVICE>_``); values come from the environmen
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -14,6 +16,7 @@ class ServiceSettings(BaseSettings):
     port: int = Field(ge=0, le=65535)
     log_level: str = "info"
     grace_s: float = Field(default=10.0, ge=0, description="time in-flight calls get to finish on stop")
+    event_loop: Literal["uvloop", "asyncio"] = "uvloop"
 
     @property
     def address(self) -> str:

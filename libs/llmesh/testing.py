@@ -68,13 +68,14 @@ class Mesh:
     model_dir: Path
     log_dir: Path
     env: dict[str, str] = field(default_factory=dict)
+    args: list[str] = field(default_factory=list)  # more `llmesh up` flags
     proc: subprocess.Popen | None = None
     output: list[str] = field(default_factory=list)
 
     def start(self, timeout_s: float = 180.0) -> None:
         cmd = [sys.executable, "-m", "llmesh", "up", "--base-port", str(self.layout.base_port),
                "--http-port", str(self.layout.http_port), "--engines", self.engines,
-               "--model-dir", str(self.model_dir), "--log-dir", str(self.log_dir), "--grace", "5"]
+               "--model-dir", str(self.model_dir), "--log-dir", str(self.log_dir), "--grace", "5", *self.args]
         self.proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      stdin=subprocess.DEVNULL)

@@ -112,19 +112,18 @@ class HttpFront:
                       items: AsyncIterator[Delta | Finish]) -> AsyncIterator[bytes]:
         async with aclosing(items):
             try:
+                # The role chunk rides with the first text: one write before the first token.
                 role = writer.role()
-                if role is not None:
-                    yield _sse(role)
+                head = _sse(role) if role is not None else b""
                 item = first
                 while True:
                     if isinstance(item, Delta):
                         if item.text:
-                            yield _sse(writer.delta(item.text))
+                            yield head + _sse(writer.delta(item.text))
+                            head = b""
                     else:
-                        yield _sse(writer.finish(item.reason))
                         usage = writer.usage(item.usage)
-                        if usage is not None:
-                            yield _sse(usage)
+                        yield head + _sse(writer.finish(item.reason)) + (_sse(usage) if usage is not None else b"")
                         break
                     item = await anext(items)
             except LlmeshError as exc:

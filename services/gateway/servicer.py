@@ -34,15 +34,16 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         first = True
         async with aclosing(self._pipeline.run(req)) as items:
             async for item in items:
-                if first:
-                    yield gateway_pb2.ChatResponse(id=chat_id, role="assistant", model=request.model)
-                    first = False
                 if isinstance(item, Delta):
-                    if item.text:
-                        yield gateway_pb2.ChatResponse(id=chat_id, text=item.text)
+                    if not item.text:
+                        continue
+                    msg = gateway_pb2.ChatResponse(id=chat_id, text=item.text)
                 else:
-                    yield gateway_pb2.ChatResponse(id=chat_id, finish_reason=finish_to_pb(item.reason),
+                    msg = gateway_pb2.ChatResponse(id=chat_id, finish_reason=finish_to_pb(item.reason),
                                                    usage=usage_to_pb(item.usage))
+                if first:  # the first message also says who speaks: one write less before the first token
+                    msg.role, msg.model, first = "assistant", request.model, False
+                yield msg
 
     async def ListModels(self, request, context):
         return gateway_pb2.GatewayListModelsResponse(models=self._catalog.names())

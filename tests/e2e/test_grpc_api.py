@@ -56,7 +56,7 @@ def test_streaming_chat(gateway):
     call = gateway.Chat(chat_request(SMOL, "What is 2+2?", temperature=0.0, max_tokens=30), timeout=60,
                         metadata=(("x-request-id", "grpc-test-1"),))
     chunks = list(call)
-    assert chunks[0].role == "assistant" and chunks[0].model == SMOL
+    assert chunks[0].role == "assistant" and chunks[0].model == SMOL and chunks[0].text
     text = "".join(c.text for c in chunks)
     assert "4" in text
     last = chunks[-1]

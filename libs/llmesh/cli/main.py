@@ -32,7 +32,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     layout = _layout(args)
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     spec = MeshSpec(layout=layout, engines=engines, model_dir=args.model_dir.resolve(),
-                    log_dir=args.log_dir.resolve(), grace_s=args.grace)
+                    log_dir=args.log_dir.resolve(), grace_s=args.grace, cache=not args.no_cache)
     if "llamacpp" in engines and not (spec.model_dir / spec.model).is_dir():
         print(f"llmesh: no model '{spec.model}' in {spec.model_dir}; run 'make model' first", file=sys.stderr)
         return 2
@@ -107,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="comma-separated backends, one engine each: llamacpp, sim (default: llamacpp)")
     up.add_argument("--model-dir", type=Path, default=Path("var/models"))
     up.add_argument("--log-dir", type=Path, default=Path("var/log"))
+    up.add_argument("--no-cache", action="store_true", help="the gateway skips the response cache")
     up.add_argument("--grace", type=float, default=10.0, help="seconds in-flight work gets on stop")
     up.set_defaults(func=cmd_up)
 

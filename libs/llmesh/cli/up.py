@@ -58,6 +58,7 @@ class MeshSpec:
     model: str = "smollm2-135m-instruct"
     sim_model: str = "sim-small"
     grace_s: float = 10.0
+    cache: bool = True
 
 
 def plan(spec: MeshSpec) -> list[Child]:
@@ -89,7 +90,7 @@ def plan(spec: MeshSpec) -> list[Child]:
         "LLMESH_GATEWAY_HTTP_PORT": str(lay.http_port),
         "LLMESH_GATEWAY_SCHEDULER_ADDRESS": lay.address("scheduler"),
         "LLMESH_GATEWAY_MODELMGR_ADDRESS": lay.address("modelmgr"),
-        "LLMESH_GATEWAY_CACHE_ADDRESS": lay.address("cache"),
+        "LLMESH_GATEWAY_CACHE_ADDRESS": lay.address("cache") if spec.cache else "",
         "LLMESH_GATEWAY_GRACE_S": str(spec.grace_s)})
     assert [c.name for c in children[:3]] == list(CORE_SERVICES)
     return children

@@ -1,11 +1,15 @@
 """A simulated backend: no model, deterministic words at configured speeds.
 
 It exists to measure the mesh's own overhead and to run many engines on one
-machine. Its model is always named ``sim-*`` and its output is not language."""
+machine. Like a batching engine, it advances every running sequence by one token
+per decode step on one shared clock; a new sequence's prefill (and so its first
+token) takes ``prefill_ms_per_token`` for each prompt token. Its model is always named ``sim-*`` and its
+output is not language."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import random
 from collections.abc import AsyncIterator
@@ -15,6 +19,38 @@ from llmesh.engine.backends.base import DecodeParams
 
 _WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel",
           "india", "juliet", "kilo", "lima", "mike", "november", "oscar", "papa")
+
+
+class _StepClock:
+    """Wakes every waiting sequence once per decode step (one timer for all)."""
+
+    def __init__(self, step_s: float):
+        self._step = step_s
+        self._waiters: list[asyncio.Future[None]] = []
+        self._task: asyncio.Task | None = None
+
+    async def tick(self) -> None:
+        if self._step <= 0:
+            return
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run())
+        await fut
+
+    async def _run(self) -> None:
+        while self._waiters:
+            await asyncio.sleep(self._step)
+            waiters, self._waiters = self._waiters, []
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_result(None)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
 
 
 class SimBackend:
@@ -27,7 +63,7 @@ class SimBackend:
         self.model = model
         self.context_length = context_length
         self._prefill_s = prefill_ms_per_token / 1000.0
-        self._decode_s = decode_ms_per_token / 1000.0
+        self._clock = _StepClock(decode_ms_per_token / 1000.0)
         self._output_tokens = output_tokens
 
     def tokenize(self, prompt: Prompt) -> list[int]:
@@ -41,13 +77,14 @@ class SimBackend:
     async def stream(self, tokens: list[int], params: DecodeParams) -> AsyncIterator[str]:
         seed = params.seed if params.seed is not None else 0
         rng = random.Random(hash((tuple(tokens), seed, params.temperature)))
-        if self._prefill_s:
-            await asyncio.sleep(self._prefill_s * len(tokens))
+        # Prefill is the sequence's own; the first token comes out of it. Later
+        # tokens come one per shared decode step.
+        await asyncio.sleep(self._prefill_s * len(tokens))
         for i in range(min(params.max_new_tokens, self._output_tokens)):
-            if self._decode_s:
-                await asyncio.sleep(self._decode_s)
+            if i:
+                await self._clock.tick()
             word = _WORDS[rng.randrange(len(_WORDS))]
             yield word if i == 0 else " " + word
 
     async def close(self) -> None:
-        return None
+        await self._clock.close()

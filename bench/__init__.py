@@ -1,0 +1,1 @@
+"""Benchmarks. Each prints one JSON document on stdout; progress goes to stderr."""

@@ -1,0 +1,8 @@
+"""``make bench``: every benchmark, one JSON document per line-separated section."""
+
+import subprocess
+import sys
+
+for module in ("bench.gateway", "bench.llamacpp"):
+    print(f"# {module}", file=sys.stderr, flush=True)
+    subprocess.run([sys.executable, "-m", module, *sys.argv[1:]], check=True)

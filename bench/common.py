@@ -1,0 +1,76 @@
+"""Shared bench plumbing: percentiles, per-process CPU time, concurrent drivers."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from llmesh.testing import children_of
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def note(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
+
+
+def child_pid(parent: int, module: str) -> int:
+    for pid in children_of(parent):
+        if module in Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode():
+            return pid
+    raise LookupError(module)
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
+
+
+@dataclass
+class Sample:
+    ttft_s: float
+    total_s: float
+    tokens: int
+
+
+async def drive(one: Callable[[int], Awaitable[Sample]], concurrency: int, requests: int) -> dict:
+    """Runs ``requests`` calls of ``one`` with ``concurrency`` in flight; summarises."""
+    samples: list[Sample] = []
+    errors = 0
+    counter = iter(range(requests))
+
+    async def worker() -> None:
+        nonlocal errors
+        for i in counter:
+            try:
+                samples.append(await one(i))
+            except Exception as exc:  # noqa: BLE001 - counted and reported
+                errors += 1
+                if errors <= 3:
+                    note(f"  error: {type(exc).__name__}: {exc}")
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    wall = time.perf_counter() - start
+    ttft = [s.ttft_s * 1000 for s in samples]
+    tokens = sum(s.tokens for s in samples)
+    return {
+        "requests": len(samples), "errors": errors, "wall_s": round(wall, 3),
+        "ttft_ms_p50": round(pct(ttft, 50), 3), "ttft_ms_p99": round(pct(ttft, 99), 3),
+        "ttft_ms_mean": round(statistics.fmean(ttft), 3) if ttft else None,
+        "tokens_per_s": round(tokens / wall, 1),
+        "per_stream_tokens_per_s": round(statistics.fmean(s.tokens / s.total_s for s in samples), 1) if samples else None,
+    }

@@ -1,0 +1,144 @@
+"""The mesh's own overhead: identical streamed requests sent straight to a sim
+engine over gRPC, and through the gateway (gRPC and OpenAI HTTP/SSE), at several
+concurrencies. The sim engine makes every token take the same time, so the
+difference is what the gateway adds.
+
+    python -m bench.gateway [--levels 1,32,256] [--requests 100,640,1280]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+import httpx
+import orjson
+
+from llmesh.rpc.channels import insecure_channel
+from llmesh.testing import Mesh, free_layout
+from llmesh.v1 import common_pb2, engine_pb2, engine_pb2_grpc, gateway_pb2, gateway_pb2_grpc
+from bench.common import Sample, child_pid, cpu_seconds, drive, note
+
+MODEL = "sim-small"
+PROMPT = "Summarise the plot of a long novel in a few words please"
+
+
+def sampling(tokens: int) -> common_pb2.SamplingParams:
+    return common_pb2.SamplingParams(max_tokens=tokens, temperature=0.7)
+
+
+async def engine_call(stub, tokens: int) -> Sample:
+    req = engine_pb2.GenerateRequest(model=MODEL, sampling=sampling(tokens), chat=engine_pb2.ChatInput(
+        messages=[common_pb2.ChatMessage(role="user", content=PROMPT)]))
+    start = time.perf_counter()
+    ttft, n = None, 0
+    async for resp in stub.Generate(req, timeout=60):
+        if resp.text and ttft is None:
+            ttft = time.perf_counter() - start
+        n += resp.token_count
+    return Sample(ttft, time.perf_counter() - start, n)
+
+
+async def gateway_grpc_call(stub, tokens: int) -> Sample:
+    req = gateway_pb2.ChatRequest(model=MODEL, sampling=sampling(tokens),
+                                  messages=[common_pb2.ChatMessage(role="user", content=PROMPT)])
+    start = time.perf_counter()
+    ttft, n = None, 0
+    async for resp in stub.Chat(req, timeout=60):
+        if resp.text and ttft is None:
+            ttft = time.perf_counter() - start
+        if resp.finish_reason:
+            n = resp.usage.completion_tokens
+    return Sample(ttft, time.perf_counter() - start, n)
+
+
+async def gateway_http_call(client: httpx.AsyncClient, url: str, tokens: int) -> Sample:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": tokens,
+            "temperature": 0.7, "stream": True, "stream_options": {"include_usage": True}}
+    start = time.perf_counter()
+    ttft, n = None, 0
+    async with client.stream("POST", url, json=body) as resp:
+        resp.raise_for_status()
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = orjson.loads(line[6:])
+            if ttft is None and chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+                ttft = time.perf_counter() - start
+            if chunk.get("usage"):
+                n = chunk["usage"]["completion_tokens"]
+    return Sample(ttft, time.perf_counter() - start, n)
+
+
+async def measure(mesh: Mesh, levels: list[int], counts: list[int], tokens: int, paths: list[str]) -> dict:
+    gw_pid = child_pid(mesh.proc.pid, "llmesh.gateway")
+    out: dict = {}
+    async with insecure_channel(mesh.layout.engine_address(0)) as ech, \
+            insecure_channel(mesh.layout.address("gateway")) as gch, \
+            httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=1024)) as http:
+        engine = engine_pb2_grpc.EngineStub(ech)
+        gateway = gateway_pb2_grpc.GatewayStub(gch)
+        url = mesh.layout.http_url + "/v1/chat/completions"
+        calls = {
+            "engine_grpc": lambda i: engine_call(engine, tokens),
+            "gateway_grpc": lambda i: gateway_grpc_call(gateway, tokens),
+            "gateway_http": lambda i: gateway_http_call(http, url, tokens),
+        }
+        for name in paths:  # warm every path's connections and code
+            await drive(calls[name], 4, 20)
+        for level, count in zip(levels, counts):
+            row = {}
+            for name in paths:
+                cpu0 = cpu_seconds(gw_pid)
+                row[name] = await drive(calls[name], level, count)
+                row[name]["gateway_cpu_ms_per_request"] = round(
+                    (cpu_seconds(gw_pid) - cpu0) * 1000 / max(row[name]["requests"], 1), 3)
+                note(f"c={level:<4} {name:<13} ttft p50 {row[name]['ttft_ms_p50']:.2f} ms  "
+                     f"p99 {row[name]['ttft_ms_p99']:.2f} ms  {row[name]['tokens_per_s']:.0f} tok/s")
+            base = row.get("engine_grpc")
+            if base:
+                for name in paths:
+                    if name != "engine_grpc":
+                        row[name]["added_ttft_ms_p50"] = round(row[name]["ttft_ms_p50"] - base["ttft_ms_p50"], 3)
+                        row[name]["added_ttft_ms_p99"] = round(row[name]["ttft_ms_p99"] - base["ttft_ms_p99"], 3)
+            out[f"c{level}"] = row
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--levels", default="1,32,256")
+    parser.add_argument("--requests", default="40,320,1024")
+    parser.add_argument("--tokens", type=int, default=16, help="tokens per response")
+    parser.add_argument("--decode-ms", type=float, default=25.0,
+                        help="sim time per decode step (25 ms: ~40 tok/s a stream, a loaded GPU)")
+    parser.add_argument("--prefill-ms", type=float, default=1.0, help="sim prefill time per prompt token")
+    parser.add_argument("--paths", default="engine_grpc,gateway_grpc,gateway_http")
+    args = parser.parse_args()
+    levels = [int(x) for x in args.levels.split(",")]
+    counts = [int(x) for x in args.requests.split(",")]
+    paths = args.paths.split(",")
+    with tempfile.TemporaryDirectory() as tmp:
+        mesh = Mesh(layout=free_layout(1), engines="sim", model_dir=Path(tmp) / "models", log_dir=Path(tmp) / "logs",
+                    env={"LLMESH_ENGINE_SIM_DECODE_MS_PER_TOKEN": str(args.decode_ms),
+                         "LLMESH_ENGINE_SIM_PREFILL_MS_PER_TOKEN": str(args.prefill_ms),
+                         "LLMESH_ENGINE_MAX_RUNNING": "1024", "LLMESH_ENGINE_MAX_WAITING": "1024",
+                         "LLMESH_GATEWAY_LOG_LEVEL": "warning", "LLMESH_ENGINE_LOG_LEVEL": "warning"})
+        mesh.start(timeout_s=60)
+        try:
+            results = asyncio.run(measure(mesh, levels, counts, args.tokens, paths))
+        finally:
+            mesh.stop(signal.SIGINT)
+    print(json.dumps({"bench": "gateway", "backend": "sim", "tokens_per_response": args.tokens,
+                      "sim_decode_ms_per_token": args.decode_ms, "sim_prefill_ms_per_token": args.prefill_ms,
+                      "results": results}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
