@@ -15,6 +15,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Protocol
 
+from llmesh.streams import coalesce
 from llmesh.errors import DeadlineExceeded, LlmeshError, ModelNotFound, Overloaded, Unavailable
 from llmesh.types import Delta, Finish, Prompt, Sampling
 from llmesh.validation import check_request
@@ -80,7 +81,7 @@ class Pipeline:
                     yield finish
                     return
             parts: list[str] = []
-            async with aclosing(self._generate(req, started + req.timeout_s, record)) as items:
+            async with aclosing(coalesce(self._generate(req, started + req.timeout_s, record))) as items:
                 async for item in items:
                     if record["ttft_ms"] is None:
                         record["ttft_ms"] = round((self._clock() - started) * 1000, 3)

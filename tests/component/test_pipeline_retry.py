@@ -1,0 +1,111 @@
+"""The gateway pipeline against real engines served in-process over gRPC: endpoint
+choice, retry elsewhere before the first token, and the errors that surface."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+from llmesh.errors import Overloaded, Unavailable
+from llmesh.types import Delta, Finish, Message, Prompt, Sampling
+from llmesh.engine.app import EngineApp
+from llmesh.engine.config import EngineSettings
+from llmesh.gateway.endpoints import Endpoint, EndpointPicker
+from llmesh.gateway.pipeline import CompletionRequest, Pipeline
+from llmesh.gateway.upstreams import EngineClients
+
+MODEL = "sim-retry"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class StaticCatalog:
+    def known(self, model: str) -> bool:
+        return model == MODEL
+
+
+def request(**sampling) -> CompletionRequest:
+    return CompletionRequest(request_id="r1", tenant="t", model=MODEL, timeout_s=10,
+                             prompt=Prompt(messages=(Message("user", "hello there"),)),
+                             sampling=Sampling(max_tokens=5, temperature=0.5, **sampling))
+
+
+@pytest.fixture
+async def engines():
+    apps = []
+
+    async def start(endpoint_id: str, **overrides) -> Endpoint:
+        fields = {"sim_decode_ms_per_token": 1, **overrides}
+        settings = EngineSettings(backend="sim", model=MODEL, port=free_port(), endpoint_id=endpoint_id,
+                                  scheduler_address=None, **fields)
+        app = EngineApp(settings)
+        await app.start()
+        apps.append(app)
+        return Endpoint(endpoint_id=endpoint_id, address=app.server.bound_address, models=frozenset({MODEL}),
+                        max_running=settings.max_running)
+
+    yield start
+    for app in apps:
+        await app.stop(0)
+
+
+async def collect(pipeline: Pipeline, req: CompletionRequest) -> tuple[str, Finish]:
+    text, finish = [], None
+    async for item in pipeline.run(req):
+        if isinstance(item, Delta):
+            text.append(item.text)
+        else:
+            finish = item
+    return "".join(text), finish
+
+
+async def test_dead_endpoint_is_retried_elsewhere_and_marked_down(engines):
+    live = await engines("live")
+    dead = Endpoint(endpoint_id="dead", address=f"127.0.0.1:{free_port()}", models=frozenset({MODEL}))
+    picker = EndpointPicker()
+    picker.replace_all([dead, live])
+    clients = EngineClients()
+    pipeline = Pipeline(picker, clients, StaticCatalog(), max_attempts=2)
+    try:
+        for _ in range(4):  # whichever it picks first, every request succeeds
+            text, finish = await collect(pipeline, request())
+            assert text and finish.usage.completion_tokens == 5
+        # Once refused, the dead endpoint is skipped without another attempt.
+        assert picker.pick(MODEL, time.monotonic()).endpoint_id == "live"
+    finally:
+        await clients.close()
+
+
+async def test_full_engine_sends_the_request_to_the_next_one(engines):
+    tight = await engines("tight", max_running=1, max_waiting=0, sim_decode_ms_per_token=50)
+    roomy = await engines("roomy")
+    picker = EndpointPicker()
+    picker.replace_all([tight])
+    clients = EngineClients()
+    pipeline = Pipeline(picker, clients, StaticCatalog(), max_attempts=2)
+    try:
+        hold = pipeline.run(request())
+        await anext(hold)  # tight's only slot is taken
+        with pytest.raises(Overloaded):
+            await collect(pipeline, request())  # nowhere else to go: 429 material
+        picker.replace_all([tight, roomy])
+        picker.acquire("roomy")  # make tight look like the better choice
+        picker.acquire("roomy")
+        text, _ = await collect(pipeline, request())
+        assert text
+        await hold.aclose()
+    finally:
+        await clients.close()
+
+
+async def test_no_endpoint_at_all_is_unavailable():
+    pipeline = Pipeline(EndpointPicker(), EngineClients(), StaticCatalog())
+    with pytest.raises(Unavailable) as info:
+        await collect(pipeline, request())
+    assert info.value.reason == "no_healthy_endpoint"
