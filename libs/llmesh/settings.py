@@ -3,6 +3,7 @@ with its own env prefix (``LLMESH_<SERVICE>_``); values come from the environmen
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
@@ -21,6 +22,23 @@ class ServiceSettings(BaseSettings):
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
+
+
+class MeshSettings(BaseSettings):
+    """What every service of one mesh shares, from LLMESH_* variables: how services
+    find each other and where the live config lives. The defaults need nothing
+    running: static addresses and a YAML file."""
+    model_config = SettingsConfigDict(env_prefix="LLMESH_", extra="ignore", frozen=True)
+
+    discovery: Literal["static", "etcd", "consul"] = "static"
+    etcd_address: str = "127.0.0.1:2379"
+    consul_address: str = "127.0.0.1:8500"
+    discovery_prefix: str = "/llmesh/services"
+    registry_ttl_s: int = Field(default=5, ge=1, description="etcd lease: a dead service leaves after this")
+    config_backend: Literal["none", "file", "etcd"] = "file"
+    config_file: Path = Path("llmesh.yaml")
+    config_prefix: str = "/llmesh/config"
+    state_dir: Path = Field(default=Path("var/state"), description="config snapshots live here")
 
 
 # Default ports of a one-machine mesh; every one can be overridden by env.

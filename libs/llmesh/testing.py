@@ -141,3 +141,58 @@ def wait_until(predicate, timeout_s: float = 10.0, interval_s: float = 0.05) -> 
             return True
         time.sleep(interval_s)
     return bool(predicate())
+
+
+@dataclass
+class EtcdServer:
+    """A real etcd (Debian's etcd-server) on free 127.0.0.1 ports with its own data dir."""
+    data_dir: Path
+    port: int = 0
+    peer_port: int = 0
+    proc: subprocess.Popen | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 20.0) -> None:
+        if not self.port:
+            self.port, self.peer_port = free_ports(2)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        url, peer = f"http://127.0.0.1:{self.port}", f"http://127.0.0.1:{self.peer_port}"
+        log = (self.data_dir.parent / f"{self.data_dir.name}.log").open("ab")
+        self.proc = subprocess.Popen(
+            ["etcd", "--name", "test", "--data-dir", str(self.data_dir), "--listen-client-urls", url,
+             "--advertise-client-urls", url, "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+             "--initial-cluster", f"test={peer}", "--log-level", "warn"],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        log.close()
+        if not wait_until(lambda: _port_open(self.port) or self.proc.poll() is not None, timeout_s):
+            raise RuntimeError("etcd did not start")
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"etcd exited with {self.proc.returncode}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()

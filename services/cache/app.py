@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from llmesh.platform import Platform
 from llmesh.rpc.server import GrpcServer, ServiceBinding
 from llmesh.v1 import cache_pb2_grpc
 from llmesh.cache.config import CacheSettings
@@ -10,10 +11,14 @@ from llmesh.cache.servicer import CacheServicer
 
 
 class CacheApp:
-    def __init__(self, settings: CacheSettings):
+    def __init__(self, settings: CacheSettings, platform: Platform | None = None):
         self.store: LruTtlStore[bytes] = LruTtlStore(settings.max_entries, settings.ttl_s)
         self.server = GrpcServer(settings.address, [ServiceBinding(
             "llmesh.v1.Cache", CacheServicer(self.store), cache_pb2_grpc.add_CacheServicer_to_server)])
+
+    @property
+    def advertise_address(self) -> str:
+        return self.server.bound_address
 
     async def start(self) -> None:
         await self.server.start()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 
+from llmesh.discovery.base import fixed
+from llmesh.platform import Platform
 from llmesh.rpc.server import GrpcServer, ServiceBinding
 from llmesh.v1 import engine_pb2_grpc, scheduler_pb2
 from llmesh.engine.admission import Admission
@@ -29,7 +31,7 @@ def build_backend(settings: EngineSettings) -> Backend:
 
 
 class EngineApp:
-    def __init__(self, settings: EngineSettings, backend: Backend | None = None):
+    def __init__(self, settings: EngineSettings, platform: Platform | None = None, backend: Backend | None = None):
         self.settings = settings
         self.backend = backend or build_backend(settings)
         self.admission = Admission(settings.max_running, settings.max_waiting, on_change=self._load_changed)
@@ -39,19 +41,26 @@ class EngineApp:
             "llmesh.v1.Engine", EngineServicer(self.core, settings.endpoint_id),
             engine_pb2_grpc.add_EngineServicer_to_server)])
         self.reporter: Reporter | None = None
+        self._platform = platform
 
     def _load_changed(self) -> None:
         if self.reporter is not None:
             self.reporter.notify()
+
+    @property
+    def advertise_address(self) -> str:
+        return self.settings.advertise_address or self.server.bound_address
 
     async def start(self) -> None:
         await self.server.start()
         if self.settings.scheduler_address:
             identity = scheduler_pb2.EngineReport(
                 endpoint_id=self.settings.endpoint_id,
-                address=self.settings.advertise_address or self.server.bound_address,
+                address=self.advertise_address,
                 backend=self.backend.name, models=[self.backend.model])
-            self.reporter = Reporter(self.settings.scheduler_address, identity,
+            address = self.settings.scheduler_address
+            resolve = self._platform.resolver("scheduler", address) if self._platform else fixed(address)
+            self.reporter = Reporter(resolve, identity,
                                      lambda: load_pb(self.core), self.settings.report_interval_s)
             self.reporter.start()
         log.info("engine ready", extra={"backend": self.backend.name, "model": self.backend.model,

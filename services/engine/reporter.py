@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable
 
 import grpc
 
+from llmesh.discovery.base import Resolver
 from llmesh.rpc.channels import insecure_channel
 from llmesh.v1 import engine_pb2, scheduler_pb2, scheduler_pb2_grpc
 
@@ -17,10 +18,10 @@ log = logging.getLogger("llmesh.engine.reporter")
 
 
 class Reporter:
-    def __init__(self, scheduler_address: str, identity: scheduler_pb2.EngineReport,
+    def __init__(self, scheduler: Resolver, identity: scheduler_pb2.EngineReport,
                  load: Callable[[], engine_pb2.EngineLoad], interval_s: float = 1.0,
                  min_gap_s: float = 0.05):
-        self._address = scheduler_address
+        self._resolve = scheduler
         self._identity = identity
         self._load = load
         self._interval = interval_s
@@ -50,17 +51,19 @@ class Reporter:
 
     async def _run(self) -> None:
         backoff = 0.2
-        async with insecure_channel(self._address) as channel:
-            stub = scheduler_pb2_grpc.SchedulerStub(channel)
-            while not self._done.is_set():
-                try:
-                    await stub.Report(self._reports())
-                    backoff = 0.2
-                except grpc.aio.AioRpcError as exc:
-                    log.warning("scheduler report stream broke", extra={
-                        "scheduler": self._address, "code": exc.code().name, "retry_in_s": backoff})
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, 5.0)
+        while not self._done.is_set():
+            address = "?"
+            try:
+                address = await self._resolve()  # anew on every (re)connect
+                async with insecure_channel(address) as channel:
+                    await scheduler_pb2_grpc.SchedulerStub(channel).Report(self._reports())
+                backoff = 0.2
+            except (grpc.aio.AioRpcError, LookupError, OSError) as exc:
+                log.warning("scheduler report stream broke", extra={
+                    "scheduler": address, "retry_in_s": backoff,
+                    "error": exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else type(exc).__name__})
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
 
     async def _reports(self) -> AsyncIterator[scheduler_pb2.EngineReport]:
         while True:

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import uvicorn
 
+from llmesh.platform import Platform, standalone_platform
 from llmesh.rpc.server import GrpcServer, ServiceBinding
 from llmesh.v1 import gateway_pb2_grpc
 from llmesh.gateway.config import GatewaySettings
@@ -30,26 +31,39 @@ class _EmbeddedUvicorn(uvicorn.Server):
 
 
 class GatewayApp:
-    def __init__(self, settings: GatewaySettings):
+    def __init__(self, settings: GatewaySettings, platform: Platform | None = None):
         self.settings = settings
+        platform = platform or standalone_platform("gateway")
+        self.config = platform.config
         self.picker = EndpointPicker()
         self.engines = EngineClients()
-        self.cache = CacheClient(settings.cache_address) if settings.cache_address else None
-        self.catalog = ModelCatalog(settings.modelmgr_address, self.picker, settings.catalog_refresh_s)
-        self.feed = SchedulerFeed(settings.scheduler_address, self.picker)
+        self.cache = (CacheClient(platform.resolver("cache", settings.cache_address))
+                      if settings.cache_address else None)
+        self.catalog = ModelCatalog(platform.resolver("modelmgr", settings.modelmgr_address)
+                                    if settings.modelmgr_address else None,
+                                    self.picker, settings.catalog_refresh_s)
+        self.feed = SchedulerFeed(platform.resolver("scheduler", settings.scheduler_address), self.picker)
         self.pipeline = Pipeline(self.picker, self.engines, self.catalog, self.cache,
-                                 max_attempts=settings.max_attempts)
+                                 config=lambda: self.config.current)
         self._draining = False
-        self.http = HttpFront(self.pipeline, self.catalog.names, lambda: not self._draining,
+        self.http = HttpFront(self.pipeline, self.model_names, lambda: not self._draining,
                               settings.request_timeout_s)
         self.grpc = GrpcServer(settings.address, [ServiceBinding(
-            "llmesh.v1.Gateway", GatewayServicer(self.pipeline, self.catalog, settings.request_timeout_s),
+            "llmesh.v1.Gateway", GatewayServicer(self.pipeline, self.model_names, settings.request_timeout_s),
             gateway_pb2_grpc.add_GatewayServicer_to_server)])
         self._uvicorn = _EmbeddedUvicorn(uvicorn.Config(
             self.http.app, host=settings.http_host, port=settings.http_port, log_config=None,
             access_log=False, lifespan="off", http="httptools", loop="none",
             timeout_graceful_shutdown=int(settings.grace_s) or 1))
         self._tasks: list[asyncio.Task] = []
+
+    def model_names(self) -> list[str]:
+        """What clients may ask for: registered and served models, and split aliases."""
+        return sorted(set(self.catalog.names()) | set(self.config.current.splits))
+
+    @property
+    def advertise_address(self) -> str:
+        return self.grpc.bound_address
 
     async def start(self) -> None:
         self._tasks = [asyncio.create_task(self.feed.run(), name="scheduler-feed"),

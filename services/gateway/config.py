@@ -18,5 +18,4 @@ class GatewaySettings(ServiceSettings):
     modelmgr_address: str | None = default_address("modelmgr")
     cache_address: str | None = default_address("cache")
     request_timeout_s: float = Field(default=600.0, gt=0, description="longest a request may take")
-    max_attempts: int = Field(default=2, ge=1, description="engines tried before the first token")
     catalog_refresh_s: float = Field(default=10.0, gt=0)

@@ -88,7 +88,8 @@ class HttpFront:
             body = parse(body_cls, await request.body())
             prompt = body.prompt() if shape.chat else body.prompt_value()
             req = CompletionRequest(request_id=rid, tenant=self._tenant, model=body.model, prompt=prompt,
-                                    sampling=body.sampling_params(), timeout_s=self._timeout(request))
+                                    sampling=body.sampling_params(), timeout_s=self._timeout(request),
+                                    user=body.user)
             items = self._pipeline.run(req)
             if body.stream:
                 # Wait for the first item so an early failure still gets its status code.

@@ -24,6 +24,7 @@ class _Body(BaseModel):
     top_p: float | None = None
     stop: str | list[str] | None = None
     seed: int | None = None
+    user: str | None = None
     n: int | None = None
     stream: bool | None = False
 

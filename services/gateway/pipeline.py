@@ -12,14 +12,16 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from llmesh.streams import coalesce
 from llmesh.errors import DeadlineExceeded, LlmeshError, ModelNotFound, Overloaded, Unavailable
 from llmesh.types import Delta, Finish, Prompt, Sampling
 from llmesh.validation import check_request
+from llmesh.liveconfig.schema import MeshConfig
 from llmesh.gateway.endpoints import EndpointPicker
+from llmesh.gateway.policy import apply_policy, route
 
 log = logging.getLogger("llmesh.gateway.access")
 
@@ -32,6 +34,7 @@ class CompletionRequest:
     prompt: Prompt
     sampling: Sampling
     timeout_s: float
+    user: str | None = None  # keeps a user on one arm of a traffic split
 
 
 class EngineClient(Protocol):
@@ -50,13 +53,14 @@ class Catalog(Protocol):
 
 class Pipeline:
     def __init__(self, picker: EndpointPicker, engines: EngineClient, catalog: Catalog,
-                 cache: ResponseCache | None = None, max_attempts: int = 2,
+                 cache: ResponseCache | None = None,
+                 config: Callable[[], MeshConfig] = MeshConfig,
                  clock: Callable[[], float] = time.monotonic):
         self._picker = picker
         self._engines = engines
         self._catalog = catalog
         self._cache = cache
-        self._max_attempts = max_attempts
+        self._config = config
         self._clock = clock
         self._background: set[asyncio.Task] = set()
 
@@ -67,8 +71,12 @@ class Pipeline:
                   "status": "ok", "ttft_ms": None, "prompt_tokens": 0, "completion_tokens": 0}
         try:
             check_request(req.model, req.prompt, req.sampling)
-            if not self._catalog.known(req.model):
+            target, policy = route(req.model, self._config(), req.user or req.request_id)
+            if not self._catalog.known(target):
                 raise ModelNotFound(req.model)
+            prompt, sampling = apply_policy(req.prompt, req.sampling, policy)
+            req = replace(req, model=target, prompt=prompt, sampling=sampling)
+            record["model"] = target
             cacheable = self._cache is not None and req.sampling.deterministic
             if cacheable:
                 hit = await self._cache.lookup(req)
@@ -81,7 +89,8 @@ class Pipeline:
                     yield finish
                     return
             parts: list[str] = []
-            async with aclosing(coalesce(self._generate(req, started + req.timeout_s, record))) as items:
+            attempts = policy.max_attempts
+            async with aclosing(coalesce(self._generate(req, started + req.timeout_s, attempts, record))) as items:
                 async for item in items:
                     if record["ttft_ms"] is None:
                         record["ttft_ms"] = round((self._clock() - started) * 1000, 3)
@@ -103,11 +112,11 @@ class Pipeline:
             record["duration_ms"] = round((self._clock() - started) * 1000, 3)
             log.info("request", extra=record)
 
-    async def _generate(self, req: CompletionRequest, deadline: float, record: dict
+    async def _generate(self, req: CompletionRequest, deadline: float, attempts: int, record: dict
                         ) -> AsyncIterator[Delta | Finish]:
         tried: set[str] = set()
         last_error: LlmeshError | None = None
-        for _ in range(self._max_attempts):
+        for _ in range(attempts):
             endpoint = self._picker.pick(req.model, self._clock(), frozenset(tried))
             if endpoint is None:
                 break

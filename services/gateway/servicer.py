@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from contextlib import aclosing
 
 from llmesh.convert import finish_to_pb, messages_from_pb, sampling_from_pb, usage_to_pb
@@ -11,14 +12,13 @@ from llmesh.rpc.interceptor import REQUEST_ID_KEY
 from llmesh.types import Delta, Prompt
 from llmesh.v1 import gateway_pb2, gateway_pb2_grpc
 from llmesh.gateway.pipeline import CompletionRequest, Pipeline
-from llmesh.gateway.upstreams import ModelCatalog
 
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
-    def __init__(self, pipeline: Pipeline, catalog: ModelCatalog, default_timeout_s: float,
+    def __init__(self, pipeline: Pipeline, model_names: Callable[[], list[str]], default_timeout_s: float,
                  tenant: str = "default"):
         self._pipeline = pipeline
-        self._catalog = catalog
+        self._model_names = model_names
         self._default_timeout = default_timeout_s
         self._tenant = tenant
 
@@ -46,4 +46,4 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                 yield msg
 
     async def ListModels(self, request, context):
-        return gateway_pb2.GatewayListModelsResponse(models=self._catalog.names())
+        return gateway_pb2.GatewayListModelsResponse(models=self._model_names())

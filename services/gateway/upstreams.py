@@ -11,6 +11,7 @@ import grpc
 
 from llmesh.convert import (finish_from_pb, finish_to_pb, prompt_fields, sampling_to_pb,
                             usage_from_pb, usage_to_pb)
+from llmesh.discovery.base import Resolver
 from llmesh.rpc.channels import insecure_channel
 from llmesh.rpc.interceptor import REQUEST_ID_KEY
 from llmesh.rpc.status import from_rpc_error
@@ -61,12 +62,25 @@ class EngineClients:
 
 
 class CacheClient:
-    """The response cache; a failing cache never fails a request, it only misses."""
+    """The response cache; a failing cache never fails a request, it only misses.
+    The cache's address is looked up when first needed and again after a failure."""
 
-    def __init__(self, address: str, timeout_s: float = 0.25):
-        self._channel = insecure_channel(address)
-        self._stub = cache_pb2_grpc.CacheStub(self._channel)
+    def __init__(self, resolve: Resolver, timeout_s: float = 0.25):
+        self._resolve = resolve
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: cache_pb2_grpc.CacheStub | None = None
         self._timeout = timeout_s
+
+    async def _cache(self) -> cache_pb2_grpc.CacheStub:
+        if self._stub is None:
+            self._channel = insecure_channel(await self._resolve())
+            self._stub = cache_pb2_grpc.CacheStub(self._channel)
+        return self._stub
+
+    async def _forget(self) -> None:
+        channel, self._channel, self._stub = self._channel, None, None
+        if channel is not None:
+            await channel.close()
 
     @staticmethod
     def _query(req: CompletionRequest) -> cache_pb2.CacheQuery:
@@ -75,10 +89,11 @@ class CacheClient:
 
     async def lookup(self, req: CompletionRequest) -> tuple[str, Finish] | None:
         try:
-            resp = await self._stub.Lookup(cache_pb2.LookupRequest(query=self._query(req)),
-                                           timeout=self._timeout)
-        except grpc.aio.AioRpcError as exc:
-            log.warning("cache lookup failed", extra={"code": exc.code().name})
+            stub = await self._cache()
+            resp = await stub.Lookup(cache_pb2.LookupRequest(query=self._query(req)), timeout=self._timeout)
+        except (grpc.aio.AioRpcError, LookupError) as exc:
+            log.warning("cache lookup failed", extra={"error": _why(exc)})
+            await self._forget()
             return None
         if not resp.hit:
             return None
@@ -89,13 +104,19 @@ class CacheClient:
         response = cache_pb2.CachedResponse(text=text, finish_reason=finish_to_pb(finish.reason),
                                             usage=usage_to_pb(finish.usage))
         try:
-            await self._stub.Store(cache_pb2.StoreRequest(query=self._query(req), response=response),
-                                   timeout=self._timeout)
-        except grpc.aio.AioRpcError as exc:
-            log.warning("cache store failed", extra={"code": exc.code().name})
+            stub = await self._cache()
+            await stub.Store(cache_pb2.StoreRequest(query=self._query(req), response=response),
+                             timeout=self._timeout)
+        except (grpc.aio.AioRpcError, LookupError) as exc:
+            log.warning("cache store failed", extra={"error": _why(exc)})
+            await self._forget()
 
     async def close(self) -> None:
-        await self._channel.close()
+        await self._forget()
+
+
+def _why(exc: Exception) -> str:
+    return exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
 
 
 def endpoint_from_pb(e: scheduler_pb2.Endpoint) -> Endpoint:
@@ -108,34 +129,36 @@ class SchedulerFeed:
     """Keeps the picker's table current from the scheduler's WatchEndpoints stream.
     If the scheduler goes away, the last known table stays in use."""
 
-    def __init__(self, address: str, picker: EndpointPicker):
-        self._address = address
+    def __init__(self, resolve: Resolver, picker: EndpointPicker):
+        self._resolve = resolve
         self._picker = picker
         self.synced = asyncio.Event()
 
     async def run(self) -> None:
         backoff = 0.2
-        async with insecure_channel(self._address) as channel:
-            stub = scheduler_pb2_grpc.SchedulerStub(channel)
-            while True:
-                try:
+        while True:
+            address = "?"
+            try:
+                address = await self._resolve()  # anew on every (re)connect
+                async with insecure_channel(address) as channel:
+                    stub = scheduler_pb2_grpc.SchedulerStub(channel)
                     async for table in stub.WatchEndpoints(scheduler_pb2.WatchEndpointsRequest()):
                         self._picker.replace_all(endpoint_from_pb(e) for e in table.endpoints)
                         self.synced.set()
                         backoff = 0.2
-                except grpc.aio.AioRpcError as exc:
-                    log.warning("scheduler stream broke; keeping the last endpoint table",
-                                extra={"scheduler": self._address, "code": exc.code().name})
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+            except (grpc.aio.AioRpcError, LookupError) as exc:
+                log.warning("scheduler stream broke; keeping the last endpoint table",
+                            extra={"scheduler": address, "error": _why(exc)})
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 5.0)
 
 
 class ModelCatalog:
     """Models the gateway accepts: the registry's, plus any an engine serves (the
     sim backend's, say). Refreshed in the background, never on the request path."""
 
-    def __init__(self, address: str | None, picker: EndpointPicker, refresh_s: float = 10.0):
-        self._address = address
+    def __init__(self, resolve: Resolver | None, picker: EndpointPicker, refresh_s: float = 10.0):
+        self._resolve = resolve
         self._picker = picker
         self._refresh = refresh_s
         self._registry: set[str] = set()
@@ -147,15 +170,14 @@ class ModelCatalog:
         return sorted(self._registry | self._picker.models())
 
     async def run(self) -> None:
-        if not self._address:
+        if self._resolve is None:
             return
-        async with insecure_channel(self._address) as channel:
-            stub = modelmgr_pb2_grpc.ModelManagerStub(channel)
-            while True:
-                try:
-                    resp = await stub.ListModels(modelmgr_pb2.ListModelsRequest(), timeout=10)
-                    self._registry = {m.name for m in resp.models}
-                except grpc.aio.AioRpcError as exc:
-                    log.warning("model registry unreachable; keeping the last catalog",
-                                extra={"modelmgr": self._address, "code": exc.code().name})
-                await asyncio.sleep(self._refresh)
+        while True:
+            try:
+                async with insecure_channel(await self._resolve()) as channel:
+                    resp = await modelmgr_pb2_grpc.ModelManagerStub(channel).ListModels(
+                        modelmgr_pb2.ListModelsRequest(), timeout=10)
+                self._registry = {m.name for m in resp.models}
+            except (grpc.aio.AioRpcError, LookupError) as exc:
+                log.warning("model registry unreachable; keeping the last catalog", extra={"error": _why(exc)})
+            await asyncio.sleep(self._refresh)

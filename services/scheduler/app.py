@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import time
 
+from llmesh.platform import Platform
 from llmesh.rpc.server import GrpcServer, ServiceBinding
 from llmesh.v1 import scheduler_pb2_grpc
 from llmesh.scheduler.config import SchedulerSettings
@@ -14,13 +15,17 @@ from llmesh.scheduler.table import EndpointTable
 
 
 class SchedulerApp:
-    def __init__(self, settings: SchedulerSettings):
+    def __init__(self, settings: SchedulerSettings, platform: Platform | None = None):
         self.settings = settings
         self.table = EndpointTable(stale_after_s=settings.stale_after_s)
         self.server = GrpcServer(settings.address, [ServiceBinding(
             "llmesh.v1.Scheduler", SchedulerServicer(self.table),
             scheduler_pb2_grpc.add_SchedulerServicer_to_server)])
         self._expiry: asyncio.Task | None = None
+
+    @property
+    def advertise_address(self) -> str:
+        return self.server.bound_address
 
     async def start(self) -> None:
         await self.server.start()

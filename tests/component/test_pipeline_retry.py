@@ -71,7 +71,7 @@ async def test_dead_endpoint_is_retried_elsewhere_and_marked_down(engines):
     picker = EndpointPicker()
     picker.replace_all([dead, live])
     clients = EngineClients()
-    pipeline = Pipeline(picker, clients, StaticCatalog(), max_attempts=2)
+    pipeline = Pipeline(picker, clients, StaticCatalog())  # default policy: 2 attempts
     try:
         for _ in range(4):  # whichever it picks first, every request succeeds
             text, finish = await collect(pipeline, request())
@@ -88,7 +88,7 @@ async def test_full_engine_sends_the_request_to_the_next_one(engines):
     picker = EndpointPicker()
     picker.replace_all([tight])
     clients = EngineClients()
-    pipeline = Pipeline(picker, clients, StaticCatalog(), max_attempts=2)
+    pipeline = Pipeline(picker, clients, StaticCatalog())  # default policy: 2 attempts
     try:
         hold = pipeline.run(request())
         await anext(hold)  # tight's only slot is taken

@@ -31,11 +31,20 @@ def model_dir(tmp_path_factory, real_model_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def mesh(model_dir: Path, tmp_path_factory):
+def config_file(tmp_path_factory) -> Path:
+    """The mesh's live config: a YAML file, as with `make run`."""
+    path = tmp_path_factory.mktemp("config") / "llmesh.yaml"
+    path.write_text("default: {max_attempts: 2}\n")
+    return path
+
+
+@pytest.fixture(scope="session")
+def mesh(model_dir: Path, config_file: Path, tmp_path_factory):
     layout = free_layout(n_engines=3)
     m = Mesh(layout=layout, engines="llamacpp,sim", model_dir=model_dir,
              log_dir=tmp_path_factory.mktemp("logs"),
-             env={"LLMESH_ENGINE_N_CTX": str(N_CTX), "LLMESH_ENGINE_SIM_DECODE_MS_PER_TOKEN": "2"})
+             env={"LLMESH_ENGINE_N_CTX": str(N_CTX), "LLMESH_ENGINE_SIM_DECODE_MS_PER_TOKEN": "2",
+                  "LLMESH_CONFIG_FILE": str(config_file)})
     m.start()
     yield m
     code = m.stop()

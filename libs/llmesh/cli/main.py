@@ -3,6 +3,7 @@
     llmesh up       start all five services on this machine
     llmesh status   services, endpoints and models of a running mesh
     llmesh chat     stream a chat answer through the gateway's gRPC API
+    llmesh config   read, check and change the live config
 """
 
 from __future__ import annotations
@@ -97,6 +98,12 @@ def cmd_chat(args: argparse.Namespace) -> int:
                             args.max_tokens, args.temperature))
 
 
+def cmd_config(args: argparse.Namespace) -> int:
+    from llmesh.cli.config import run
+
+    return asyncio.run(run(args))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llmesh", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -123,6 +130,10 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--max-tokens", type=int, default=None)
     chat.add_argument("--temperature", type=float, default=None)
     chat.set_defaults(func=cmd_chat)
+
+    from llmesh.cli.config import add_parser
+    add_parser(sub)
+    sub.choices["config"].set_defaults(func=cmd_config)
     return parser
 
 

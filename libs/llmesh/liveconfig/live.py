@@ -1,0 +1,126 @@
+"""The config a service runs on: the last valid document. New documents are validated
+as a whole; an invalid one is rejected (log line + llmesh_config_rejected_total) and
+the last good one stays. Each good one is also saved as a local snapshot, so a
+service can start while the backend is down."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from llmesh.liveconfig.document import InvalidConfig, parse
+from llmesh.liveconfig.schema import MeshConfig
+from llmesh.liveconfig.stores import ConfigStore, Version
+
+log = logging.getLogger("llmesh.liveconfig")
+
+
+class ConfigUnavailable(RuntimeError):
+    pass
+
+
+class LiveConfig:
+    def __init__(self, store: ConfigStore | None, metrics: CollectorRegistry, service: str,
+                 snapshot: Path | None = None, start_timeout_s: float = 3.0):
+        self._store = store
+        self._snapshot = snapshot
+        self._service = service
+        self._start_timeout = start_timeout_s
+        self.current = MeshConfig()
+        self.revision = 0  # of the config in force
+        self._seen = 0     # newest revision looked at, valid or not
+        self._listeners: list[Callable[[MeshConfig], None]] = []
+        self._rejected = Counter("llmesh_config_rejected", "config documents rejected as invalid",
+                                 ["service"], registry=metrics)
+        self._applied = Counter("llmesh_config_applied", "config documents applied", ["service"], registry=metrics)
+        self._revision = Gauge("llmesh_config_revision", "revision of the config in force", ["service"],
+                               registry=metrics)
+        self._task: asyncio.Task | None = None
+
+    def subscribe(self, listener: Callable[[MeshConfig], None]) -> None:
+        self._listeners.append(listener)
+
+    def offer(self, version: Version) -> bool:
+        """Validate and apply a document; False (and nothing changed) if it is invalid."""
+        if version.revision <= self._seen:
+            return False
+        self._seen = version.revision
+        try:
+            config = parse(version.text)
+        except InvalidConfig as exc:
+            self._rejected.labels(self._service).inc()
+            log.warning("config rejected; keeping the last good one",
+                        extra={"revision": version.revision, "kept_revision": self.revision, "reason": str(exc)})
+            return False
+        self.current, self.revision = config, version.revision
+        self._applied.labels(self._service).inc()
+        self._revision.labels(self._service).set(version.revision)
+        self._save_snapshot(version)
+        for listener in self._listeners:
+            listener(config)
+        log.info("config applied", extra={"revision": version.revision})
+        return True
+
+    async def start(self) -> None:
+        """Load the current document; if the backend is away, the last snapshot; if
+        there is none either, ConfigUnavailable naming the address tried."""
+        if self._store is None:
+            return
+        try:
+            version = await asyncio.wait_for(self._store.read(), self._start_timeout)
+        except Exception as exc:  # noqa: BLE001 - any way of being unreachable
+            snap = self._load_snapshot()
+            if snap is None:
+                raise ConfigUnavailable(
+                    f"config backend at {self._store.address} is unreachable ({type(exc).__name__}) "
+                    f"and there is no snapshot at {self._snapshot}") from exc
+            log.warning("config backend unreachable; starting from the snapshot",
+                        extra={"backend": self._store.address, "revision": snap.revision})
+            version = snap
+        if version is not None:
+            self.offer(version)
+        self._task = asyncio.create_task(self._follow(), name="config-watch")
+
+    async def _follow(self) -> None:
+        backoff = 0.2
+        while True:
+            try:
+                async for version in self._store.watch():
+                    self.offer(version)
+                    backoff = 0.2
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - backend away: keep the config, retry
+                log.warning("config backend unreachable; keeping the current config",
+                            extra={"backend": self._store.address, "error": type(exc).__name__,
+                                   "retry_in_s": backoff})
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 5.0)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    def _save_snapshot(self, version: Version) -> None:
+        if self._snapshot is None:
+            return
+        try:
+            self._snapshot.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self._snapshot.with_suffix(".tmp")
+            tmp.write_text(f"# revision {version.revision}\n{version.text}")
+            tmp.replace(self._snapshot)
+        except OSError as exc:
+            log.warning("cannot write config snapshot", extra={"path": str(self._snapshot), "error": str(exc)})
+
+    def _load_snapshot(self) -> Version | None:
+        if self._snapshot is None or not self._snapshot.is_file():
+            return None
+        text = self._snapshot.read_text()
+        first_line, _, body = text.partition("\n")
+        revision = int(first_line.removeprefix("# revision ")) if first_line.startswith("# revision ") else 1
+        return Version(revision, body)

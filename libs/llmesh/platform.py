@@ -1,0 +1,62 @@
+"""What the runner hands every service besides its own settings: discovery, live
+config and the metrics registry, built from MeshSettings in one place."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry
+
+from llmesh.discovery.base import Registry, Resolver, fixed, resolver
+from llmesh.discovery.static import StaticRegistry
+from llmesh.liveconfig.live import LiveConfig
+from llmesh.liveconfig.stores import ConfigStore, EtcdStore, FileStore
+from llmesh.settings import MeshSettings
+
+
+@dataclass
+class Platform:
+    settings: MeshSettings
+    registry: Registry
+    config: LiveConfig
+    metrics: CollectorRegistry
+
+    def resolver(self, service: str, static_address: str) -> Resolver:
+        """Where to reach ``service``: the configured address on one machine, else
+        a live registered instance, looked up again on every (re)connect."""
+        if self.settings.discovery == "static":
+            return fixed(static_address)
+        return resolver(self.registry, service)
+
+
+def _etcd(mesh: MeshSettings):
+    from llmesh.discovery.etcd import etcd_client
+    return etcd_client(mesh.etcd_address)
+
+
+def build_platform(service: str, mesh: MeshSettings) -> Platform:
+    etcd = _etcd(mesh) if "etcd" in (mesh.discovery, mesh.config_backend) else None
+    if mesh.discovery == "etcd":
+        from llmesh.discovery.etcd import EtcdRegistry
+        registry: Registry = EtcdRegistry(etcd, prefix=mesh.discovery_prefix, ttl_s=mesh.registry_ttl_s)
+    elif mesh.discovery == "consul":
+        from llmesh.discovery.consul import ConsulRegistry
+        registry = ConsulRegistry(mesh.consul_address)
+    else:
+        registry = StaticRegistry()
+    store: ConfigStore | None = None
+    if mesh.config_backend == "etcd":
+        store = EtcdStore(etcd, mesh.etcd_address, mesh.config_prefix)
+    elif mesh.config_backend == "file":
+        store = FileStore(mesh.config_file)
+    metrics = CollectorRegistry()
+    # A file is its own durable copy; an etcd-backed service keeps a snapshot to start from.
+    snapshot = mesh.state_dir / f"{service}-config.yaml" if mesh.config_backend == "etcd" else None
+    config = LiveConfig(store, metrics, service, snapshot=snapshot)
+    return Platform(mesh, registry, config, metrics)
+
+
+def standalone_platform(service: str) -> Platform:
+    """For an app built outside the runner (tests): static discovery, no live config."""
+    mesh = MeshSettings(discovery="static", config_backend="none")
+    return build_platform(service, mesh)
