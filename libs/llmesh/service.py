@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 import uvloop
+from prometheus_client import start_http_server
 
 from llmesh.discovery.base import Instance
 from llmesh.liveconfig.live import ConfigUnavailable
@@ -34,7 +35,23 @@ class StartFailed(RuntimeError):
     pass
 
 
-async def serve(name: str, build: Callable[[Platform], App], grace: float, mesh: MeshSettings) -> None:
+async def _register(registry, instance: Instance, backend: str) -> None:
+    """Register, retrying with backoff while the registry is away: the service
+    serves meanwhile and appears in discovery once the backend is back."""
+    backoff = 0.5
+    while True:
+        try:
+            await asyncio.wait_for(registry.register(instance), 5)
+            return
+        except Exception as exc:  # noqa: BLE001 - any way of the registry being away
+            log.warning("cannot register; retrying", extra={"backend": backend, "error": type(exc).__name__,
+                                                            "retry_in_s": backoff})
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 10.0)
+
+
+async def serve(name: str, build: Callable[[Platform], App], grace: float, mesh: MeshSettings,
+                metrics_address: tuple[str, int] | None = None) -> None:
     """Build and start the app; register it; on SIGTERM or SIGINT deregister first,
     then give in-flight work ``grace`` seconds. The app is built inside the loop so
     it may create channels."""
@@ -47,30 +64,32 @@ async def serve(name: str, build: Callable[[Platform], App], grace: float, mesh:
         await platform.config.start()
     except ConfigUnavailable as exc:
         raise StartFailed(str(exc)) from exc
+    metrics_server = None
+    if metrics_address is not None:
+        metrics_server, _ = start_http_server(metrics_address[1], metrics_address[0], registry=platform.metrics)
     app = build(platform)
     await app.start()
     instance = Instance(name, f"{name}-{socket.gethostname()}-{os.getpid()}", app.advertise_address)
-    try:
-        await asyncio.wait_for(platform.registry.register(instance), 5)
-    except Exception as exc:  # noqa: BLE001 - any way of the registry being away
-        await app.stop(0)
-        raise StartFailed(f"cannot register with {mesh.discovery} discovery "
-                          f"({mesh.etcd_address if mesh.discovery == 'etcd' else mesh.consul_address}): "
-                          f"{type(exc).__name__}: {exc}") from exc
+    backend = {"etcd": mesh.etcd_address, "consul": mesh.consul_address}.get(mesh.discovery, "static")
+    registering = asyncio.create_task(_register(platform.registry, instance, backend))
     await stopping.wait()
     log.info("stopping", extra={"grace_s": grace})
-    with contextlib.suppress(Exception):
+    registering.cancel()
+    with contextlib.suppress(Exception):  # deregister first: no new work is routed here
         await asyncio.wait_for(platform.registry.deregister(instance), 2)
     await app.stop(grace)
     await platform.config.stop()
     with contextlib.suppress(Exception):
         await platform.registry.close()
+    if metrics_server is not None:
+        metrics_server.shutdown()
     log.info("stopped")
 
 
 def run(name: str, settings: ServiceSettings, build: Callable[[ServiceSettings, Platform], App]) -> None:
     setup_logging(name, settings.log_level)
-    main = serve(name, lambda platform: build(settings, platform), settings.grace_s, MeshSettings())
+    metrics = (settings.host, settings.metrics_port) if settings.metrics_port is not None else None
+    main = serve(name, lambda platform: build(settings, platform), settings.grace_s, MeshSettings(), metrics)
     try:
         if settings.event_loop == "uvloop":
             # ~15% less CPU per wake-up here, and 0.3-2 ms less added TTFT (bench/gateway.py).

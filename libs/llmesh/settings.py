@@ -18,6 +18,8 @@ class ServiceSettings(BaseSettings):
     log_level: str = "info"
     grace_s: float = Field(default=10.0, ge=0, description="time in-flight calls get to finish on stop")
     event_loop: Literal["uvloop", "asyncio"] = "uvloop"
+    metrics_port: int | None = Field(default=None, ge=0, le=65535,
+                                     description="serve Prometheus /metrics on host:port; off when unset")
 
     @property
     def address(self) -> str:
