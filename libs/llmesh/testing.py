@@ -95,15 +95,7 @@ class Mesh:
         return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(self.log_dir.glob("*.log")))
 
     def stop(self, sig: int = signal.SIGINT, timeout_s: float = 30.0) -> int:
-        if self.proc is None or self.proc.poll() is not None:
-            return self.proc.returncode if self.proc else 0
-        self.proc.send_signal(sig)
-        try:
-            self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        return self.proc.returncode
+        return terminate(self.proc, sig, timeout_s)
 
 
 @dataclass
@@ -122,16 +114,21 @@ class Service:
                                          stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 15.0) -> int:
-        if self.proc is None:
-            return 0
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return terminate(self.proc, sig, timeout_s)
+
+
+def terminate(proc: subprocess.Popen | None, sig: int, timeout_s: float) -> int:
+    """Send ``sig``, wait, SIGKILL after ``timeout_s``; the exit code (0 if never started)."""
+    if proc is None:
+        return 0
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
 
 
 def wait_until(predicate, timeout_s: float = 10.0, interval_s: float = 0.05) -> bool:
@@ -173,13 +170,7 @@ class EtcdServer:
             raise RuntimeError(f"etcd exited with {self.proc.returncode}")
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc, signal.SIGTERM, 10.0)
 
 
 def _port_open(port: int) -> bool:
