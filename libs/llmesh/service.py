@@ -13,11 +13,11 @@ from collections.abc import Callable
 from typing import Protocol
 
 import uvloop
-from prometheus_client import start_http_server
 
 from llmesh.discovery.base import Instance
 from llmesh.liveconfig.live import ConfigUnavailable
 from llmesh.logs import setup_logging
+from llmesh.metrics_http import serve_metrics
 from llmesh.platform import Platform, build_platform
 from llmesh.settings import MeshSettings, ServiceSettings
 
@@ -66,7 +66,7 @@ async def serve(name: str, build: Callable[[Platform], App], grace: float, mesh:
         raise StartFailed(str(exc)) from exc
     metrics_server = None
     if metrics_address is not None:
-        metrics_server, _ = start_http_server(metrics_address[1], metrics_address[0], registry=platform.metrics)
+        metrics_server = serve_metrics(platform.metrics, *metrics_address)
     app = build(platform)
     await app.start()
     instance = Instance(name, f"{name}-{socket.gethostname()}-{os.getpid()}", app.advertise_address)

@@ -5,7 +5,10 @@ from __future__ import annotations
 from llmesh.platform import Platform
 from llmesh.rpc.server import GrpcServer, ServiceBinding
 from llmesh.v1 import cache_pb2_grpc
+from prometheus_client import CollectorRegistry
+
 from llmesh.cache.config import CacheSettings
+from llmesh.cache.metrics import CacheMetrics
 from llmesh.cache.memory import LruTtlStore
 from llmesh.cache.servicer import CacheServicer
 
@@ -14,7 +17,8 @@ class CacheApp:
     def __init__(self, settings: CacheSettings, platform: Platform | None = None):
         self.store: LruTtlStore[bytes] = LruTtlStore(settings.max_entries, settings.ttl_s)
         self.server = GrpcServer(settings.address, [ServiceBinding(
-            "llmesh.v1.Cache", CacheServicer(self.store), cache_pb2_grpc.add_CacheServicer_to_server)])
+            "llmesh.v1.Cache", CacheServicer(self.store, CacheMetrics(platform.metrics if platform else CollectorRegistry())),
+            cache_pb2_grpc.add_CacheServicer_to_server)])
 
     @property
     def advertise_address(self) -> str:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 
+from prometheus_client import CollectorRegistry
+
 from llmesh.discovery.base import fixed
 from llmesh.platform import Platform
 from llmesh.rpc.server import GrpcServer, ServiceBinding
@@ -12,6 +14,7 @@ from llmesh.engine.admission import Admission
 from llmesh.engine.backends.base import Backend
 from llmesh.engine.config import EngineSettings
 from llmesh.engine.core import Defaults, EngineCore
+from llmesh.engine.metrics import EngineMetrics
 from llmesh.engine.reporter import Reporter
 from llmesh.engine.servicer import EngineServicer, load_pb
 
@@ -35,8 +38,9 @@ class EngineApp:
         self.settings = settings
         self.backend = backend or build_backend(settings)
         self.admission = Admission(settings.max_running, settings.max_waiting, on_change=self._load_changed)
+        self.metrics = EngineMetrics(platform.metrics if platform else CollectorRegistry(), self.backend.model)
         self.core = EngineCore(self.backend, self.admission,
-                               Defaults(settings.default_temperature, settings.default_top_p))
+                               Defaults(settings.default_temperature, settings.default_top_p), self.metrics)
         self.server = GrpcServer(settings.address, [ServiceBinding(
             "llmesh.v1.Engine", EngineServicer(self.core, settings.endpoint_id),
             engine_pb2_grpc.add_EngineServicer_to_server)])
@@ -44,6 +48,8 @@ class EngineApp:
         self._platform = platform
 
     def _load_changed(self) -> None:
+        if hasattr(self, "core"):
+            self.metrics.load(self.admission.running, self.admission.waiting, self.core.kv_usage())
         if self.reporter is not None:
             self.reporter.notify()
 

@@ -3,6 +3,7 @@ the backend's token stream into final text deltas, a finish reason and usage."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -12,7 +13,50 @@ from llmesh.types import Delta, Finish, FinishReason, Prompt, Sampling, Usage
 from llmesh.validation import check_request
 from llmesh.engine.admission import Admission
 from llmesh.engine.backends.base import Backend, DecodeParams
+from llmesh.engine.metrics import EngineMetrics
 from llmesh.engine.stops import StopMatcher
+
+
+class _Timing:
+    """One request's timestamps, turned into vLLM's per-request metrics at the end."""
+
+    def __init__(self, arrived: float, started: float):
+        self.arrived, self.started = arrived, started
+        self.first: float | None = None
+        self.last: float | None = None
+        self.finish: Finish | None = None
+        self.gaps: list[float] = []
+
+    def saw(self, item: Delta | Finish) -> None:
+        now = time.monotonic()
+        if isinstance(item, Finish):
+            self.finish = item
+            return
+        if item.tokens:
+            if self.first is None:
+                self.first = now
+            elif self.last is not None:
+                self.gaps.append(now - self.last)
+            self.last = now
+
+    def record(self, m: EngineMetrics) -> None:
+        if self.finish is None:
+            return
+        usage = self.finish.usage
+        m.queue_time.observe(self.started - self.arrived)
+        m.prompt_tokens.inc(usage.prompt_tokens)
+        m.generation_tokens.inc(usage.completion_tokens)
+        m.request_prompt_tokens.observe(usage.prompt_tokens)
+        m.request_generation_tokens.observe(usage.completion_tokens)
+        m.success(self.finish.reason.value)
+        end = time.monotonic()
+        m.e2e.observe(end - self.arrived)
+        if self.first is not None:
+            m.ttft.observe(self.first - self.arrived)
+            if usage.completion_tokens > 1 and self.last is not None:
+                m.tpot.observe((self.last - self.first) / (usage.completion_tokens - 1))
+        for gap in self.gaps:
+            m.itl.observe(gap)
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,10 +66,12 @@ class Defaults:
 
 
 class EngineCore:
-    def __init__(self, backend: Backend, admission: Admission, defaults: Defaults = Defaults()):
+    def __init__(self, backend: Backend, admission: Admission, defaults: Defaults = Defaults(),
+                 metrics: EngineMetrics | None = None):
         self.backend = backend
         self.admission = admission
         self.defaults = defaults
+        self.metrics = metrics
 
     def count_tokens(self, model: str, prompt: Prompt) -> int:
         self._check_model(model)
@@ -41,9 +87,15 @@ class EngineCore:
         if not tokens:
             raise InvalidArgument("The prompt is empty.", param="messages" if prompt.is_chat else "prompt")
         params = self._decode_params(len(tokens), sampling)
+        arrived = time.monotonic()
         async with self.admission.slot(), aclosing(self._decode(tokens, params, sampling.stop)) as items:
+            started = time.monotonic()
+            timing = _Timing(arrived, started)
             async for item in items:
+                timing.saw(item)
                 yield item
+            if self.metrics is not None:
+                timing.record(self.metrics)
 
     async def _decode(self, tokens: list[int], params: DecodeParams, stop: tuple[str, ...]
                       ) -> AsyncIterator[Delta | Finish]:
@@ -68,6 +120,10 @@ class EngineCore:
                 yield Delta(text=rest, tokens=0)
             reason = FinishReason.LENGTH if produced >= params.max_new_tokens else FinishReason.STOP
         yield Finish(reason=reason, usage=Usage(prompt_tokens=len(tokens), completion_tokens=produced))
+
+    def kv_usage(self) -> float:
+        usage = getattr(self.backend, "kv_usage", None)
+        return usage() if usage is not None else 0.0
 
     def _check_model(self, model: str) -> None:
         if model != self.backend.model:

@@ -15,6 +15,7 @@ from llmesh.v1 import gateway_pb2_grpc
 from llmesh.gateway.config import GatewaySettings
 from llmesh.gateway.endpoints import EndpointPicker
 from llmesh.gateway.http import HttpFront
+from llmesh.gateway.metrics import GatewayMetrics
 from llmesh.gateway.pipeline import Pipeline
 from llmesh.gateway.servicer import GatewayServicer
 from llmesh.gateway.upstreams import CacheClient, EngineClients, ModelCatalog, SchedulerFeed
@@ -43,8 +44,9 @@ class GatewayApp:
                                     if settings.modelmgr_address else None,
                                     self.picker, settings.catalog_refresh_s)
         self.feed = SchedulerFeed(platform.resolver("scheduler", settings.scheduler_address), self.picker)
+        self.metrics = GatewayMetrics(platform.metrics)
         self.pipeline = Pipeline(self.picker, self.engines, self.catalog, self.cache,
-                                 config=lambda: self.config.current)
+                                 config=lambda: self.config.current, observe=self.metrics.observe)
         self._draining = False
         self.http = HttpFront(self.pipeline, self.model_names, lambda: not self._draining,
                               settings.request_timeout_s)

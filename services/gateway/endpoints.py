@@ -51,12 +51,16 @@ class EndpointPicker:
         all gone is 'unavailable', not 'no such model'."""
         return self._seen_models
 
-    def pick(self, model: str, now: float, exclude: frozenset[str] = frozenset()) -> Endpoint | None:
+    def pick(self, model: str, now: float, exclude: frozenset[str] = frozenset(),
+             policy: str = "least_loaded") -> Endpoint | None:
         best: list[Endpoint] = []
         best_score = float("inf")
         for e in self._endpoints.values():
             if (not e.healthy or model not in e.models or e.endpoint_id in exclude
                     or self._down_until.get(e.endpoint_id, 0.0) > now):
+                continue
+            if policy == "random":
+                best.append(e)
                 continue
             load = max(e.running + e.waiting, self._inflight.get(e.endpoint_id, 0))
             score = load / max(e.max_running, 1)

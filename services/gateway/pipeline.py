@@ -19,7 +19,7 @@ from llmesh.streams import coalesce
 from llmesh.errors import DeadlineExceeded, LlmeshError, ModelNotFound, Overloaded, Unavailable
 from llmesh.types import Delta, Finish, Prompt, Sampling
 from llmesh.validation import check_request
-from llmesh.liveconfig.schema import MeshConfig
+from llmesh.liveconfig.schema import MeshConfig, ModelPolicy
 from llmesh.gateway.endpoints import EndpointPicker
 from llmesh.gateway.policy import apply_policy, route
 
@@ -55,12 +55,14 @@ class Pipeline:
     def __init__(self, picker: EndpointPicker, engines: EngineClient, catalog: Catalog,
                  cache: ResponseCache | None = None,
                  config: Callable[[], MeshConfig] = MeshConfig,
+                 observe: Callable[[dict], None] = lambda record: None,
                  clock: Callable[[], float] = time.monotonic):
         self._picker = picker
         self._engines = engines
         self._catalog = catalog
         self._cache = cache
         self._config = config
+        self._observe = observe
         self._clock = clock
         self._background: set[asyncio.Task] = set()
 
@@ -68,7 +70,7 @@ class Pipeline:
         """Yields text deltas then one Finish; raises a LlmeshError on failure."""
         started = self._clock()
         record = {"model": req.model, "tenant": req.tenant, "endpoint": None, "cache": "skip",
-                  "status": "ok", "ttft_ms": None, "prompt_tokens": 0, "completion_tokens": 0}
+                  "status": "ok", "ttft_ms": None, "prompt_tokens": 0, "completion_tokens": 0, "retries": 0}
         try:
             check_request(req.model, req.prompt, req.sampling)
             target, policy = route(req.model, self._config(), req.user or req.request_id)
@@ -89,8 +91,8 @@ class Pipeline:
                     yield finish
                     return
             parts: list[str] = []
-            attempts = policy.max_attempts
-            async with aclosing(coalesce(self._generate(req, started + req.timeout_s, attempts, record))) as items:
+            record["policy"] = policy.routing
+            async with aclosing(coalesce(self._generate(req, started + req.timeout_s, policy, record))) as items:
                 async for item in items:
                     if record["ttft_ms"] is None:
                         record["ttft_ms"] = round((self._clock() - started) * 1000, 3)
@@ -111,15 +113,18 @@ class Pipeline:
         finally:
             record["duration_ms"] = round((self._clock() - started) * 1000, 3)
             log.info("request", extra=record)
+            self._observe(record)
 
-    async def _generate(self, req: CompletionRequest, deadline: float, attempts: int, record: dict
+    async def _generate(self, req: CompletionRequest, deadline: float, policy: ModelPolicy, record: dict
                         ) -> AsyncIterator[Delta | Finish]:
         tried: set[str] = set()
         last_error: LlmeshError | None = None
-        for _ in range(attempts):
-            endpoint = self._picker.pick(req.model, self._clock(), frozenset(tried))
+        for _ in range(policy.max_attempts):
+            endpoint = self._picker.pick(req.model, self._clock(), frozenset(tried), policy.routing)
             if endpoint is None:
                 break
+            if tried:
+                record["retries"] += 1
             tried.add(endpoint.endpoint_id)
             remaining = deadline - self._clock()
             if remaining <= 0:

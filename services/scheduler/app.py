@@ -9,7 +9,10 @@ import time
 from llmesh.platform import Platform
 from llmesh.rpc.server import GrpcServer, ServiceBinding
 from llmesh.v1 import scheduler_pb2_grpc
+from prometheus_client import CollectorRegistry
+
 from llmesh.scheduler.config import SchedulerSettings
+from llmesh.scheduler.metrics import SchedulerMetrics
 from llmesh.scheduler.servicer import SchedulerServicer
 from llmesh.scheduler.table import EndpointTable
 
@@ -17,9 +20,10 @@ from llmesh.scheduler.table import EndpointTable
 class SchedulerApp:
     def __init__(self, settings: SchedulerSettings, platform: Platform | None = None):
         self.settings = settings
-        self.table = EndpointTable(stale_after_s=settings.stale_after_s)
+        self.metrics = SchedulerMetrics(platform.metrics if platform else CollectorRegistry())
+        self.table = EndpointTable(stale_after_s=settings.stale_after_s, on_change=self.metrics.table_changed)
         self.server = GrpcServer(settings.address, [ServiceBinding(
-            "llmesh.v1.Scheduler", SchedulerServicer(self.table),
+            "llmesh.v1.Scheduler", SchedulerServicer(self.table, self.metrics.reports),
             scheduler_pb2_grpc.add_SchedulerServicer_to_server)])
         self._expiry: asyncio.Task | None = None
 

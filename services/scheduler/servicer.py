@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import time
 
+from prometheus_client import Counter
+
 from llmesh.v1 import engine_pb2, scheduler_pb2, scheduler_pb2_grpc
 from llmesh.scheduler.table import EndpointState, EndpointTable, Load
 
@@ -30,8 +32,9 @@ def table_pb(table: EndpointTable, now: float) -> scheduler_pb2.EndpointTable:
 
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
-    def __init__(self, table: EndpointTable):
+    def __init__(self, table: EndpointTable, reports: Counter):
         self._table = table
+        self._reports = reports
 
     async def Report(self, request_iterator, context):
         endpoint_id = None
@@ -40,6 +43,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 if endpoint_id is None:
                     endpoint_id = report.endpoint_id
                     log.info("engine registered", extra={"endpoint_id": endpoint_id, "address": report.address})
+                self._reports.inc()
                 await self._table.upsert(state_from_report(report, time.monotonic()))
         finally:
             if endpoint_id is not None:

@@ -4,6 +4,7 @@ passed in so tests can drive it."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 
@@ -30,7 +31,9 @@ class EndpointState:
 class EndpointTable:
     """Endpoints keyed by id. Every change bumps ``version`` and wakes watchers."""
 
-    def __init__(self, stale_after_s: float = 3.0):
+    def __init__(self, stale_after_s: float = 3.0,
+                 on_change: Callable[[list[EndpointState]], None] = lambda endpoints: None):
+        self._on_change = on_change
         self._endpoints: dict[str, EndpointState] = {}
         self._stale_after = stale_after_s
         self.version = 0
@@ -67,6 +70,7 @@ class EndpointTable:
             return self.version
 
     async def _bump(self) -> None:
+        self._on_change(self.snapshot())
         async with self._changed:
             self.version += 1
             self._changed.notify_all()

@@ -73,7 +73,11 @@ async def test_dead_endpoint_is_retried_elsewhere_and_marked_down(engines):
     clients = EngineClients()
     pipeline = Pipeline(picker, clients, StaticCatalog())  # default policy: 2 attempts
     try:
-        for _ in range(4):  # whichever it picks first, every request succeeds
+        picker.acquire("live")  # the dead one looks less loaded, so it is tried first
+        text, finish = await collect(pipeline, request())
+        assert text and finish.usage.completion_tokens == 5
+        picker.release("live")
+        for _ in range(4):
             text, finish = await collect(pipeline, request())
             assert text and finish.usage.completion_tokens == 5
         # Once refused, the dead endpoint is skipped without another attempt.

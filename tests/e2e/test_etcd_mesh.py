@@ -19,7 +19,7 @@ from openai import OpenAI
 
 import httpx
 
-from llmesh.testing import EtcdServer, Mesh, Service, free_layout, free_ports, wait_until
+from llmesh.testing import EtcdServer, Mesh, Service, free_layout, wait_until
 
 MSG = [{"role": "user", "content": "hi"}]
 
@@ -33,8 +33,7 @@ def etcd_mesh(tmp_path_factory):
     env = {"LLMESH_DISCOVERY": "etcd", "LLMESH_CONFIG_BACKEND": "etcd", "LLMESH_ETCD_ADDRESS": etcd.address,
            "LLMESH_DISCOVERY_PREFIX": f"{prefix}/services", "LLMESH_CONFIG_PREFIX": f"{prefix}/config",
            "LLMESH_REGISTRY_TTL_S": "2", "LLMESH_STATE_DIR": str(tmp / "state"),
-           "LLMESH_ENGINE_SIM_DECODE_MS_PER_TOKEN": "2", "LLMESH_ENGINE_SIM_OUTPUT_TOKENS": "8",
-           "LLMESH_GATEWAY_METRICS_PORT": str(free_ports(1)[0])}
+           "LLMESH_ENGINE_SIM_DECODE_MS_PER_TOKEN": "2", "LLMESH_ENGINE_SIM_OUTPUT_TOKENS": "8"}
     mesh = Mesh(layout=free_layout(2), engines="sim,sim", model_dir=tmp / "models", log_dir=tmp / "logs", env=env)
     mesh.start(timeout_s=60)
     mesh.etcd = etcd
@@ -133,7 +132,7 @@ def test_invalid_config_is_rejected_and_the_last_good_stays(etcd_mesh, tmp_path)
     line = next(json.loads(x) for x in log.read_text().splitlines() if "config rejected" in x)
     assert "max_attempts" in line["reason"]
     assert c.chat.completions.create(model="fast", messages=MSG).choices[0].message.content  # alias kept
-    metrics = httpx.get(f"http://127.0.0.1:{etcd_mesh.env['LLMESH_GATEWAY_METRICS_PORT']}/metrics").text
+    metrics = httpx.get(f"http://127.0.0.1:{etcd_mesh.layout.metrics_port('gateway')}/metrics").text
     assert 'llmesh_config_rejected_total{service="gateway"} 1.0' in metrics
 
 

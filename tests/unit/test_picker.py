@@ -52,3 +52,9 @@ def test_models_seen_once_stay_known_after_their_endpoints_leave():
     p.replace_all([ep("a", models=("m1",))])
     p.replace_all([])
     assert p.models() == set() and p.seen_models() == {"m1"}
+
+
+def test_random_policy_ignores_load():
+    p = EndpointPicker(random.Random(3))
+    p.replace_all([ep("busy", running=9), ep("idle")])
+    assert {p.pick("m", now=0, policy="random").endpoint_id for _ in range(40)} == {"busy", "idle"}

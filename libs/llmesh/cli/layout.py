@@ -23,6 +23,12 @@ class Layout:
     def address(self, service: str) -> str:
         return f"{self.host}:{self.port(service)}"
 
+    def metrics_port(self, service: str) -> int:
+        """Prometheus /metrics: base+20.. for the services, base+30+i for engine i."""
+        if service.startswith("engine-"):
+            return self.base_port + 30 + int(service.removeprefix("engine-"))
+        return self.port(service) + 20
+
     def engine_address(self, index: int) -> str:
         return f"{self.host}:{self.base_port + 10 + index}"
 

@@ -71,10 +71,16 @@ def plan(spec: MeshSpec) -> list[Child]:
     def add(name: str, service: str, address: str, env: dict[str, str]) -> None:
         children.append(Child(name, f"llmesh.{service}", address, {**base, **env}, spec.log_dir / f"{name}.log"))
 
-    add("scheduler", "scheduler", lay.address("scheduler"), {"LLMESH_SCHEDULER_PORT": str(lay.port("scheduler"))})
+    def metrics(name: str, prefix: str) -> dict[str, str]:
+        return {f"LLMESH_{prefix}_METRICS_PORT": str(lay.metrics_port(name))}
+
+    add("scheduler", "scheduler", lay.address("scheduler"), {
+        "LLMESH_SCHEDULER_PORT": str(lay.port("scheduler")), **metrics("scheduler", "SCHEDULER")})
     add("modelmgr", "modelmgr", lay.address("modelmgr"), {
-        "LLMESH_MODELMGR_PORT": str(lay.port("modelmgr")), "LLMESH_MODELMGR_MODEL_DIR": str(spec.model_dir)})
-    add("cache", "cache", lay.address("cache"), {"LLMESH_CACHE_PORT": str(lay.port("cache"))})
+        "LLMESH_MODELMGR_PORT": str(lay.port("modelmgr")), "LLMESH_MODELMGR_MODEL_DIR": str(spec.model_dir),
+        **metrics("modelmgr", "MODELMGR")})
+    add("cache", "cache", lay.address("cache"), {"LLMESH_CACHE_PORT": str(lay.port("cache")),
+                                                 **metrics("cache", "CACHE")})
     for i, backend in enumerate(spec.engines):
         address = lay.engine_address(i)
         add(f"engine-{i}", "engine", address, {
@@ -84,14 +90,14 @@ def plan(spec: MeshSpec) -> list[Child]:
             "LLMESH_ENGINE_MODEL_DIR": str(spec.model_dir),
             "LLMESH_ENGINE_ENDPOINT_ID": f"engine-{i}",
             "LLMESH_ENGINE_SCHEDULER_ADDRESS": lay.address("scheduler"),
-            "LLMESH_ENGINE_GRACE_S": str(spec.grace_s)})
+            "LLMESH_ENGINE_GRACE_S": str(spec.grace_s), **metrics(f"engine-{i}", "ENGINE")})
     add("gateway", "gateway", lay.address("gateway"), {
         "LLMESH_GATEWAY_PORT": str(lay.port("gateway")),
         "LLMESH_GATEWAY_HTTP_PORT": str(lay.http_port),
         "LLMESH_GATEWAY_SCHEDULER_ADDRESS": lay.address("scheduler"),
         "LLMESH_GATEWAY_MODELMGR_ADDRESS": lay.address("modelmgr"),
         "LLMESH_GATEWAY_CACHE_ADDRESS": lay.address("cache") if spec.cache else "",
-        "LLMESH_GATEWAY_GRACE_S": str(spec.grace_s)})
+        "LLMESH_GATEWAY_GRACE_S": str(spec.grace_s), **metrics("gateway", "GATEWAY")})
     assert [c.name for c in children[:3]] == list(CORE_SERVICES)
     return children
 

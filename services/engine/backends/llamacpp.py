@@ -60,6 +60,10 @@ class LlamaCppBackend:
                         n_threads_batch=n_threads, n_batch=n_batch, verbose=False)
         return cls(llm, model)
 
+    def kv_usage(self) -> float:
+        """Share of the context's KV cells holding tokens (one sequence: its length)."""
+        return self._llm.n_tokens / self.context_length
+
     def tokenize(self, prompt: Prompt) -> list[int]:
         if prompt.messages is not None:
             text = self._formatter(messages=[{"role": m.role, "content": m.content}

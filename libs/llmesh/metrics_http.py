@@ -1,0 +1,35 @@
+"""Serves a registry's /metrics on its own port, in a thread.
+
+Always in the classic text format: prometheus-client's OpenMetrics output rewrites
+``vllm:time_to_first_token_seconds`` into ``vllm_time_to_first_token_seconds`` for
+the Prometheus (2.42) here, and vLLM-compatible names are the point of the engine's
+metrics. So the scraper's Accept header is not honoured."""
+
+from __future__ import annotations
+
+import threading
+from socketserver import ThreadingMixIn
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, make_wsgi_app
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format, *args) -> None:  # noqa: A002 - stdlib signature
+        return None
+
+
+def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> WSGIServer:
+    app = make_wsgi_app(registry)
+
+    def classic_text(environ, start_response):
+        environ["HTTP_ACCEPT"] = "text/plain"
+        return app(environ, start_response)
+
+    server = make_server(host, port, classic_text, server_class=_Server, handler_class=_QuietHandler)
+    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
+    return server

@@ -1,0 +1,62 @@
+"""Engine metrics under vLLM's names and meanings (label ``model_name``), so a
+dashboard, alert or KEDA rule written for vLLM works on llmesh engines unchanged."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# vLLM's own bucket boundaries, so quantiles line up with vLLM dashboards.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+                10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0)
+LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+                   120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
+
+
+class EngineMetrics:
+    def __init__(self, registry: CollectorRegistry, model: str):
+        self.model = model
+        m = ("model_name",)
+        self.running = Gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
+                             m, registry=registry).labels(model)
+        self.waiting = Gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
+                             m, registry=registry).labels(model)
+        self.kv_usage = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
+                              m, registry=registry).labels(model)
+        # The v0 name, still read by many dashboards and KEDA rules.
+        self.kv_usage_v0 = Gauge("vllm:gpu_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
+                                 m, registry=registry).labels(model)
+        self.prompt_tokens = Counter("vllm:prompt_tokens", "Number of prefill tokens processed.",
+                                     m, registry=registry).labels(model)
+        self.generation_tokens = Counter("vllm:generation_tokens", "Number of generation tokens processed.",
+                                         m, registry=registry).labels(model)
+        self._success = Counter("vllm:request_success", "Count of successfully processed requests.",
+                                m + ("finished_reason",), registry=registry)
+        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                              m, buckets=TTFT_BUCKETS, registry=registry).labels(model)
+        self.tpot = Histogram("vllm:time_per_output_token_seconds",
+                              "Histogram of time per output token in seconds.",
+                              m, buckets=TPOT_BUCKETS, registry=registry).labels(model)
+        self.itl = Histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+                             m, buckets=TPOT_BUCKETS, registry=registry).labels(model)
+        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
+                             m, buckets=LATENCY_BUCKETS, registry=registry).labels(model)
+        self.queue_time = Histogram("vllm:request_queue_time_seconds",
+                                    "Histogram of time spent in WAITING phase for request.",
+                                    m, buckets=LATENCY_BUCKETS, registry=registry).labels(model)
+        self.request_prompt_tokens = Histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.",
+                                               m, buckets=TOKEN_BUCKETS, registry=registry).labels(model)
+        self.request_generation_tokens = Histogram("vllm:request_generation_tokens",
+                                                   "Number of generation tokens processed.",
+                                                   m, buckets=TOKEN_BUCKETS, registry=registry).labels(model)
+
+    def success(self, finished_reason: str) -> None:
+        self._success.labels(self.model, finished_reason).inc()
+
+    def load(self, running: int, waiting: int, kv_usage: float) -> None:
+        self.running.set(running)
+        self.waiting.set(waiting)
+        self.kv_usage.set(kv_usage)
+        self.kv_usage_v0.set(kv_usage)

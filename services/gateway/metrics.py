@@ -1,0 +1,55 @@
+"""Gateway metrics: what operators run an LLM platform by, per model and tenant."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from llmesh.engine.metrics import LATENCY_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS
+
+
+class GatewayMetrics:
+    def __init__(self, registry: CollectorRegistry):
+        self.requests = Counter("llmesh_requests", "Requests by model, tenant and outcome.",
+                                ("model", "tenant", "status"), registry=registry)
+        self.ttft = Histogram("llmesh_time_to_first_token_seconds", "Time to first token seen by clients.",
+                              ("model",), buckets=TTFT_BUCKETS, registry=registry)
+        self.tpot = Histogram("llmesh_time_per_output_token_seconds", "Time per output token after the first.",
+                              ("model",), buckets=TPOT_BUCKETS, registry=registry)
+        self.e2e = Histogram("llmesh_e2e_request_latency_seconds", "Whole-request latency.",
+                             ("model",), buckets=LATENCY_BUCKETS, registry=registry)
+        self.prompt_tokens = Counter("llmesh_prompt_tokens", "Input tokens.", ("model", "tenant"), registry=registry)
+        self.generation_tokens = Counter("llmesh_generation_tokens", "Output tokens.", ("model", "tenant"),
+                                         registry=registry)
+        self.cache = Counter("llmesh_cache_requests", "Response-cache lookups by result.", ("result",),
+                             registry=registry)
+        self.rate_limited = Counter("llmesh_rate_limited_requests", "Requests refused by a rate limit or budget.",
+                                    ("tenant",), registry=registry)
+        self.retries = Counter("llmesh_retries", "Attempts on another engine before the first token.",
+                               ("model",), registry=registry)
+        self.fallbacks = Counter("llmesh_fallbacks", "Requests served by a fallback model.", ("model",),
+                                 registry=registry)
+        self.breaker = Gauge("llmesh_circuit_breaker_state", "0 closed, 1 open, 2 half-open.", ("endpoint",),
+                             registry=registry)
+        self.picks = Counter("llmesh_endpoint_picks", "Endpoint choices by routing policy.",
+                             ("policy", "endpoint"), registry=registry)
+
+    def observe(self, r: dict) -> None:
+        """Called once per request with the pipeline's record of it."""
+        model, tenant = r["model"], r["tenant"]
+        self.requests.labels(model, tenant, r["status"]).inc()
+        self.e2e.labels(model).observe(r["duration_ms"] / 1000)
+        if r["cache"] in ("hit", "miss"):
+            self.cache.labels(r["cache"]).inc()
+        if r["endpoint"]:
+            self.picks.labels(r.get("policy", ""), r["endpoint"]).inc()
+        if r.get("retries"):
+            self.retries.labels(model).inc(r["retries"])
+        if r["status"] != "ok":
+            return
+        self.prompt_tokens.labels(model, tenant).inc(r["prompt_tokens"])
+        self.generation_tokens.labels(model, tenant).inc(r["completion_tokens"])
+        if r["ttft_ms"] is not None:
+            self.ttft.labels(model).observe(r["ttft_ms"] / 1000)
+            if r["completion_tokens"] > 1:
+                self.tpot.labels(model).observe(
+                    (r["duration_ms"] - r["ttft_ms"]) / 1000 / (r["completion_tokens"] - 1))
