@@ -12,6 +12,8 @@ import time
 
 import orjson
 
+from llmesh.telemetry import trace_id_var  # noqa: E402 - re-exported for the formatter
+
 request_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_id", default=None)
 
 _STD_ATTRS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None)).keys()) | {
@@ -34,6 +36,9 @@ class JsonFormatter(logging.Formatter):
         rid = request_id_var.get()
         if rid:
             out["request_id"] = rid
+        tid = trace_id_var.get()
+        if tid:
+            out["trace_id"] = tid
         for key, value in record.__dict__.items():
             if key not in _STD_ATTRS and not key.startswith("_"):
                 out[key] = value

@@ -3,7 +3,9 @@ config and the metrics registry, built from MeshSettings in one place."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from opentelemetry.trace import NoOpTracer
 
 from prometheus_client import CollectorRegistry
 
@@ -12,6 +14,7 @@ from llmesh.discovery.static import StaticRegistry
 from llmesh.liveconfig.live import LiveConfig
 from llmesh.liveconfig.stores import ConfigStore, EtcdStore, FileStore
 from llmesh.settings import MeshSettings
+from llmesh.telemetry import Tracing, build_tracer
 
 
 @dataclass
@@ -20,6 +23,7 @@ class Platform:
     registry: Registry
     config: LiveConfig
     metrics: CollectorRegistry
+    tracing: Tracing = field(default_factory=lambda: Tracing(NoOpTracer()))
 
     def resolver(self, service: str, static_address: str) -> Resolver:
         """Where to reach ``service``: the configured address on one machine, else
@@ -53,10 +57,12 @@ def build_platform(service: str, mesh: MeshSettings) -> Platform:
     # A file is its own durable copy; an etcd-backed service keeps a snapshot to start from.
     snapshot = mesh.state_dir / f"{service}-config.yaml" if mesh.config_backend == "etcd" else None
     config = LiveConfig(store, metrics, service, snapshot=snapshot)
-    return Platform(mesh, registry, config, metrics)
+    return Platform(mesh, registry, config, metrics, build_tracer(service))
 
 
 def standalone_platform(service: str) -> Platform:
     """For an app built outside the runner (tests): static discovery, no live config."""
     mesh = MeshSettings(discovery="static", config_backend="none")
-    return build_platform(service, mesh)
+    platform = build_platform(service, mesh)
+    platform.tracing = Tracing(NoOpTracer())
+    return platform

@@ -83,6 +83,7 @@ async def serve(name: str, build: Callable[[Platform], App], grace: float, mesh:
         await platform.registry.close()
     if metrics_server is not None:
         metrics_server.shutdown()
+    platform.tracing.shutdown()  # flush spans still queued
     log.info("stopped")
 
 

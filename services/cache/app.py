@@ -18,7 +18,8 @@ class CacheApp:
         self.store: LruTtlStore[bytes] = LruTtlStore(settings.max_entries, settings.ttl_s)
         self.server = GrpcServer(settings.address, [ServiceBinding(
             "llmesh.v1.Cache", CacheServicer(self.store, CacheMetrics(platform.metrics if platform else CollectorRegistry())),
-            cache_pb2_grpc.add_CacheServicer_to_server)])
+            cache_pb2_grpc.add_CacheServicer_to_server)],
+            tracer=platform.tracing.tracer if platform else None)
 
     @property
     def advertise_address(self) -> str:

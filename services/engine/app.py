@@ -43,7 +43,8 @@ class EngineApp:
                                Defaults(settings.default_temperature, settings.default_top_p), self.metrics)
         self.server = GrpcServer(settings.address, [ServiceBinding(
             "llmesh.v1.Engine", EngineServicer(self.core, settings.endpoint_id),
-            engine_pb2_grpc.add_EngineServicer_to_server)])
+            engine_pb2_grpc.add_EngineServicer_to_server)],
+            tracer=platform.tracing.tracer if platform else None)
         self.reporter: Reporter | None = None
         self._platform = platform
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from contextlib import aclosing
 
+from opentelemetry import trace
+
 from llmesh.convert import finish_to_pb, prompt_from_pb, sampling_from_pb, usage_to_pb
 from llmesh.types import Delta
 from llmesh.v1 import engine_pb2, engine_pb2_grpc
@@ -22,6 +24,11 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
                 if isinstance(item, Delta):
                     yield engine_pb2.GenerateResponse(text=item.text, token_count=item.tokens)
                 else:
+                    span = trace.get_current_span()  # the interceptor's server span
+                    span.set_attribute("gen_ai.request.model", request.model)
+                    span.set_attribute("gen_ai.usage.input_tokens", item.usage.prompt_tokens)
+                    span.set_attribute("gen_ai.usage.output_tokens", item.usage.completion_tokens)
+                    span.set_attribute("gen_ai.response.finish_reasons", [item.reason.value])
                     yield engine_pb2.GenerateResponse(finish_reason=finish_to_pb(item.reason),
                                                       usage=usage_to_pb(item.usage))
 

@@ -37,8 +37,9 @@ class GatewayApp:
         platform = platform or standalone_platform("gateway")
         self.config = platform.config
         self.picker = EndpointPicker()
-        self.engines = EngineClients()
-        self.cache = (CacheClient(platform.resolver("cache", settings.cache_address))
+        tracer = platform.tracing.tracer
+        self.engines = EngineClients(tracer)
+        self.cache = (CacheClient(platform.resolver("cache", settings.cache_address), tracer=tracer)
                       if settings.cache_address else None)
         self.catalog = ModelCatalog(platform.resolver("modelmgr", settings.modelmgr_address)
                                     if settings.modelmgr_address else None,
@@ -46,13 +47,13 @@ class GatewayApp:
         self.feed = SchedulerFeed(platform.resolver("scheduler", settings.scheduler_address), self.picker)
         self.metrics = GatewayMetrics(platform.metrics)
         self.pipeline = Pipeline(self.picker, self.engines, self.catalog, self.cache,
-                                 config=lambda: self.config.current, observe=self.metrics.observe)
+                                 config=lambda: self.config.current, observe=self.metrics.observe, tracer=tracer)
         self._draining = False
         self.http = HttpFront(self.pipeline, self.model_names, lambda: not self._draining,
                               settings.request_timeout_s)
         self.grpc = GrpcServer(settings.address, [ServiceBinding(
             "llmesh.v1.Gateway", GatewayServicer(self.pipeline, self.model_names, settings.request_timeout_s),
-            gateway_pb2_grpc.add_GatewayServicer_to_server)])
+            gateway_pb2_grpc.add_GatewayServicer_to_server)], tracer=platform.tracing.tracer)
         self._uvicorn = _EmbeddedUvicorn(uvicorn.Config(
             self.http.app, host=settings.http_host, port=settings.http_port, log_config=None,
             access_log=False, lifespan="off", http="httptools", loop="none",

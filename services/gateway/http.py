@@ -89,7 +89,8 @@ class HttpFront:
             prompt = body.prompt() if shape.chat else body.prompt_value()
             req = CompletionRequest(request_id=rid, tenant=self._tenant, model=body.model, prompt=prompt,
                                     sampling=body.sampling_params(), timeout_s=self._timeout(request),
-                                    user=body.user)
+                                    user=body.user, trace_headers=request.headers,
+                                    operation="chat" if shape.chat else "text_completion")
             items = self._pipeline.run(req)
             if body.stream:
                 # Wait for the first item so an early failure still gets its status code.

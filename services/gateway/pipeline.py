@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import aclosing
 from dataclasses import dataclass, replace
 from typing import Protocol
@@ -19,7 +19,10 @@ from llmesh.streams import coalesce
 from llmesh.errors import DeadlineExceeded, LlmeshError, ModelNotFound, Overloaded, Unavailable
 from llmesh.types import Delta, Finish, Prompt, Sampling
 from llmesh.validation import check_request
+from opentelemetry.trace import NoOpTracer, Span, SpanKind, Status, StatusCode, Tracer
+
 from llmesh.liveconfig.schema import MeshConfig, ModelPolicy
+from llmesh.telemetry import bind_trace_id, extract
 from llmesh.gateway.endpoints import EndpointPicker
 from llmesh.gateway.policy import apply_policy, route
 
@@ -35,16 +38,18 @@ class CompletionRequest:
     sampling: Sampling
     timeout_s: float
     user: str | None = None  # keeps a user on one arm of a traffic split
+    trace_headers: Mapping[str, str] | None = None  # W3C trace context from HTTP clients
+    operation: str = "chat"  # gen_ai.operation.name: chat | text_completion
 
 
 class EngineClient(Protocol):
-    def generate(self, address: str, req: CompletionRequest, timeout_s: float
+    def generate(self, address: str, req: CompletionRequest, timeout_s: float, parent: Span
                  ) -> AsyncIterator[Delta | Finish]: ...
 
 
 class ResponseCache(Protocol):
-    async def lookup(self, req: CompletionRequest) -> tuple[str, Finish] | None: ...
-    async def store(self, req: CompletionRequest, text: str, finish: Finish) -> None: ...
+    async def lookup(self, req: CompletionRequest, parent: Span) -> tuple[str, Finish] | None: ...
+    async def store(self, req: CompletionRequest, text: str, finish: Finish, parent: Span) -> None: ...
 
 
 class Catalog(Protocol):
@@ -56,6 +61,7 @@ class Pipeline:
                  cache: ResponseCache | None = None,
                  config: Callable[[], MeshConfig] = MeshConfig,
                  observe: Callable[[dict], None] = lambda record: None,
+                 tracer: Tracer | None = None,
                  clock: Callable[[], float] = time.monotonic):
         self._picker = picker
         self._engines = engines
@@ -63,6 +69,7 @@ class Pipeline:
         self._cache = cache
         self._config = config
         self._observe = observe
+        self._tracer = tracer or NoOpTracer()
         self._clock = clock
         self._background: set[asyncio.Task] = set()
 
@@ -71,6 +78,10 @@ class Pipeline:
         started = self._clock()
         record = {"model": req.model, "tenant": req.tenant, "endpoint": None, "cache": "skip",
                   "status": "ok", "ttft_ms": None, "prompt_tokens": 0, "completion_tokens": 0, "retries": 0}
+        span = self._tracer.start_span(f"{req.operation} {req.model}", context=extract(req.trace_headers),
+                                       kind=SpanKind.SERVER if req.trace_headers is not None else SpanKind.INTERNAL,
+                                       attributes=request_attributes(req))
+        bind_trace_id(span)
         try:
             check_request(req.model, req.prompt, req.sampling)
             target, policy = route(req.model, self._config(), req.user or req.request_id)
@@ -81,7 +92,7 @@ class Pipeline:
             record["model"] = target
             cacheable = self._cache is not None and req.sampling.deterministic
             if cacheable:
-                hit = await self._cache.lookup(req)
+                hit = await self._cache.lookup(req, span)
                 record["cache"] = "hit" if hit else "miss"
                 if hit is not None:
                     text, finish = hit
@@ -92,7 +103,7 @@ class Pipeline:
                     return
             parts: list[str] = []
             record["policy"] = policy.routing
-            async with aclosing(coalesce(self._generate(req, started + req.timeout_s, policy, record))) as items:
+            async with aclosing(coalesce(self._generate(req, started + req.timeout_s, policy, record, span))) as items:
                 async for item in items:
                     if record["ttft_ms"] is None:
                         record["ttft_ms"] = round((self._clock() - started) * 1000, 3)
@@ -102,10 +113,12 @@ class Pipeline:
                     else:
                         self._count(record, item)
                         if cacheable:
-                            self._spawn(self._cache.store(req, "".join(parts), item))
+                            self._spawn(self._cache.store(req, "".join(parts), item, span))
                     yield item
         except LlmeshError as exc:
             record["status"] = exc.code.value
+            span.set_status(Status(StatusCode.ERROR, exc.message))
+            span.set_attribute("error.type", exc.reason or exc.code.value)
             raise
         except (asyncio.CancelledError, GeneratorExit):
             record["status"] = "cancelled"
@@ -114,9 +127,10 @@ class Pipeline:
             record["duration_ms"] = round((self._clock() - started) * 1000, 3)
             log.info("request", extra=record)
             self._observe(record)
+            end_span(span, record)
 
-    async def _generate(self, req: CompletionRequest, deadline: float, policy: ModelPolicy, record: dict
-                        ) -> AsyncIterator[Delta | Finish]:
+    async def _generate(self, req: CompletionRequest, deadline: float, policy: ModelPolicy, record: dict,
+                        span: Span) -> AsyncIterator[Delta | Finish]:
         tried: set[str] = set()
         last_error: LlmeshError | None = None
         for _ in range(policy.max_attempts):
@@ -133,7 +147,7 @@ class Pipeline:
             self._picker.acquire(endpoint.endpoint_id)
             streamed = False
             try:
-                async with aclosing(self._engines.generate(endpoint.address, req, remaining)) as items:
+                async with aclosing(self._engines.generate(endpoint.address, req, remaining, span)) as items:
                     async for item in items:
                         streamed = True
                         yield item
@@ -166,3 +180,27 @@ class Pipeline:
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
 
+
+
+def request_attributes(req: CompletionRequest) -> dict:
+    """OpenTelemetry GenAI semantic-convention attributes known before the call."""
+    s = req.sampling
+    attrs = {"gen_ai.operation.name": req.operation, "gen_ai.request.model": req.model,
+             "gen_ai.system": "llmesh", "llmesh.request_id": req.request_id, "llmesh.tenant": req.tenant}
+    for key, value in (("gen_ai.request.max_tokens", s.max_tokens), ("gen_ai.request.temperature", s.temperature),
+                       ("gen_ai.request.top_p", s.top_p), ("gen_ai.request.seed", s.seed)):
+        if value is not None:
+            attrs[key] = value
+    return attrs
+
+
+def end_span(span: Span, record: dict) -> None:
+    span.set_attribute("gen_ai.response.model", record["model"])
+    span.set_attribute("gen_ai.usage.input_tokens", record["prompt_tokens"])
+    span.set_attribute("gen_ai.usage.output_tokens", record["completion_tokens"])
+    if "finish_reason" in record:
+        span.set_attribute("gen_ai.response.finish_reasons", [record["finish_reason"]])
+    if record["endpoint"]:
+        span.set_attribute("llmesh.endpoint", record["endpoint"])
+    span.set_attribute("llmesh.cache", record["cache"])
+    span.end()

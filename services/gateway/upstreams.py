@@ -11,7 +11,10 @@ import grpc
 
 from llmesh.convert import (finish_from_pb, finish_to_pb, prompt_fields, sampling_to_pb,
                             usage_from_pb, usage_to_pb)
+from opentelemetry.trace import NoOpTracer, Span, SpanKind, Status, StatusCode, Tracer
+
 from llmesh.discovery.base import Resolver
+from llmesh.telemetry import child_context, inject
 from llmesh.rpc.channels import insecure_channel
 from llmesh.rpc.interceptor import REQUEST_ID_KEY
 from llmesh.rpc.status import from_rpc_error
@@ -27,7 +30,8 @@ log = logging.getLogger("llmesh.gateway.upstreams")
 class EngineClients:
     """One channel per engine address, opened on first use."""
 
-    def __init__(self) -> None:
+    def __init__(self, tracer: Tracer | None = None) -> None:
+        self._tracer = tracer or NoOpTracer()
         self._stubs: dict[str, tuple[grpc.aio.Channel, engine_pb2_grpc.EngineStub]] = {}
 
     def _stub(self, address: str) -> engine_pb2_grpc.EngineStub:
@@ -37,13 +41,15 @@ class EngineClients:
             entry = self._stubs[address] = (channel, engine_pb2_grpc.EngineStub(channel))
         return entry[1]
 
-    async def generate(self, address: str, req: CompletionRequest, timeout_s: float
+    async def generate(self, address: str, req: CompletionRequest, timeout_s: float, parent: Span
                        ) -> AsyncIterator[Delta | Finish]:
         request = engine_pb2.GenerateRequest(
             request_id=req.request_id, model=req.model, sampling=sampling_to_pb(req.sampling),
             **prompt_fields(req.prompt, engine_pb2.ChatInput))
+        span = self._tracer.start_span("llmesh.v1.Engine/Generate", context=child_context(parent),
+                                       kind=SpanKind.CLIENT, attributes={"server.address": address})
         call = self._stub(address).Generate(request, timeout=timeout_s,
-                                            metadata=((REQUEST_ID_KEY, req.request_id),))
+                                            metadata=((REQUEST_ID_KEY, req.request_id), *inject(span)))
         try:
             async for resp in call:
                 if resp.finish_reason:
@@ -51,9 +57,11 @@ class EngineClients:
                 else:
                     yield Delta(text=resp.text, tokens=resp.token_count)
         except grpc.aio.AioRpcError as exc:
+            span.set_status(Status(StatusCode.ERROR, exc.code().name))
             raise from_rpc_error(exc) from None
         finally:
             call.cancel()  # no-op once finished; frees the engine's slot if we stop early
+            span.end()
 
     async def close(self) -> None:
         for channel, _ in self._stubs.values():
@@ -65,8 +73,9 @@ class CacheClient:
     """The response cache; a failing cache never fails a request, it only misses.
     The cache's address is looked up when first needed and again after a failure."""
 
-    def __init__(self, resolve: Resolver, timeout_s: float = 0.25):
+    def __init__(self, resolve: Resolver, timeout_s: float = 0.25, tracer: Tracer | None = None):
         self._resolve = resolve
+        self._tracer = tracer or NoOpTracer()
         self._channel: grpc.aio.Channel | None = None
         self._stub: cache_pb2_grpc.CacheStub | None = None
         self._timeout = timeout_s
@@ -87,26 +96,30 @@ class CacheClient:
         return cache_pb2.CacheQuery(tenant=req.tenant, model=req.model, sampling=sampling_to_pb(req.sampling),
                                     **prompt_fields(req.prompt, cache_pb2.CachedChat))
 
-    async def lookup(self, req: CompletionRequest) -> tuple[str, Finish] | None:
-        try:
-            stub = await self._cache()
-            resp = await stub.Lookup(cache_pb2.LookupRequest(query=self._query(req)), timeout=self._timeout)
-        except (grpc.aio.AioRpcError, LookupError) as exc:
-            log.warning("cache lookup failed", extra={"error": _why(exc)})
-            await self._forget()
-            return None
+    async def lookup(self, req: CompletionRequest, parent: Span) -> tuple[str, Finish] | None:
+        with self._tracer.start_as_current_span("llmesh.v1.Cache/Lookup", context=child_context(parent),
+                                                kind=SpanKind.CLIENT) as span:
+            try:
+                stub = await self._cache()
+                resp = await stub.Lookup(cache_pb2.LookupRequest(query=self._query(req)), timeout=self._timeout,
+                                         metadata=((REQUEST_ID_KEY, req.request_id), *inject(span)))
+            except (grpc.aio.AioRpcError, LookupError) as exc:
+                log.warning("cache lookup failed", extra={"error": _why(exc)})
+                await self._forget()
+                return None
+            span.set_attribute("llmesh.cache.hit", resp.hit)
         if not resp.hit:
             return None
         r = resp.response
         return r.text, Finish(reason=finish_from_pb(r.finish_reason), usage=usage_from_pb(r.usage))
 
-    async def store(self, req: CompletionRequest, text: str, finish: Finish) -> None:
+    async def store(self, req: CompletionRequest, text: str, finish: Finish, parent: Span) -> None:
         response = cache_pb2.CachedResponse(text=text, finish_reason=finish_to_pb(finish.reason),
                                             usage=usage_to_pb(finish.usage))
         try:
             stub = await self._cache()
             await stub.Store(cache_pb2.StoreRequest(query=self._query(req), response=response),
-                             timeout=self._timeout)
+                             timeout=self._timeout, metadata=((REQUEST_ID_KEY, req.request_id),))
         except (grpc.aio.AioRpcError, LookupError) as exc:
             log.warning("cache store failed", extra={"error": _why(exc)})
             await self._forget()

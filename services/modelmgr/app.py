@@ -21,7 +21,8 @@ class ModelMgrApp:
                              registry=platform.metrics if platform else CollectorRegistry())
         self.server = GrpcServer(settings.address, [ServiceBinding(
             "llmesh.v1.ModelManager", ModelManagerServicer(self.store),
-            modelmgr_pb2_grpc.add_ModelManagerServicer_to_server)])
+            modelmgr_pb2_grpc.add_ModelManagerServicer_to_server)],
+            tracer=platform.tracing.tracer if platform else None)
 
     @property
     def advertise_address(self) -> str:

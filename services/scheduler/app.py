@@ -24,7 +24,8 @@ class SchedulerApp:
         self.table = EndpointTable(stale_after_s=settings.stale_after_s, on_change=self.metrics.table_changed)
         self.server = GrpcServer(settings.address, [ServiceBinding(
             "llmesh.v1.Scheduler", SchedulerServicer(self.table, self.metrics.reports),
-            scheduler_pb2_grpc.add_SchedulerServicer_to_server)])
+            scheduler_pb2_grpc.add_SchedulerServicer_to_server)],
+            tracer=platform.tracing.tracer if platform else None)
         self._expiry: asyncio.Task | None = None
 
     @property

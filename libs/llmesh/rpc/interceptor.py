@@ -9,7 +9,11 @@ import uuid
 import grpc
 
 from llmesh.errors import LlmeshError
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Tracer
+
 from llmesh.logs import request_id_var
+from llmesh.telemetry import bind_trace_id, extract
 from llmesh.rpc.status import grpc_code, trailing_metadata
 
 log = logging.getLogger("llmesh.rpc")
@@ -35,20 +39,35 @@ async def _abort(context: grpc.aio.ServicerContext, exc: BaseException, method: 
 
 
 class ErrorInterceptor(grpc.aio.ServerInterceptor):
+    """Also opens the server span of each call, child of the caller's (W3C trace
+    context in the metadata), current while the handler runs."""
+
+    def __init__(self, tracer: Tracer | None = None):
+        self._tracer = tracer or trace.NoOpTracer()
+
+    def _span(self, context: grpc.aio.ServicerContext, method: str):
+        parent = extract(context.invocation_metadata())
+        span = self._tracer.start_span(method.lstrip("/"), context=parent, kind=SpanKind.SERVER,
+                                       attributes={"rpc.system": "grpc", "rpc.method": method})
+        bind_trace_id(span)
+        return span
+
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
         if handler is None:
             return None
         method = handler_call_details.method
+        span_for = self._span
         if handler.unary_unary:
             inner = handler.unary_unary
 
             async def unary_unary(request, context):
                 request_id_var.set(_request_id(context))
-                try:
-                    return await inner(request, context)
-                except Exception as exc:  # noqa: BLE001 - mapped to a status below
-                    await _abort(context, exc, method)
+                with trace.use_span(span_for(context, method), end_on_exit=True):
+                    try:
+                        return await inner(request, context)
+                    except Exception as exc:  # noqa: BLE001 - mapped to a status below
+                        await _abort(context, exc, method)
 
             return grpc.unary_unary_rpc_method_handler(
                 unary_unary, handler.request_deserializer, handler.response_serializer)
@@ -57,11 +76,12 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
 
             async def unary_stream(request, context):
                 request_id_var.set(_request_id(context))
-                try:
-                    async for item in inner_stream(request, context):
-                        yield item
-                except Exception as exc:  # noqa: BLE001
-                    await _abort(context, exc, method)
+                with trace.use_span(span_for(context, method), end_on_exit=True):
+                    try:
+                        async for item in inner_stream(request, context):
+                            yield item
+                    except Exception as exc:  # noqa: BLE001
+                        await _abort(context, exc, method)
 
             return grpc.unary_stream_rpc_method_handler(
                 unary_stream, handler.request_deserializer, handler.response_serializer)
@@ -70,10 +90,11 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
 
             async def stream_unary(request_iterator, context):
                 request_id_var.set(_request_id(context))
-                try:
-                    return await inner_su(request_iterator, context)
-                except Exception as exc:  # noqa: BLE001
-                    await _abort(context, exc, method)
+                with trace.use_span(span_for(context, method), end_on_exit=True):
+                    try:
+                        return await inner_su(request_iterator, context)
+                    except Exception as exc:  # noqa: BLE001
+                        await _abort(context, exc, method)
 
             return grpc.stream_unary_rpc_method_handler(
                 stream_unary, handler.request_deserializer, handler.response_serializer)
@@ -81,11 +102,12 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
 
         async def stream_stream(request_iterator, context):
             request_id_var.set(_request_id(context))
-            try:
-                async for item in inner_ss(request_iterator, context):
-                    yield item
-            except Exception as exc:  # noqa: BLE001
-                await _abort(context, exc, method)
+            with trace.use_span(span_for(context, method), end_on_exit=True):
+                try:
+                    async for item in inner_ss(request_iterator, context):
+                        yield item
+                except Exception as exc:  # noqa: BLE001
+                    await _abort(context, exc, method)
 
         return grpc.stream_stream_rpc_method_handler(
             stream_stream, handler.request_deserializer, handler.response_serializer)

@@ -11,6 +11,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from opentelemetry.trace import Tracer
 
 from llmesh.rpc.interceptor import ErrorInterceptor
 
@@ -36,15 +37,16 @@ class ServiceBinding:
 
 
 class GrpcServer:
-    def __init__(self, address: str, bindings: Sequence[ServiceBinding]):
+    def __init__(self, address: str, bindings: Sequence[ServiceBinding], tracer: Tracer | None = None):
         self._address = address
+        self._tracer = tracer
         self._bindings = bindings
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
         self.port: int | None = None
 
     async def start(self) -> None:
-        server = grpc.aio.server(interceptors=[ErrorInterceptor()], options=SERVER_OPTIONS)
+        server = grpc.aio.server(interceptors=[ErrorInterceptor(self._tracer)], options=SERVER_OPTIONS)
         for binding in self._bindings:
             binding.add_to_server(binding.servicer, server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
