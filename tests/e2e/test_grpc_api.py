@@ -101,3 +101,25 @@ def test_errors_carry_status_codes(gateway, request_, code):
         list(gateway.Chat(request_, timeout=10))
     assert info.value.code() == code
     assert info.value.details()
+
+
+def test_status_shows_services_endpoints_models_and_live_figures(mesh, client):
+    import json
+    import subprocess
+    import sys
+
+    client.chat.completions.create(model=SMOL, messages=[{"role": "user", "content": "Hi"}], max_tokens=3)
+    lay = mesh.layout
+    args = [sys.executable, "-m", "llmesh", "status", "--base-port", str(lay.base_port),
+            "--http-port", str(lay.http_port)]
+    out = subprocess.run([*args, "--json"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    report = json.loads(out.stdout)
+    assert {s["name"] for s in report["services"]} >= {"gateway", "scheduler", "modelmgr", "cache", "engine-0"}
+    assert {m["name"] for m in report["models"]} >= {SMOL}
+    live = report["live"]
+    assert live["requests_total"] >= 1 and live["ttft_ms_p50"] > 0 and live["ttft_ms_p99"] >= live["ttft_ms_p50"]
+    smol = next(e for e in live["engines"] if e["endpoint_id"] == "engine-0")
+    assert 0 < smol["kv_cache_usage"] <= 1  # the last prompt's tokens are still in the KV cache
+    text = subprocess.run(args, capture_output=True, text=True, timeout=60).stdout
+    assert "req/s" in text and "TTFT p50" in text and "KV " in text

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
+import math
+
 import grpc
+import httpx
 import orjson
+from prometheus_client.parser import text_string_to_metric_families
 
 from llmesh.rpc.channels import insecure_channel
 from llmesh.rpc.health import health_status
@@ -39,6 +43,62 @@ async def _models(address: str) -> list[dict]:
              "context_length": m.context_length, "source": m.source} for m in resp.models]
 
 
+def _samples(text: str) -> list:
+    return [s for fam in text_string_to_metric_families(text) for s in fam.samples]
+
+
+async def _scrape(port: int) -> list:
+    try:
+        async with httpx.AsyncClient(timeout=2) as http:
+            return _samples((await http.get(f"http://127.0.0.1:{port}/metrics")).text)
+    except httpx.HTTPError:
+        return []
+
+
+def quantile(q: float, buckets: dict[float, float]) -> float | None:
+    """histogram_quantile over cumulative bucket counts {le: count}."""
+    if not buckets or not buckets.get(math.inf):
+        return None
+    total, prev_le, prev_count = buckets[math.inf], 0.0, 0.0
+    for le in sorted(buckets):
+        if buckets[le] >= q * total:
+            if le == math.inf:
+                return prev_le
+            span = buckets[le] - prev_count
+            return prev_le + (le - prev_le) * ((q * total - prev_count) / span if span else 0)
+        prev_le, prev_count = le, buckets[le]
+    return None
+
+
+async def live_figures(layout: Layout, endpoints: list[dict], window_s: float = 1.0) -> dict:
+    """Requests per second over ``window_s``, gateway TTFT quantiles since start,
+    and each engine's queue and KV-cache use."""
+    port = layout.metrics_port("gateway")
+    first = await _scrape(port)
+    await asyncio.sleep(window_s)
+    second = await _scrape(port)
+    count = lambda samples: sum(s.value for s in samples if s.name == "llmesh_requests_total")  # noqa: E731
+    buckets: dict[float, float] = {}
+    for s in second:
+        if s.name == "llmesh_time_to_first_token_seconds_bucket":
+            le = float(s.labels["le"])
+            buckets[le] = buckets.get(le, 0.0) + s.value
+    p50, p99 = quantile(0.5, buckets), quantile(0.99, buckets)
+    engines = []
+    for e in endpoints:
+        kv = None
+        if e["endpoint_id"].startswith("engine-") and e["endpoint_id"][7:].isdigit():
+            samples = await _scrape(layout.metrics_port(e["endpoint_id"]))
+            kv = next((s.value for s in samples if s.name == "vllm:kv_cache_usage_perc"), None)
+        engines.append({"endpoint_id": e["endpoint_id"], "running": e["running"], "waiting": e["waiting"],
+                        "kv_cache_usage": kv})
+    return {"requests_per_s": round((count(second) - count(first)) / window_s, 2) if second else None,
+            "requests_total": count(second) if second else None,
+            "ttft_ms_p50": round(p50 * 1000, 1) if p50 is not None else None,
+            "ttft_ms_p99": round(p99 * 1000, 1) if p99 is not None else None,
+            "engines": engines}
+
+
 async def collect(layout: Layout) -> dict:
     addresses = {s: layout.address(s) for s in SERVICES}
     health = await asyncio.gather(*(health_status(a) for a in addresses.values()))
@@ -46,7 +106,8 @@ async def collect(layout: Layout) -> dict:
     services = [{"name": s, "address": a, "health": h} for (s, a), h in zip(addresses.items(), health)]
     services += [{"name": e["endpoint_id"], "address": e["address"], "health": await health_status(e["address"])}
                  for e in endpoints]
-    return {"gateway_http": layout.http_url, "services": services, "endpoints": endpoints, "models": models}
+    return {"gateway_http": layout.http_url, "services": services, "endpoints": endpoints, "models": models,
+            "live": await live_figures(layout, endpoints)}
 
 
 def render(report: dict, as_json: bool) -> str:
@@ -57,6 +118,13 @@ def render(report: dict, as_json: bool) -> str:
     lines += ["", "ENDPOINT           BACKEND   MODELS                    RUNNING WAITING HEALTHY"]
     lines += [f"{e['endpoint_id']:<18} {e['backend']:<9} {','.join(e['models']):<25} "
               f"{e['running']:>7} {e['waiting']:>7} {'yes' if e['healthy'] else 'no'}" for e in report["endpoints"]]
+    live = report["live"]
+    fmt = lambda v, unit="": "-" if v is None else f"{v}{unit}"  # noqa: E731
+    lines += ["", f"LIVE  {fmt(live['requests_per_s'])} req/s ({fmt(live['requests_total'])} total)  "
+              f"TTFT p50 {fmt(live['ttft_ms_p50'], ' ms')}  p99 {fmt(live['ttft_ms_p99'], ' ms')} (since start)"]
+    for e in live["engines"]:
+        kv = "-" if e["kv_cache_usage"] is None else f"{e['kv_cache_usage']:.1%}"
+        lines.append(f"  {e['endpoint_id']:<16} queue {e['running']} running / {e['waiting']} waiting   KV {kv}")
     lines += ["", "MODEL                     FORMAT  SIZE      CONTEXT  SHA256"]
     lines += [f"{m['name']:<25} {m['format']:<7} {m['size_bytes'] / 2**20:>6.1f}MiB {m['context_length']:>7}  "
               f"{m['sha256'][:16]}" for m in report["models"]]
