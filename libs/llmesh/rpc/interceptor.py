@@ -58,56 +58,33 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             return None
         method = handler_call_details.method
         span_for = self._span
-        if handler.unary_unary:
-            inner = handler.unary_unary
 
-            async def unary_unary(request, context):
+        def unary(inner):  # one response: unary-unary and stream-unary
+            async def call(request_or_iterator, context):
                 request_id_var.set(_request_id(context))
                 with trace.use_span(span_for(context, method), end_on_exit=True):
                     try:
-                        return await inner(request, context)
+                        return await inner(request_or_iterator, context)
                     except Exception as exc:  # noqa: BLE001 - mapped to a status below
                         await _abort(context, exc, method)
+            return call
 
-            return grpc.unary_unary_rpc_method_handler(
-                unary_unary, handler.request_deserializer, handler.response_serializer)
-        if handler.unary_stream:
-            inner_stream = handler.unary_stream
-
-            async def unary_stream(request, context):
+        def streaming(inner):  # a response stream: unary-stream and stream-stream
+            async def call(request_or_iterator, context):
                 request_id_var.set(_request_id(context))
                 with trace.use_span(span_for(context, method), end_on_exit=True):
                     try:
-                        async for item in inner_stream(request, context):
+                        async for item in inner(request_or_iterator, context):
                             yield item
                     except Exception as exc:  # noqa: BLE001
                         await _abort(context, exc, method)
+            return call
 
-            return grpc.unary_stream_rpc_method_handler(
-                unary_stream, handler.request_deserializer, handler.response_serializer)
+        codec = (handler.request_deserializer, handler.response_serializer)
+        if handler.unary_unary:
+            return grpc.unary_unary_rpc_method_handler(unary(handler.unary_unary), *codec)
         if handler.stream_unary:
-            inner_su = handler.stream_unary
-
-            async def stream_unary(request_iterator, context):
-                request_id_var.set(_request_id(context))
-                with trace.use_span(span_for(context, method), end_on_exit=True):
-                    try:
-                        return await inner_su(request_iterator, context)
-                    except Exception as exc:  # noqa: BLE001
-                        await _abort(context, exc, method)
-
-            return grpc.stream_unary_rpc_method_handler(
-                stream_unary, handler.request_deserializer, handler.response_serializer)
-        inner_ss = handler.stream_stream
-
-        async def stream_stream(request_iterator, context):
-            request_id_var.set(_request_id(context))
-            with trace.use_span(span_for(context, method), end_on_exit=True):
-                try:
-                    async for item in inner_ss(request_iterator, context):
-                        yield item
-                except Exception as exc:  # noqa: BLE001
-                    await _abort(context, exc, method)
-
-        return grpc.stream_stream_rpc_method_handler(
-            stream_stream, handler.request_deserializer, handler.response_serializer)
+            return grpc.stream_unary_rpc_method_handler(unary(handler.stream_unary), *codec)
+        if handler.unary_stream:
+            return grpc.unary_stream_rpc_method_handler(streaming(handler.unary_stream), *codec)
+        return grpc.stream_stream_rpc_method_handler(streaming(handler.stream_stream), *codec)
