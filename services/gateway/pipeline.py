@@ -15,7 +15,6 @@ from contextlib import aclosing
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from llmesh.streams import coalesce
 from llmesh.errors import DeadlineExceeded, LlmeshError, ModelNotFound, Overloaded, Unavailable
 from llmesh.types import Delta, Finish, Prompt, Sampling
 from llmesh.validation import check_request
@@ -103,7 +102,7 @@ class Pipeline:
                     return
             parts: list[str] = []
             record["policy"] = policy.routing
-            async with aclosing(coalesce(self._generate(req, started + req.timeout_s, policy, record, span))) as items:
+            async with aclosing(self._generate(req, started + req.timeout_s, policy, record, span)) as items:
                 async for item in items:
                     if record["ttft_ms"] is None:
                         record["ttft_ms"] = round((self._clock() - started) * 1000, 3)
