@@ -76,6 +76,26 @@ async def gateway_http_call(client: httpx.AsyncClient, url: str, tokens: int) ->
     return Sample(ttft, time.perf_counter() - start, n)
 
 
+async def client_floor(channel, http: httpx.AsyncClient, base_url: str, n: int = 200) -> dict:
+    """What one round trip costs the two client stacks against the same gateway
+    process doing almost nothing (gRPC health check, GET /healthz): the part of
+    gateway_http's added TTFT that is the HTTP client's, not the gateway's."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    stub = health_pb2_grpc.HealthStub(channel)
+    out = {}
+    for name, call in (("grpc_ms_p50", lambda: stub.Check(health_pb2.HealthCheckRequest(), timeout=5)),
+                       ("http_ms_p50", lambda: http.get(base_url + "/healthz"))):
+        times = []
+        for _ in range(n):
+            t = time.perf_counter()
+            await call()
+            times.append((time.perf_counter() - t) * 1000)
+        out[name] = round(sorted(times)[n // 2], 3)
+    out["http_minus_grpc_ms"] = round(out["http_ms_p50"] - out["grpc_ms_p50"], 3)
+    return out
+
+
 async def measure(mesh: Mesh, levels: list[int], counts: list[int], tokens: int, paths: list[str]) -> dict:
     gw_pid = child_pid(mesh.proc.pid, "llmesh.gateway")
     out: dict = {}
@@ -92,6 +112,7 @@ async def measure(mesh: Mesh, levels: list[int], counts: list[int], tokens: int,
         }
         for name in paths:  # warm every path's connections and code
             await drive(calls[name], 4, 20)
+        out["client_floor"] = await client_floor(gch, http, mesh.layout.http_url)
         for level, count in zip(levels, counts):
             row = {}
             for name in paths:
