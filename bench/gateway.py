@@ -16,7 +16,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import grpc
 import httpx
 import orjson
 

@@ -15,7 +15,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import grpc
 from openai import OpenAI
 
 from llmesh.engine.backends.llamacpp import LlamaCppBackend

@@ -8,11 +8,10 @@ from __future__ import annotations
 import contextvars
 import logging
 import sys
-import time
 
 import orjson
 
-from llmesh.telemetry import trace_id_var  # noqa: E402 - re-exported for the formatter
+from llmesh.telemetry import trace_id_var
 
 request_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_id", default=None)
 
@@ -60,6 +59,3 @@ def setup_logging(service: str, level: str = "info") -> None:
         lg.propagate = True
     logging.getLogger("uvicorn.access").setLevel(logging.WARNING)
 
-
-def monotonic_ms(start: float) -> float:
-    return round((time.perf_counter() - start) * 1000.0, 3)

@@ -165,7 +165,7 @@ class EtcdServer:
              "--initial-cluster", f"test={peer}", "--log-level", "warn"],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         log.close()
-        if not wait_until(lambda: _port_open(self.port) or self.proc.poll() is not None, timeout_s):
+        if not wait_until(lambda: port_open(self.port) or self.proc.poll() is not None, timeout_s):
             raise RuntimeError("etcd did not start")
         if self.proc.poll() is not None:
             raise RuntimeError(f"etcd exited with {self.proc.returncode}")
@@ -174,7 +174,7 @@ class EtcdServer:
         terminate(self.proc, signal.SIGTERM, 10.0)
 
 
-def _port_open(port: int) -> bool:
+def port_open(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
 

@@ -15,13 +15,13 @@ from contextlib import aclosing
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from llmesh.errors import DeadlineExceeded, LlmeshError, ModelNotFound, Overloaded, Unavailable
-from llmesh.types import Delta, Finish, Prompt, Sampling
-from llmesh.validation import check_request
 from opentelemetry.trace import NoOpTracer, Span, SpanKind, Status, StatusCode, Tracer
 
+from llmesh.errors import DeadlineExceeded, LlmeshError, ModelNotFound, Overloaded, Unavailable
 from llmesh.liveconfig.schema import MeshConfig, ModelPolicy
 from llmesh.telemetry import bind_trace_id, extract
+from llmesh.types import Delta, Finish, Prompt, Sampling
+from llmesh.validation import check_request
 from llmesh.gateway.endpoints import EndpointPicker
 from llmesh.gateway.policy import apply_policy, route
 

@@ -145,7 +145,6 @@ class SchedulerFeed:
     def __init__(self, resolve: Resolver, picker: EndpointPicker):
         self._resolve = resolve
         self._picker = picker
-        self.synced = asyncio.Event()
 
     async def run(self) -> None:
         backoff = 0.2
@@ -157,7 +156,6 @@ class SchedulerFeed:
                     stub = scheduler_pb2_grpc.SchedulerStub(channel)
                     async for table in stub.WatchEndpoints(scheduler_pb2.WatchEndpointsRequest()):
                         self._picker.replace_all(endpoint_from_pb(e) for e in table.endpoints)
-                        self.synced.set()
                         backoff = 0.2
             except (grpc.aio.AioRpcError, LookupError) as exc:
                 log.warning("scheduler stream broke; keeping the last endpoint table",

@@ -12,7 +12,7 @@ import pytest
 from llmesh.discovery.base import Instance
 from llmesh.discovery.consul import ConsulRegistry
 from llmesh.rpc.server import GrpcServer
-from llmesh.testing import free_ports, wait_until, _port_open
+from llmesh.testing import free_ports, port_open, wait_until
 
 pytestmark = pytest.mark.skipif(shutil.which("consul") is None,
                                 reason="no `consul` binary on PATH (none is packaged for these machines)")
@@ -25,7 +25,7 @@ def consul_agent(tmp_path):
         ["consul", "agent", "-dev", "-bind", "127.0.0.1", "-client", "127.0.0.1", "-data-dir", str(tmp_path),
          f"-http-port={http}", f"-dns-port={dns}", f"-serf-lan-port={serf_lan}", f"-serf-wan-port={serf_wan}",
          f"-server-port={server}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    assert wait_until(lambda: _port_open(http), 20)
+    assert wait_until(lambda: port_open(http), 20)
     yield f"127.0.0.1:{http}"
     proc.terminate()
     proc.wait(10)
