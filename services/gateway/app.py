@@ -56,7 +56,8 @@ class GatewayApp:
             gateway_pb2_grpc.add_GatewayServicer_to_server)], tracer=platform.tracing.tracer)
         self._uvicorn = _EmbeddedUvicorn(uvicorn.Config(
             self.http.app, host=settings.http_host, port=settings.http_port, log_config=None,
-            access_log=False, lifespan="off", http="httptools", loop="none",
+            access_log=False, lifespan="off", http="httptools", loop="none", interface="asgi3",
+            proxy_headers=False,
             timeout_graceful_shutdown=int(settings.grace_s) or 1))
         self._tasks: list[asyncio.Task] = []
 
