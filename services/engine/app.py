@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 
 from prometheus_client import CollectorRegistry
 
@@ -14,6 +16,7 @@ from llmesh.engine.admission import Admission
 from llmesh.engine.backends.base import Backend
 from llmesh.engine.config import EngineSettings
 from llmesh.engine.core import Defaults, EngineCore
+from llmesh.engine.hardware import Hardware, probe
 from llmesh.engine.metrics import EngineMetrics
 from llmesh.engine.reporter import Reporter
 from llmesh.engine.servicer import EngineServicer, load_pb
@@ -47,6 +50,9 @@ class EngineApp:
             tracer=platform.tracing.tracer if platform else None)
         self.reporter: Reporter | None = None
         self._platform = platform
+        self.hardware = scheduler_pb2.HardwareProfile()
+        self.self_test = scheduler_pb2.SelfTest()
+        self._checker: asyncio.Task | None = None
 
     def _load_changed(self) -> None:
         if hasattr(self, "core"):
@@ -67,14 +73,44 @@ class EngineApp:
                 backend=self.backend.name, models=[self.backend.model])
             address = self.settings.scheduler_address
             resolve = self._platform.resolver("scheduler", address) if self._platform else fixed(address)
-            self.reporter = Reporter(resolve, identity,
-                                     lambda: load_pb(self.core), self.settings.report_interval_s)
+            await self._check()  # the first report already says what we run on and that we work
+            self.reporter = Reporter(resolve, identity, lambda: load_pb(self.core), self.settings.report_interval_s,
+                                     extra=lambda: (self.hardware, self.self_test))
             self.reporter.start()
+        self._checker = asyncio.create_task(self._check_loop(), name="self-test")
         log.info("engine ready", extra={"backend": self.backend.name, "model": self.backend.model,
                                         "context_length": self.backend.context_length})
 
+    async def _check(self) -> None:
+        self.hardware = hardware_pb(await asyncio.to_thread(probe))
+        if self.admission.running or self.admission.waiting:
+            return  # serving is proof enough; don't queue a test behind real work
+        ok, detail, ms = await self.core.self_test()
+        self.self_test = scheduler_pb2.SelfTest(ok=ok, detail=detail, checked_unix=time.time(), latency_ms=ms)
+        if not ok:
+            log.error("self-test failed", extra={"detail": detail})
+        if self.reporter is not None:
+            self.reporter.notify()
+
+    async def _check_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.self_test_interval_s)
+            await self._check()
+
     async def stop(self, grace: float) -> None:
+        if self._checker is not None:
+            self._checker.cancel()
         if self.reporter is not None:
             await self.reporter.stop()  # deregister first: no new work routed here
         await self.server.stop(grace)
         await self.backend.close()
+
+
+def hardware_pb(h: Hardware) -> scheduler_pb2.HardwareProfile:
+    return scheduler_pb2.HardwareProfile(
+        cpu_model=h.cpu_model, cpu_cores=h.cpu_cores, memory_total_bytes=h.memory_total_bytes,
+        memory_available_bytes=h.memory_available_bytes,
+        gpus=[scheduler_pb2.GpuInfo(name=g.name, memory_total_bytes=g.memory_total_bytes,
+                                    memory_used_bytes=g.memory_used_bytes, ecc_errors_corrected=g.ecc_corrected,
+                                    ecc_errors_uncorrected=g.ecc_uncorrected, driver_version=g.driver_version)
+              for g in h.gpus])

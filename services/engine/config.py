@@ -23,6 +23,7 @@ class EngineSettings(ServiceSettings):
     advertise_address: str | None = None  # what the scheduler hands to gateways
     scheduler_address: str | None = default_address("scheduler")
     report_interval_s: float = Field(default=1.0, gt=0)
+    self_test_interval_s: float = Field(default=30.0, gt=0, description="idle self-test and hardware probe")
 
     # Applied when a request leaves them unset (as vLLM applies a model's generation
     # config). 0.2 / 0.9 is what SmolLM2's authors recommend; OpenAI's own default

@@ -121,6 +121,22 @@ class EngineCore:
             reason = FinishReason.LENGTH if produced >= params.max_new_tokens else FinishReason.STOP
         yield Finish(reason=reason, usage=Usage(prompt_tokens=len(tokens), completion_tokens=produced))
 
+    async def self_test(self) -> tuple[bool, str, float]:
+        """One greedy token from a tiny prompt, straight through the backend (no
+        admission, no metrics): (ok, why not, milliseconds). Run only when idle."""
+        started = time.monotonic()
+        try:
+            tokens = self.backend.tokenize(Prompt(text="ping"))
+            pieces = self.backend.stream(tokens, DecodeParams(max_new_tokens=1, temperature=0.0, top_p=1.0, seed=0))
+            async with aclosing(pieces):
+                produced = [piece async for piece in pieces]
+        except Exception as exc:  # noqa: BLE001 - any failure is the answer
+            return False, f"{type(exc).__name__}: {exc}", (time.monotonic() - started) * 1000
+        ms = (time.monotonic() - started) * 1000
+        if not produced:
+            return False, "the backend produced no token", ms
+        return True, "", ms
+
     def kv_usage(self) -> float:
         usage = getattr(self.backend, "kv_usage", None)
         return usage() if usage is not None else 0.0

@@ -20,10 +20,12 @@ log = logging.getLogger("llmesh.engine.reporter")
 class Reporter:
     def __init__(self, scheduler: Resolver, identity: scheduler_pb2.EngineReport,
                  load: Callable[[], engine_pb2.EngineLoad], interval_s: float = 1.0,
-                 min_gap_s: float = 0.05):
+                 min_gap_s: float = 0.05,
+                 extra: Callable[[], tuple[scheduler_pb2.HardwareProfile, scheduler_pb2.SelfTest]] | None = None):
         self._resolve = scheduler
         self._identity = identity
         self._load = load
+        self._extra = extra
         self._interval = interval_s
         self._min_gap = min_gap_s
         self._changed = asyncio.Event()
@@ -70,6 +72,10 @@ class Reporter:
             report = scheduler_pb2.EngineReport()
             report.CopyFrom(self._identity)
             report.load.CopyFrom(self._load())
+            if self._extra is not None:
+                hardware, self_test = self._extra()
+                report.hardware.CopyFrom(hardware)
+                report.self_test.CopyFrom(self_test)
             report.draining = self._draining
             yield report
             if self._done.is_set():

@@ -18,7 +18,9 @@ def state_from_report(r: scheduler_pb2.EngineReport, now: float) -> EndpointStat
         endpoint_id=r.endpoint_id, address=r.address, backend=r.backend, models=tuple(r.models),
         load=Load(running=r.load.running, waiting=r.load.waiting,
                   max_running=r.load.max_running, max_waiting=r.load.max_waiting),
-        draining=r.draining, last_report=now)
+        draining=r.draining, last_report=now,
+        self_test_ok=r.self_test.ok or not r.self_test.checked_unix,  # not run yet: no verdict
+        details=(r.hardware, r.self_test))
 
 
 def table_pb(table: EndpointTable, now: float) -> scheduler_pb2.EndpointTable:
@@ -27,7 +29,8 @@ def table_pb(table: EndpointTable, now: float) -> scheduler_pb2.EndpointTable:
             endpoint_id=e.endpoint_id, address=e.address, backend=e.backend, models=list(e.models),
             load=engine_pb2.EngineLoad(running=e.load.running, waiting=e.load.waiting,
                                        max_running=e.load.max_running, max_waiting=e.load.max_waiting),
-            healthy=e.healthy, last_report_age_s=round(now - e.last_report, 3))
+            healthy=e.healthy, last_report_age_s=round(now - e.last_report, 3),
+            hardware=e.details[0] if e.details else None, self_test=e.details[1] if e.details else None)
         for e in table.snapshot()])
 
 

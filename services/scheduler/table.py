@@ -26,6 +26,8 @@ class EndpointState:
     draining: bool = False
     last_report: float = 0.0
     healthy: bool = True
+    self_test_ok: bool = True
+    details: object = None  # hardware profile and self-test, as reported; not part of change detection
 
 
 class EndpointTable:
@@ -44,9 +46,10 @@ class EndpointTable:
 
     async def upsert(self, state: EndpointState) -> None:
         old = self._endpoints.get(state.endpoint_id)
-        state = replace(state, healthy=not state.draining)
+        state = replace(state, healthy=not state.draining and state.self_test_ok)
         self._endpoints[state.endpoint_id] = state
-        if old is None or replace(old, last_report=0.0) != replace(state, last_report=0.0):
+        if old is None or replace(old, last_report=0.0, details=None) != replace(state, last_report=0.0,
+                                                                                  details=None):
             await self._bump()
 
     async def remove(self, endpoint_id: str) -> None:

@@ -123,3 +123,16 @@ def test_status_shows_services_endpoints_models_and_live_figures(mesh, client):
     assert 0 < smol["kv_cache_usage"] <= 1  # the last prompt's tokens are still in the KV cache
     text = subprocess.run(args, capture_output=True, text=True, timeout=60).stdout
     assert "req/s" in text and "TTFT p50" in text and "KV " in text
+
+
+def test_engines_report_hardware_and_a_passing_self_test(mesh):
+    import os
+
+    from tests.e2e.conftest import endpoints
+
+    table = {e.endpoint_id: e for e in endpoints(mesh)}
+    for eid in ("engine-0", "engine-1"):
+        e = table[eid]
+        assert e.hardware.cpu_cores == os.cpu_count() and e.hardware.memory_total_bytes > 0
+        assert e.hardware.cpu_model
+        assert e.self_test.ok and e.self_test.checked_unix > 0 and e.self_test.latency_ms > 0

@@ -39,3 +39,13 @@ async def test_draining_endpoint_is_unhealthy_and_removal_wakes_watchers():
     await t.remove("e1")
     assert await asyncio.wait_for(waiter, 1) == seen + 1
     assert t.snapshot() == []
+
+
+async def test_a_failed_self_test_makes_the_endpoint_unhealthy_until_it_passes():
+    from dataclasses import replace
+
+    t = EndpointTable()
+    await t.upsert(replace(state(), self_test_ok=False))
+    assert not t.snapshot()[0].healthy
+    await t.upsert(replace(state(now=1.0), self_test_ok=True))
+    assert t.snapshot()[0].healthy

@@ -29,7 +29,13 @@ async def _endpoints(address: str) -> list[dict]:
     return [{"endpoint_id": e.endpoint_id, "address": e.address, "backend": e.backend,
              "models": list(e.models), "healthy": e.healthy, "running": e.load.running,
              "waiting": e.load.waiting, "max_running": e.load.max_running,
-             "last_report_age_s": e.last_report_age_s} for e in table.endpoints]
+             "last_report_age_s": e.last_report_age_s,
+             "hardware": {"cpu_model": e.hardware.cpu_model, "cpu_cores": e.hardware.cpu_cores,
+                          "memory_total_bytes": e.hardware.memory_total_bytes,
+                          "gpus": [{"name": g.name, "memory_total_bytes": g.memory_total_bytes,
+                                    "ecc_errors_uncorrected": g.ecc_errors_uncorrected} for g in e.hardware.gpus]},
+             "self_test": {"ok": e.self_test.ok, "detail": e.self_test.detail,
+                           "latency_ms": round(e.self_test.latency_ms, 1)}} for e in table.endpoints]
 
 
 async def _models(address: str) -> list[dict]:
@@ -125,6 +131,12 @@ def render(report: dict, as_json: bool) -> str:
     for e in live["engines"]:
         kv = "-" if e["kv_cache_usage"] is None else f"{e['kv_cache_usage']:.1%}"
         lines.append(f"  {e['endpoint_id']:<16} queue {e['running']} running / {e['waiting']} waiting   KV {kv}")
+    for e in report["endpoints"]:
+        hw, st = e["hardware"], e["self_test"]
+        gpus = ", ".join(g["name"] for g in hw["gpus"]) or "no GPU"
+        test = "self-test ok" if st["ok"] else f"self-test FAILED: {st['detail']}"
+        lines.append(f"  {e['endpoint_id']:<16} {hw['cpu_cores']} cores, "
+                     f"{hw['memory_total_bytes'] / 2**30:.1f} GiB, {gpus}; {test} ({st['latency_ms']} ms)")
     lines += ["", "MODEL                     FORMAT  SIZE      CONTEXT  SHA256"]
     lines += [f"{m['name']:<25} {m['format']:<7} {m['size_bytes'] / 2**20:>6.1f}MiB {m['context_length']:>7}  "
               f"{m['sha256'][:16]}" for m in report["models"]]
