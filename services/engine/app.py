@@ -40,23 +40,22 @@ class EngineApp:
     def __init__(self, settings: EngineSettings, platform: Platform | None = None, backend: Backend | None = None):
         self.settings = settings
         self.backend = backend or build_backend(settings)
-        self.admission = Admission(settings.max_running, settings.max_waiting, on_change=self._load_changed)
+        self.reporter: Reporter | None = None
         self.metrics = EngineMetrics(platform.metrics if platform else CollectorRegistry(), self.backend.model)
+        self.admission = Admission(settings.max_running, settings.max_waiting, on_change=self._load_changed)
         self.core = EngineCore(self.backend, self.admission,
                                Defaults(settings.default_temperature, settings.default_top_p), self.metrics)
         self.server = GrpcServer(settings.address, [ServiceBinding(
             "llmesh.v1.Engine", EngineServicer(self.core, settings.endpoint_id),
             engine_pb2_grpc.add_EngineServicer_to_server)],
             tracer=platform.tracing.tracer if platform else None)
-        self.reporter: Reporter | None = None
         self._platform = platform
         self.hardware = scheduler_pb2.HardwareProfile()
         self.self_test = scheduler_pb2.SelfTest()
         self._checker: asyncio.Task | None = None
 
     def _load_changed(self) -> None:
-        if hasattr(self, "core"):
-            self.metrics.load(self.admission.running, self.admission.waiting, self.core.kv_usage())
+        self.metrics.load(self.admission.running, self.admission.waiting, self.core.kv_usage())
         if self.reporter is not None:
             self.reporter.notify()
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -33,16 +32,12 @@ class LiveConfig:
         self.current = MeshConfig()
         self.revision = 0  # of the config in force
         self._seen = 0     # newest revision looked at, valid or not
-        self._listeners: list[Callable[[MeshConfig], None]] = []
         self._rejected = Counter("llmesh_config_rejected", "config documents rejected as invalid",
                                  ["service"], registry=metrics)
         self._applied = Counter("llmesh_config_applied", "config documents applied", ["service"], registry=metrics)
         self._revision = Gauge("llmesh_config_revision", "revision of the config in force", ["service"],
                                registry=metrics)
         self._task: asyncio.Task | None = None
-
-    def subscribe(self, listener: Callable[[MeshConfig], None]) -> None:
-        self._listeners.append(listener)
 
     def offer(self, version: Version) -> bool:
         """Validate and apply a document; False (and nothing changed) if it is invalid."""
@@ -60,8 +55,6 @@ class LiveConfig:
         self._applied.labels(self._service).inc()
         self._revision.labels(self._service).set(version.revision)
         self._save_snapshot(version)
-        for listener in self._listeners:
-            listener(config)
         log.info("config applied", extra={"revision": version.revision})
         return True
 
