@@ -17,10 +17,11 @@ from pathlib import Path
 
 from openai import OpenAI
 
-from llmesh.engine.backends.llamacpp import LlamaCppBackend
+from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+from llmesh.modelstore import ModelStore, quiet_native_stderr
 from llmesh.rpc.channels import insecure_channel
 from llmesh.testing import Mesh, free_layout
-from llmesh.types import Message, Prompt
 from llmesh.v1 import common_pb2, engine_pb2, engine_pb2_grpc
 from bench.common import note
 
@@ -42,15 +43,23 @@ def summarise(runs: list[dict]) -> dict:
 
 
 class RawLlama:
-    """The same Llama object an engine would hold, driven directly with the same
-    prompt tokens and greedy sampling."""
+    """Plain ``llama_cpp.Llama`` on the same model file, fed the engine's prompt
+    tokens (chat template applied) with greedy sampling."""
 
     def __init__(self, model_dir: Path, n_ctx: int, threads: int):
-        self.backend = LlamaCppBackend.from_store(model_dir, MODEL, n_ctx=n_ctx, n_threads=threads, n_batch=512)
-        self.tokens = self.backend.tokenize(Prompt(messages=(Message("user", QUESTION),)))
+        from llama_cpp import Llama
+
+        record = ModelStore(model_dir).get(MODEL)
+        with quiet_native_stderr():
+            self.llm = Llama(model_path=str(record.path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
+                             n_batch=512, verbose=False)
+        template = Jinja2ChatFormatter(template=self.llm.metadata["tokenizer.chat_template"], eos_token="",
+                                       bos_token="")
+        text = template(messages=[{"role": "user", "content": QUESTION}]).prompt
+        self.tokens = self.llm.tokenize(text.encode(), add_bos=False, special=True)
 
     def run(self, n_tokens: int) -> dict:
-        llm = self.backend._llm
+        llm = self.llm
         start = time.perf_counter()
         stamps = []
         # Like the engine, generate() keeps the KV cache of the prompt prefix between runs.

@@ -33,7 +33,7 @@ def free_layout(n_engines: int = 4) -> Layout:
     for _ in range(200):
         base = rng.randrange(20000, 40000)
         ports = ([base + i for i in range(4)] + [base + 20 + i for i in range(4)] + [base + 9]
-                 + [base + off + i for off in (10, 30) for i in range(n_engines)])
+                 + [base + off + i for off in (100, 200) for i in range(n_engines)])
         if all(_port_free(p) for p in ports):
             return Layout(base_port=base, http_port=base + 9)
     raise RuntimeError("no free port range found")

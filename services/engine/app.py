@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import replace
 
 from prometheus_client import CollectorRegistry
 
@@ -26,14 +27,20 @@ log = logging.getLogger("llmesh.engine")
 
 def build_backend(settings: EngineSettings) -> Backend:
     if settings.backend == "sim":
-        from llmesh.engine.backends.sim import SimBackend
-        return SimBackend(model=settings.model, context_length=settings.sim_context_length,
-                          prefill_ms_per_token=settings.sim_prefill_ms_per_token,
-                          decode_ms_per_token=settings.sim_decode_ms_per_token,
-                          output_tokens=settings.sim_output_tokens)
+        from llmesh.engine.backends.sim import SimBackend, SimProfile
+        if settings.sim_profile is not None:
+            profile = replace(SimProfile.load(settings.sim_profile), output_tokens=settings.sim_output_tokens)
+        else:
+            profile = SimProfile(prefill_ms_per_token=settings.sim_prefill_ms_per_token,
+                                 decode_ms_base=settings.sim_decode_ms_per_token,
+                                 decode_ms_per_seq=settings.sim_decode_ms_per_seq,
+                                 kv_blocks=settings.sim_kv_blocks, max_batch=settings.max_running,
+                                 output_tokens=settings.sim_output_tokens)
+        return SimBackend(model=settings.model, context_length=settings.sim_context_length, profile=profile)
     from llmesh.engine.backends.llamacpp import LlamaCppBackend
     return LlamaCppBackend.from_store(settings.model_dir, settings.model, n_ctx=settings.n_ctx,
-                                      n_threads=settings.n_threads, n_batch=settings.n_batch)
+                                      n_threads=settings.n_threads, n_batch=settings.n_batch,
+                                      n_slots=settings.max_running, unified_kv=settings.unified_kv)
 
 
 class EngineApp:

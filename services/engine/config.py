@@ -31,16 +31,23 @@ class EngineSettings(ServiceSettings):
     default_temperature: float = Field(default=0.2, ge=0, le=2)
     default_top_p: float = Field(default=0.9, gt=0, le=1)
 
-    max_running: int = Field(default=1, ge=1)
+    # Sequences decoded together (llamacpp: KV slots, each holding n_ctx tokens).
+    max_running: int = Field(default=16, ge=1)
     max_waiting: int = Field(default=32, ge=0)
 
     # llamacpp
     n_ctx: int = Field(default=2048, ge=16, description="context window; capped by the model's own")
     n_threads: int = Field(default=2, ge=1)
-    n_batch: int = Field(default=512, ge=1)
+    n_batch: int = Field(default=512, ge=1, description="tokens per decode step, prompt chunks included")
+    unified_kv: bool = Field(default=False, description="one KV pool: busy sequences share a common prefix, "
+                             "but every token attends over all cells (slower beyond a few sequences)")
 
     # sim
     sim_context_length: int = Field(default=4096, ge=16)
     sim_prefill_ms_per_token: float = Field(default=0.0, ge=0)
-    sim_decode_ms_per_token: float = Field(default=5.0, ge=0)
+    sim_decode_ms_per_token: float = Field(default=5.0, ge=0, description="a decode step's fixed cost")
+    sim_decode_ms_per_seq: float = Field(default=0.0, ge=0, description="added per sequence in a step")
+    sim_kv_blocks: int = Field(default=4096, ge=1, description="KV cache size in 16-token blocks")
     sim_output_tokens: int = Field(default=64, ge=1)
+    sim_profile: Path | None = Field(default=None, description="a profile fitted by `llmesh bench engine "
+                                     "--calibrate`; replaces the sim_* timings above")

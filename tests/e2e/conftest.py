@@ -44,6 +44,7 @@ def mesh(model_dir: Path, config_file: Path, tmp_path_factory):
     m = Mesh(layout=layout, engines="llamacpp,sim", model_dir=model_dir,
              log_dir=tmp_path_factory.mktemp("logs"),
              env={"LLMESH_ENGINE_N_CTX": str(N_CTX), "LLMESH_ENGINE_SIM_DECODE_MS_PER_TOKEN": "2",
+                  "LLMESH_ENGINE_MAX_RUNNING": "3",
                   "LLMESH_CONFIG_FILE": str(config_file)})
     m.start()
     yield m

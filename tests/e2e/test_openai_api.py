@@ -185,15 +185,16 @@ def test_expired_deadline_is_504_and_frees_the_engine(client, tight_engine):
 
 
 def test_requests_beyond_capacity_wait_in_the_queue(client, mesh):
-    """The llama.cpp engine runs one sequence; the others queue and still complete."""
+    """The llama.cpp engine decodes up to MAX_RUNNING (here 3) sequences together; the
+    others queue and still complete."""
     from concurrent.futures import ThreadPoolExecutor
 
     address = mesh.layout.engine_address(0)
     ask = lambda i: client.chat.completions.create(  # noqa: E731
-        model=SMOL, messages=[{"role": "user", "content": f"Count to {i + 3}."}], max_tokens=24, temperature=0.5)
-    with ThreadPoolExecutor(3) as pool:
-        futures = [pool.submit(ask, i) for i in range(3)]
-        assert wait_until(lambda: engine_load(address).waiting >= 1, 5.0)
+        model=SMOL, messages=[{"role": "user", "content": f"Count to {i + 3}."}], max_tokens=40, temperature=0.5)
+    with ThreadPoolExecutor(5) as pool:
+        futures = [pool.submit(ask, i) for i in range(5)]
+        assert wait_until(lambda: (load := engine_load(address)).running == 3 and load.waiting >= 1, 10.0)
         results = [f.result() for f in futures]
     assert all(r.choices[0].message.content for r in results)
     assert engine_load(address).running == 0 and engine_load(address).waiting == 0

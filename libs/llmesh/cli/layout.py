@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from llmesh.settings import DEFAULT_PORTS
 
 CORE_SERVICES = ("scheduler", "modelmgr", "cache")
+MAX_ENGINES = 100
 
 
 @dataclass(frozen=True)
@@ -24,13 +25,16 @@ class Layout:
         return f"{self.host}:{self.port(service)}"
 
     def metrics_port(self, service: str) -> int:
-        """Prometheus /metrics: base+20.. for the services, base+30+i for engine i."""
+        """Prometheus /metrics: base+20.. for the services, base+200+i for engine i."""
         if service.startswith("engine-"):
-            return self.base_port + 30 + int(service.removeprefix("engine-"))
+            return self.base_port + 200 + int(service.removeprefix("engine-"))
         return self.port(service) + 20
 
     def engine_address(self, index: int) -> str:
-        return f"{self.host}:{self.base_port + 10 + index}"
+        """Engine i (at most MAX_ENGINES) listens on base+100+i."""
+        if not 0 <= index < MAX_ENGINES:
+            raise ValueError(f"a one-machine mesh runs at most {MAX_ENGINES} engines")
+        return f"{self.host}:{self.base_port + 100 + index}"
 
     @property
     def http_url(self) -> str:

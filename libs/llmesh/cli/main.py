@@ -23,15 +23,34 @@ def _layout(args: argparse.Namespace) -> Layout:
 
 def _add_layout_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base-port", type=int, default=Layout.base_port,
-                   help="gateway gRPC port; scheduler, modelmgr and cache take the next three, engines base+10…")
+                   help="gateway gRPC port; scheduler, modelmgr and cache take the next three, engines base+100…")
     p.add_argument("--http-port", type=int, default=Layout.http_port, help="gateway HTTP port")
+
+
+def parse_engines(text: str) -> list[str]:
+    """'llamacpp,sim:16' -> one llamacpp engine and sixteen sim engines."""
+    engines: list[str] = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        backend, _, count = item.partition(":")
+        if backend not in ("llamacpp", "sim"):
+            raise ValueError(f"unknown engine backend {backend!r} (llamacpp, sim)")
+        if count and not (count.isdigit() and int(count) >= 1):
+            raise ValueError(f"bad engine count in {item!r}; write backend:N, N >= 1")
+        engines += [backend] * int(count or 1)
+    return engines
 
 
 def cmd_up(args: argparse.Namespace) -> int:
     from llmesh.cli.up import MeshSpec, StartFailed, plan, start_all, stop_all, supervise
 
     layout = _layout(args)
-    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    try:
+        engines = parse_engines(args.engines)
+    except ValueError as exc:
+        print(f"llmesh: {exc}", file=sys.stderr)
+        return 2
     spec = MeshSpec(layout=layout, engines=engines, model_dir=args.model_dir.resolve(),
                     log_dir=args.log_dir.resolve(), grace_s=args.grace, cache=not args.no_cache)
     if "llamacpp" in engines and not (spec.model_dir / spec.model).is_dir():
@@ -111,7 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="start the mesh on this machine")
     _add_layout_args(up)
     up.add_argument("--engines", default="llamacpp",
-                    help="comma-separated backends, one engine each: llamacpp, sim (default: llamacpp)")
+                    help="comma-separated backends, one engine each, backend:N for N of them: "
+                         "llamacpp, sim (default: llamacpp; e.g. llamacpp,sim:16)")
     up.add_argument("--model-dir", type=Path, default=Path("var/models"))
     up.add_argument("--log-dir", type=Path, default=Path("var/log"))
     up.add_argument("--no-cache", action="store_true", help="the gateway skips the response cache")

@@ -1,113 +1,104 @@
-"""llama.cpp backend (CPU) through llama-cpp-python.
+"""llama.cpp backend (CPU) through llama-cpp-python, with continuous batching.
 
-One model, one sequence at a time: the high-level ``Llama.generate`` runs in a
-single worker thread so decoding never blocks the event loop, and it reuses the
-KV cache of the longest prompt prefix it saw last. Tokens cross back to the loop
-one by one; closing the stream sets a flag the thread checks after each token."""
+The tokenizer and chat template come from a vocab-only ``Llama``; the weights are
+loaded once through the low-level API and decoded by a ``BatchRunner`` (see
+``llamacpp_batch``), which serves up to ``n_slots`` sequences together."""
 
 from __future__ import annotations
 
 import asyncio
-import codecs
-import random
-import threading
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from llmesh.errors import ModelNotFound
+from llmesh.errors import Internal, ModelNotFound
 from llmesh.modelstore import ModelStore, quiet_native_stderr
 from llmesh.types import Prompt
 from llmesh.engine.backends.base import DecodeParams
-
-_END = object()
+from llmesh.engine.backends.llamacpp_batch import BatchRunner, Sequence
 
 
 class LlamaCppBackend:
     name = "llamacpp"
 
-    def __init__(self, llm, model: str):
+    def __init__(self, model_path: Path, model: str, *, n_ctx: int, n_threads: int, n_batch: int, n_slots: int,
+                 unified_kv: bool = False,
+                 on_blocks: Callable[[int, list[int], bool], None] = lambda seq_id, tokens, reset: None):
         import llama_cpp
+        from llama_cpp import Llama
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-        self._llm = llm
         self.model = model
-        self.context_length = llm.n_ctx()
-        vocab = llama_cpp.llama_model_get_vocab(llm.model)
-        self._is_eog: Callable[[int], bool] = lambda tok: bool(llama_cpp.llama_vocab_is_eog(vocab, tok))
-        template = llm.metadata.get("tokenizer.chat_template")
+        with quiet_native_stderr():
+            self._vocab = Llama(model_path=str(model_path), vocab_only=True, verbose=False)
+            params = llama_cpp.llama_model_default_params()
+            self._model_p = llama_cpp.llama_model_load_from_file(str(model_path).encode(), params)
+        if not self._model_p:
+            raise RuntimeError(f"llama.cpp could not load {model_path}")
+        self.context_length = min(n_ctx, llama_cpp.llama_model_n_ctx_train(self._model_p))
+        template = self._vocab.metadata.get("tokenizer.chat_template")
         if not template:
             raise ValueError(f"{model}: the GGUF carries no chat template")
-        self._formatter = Jinja2ChatFormatter(template=template, eos_token=self._special_text(llm.token_eos()),
-                                              bos_token=self._special_text(llm.token_bos()))
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llamacpp")
-
-    def _special_text(self, token: int) -> str:
-        return self._llm.detokenize([token], special=True).decode("utf-8", "replace") if token >= 0 else ""
+        self._formatter = Jinja2ChatFormatter(template=template, eos_token=self._special_text(self._vocab.token_eos()),
+                                              bos_token=self._special_text(self._vocab.token_bos()))
+        self._loop: asyncio.AbstractEventLoop | None = None
+        with quiet_native_stderr():
+            self._runner = BatchRunner(self._model_p, llama_cpp.llama_model_get_vocab(self._model_p),
+                                       n_slots=n_slots, n_ctx_per_seq=self.context_length, n_threads=n_threads,
+                                       n_batch=n_batch, unified_kv=unified_kv, deliver=self._deliver, on_blocks=on_blocks)
 
     @classmethod
-    def from_store(cls, model_dir: Path, model: str, *, n_ctx: int, n_threads: int, n_batch: int
-                   ) -> LlamaCppBackend:
-        from llama_cpp import Llama
-
+    def from_store(cls, model_dir: Path, model: str, **kwargs) -> LlamaCppBackend:
         record = ModelStore(model_dir).get(model)
         if record is None or record.format != "gguf":
             raise ModelNotFound(model)
-        if record.context_length:
-            n_ctx = min(n_ctx, record.context_length)
-        with quiet_native_stderr():
-            llm = Llama(model_path=str(record.path), n_ctx=n_ctx, n_threads=n_threads,
-                        n_threads_batch=n_threads, n_batch=n_batch, verbose=False)
-        return cls(llm, model)
+        return cls(record.path, model, **kwargs)
+
+    def _special_text(self, token: int) -> str:
+        return self._vocab.detokenize([token], special=True).decode("utf-8", "replace") if token >= 0 else ""
 
     def kv_usage(self) -> float:
-        """Share of the context's KV cells holding tokens (one sequence: its length)."""
-        return self._llm.n_tokens / self.context_length
+        """Share of the KV cells that running sequences hold."""
+        return self._runner.cells_in_use() / (self._runner.n_slots * self.context_length)
 
     def tokenize(self, prompt: Prompt) -> list[int]:
         if prompt.messages is not None:
             text = self._formatter(messages=[{"role": m.role, "content": m.content}
                                              for m in prompt.messages]).prompt
-            return self._llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
-        return self._llm.tokenize((prompt.text or "").encode("utf-8"), add_bos=True, special=False)
+            return self._vocab.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+        return self._vocab.tokenize((prompt.text or "").encode("utf-8"), add_bos=True, special=False)
+
+    def _deliver(self, results) -> None:
+        """Called on the decode thread once per step; one wake-up of the loop."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(_dispatch, results)
 
     async def stream(self, tokens: list[int], params: DecodeParams) -> AsyncIterator[str]:
-        loop = asyncio.get_running_loop()
+        self._loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
-        cancel = threading.Event()
-
-        def emit(item) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, item)
-
-        done = loop.run_in_executor(self._worker, self._decode, tokens, params, emit, cancel)
+        seq = Sequence(prompt=list(tokens), params=params, sink=queue)
+        self._runner.submit(seq)
+        done = False
         try:
-            while (item := await queue.get()) is not _END:
-                yield item
-            await done  # re-raises a failure inside llama.cpp
+            while not done:
+                pieces, error, done = await queue.get()
+                if error is not None:
+                    raise Internal(f"llama.cpp failed this request: {error}") from error
+                for piece in pieces:
+                    yield piece
         finally:
-            cancel.set()
-            # The slot is ours until the thread has let go of the model.
-            await asyncio.wait([done])
-
-    def _decode(self, tokens: list[int], params: DecodeParams, emit: Callable[[object], None],
-                cancel: threading.Event) -> None:
-        llm = self._llm
-        try:
-            llm.set_seed(params.seed % 2**32 if params.seed is not None else random.getrandbits(32))
-            utf8 = codecs.getincrementaldecoder("utf-8")("replace")
-            produced = 0
-            # OpenAI semantics: temperature and top_p only; llama.cpp's other samplers off.
-            for token in llm.generate(tokens, temp=params.temperature, top_p=params.top_p, top_k=0,
-                                      min_p=0.0, typical_p=1.0, repeat_penalty=1.0, reset=True):
-                if cancel.is_set() or self._is_eog(token):
-                    break
-                emit(utf8.decode(llm.detokenize([token])))
-                produced += 1
-                if produced >= params.max_new_tokens:
-                    break
-        finally:
-            emit(_END)
+            if not done:
+                self._runner.cancel(seq)
+                while not (await queue.get())[2]:  # the slot is ours until the runner lets go
+                    pass
 
     async def close(self) -> None:
-        await asyncio.to_thread(self._worker.shutdown, wait=True, cancel_futures=True)
-        self._llm.close()
+        import llama_cpp
+
+        await asyncio.to_thread(self._runner.stop)
+        llama_cpp.llama_model_free(self._model_p)
+        self._vocab.close()
+
+
+def _dispatch(results) -> None:
+    for seq, pieces, error, done in results:
+        seq.sink.put_nowait((pieces, error, done))

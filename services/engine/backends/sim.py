@@ -1,90 +1,188 @@
-"""A simulated backend: no model, deterministic words at configured speeds.
+"""A simulated engine: no model, deterministic words, timed like a batching engine.
 
-It exists to measure the mesh's own overhead and to run many engines on one
-machine. Like a batching engine, it advances every running sequence by one token
-per decode step on one shared clock; a new sequence's prefill (and so its first
-token) takes ``prefill_ms_per_token`` for each prompt token. Its model is always named ``sim-*`` and its
-output is not language."""
+One scheduler loop runs steps the way vLLM's does: admit waiting sequences while the
+batch has room and the KV cache has blocks for them (evicting cached blocks, least
+recently used first), then one step that prefills the newcomers' uncached prompt
+tokens and decodes one token for every running sequence. A step lasts
+``decode_ms_base + decode_ms_per_seq * batch + prefill_ms_per_token * uncached``.
+Prompt blocks are cached by chained hash, so a request that shares a prefix with an
+earlier one skips that part of its prefill. The profile can be fitted to a real
+engine (``llmesh bench engine --calibrate``). Models are named ``sim-*``."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import hashlib
+import json
+import math
 import random
+from collections import deque
 from collections.abc import AsyncIterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
+from llmesh.errors import InvalidArgument
 from llmesh.types import Prompt
 from llmesh.engine.backends.base import DecodeParams
+from llmesh.engine.kvblocks import BlockLedger
 
 _WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel",
           "india", "juliet", "kilo", "lima", "mike", "november", "oscar", "papa")
+VOCAB_SIZE = 1 << 16
+_END = object()
 
 
-class _StepClock:
-    """Wakes every waiting sequence once per decode step (one timer for all)."""
+def _token(word: str) -> int:
+    return int.from_bytes(hashlib.blake2s(word.encode(), digest_size=2).digest(), "big")
 
-    def __init__(self, step_s: float):
-        self._step = step_s
-        self._waiters: list[asyncio.Future[None]] = []
-        self._task: asyncio.Task | None = None
 
-    async def tick(self) -> None:
-        if self._step <= 0:
-            return
-        fut = asyncio.get_running_loop().create_future()
-        self._waiters.append(fut)
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._run())
-        await fut
+@dataclass(frozen=True)
+class SimProfile:
+    prefill_ms_per_token: float = 0.0
+    decode_ms_base: float = 5.0      # a decode step's fixed cost
+    decode_ms_per_seq: float = 0.0   # added for each sequence in the step
+    kv_blocks: int = 4096
+    block_size: int = 16
+    max_batch: int = 64
+    output_tokens: int = 64          # answer length when max_tokens allows
 
-    async def _run(self) -> None:
-        while self._waiters:
-            await asyncio.sleep(self._step)
-            waiters, self._waiters = self._waiters, []
-            for fut in waiters:
-                if not fut.done():
-                    fut.set_result(None)
+    def step_s(self, batch: int, prefill_tokens: int) -> float:
+        decode = self.decode_ms_base + self.decode_ms_per_seq * batch if batch else 0.0
+        return (decode + self.prefill_ms_per_token * prefill_tokens) / 1000.0
 
-    async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(asdict(self), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> SimProfile:
+        return cls(**json.loads(path.read_text()))
+
+
+@dataclass(eq=False)
+class _Seq:
+    tokens: list[int]
+    params: DecodeParams
+    out: asyncio.Queue
+    rng: random.Random
+    blocks: int = 0          # reserved for prompt + answer
+    uncached: int = 0
+    produced: int = 0
+    cancelled: bool = False
+    generated: list[int] = field(default_factory=list)
 
 
 class SimBackend:
     name = "sim"
+    vocab_size = VOCAB_SIZE
 
-    def __init__(self, model: str, context_length: int, prefill_ms_per_token: float,
-                 decode_ms_per_token: float, output_tokens: int):
+    def __init__(self, model: str, context_length: int, profile: SimProfile = SimProfile()):
         if not model.startswith("sim"):
             raise ValueError("a simulated model's name must start with 'sim'")
         self.model = model
         self.context_length = context_length
-        self._prefill_s = prefill_ms_per_token / 1000.0
-        self._clock = _StepClock(decode_ms_per_token / 1000.0)
-        self._output_tokens = output_tokens
+        self.profile = profile
+        self.kv_blocks = BlockLedger(profile.block_size, keep_released=True)
+        self._waiting: deque[_Seq] = deque()
+        self._running: list[_Seq] = []
+        self._reserved = 0
+        self._work = asyncio.Event()
+        self._loop_task: asyncio.Task | None = None
+        self.prefix_queries = 0
+        self.prefix_hits = 0
 
     def tokenize(self, prompt: Prompt) -> list[int]:
         if prompt.messages is not None:
             text = " ".join(f"{m.role}: {m.content}" for m in prompt.messages)
         else:
             text = prompt.text or ""
-        return [int.from_bytes(hashlib.blake2s(w.encode(), digest_size=2).digest(), "big")
-                for w in text.split()]
+        return [_token(w) for w in text.split()]
+
+    def kv_usage(self) -> float:
+        bs = self.profile.block_size
+        used = sum(math.ceil((len(s.tokens) + s.produced) / bs) for s in self._running)
+        return used / self.profile.kv_blocks
 
     async def stream(self, tokens: list[int], params: DecodeParams) -> AsyncIterator[str]:
+        if any(not 0 <= t < VOCAB_SIZE for t in tokens):
+            raise InvalidArgument("the prompt holds token ids outside the vocabulary")
         seed = params.seed if params.seed is not None else 0
-        rng = random.Random(hash((tuple(tokens), seed, params.temperature)))
-        # Prefill is the sequence's own; the first token comes out of it. Later
-        # tokens come one per shared decode step.
-        await asyncio.sleep(self._prefill_s * len(tokens))
-        for i in range(min(params.max_new_tokens, self._output_tokens)):
-            if i:
-                await self._clock.tick()
-            word = _WORDS[rng.randrange(len(_WORDS))]
-            yield word if i == 0 else " " + word
+        seq = _Seq(list(tokens), params, asyncio.Queue(), random.Random(hash((tuple(tokens), seed, params.temperature))))
+        seq.blocks = math.ceil((len(tokens) + min(params.max_new_tokens, self.profile.output_tokens))
+                               / self.profile.block_size)
+        if seq.blocks > self.profile.kv_blocks:
+            raise InvalidArgument(f"the request needs {seq.blocks} KV blocks; the engine has {self.profile.kv_blocks}")
+        self._waiting.append(seq)
+        if self._loop_task is None or self._loop_task.done():
+            self._loop_task = asyncio.create_task(self._run(), name="sim-steps")
+        self._work.set()
+        try:
+            while (item := await seq.out.get()) is not _END:
+                yield item
+        finally:
+            seq.cancelled = True
+
+    async def _run(self) -> None:
+        while True:
+            await self._work.wait()
+            self._work.clear()
+            while self._waiting or self._running:
+                await self._step()
+
+    def _admit(self) -> list[_Seq]:
+        p, joined = self.profile, []
+        while self._waiting and len(self._running) < p.max_batch:
+            seq = self._waiting[0]
+            if seq.cancelled:
+                self._waiting.popleft()
+                continue
+            short = self._reserved + self.kv_blocks.cached_blocks + seq.blocks - p.kv_blocks
+            if short > 0:
+                self.kv_blocks.evict(short)
+                if self._reserved + self.kv_blocks.cached_blocks + seq.blocks > p.kv_blocks:
+                    break  # waits for running sequences to finish
+            self._waiting.popleft()
+            hit = min(self.kv_blocks.hold(seq, seq.tokens), len(seq.tokens) - 1)
+            self.prefix_queries += len(seq.tokens)
+            self.prefix_hits += max(hit, 0)
+            seq.uncached = len(seq.tokens) - max(hit, 0)
+            self._reserved += seq.blocks
+            self._running.append(seq)
+            joined.append(seq)
+        return joined
+
+    async def _step(self) -> None:
+        for seq in [s for s in self._running if s.cancelled]:
+            self._leave(seq)
+        joined = self._admit()
+        if not self._running:
+            if self._waiting:
+                await asyncio.sleep(self.profile.decode_ms_base / 1000.0)
+            return
+        decoding = [s for s in self._running if s not in joined]
+        await asyncio.sleep(self.profile.step_s(len(decoding), sum(s.uncached for s in joined)))
+        for seq in list(self._running):
+            if seq.cancelled:
+                self._leave(seq)
+                continue
+            word = _WORDS[seq.rng.randrange(len(_WORDS))]
+            seq.out.put_nowait(word if seq.produced == 0 else " " + word)
+            seq.produced += 1
+            seq.generated.append(_token(word))
+            self.kv_blocks.grow(seq, seq.tokens + seq.generated)
+            if seq.produced >= min(seq.params.max_new_tokens, self.profile.output_tokens):
+                seq.out.put_nowait(_END)
+                self._leave(seq)
+
+    def _leave(self, seq: _Seq) -> None:
+        self._running.remove(seq)
+        self._reserved -= seq.blocks
+        self.kv_blocks.release(seq)
 
     async def close(self) -> None:
-        await self._clock.close()
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop_task
+        for seq in list(self._waiting) + self._running:
+            seq.out.put_nowait(_END)

@@ -1,0 +1,134 @@
+"""KV-cache blocks as a router sees them: fixed-size token blocks named by chained
+hashes (a block's hash covers its tokens and its parent's hash, as in vLLM's prefix
+caching), and the events an engine publishes when blocks appear or go.
+
+Pure and thread-safe: the llama.cpp decode thread and the event loop both call it."""
+
+from __future__ import annotations
+
+import threading
+from array import array
+from collections import Counter, OrderedDict
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from hashlib import blake2b
+
+BLOCK_SIZE = 16
+
+
+def chain_hashes(tokens: Sequence[int], block_size: int = BLOCK_SIZE, parent: int = 0) -> list[int]:
+    """Hashes of the full blocks of ``tokens``; each covers its parent's hash, so two
+    sequences share a block hash only when they share every token before it."""
+    hashes = []
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        data = parent.to_bytes(8, "little") + array("q", tokens[start:start + block_size]).tobytes()
+        parent = int.from_bytes(blake2b(data, digest_size=8).digest(), "little")
+        hashes.append(parent)
+    return hashes
+
+
+@dataclass(frozen=True, slots=True)
+class KvEvent:
+    kind: str                 # "stored", "removed" or "cleared" (everything is gone)
+    hashes: tuple[int, ...] = ()
+    parent: int = 0           # stored: the hash the first block chains from (0: sequence start)
+
+
+class BlockLedger:
+    """Which full blocks each owner (a sequence or a KV slot) holds. A block two owners
+    share is stored once and removed when the last lets go, unless ``keep_released``,
+    where it stays cached (evictable, least recently released first) as in vLLM."""
+
+    def __init__(self, block_size: int = BLOCK_SIZE, keep_released: bool = False):
+        self.block_size = block_size
+        self._keep = keep_released
+        self._owned: dict[Hashable, list[int]] = {}
+        self._refs: Counter[int] = Counter()
+        self._cached: OrderedDict[int, None] = OrderedDict()  # ref 0, still in the KV cache
+        self._events: list[KvEvent] = []
+        self._lock = threading.Lock()
+
+    def hold(self, owner: Hashable, tokens: Sequence[int]) -> int:
+        """``owner`` now holds exactly ``tokens``; returns how many leading tokens were
+        already cached or held by others (the prefix a prefill can skip)."""
+        new = chain_hashes(tokens, self.block_size)
+        with self._lock:
+            held = self._owned.setdefault(owner, [])
+            keep = 0
+            while keep < min(len(held), len(new)) and held[keep] == new[keep]:
+                keep += 1
+            self._unref(held[keep:])
+            del held[keep:]
+            hits = keep
+            while hits < len(new) and (self._refs[new[hits]] > 0 or new[hits] in self._cached):
+                hits += 1
+            self._ref(new[keep:], parent=held[-1] if held else 0)
+            held.extend(new[keep:])
+            return hits * self.block_size
+
+    def grow(self, owner: Hashable, tokens: Sequence[int]) -> None:
+        """``tokens`` extends what ``owner`` held; records any block it completed."""
+        with self._lock:
+            held = self._owned.setdefault(owner, [])
+            full = len(tokens) // self.block_size
+            if full <= len(held):
+                return
+            parent = held[-1] if held else 0
+            new = chain_hashes(tokens[len(held) * self.block_size:full * self.block_size], self.block_size, parent)
+            self._ref(new, parent)
+            held.extend(new)
+
+    def release(self, owner: Hashable) -> None:
+        with self._lock:
+            self._unref(self._owned.pop(owner, []))
+
+    def evict(self, n: int) -> int:
+        """Drops up to ``n`` cached blocks, least recently released first."""
+        with self._lock:
+            gone = [self._cached.popitem(last=False)[0] for _ in range(min(n, len(self._cached)))]
+            if gone:
+                self._events.append(KvEvent("removed", tuple(gone)))
+            return len(gone)
+
+    @property
+    def cached_blocks(self) -> int:
+        return len(self._cached)
+
+    def take_events(self) -> list[KvEvent]:
+        with self._lock:
+            events, self._events = self._events, []
+            return events
+
+    def resync(self) -> list[KvEvent]:
+        """For a new subscriber: 'cleared', then every block present now. Pending
+        events are dropped: the snapshot already includes them."""
+        with self._lock:
+            self._events = []
+            present = [h for h, n in self._refs.items() if n > 0] + list(self._cached)
+            return [KvEvent("cleared")] + ([KvEvent("stored", tuple(present))] if present else [])
+
+    def _ref(self, hashes: list[int], parent: int) -> None:
+        fresh, first_parent, prev = [], parent, parent
+        for h in hashes:
+            if self._refs[h] == 0 and h not in self._cached:
+                if not fresh:
+                    first_parent = prev
+                fresh.append(h)
+            self._cached.pop(h, None)  # cached -> held again
+            self._refs[h] += 1
+            prev = h
+        if fresh:
+            self._events.append(KvEvent("stored", tuple(fresh), first_parent))
+
+    def _unref(self, hashes: list[int]) -> None:
+        gone = []
+        for h in hashes:
+            self._refs[h] -= 1
+            if self._refs[h] <= 0:
+                del self._refs[h]
+                if self._keep:
+                    self._cached[h] = None
+                else:
+                    gone.append(h)
+        if gone:
+            self._events.append(KvEvent("removed", tuple(gone)))

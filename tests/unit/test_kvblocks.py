@@ -1,0 +1,65 @@
+from llmesh.engine.kvblocks import BlockLedger, KvEvent, chain_hashes
+
+
+def test_chain_hashes_cover_the_whole_prefix():
+    a = chain_hashes(list(range(40)), 16)
+    b = chain_hashes(list(range(32)) + [99] * 8, 16)
+    c = chain_hashes([7] + list(range(1, 40)), 16)
+    assert len(a) == 2 and a == b  # the partial last block is not hashed
+    assert c[0] != a[0] and c[1] != a[1]  # same tokens 16..31, different parent
+    assert chain_hashes(list(range(16, 32)), 16, parent=a[0]) == [a[1]]
+
+
+def test_shared_blocks_are_stored_once_and_removed_with_the_last_owner():
+    led = BlockLedger(16)
+    prefix = list(range(32))
+    assert led.hold("s0", prefix + [1] * 16) == 0
+    first = led.take_events()
+    assert [e.kind for e in first] == ["stored"] and len(first[0].hashes) == 3
+    assert led.hold("s1", prefix + [2] * 16) == 32  # two blocks held by s0 already
+    second = led.take_events()
+    assert [e.kind for e in second] == ["stored"] and len(second[0].hashes) == 1
+    assert second[0].parent == first[0].hashes[1]
+    led.release("s0")
+    gone = led.take_events()
+    assert gone == [KvEvent("removed", (first[0].hashes[2],))]
+    led.release("s1")
+    assert {h for e in led.take_events() for h in e.hashes} == set(first[0].hashes[:2]) | set(second[0].hashes)
+
+
+def test_grow_stores_each_completed_block():
+    led = BlockLedger(4)
+    tokens = [1, 2, 3]
+    led.hold("s", tokens)
+    assert led.take_events() == []
+    for t in range(4, 10):
+        tokens.append(t)
+        led.grow("s", tokens)
+    events = led.take_events()
+    assert [len(e.hashes) for e in events] == [1, 1]
+    assert [h for e in events for h in e.hashes] == chain_hashes(tokens, 4)
+
+
+def test_released_blocks_stay_cached_until_evicted_lru():
+    led = BlockLedger(4, keep_released=True)
+    led.hold("a", [1, 2, 3, 4])
+    led.hold("b", [5, 6, 7, 8])
+    led.release("a")
+    led.release("b")
+    led.take_events()
+    assert led.cached_blocks == 2
+    assert led.hold("c", [1, 2, 3, 4, 9]) == 4  # a cache hit, no new event
+    assert led.take_events() == []
+    assert led.evict(5) == 1  # only b's block is evictable
+    assert led.take_events() == [KvEvent("removed", tuple(chain_hashes([5, 6, 7, 8], 4)))]
+
+
+def test_resync_lists_everything_present():
+    led = BlockLedger(4, keep_released=True)
+    led.hold("a", list(range(8)))
+    led.release("a")
+    led.hold("b", list(range(100, 104)))
+    events = led.resync()
+    assert events[0] == KvEvent("cleared")
+    assert set(events[1].hashes) == set(chain_hashes(range(8), 4)) | set(chain_hashes(range(100, 104), 4))
+    assert led.take_events() == []
