@@ -106,11 +106,12 @@ class Service:
     env: dict[str, str]
     log_path: Path
     proc: subprocess.Popen | None = None
+    args: list[str] = field(default_factory=list)
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", self.module],
+            self.proc = subprocess.Popen([sys.executable, "-m", self.module, *self.args],
                                          env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
                                          stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 

@@ -4,6 +4,7 @@
     llmesh status   services, endpoints and models of a running mesh
     llmesh chat     stream a chat answer through the gateway's gRPC API
     llmesh config   read, check and change the live config
+    llmesh bench    run a benchmark from bench/ (engine, gateway, llamacpp)
 """
 
 from __future__ import annotations
@@ -157,6 +158,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+BENCHES = {"engine": "bench.engine", "gateway": "bench.gateway", "llamacpp": "bench.llamacpp"}
+
+
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:
+        raise SystemExit(cmd_bench(argv[1:]))
     args = build_parser().parse_args(argv)
     raise SystemExit(args.func(args))
+
+
+def cmd_bench(argv: list[str]) -> int:
+    """``llmesh bench NAME [args]``: the benchmarks in bench/, run from a checkout."""
+    import importlib
+    import runpy
+
+    if not argv or argv[0] not in BENCHES:
+        print(f"usage: llmesh bench {{{','.join(BENCHES)}}} [--help | args]", file=sys.stderr)
+        return 2
+    sys.path.insert(0, str(Path.cwd()))
+    try:
+        importlib.import_module("bench")
+    except ImportError:
+        print("llmesh bench runs from a checkout of llmesh (the bench/ folder); cd there first", file=sys.stderr)
+        return 2
+    sys.argv = [f"llmesh bench {argv[0]}", *argv[1:]]
+    runpy.run_module(BENCHES[argv[0]], run_name="__main__")
+    return 0
