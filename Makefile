@@ -6,7 +6,7 @@ MODELS   := var/models
 PROTOS   := $(wildcard protos/llmesh/v1/*.proto)
 GEN      := $(patsubst protos/%.proto,libs/%_pb2.py,$(PROTOS))
 
-.PHONY: install run test test-unit test-e2e bench protos model lock clean
+.PHONY: install run test test-unit test-e2e bench gpu-smoke protos model lock clean
 
 install: $(VENV)/.installed $(GEN) $(MODELS)/smollm2-135m-instruct/model.json
 
@@ -38,6 +38,13 @@ test-unit: install
 
 bench: install
 	$(BIN)/python -m bench
+
+# On a machine with an NVIDIA GPU: the vllm backend against vLLM's own server.
+# MODEL is a local Hugging Face model directory (e.g. Qwen2.5-0.5B-Instruct).
+gpu-smoke: install
+	test -n "$(MODEL)" || { echo "usage: make gpu-smoke MODEL=/path/to/hf-model"; exit 2; }
+	$(BIN)/python -m pip install --quiet -e '.[vllm]'
+	$(BIN)/python -m bench.gpu_smoke --model "$(MODEL)"
 
 # Re-resolve the pinned dependencies after editing pyproject.toml.
 lock:

@@ -18,6 +18,7 @@ from llmesh.engine.backends.base import Backend
 from llmesh.engine.config import EngineSettings
 from llmesh.engine.core import Defaults, EngineCore
 from llmesh.engine.hardware import Hardware, probe
+from llmesh.engine.lifecycle import ModelLifecycle
 from llmesh.engine.metrics import EngineMetrics
 from llmesh.engine.reporter import Reporter
 from llmesh.engine.servicer import EngineServicer, load_pb
@@ -37,6 +38,13 @@ def build_backend(settings: EngineSettings) -> Backend:
                                  kv_blocks=settings.sim_kv_blocks, max_batch=settings.max_running,
                                  output_tokens=settings.sim_output_tokens)
         return SimBackend(model=settings.model, context_length=settings.sim_context_length, profile=profile)
+    if settings.backend == "vllm":
+        from llmesh.engine.backends.vllm import VllmBackend
+        endpoint = f"tcp://127.0.0.1:{settings.vllm_kv_events_port}" if settings.vllm_kv_events_port else None
+        return VllmBackend.create(settings.vllm_model_path or settings.model, served_name=settings.model,
+                                  max_model_len=settings.vllm_max_model_len,
+                                  gpu_memory_utilization=settings.vllm_gpu_memory_utilization,
+                                  kv_events_endpoint=endpoint)
     from llmesh.engine.backends.llamacpp import LlamaCppBackend
     return LlamaCppBackend.from_store(settings.model_dir, settings.model, n_ctx=settings.n_ctx,
                                       n_threads=settings.n_threads, n_batch=settings.n_batch,
@@ -46,14 +54,17 @@ def build_backend(settings: EngineSettings) -> Backend:
 class EngineApp:
     def __init__(self, settings: EngineSettings, platform: Platform | None = None, backend: Backend | None = None):
         self.settings = settings
-        self.backend = backend or build_backend(settings)
+        backend = backend or build_backend(settings)
         self.reporter: Reporter | None = None
-        self.metrics = EngineMetrics(platform.metrics if platform else CollectorRegistry(), self.backend.model)
+        self.metrics = EngineMetrics(platform.metrics if platform else CollectorRegistry(), backend.model)
         self.admission = Admission(settings.max_running, settings.max_waiting, on_change=self._load_changed)
-        self.core = EngineCore(self.backend, self.admission,
+        self.core = EngineCore(backend, self.admission,
                                Defaults(settings.default_temperature, settings.default_top_p), self.metrics)
+        self.lifecycle = ModelLifecycle(
+            self.core, lambda name: build_backend(settings.model_copy(update={"model": name})),
+            on_change=self._model_changed, drain_timeout_s=settings.grace_s)
         self.server = GrpcServer(settings.address, [ServiceBinding(
-            "llmesh.v1.Engine", EngineServicer(self.core, settings.endpoint_id),
+            "llmesh.v1.Engine", EngineServicer(self.core, self.lifecycle, settings.endpoint_id),
             engine_pb2_grpc.add_EngineServicer_to_server)],
             tracer=platform.tracing.tracer if platform else None)
         self._platform = platform
@@ -61,8 +72,19 @@ class EngineApp:
         self.self_test = scheduler_pb2.SelfTest()
         self._checker: asyncio.Task | None = None
 
+    @property
+    def backend(self) -> Backend:
+        return self.core.backend  # what the engine serves now (a model load replaces it)
+
+    def _model_changed(self, backend: Backend) -> None:
+        if backend.model:
+            self.metrics.use_model(backend.model)
+        if self.reporter is not None:
+            self.reporter.set_models(list(backend.models))
+
     def _load_changed(self) -> None:
         self.metrics.load(self.admission.running, self.admission.waiting, self.core.kv_usage())
+        self.metrics.prefix_cache(*self.core.backend.prefix_cache_stats())
         if self.reporter is not None:
             self.reporter.notify()
 
@@ -76,12 +98,12 @@ class EngineApp:
             identity = scheduler_pb2.EngineReport(
                 endpoint_id=self.settings.endpoint_id,
                 address=self.advertise_address,
-                backend=self.backend.name, models=[self.backend.model])
+                backend=self.backend.name, models=list(self.backend.models))
             address = self.settings.scheduler_address
             resolve = self._platform.resolver("scheduler", address) if self._platform else fixed(address)
             await self._check()  # the first report already says what we run on and that we work
             self.reporter = Reporter(resolve, identity, lambda: load_pb(self.core), self.settings.report_interval_s,
-                                     extra=lambda: (self.hardware, self.self_test))
+                                     extra=lambda: (self.hardware, self.self_test), kv=lambda: self.core.backend.kv_blocks)
             self.reporter.start()
         self._checker = asyncio.create_task(self._check_loop(), name="self-test")
         log.info("engine ready", extra={"backend": self.backend.name, "model": self.backend.model,

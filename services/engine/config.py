@@ -16,7 +16,7 @@ class EngineSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="LLMESH_ENGINE_", extra="ignore", frozen=True)
 
     port: int = DEFAULT_PORTS["engine"]
-    backend: Literal["llamacpp", "sim"] = "llamacpp"
+    backend: Literal["llamacpp", "sim", "vllm"] = "llamacpp"
     model: str = "smollm2-135m-instruct"
     model_dir: Path = Path("var/models")
     endpoint_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-engine")
@@ -41,6 +41,12 @@ class EngineSettings(ServiceSettings):
     n_batch: int = Field(default=512, ge=1, description="tokens per decode step, prompt chunks included")
     unified_kv: bool = Field(default=False, description="one KV pool: busy sequences share a common prefix, "
                              "but every token attends over all cells (slower beyond a few sequences)")
+
+    # vllm (GPU; the optional `vllm` extra)
+    vllm_model_path: str | None = Field(default=None, description="HF model directory or id; served as `model`")
+    vllm_max_model_len: int = Field(default=4096, ge=16)
+    vllm_gpu_memory_utilization: float = Field(default=0.85, gt=0, le=1)
+    vllm_kv_events_port: int | None = Field(default=None, description="where vLLM publishes KV events (ZMQ)")
 
     # sim
     sim_context_length: int = Field(default=4096, ge=16)

@@ -72,36 +72,49 @@ class EngineCore:
         self.admission = admission
         self.defaults = defaults
         self.metrics = metrics
+        self._active: dict[int, int] = {}  # id(backend) -> requests using it
+
+    def active(self, backend: Backend) -> int:
+        return self._active.get(id(backend), 0)
 
     def count_tokens(self, model: str, prompt: Prompt) -> int:
-        self._check_model(model)
-        return len(self.backend.tokenize(prompt))
+        backend = self.backend
+        self._check_model(backend, model)
+        return len(backend.tokenize(prompt))
 
     async def generate(self, model: str, prompt: Prompt, sampling: Sampling
                        ) -> AsyncIterator[Delta | Finish]:
         """Yields Delta items, then exactly one Finish. Raises before the first
         item for a bad request or a full queue."""
-        self._check_model(model)
+        backend = self.backend  # one request, one backend, even if a model load swaps it meanwhile
+        self._check_model(backend, model)
         check_request(model, prompt, sampling)
-        tokens = self.backend.tokenize(prompt)
+        tokens = backend.tokenize(prompt)
         if not tokens:
             raise InvalidArgument("The prompt is empty.", param="messages" if prompt.is_chat else "prompt")
-        params = self._decode_params(len(tokens), sampling)
+        params = self._decode_params(backend, len(tokens), sampling, model)
         arrived = time.monotonic()
-        async with self.admission.slot(), aclosing(self._decode(tokens, params, sampling.stop)) as items:
-            started = time.monotonic()
-            timing = _Timing(arrived, started)
-            async for item in items:
-                timing.saw(item)
-                yield item
-            if self.metrics is not None:
-                timing.record(self.metrics)
+        key = id(backend)
+        self._active[key] = self._active.get(key, 0) + 1
+        try:
+            async with self.admission.slot(), aclosing(self._decode(backend, tokens, params, sampling.stop)) as items:
+                started = time.monotonic()
+                timing = _Timing(arrived, started)
+                async for item in items:
+                    timing.saw(item)
+                    yield item
+                if self.metrics is not None:
+                    timing.record(self.metrics)
+        finally:
+            self._active[key] -= 1
+            if not self._active[key]:
+                del self._active[key]
 
-    async def _decode(self, tokens: list[int], params: DecodeParams, stop: tuple[str, ...]
+    async def _decode(self, backend: Backend, tokens: list[int], params: DecodeParams, stop: tuple[str, ...]
                       ) -> AsyncIterator[Delta | Finish]:
         matcher = StopMatcher(stop)
         produced = 0
-        pieces = self.backend.stream(tokens, params)
+        pieces = backend.stream(tokens, params)
         try:
             async for piece in pieces:
                 produced += 1
@@ -121,13 +134,15 @@ class EngineCore:
             reason = FinishReason.LENGTH if produced >= params.max_new_tokens else FinishReason.STOP
         yield Finish(reason=reason, usage=Usage(prompt_tokens=len(tokens), completion_tokens=produced))
 
-    async def self_test(self) -> tuple[bool, str, float]:
+    async def self_test(self, backend: Backend | None = None) -> tuple[bool, str, float]:
         """One greedy token from a tiny prompt, straight through the backend (no
-        admission, no metrics): (ok, why not, milliseconds). Run only when idle."""
+        admission, no metrics): (ok, why not, milliseconds). Run only when idle, or
+        on a freshly loaded backend before it takes traffic (warmup)."""
+        backend = backend or self.backend
         started = time.monotonic()
         try:
-            tokens = self.backend.tokenize(Prompt(text="ping"))
-            pieces = self.backend.stream(tokens, DecodeParams(max_new_tokens=1, temperature=0.0, top_p=1.0, seed=0))
+            tokens = backend.tokenize(Prompt(text="ping"))
+            pieces = backend.stream(tokens, DecodeParams(max_new_tokens=1, temperature=0.0, top_p=1.0, seed=0))
             async with aclosing(pieces):
                 produced = [piece async for piece in pieces]
         except Exception as exc:  # noqa: BLE001 - any failure is the answer
@@ -138,15 +153,15 @@ class EngineCore:
         return True, "", ms
 
     def kv_usage(self) -> float:
-        usage = getattr(self.backend, "kv_usage", None)
-        return usage() if usage is not None else 0.0
+        return self.backend.kv_usage()
 
-    def _check_model(self, model: str) -> None:
-        if model != self.backend.model:
+    @staticmethod
+    def _check_model(backend: Backend, model: str) -> None:
+        if model not in backend.models:
             raise ModelNotFound(model)
 
-    def _decode_params(self, prompt_tokens: int, sampling: Sampling) -> DecodeParams:
-        ctx = self.backend.context_length
+    def _decode_params(self, backend: Backend, prompt_tokens: int, sampling: Sampling, adapter: str) -> DecodeParams:
+        ctx = backend.context_length
         room = ctx - prompt_tokens
         if room <= 0:
             raise ContextLengthExceeded(prompt_tokens, prompt_tokens, ctx)
@@ -155,4 +170,4 @@ class EngineCore:
         temperature = self.defaults.temperature if sampling.temperature is None else sampling.temperature
         top_p = self.defaults.top_p if sampling.top_p is None else sampling.top_p
         return DecodeParams(max_new_tokens=sampling.max_tokens or room, temperature=temperature,
-                            top_p=top_p, seed=sampling.seed)
+                            top_p=top_p, seed=sampling.seed, adapter=adapter if adapter != backend.model else None)

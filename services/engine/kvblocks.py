@@ -34,6 +34,48 @@ class KvEvent:
     parent: int = 0           # stored: the hash the first block chains from (0: sequence start)
 
 
+class KvEventLog:
+    """The blocks present in one engine's KV cache, and the events not yet sent."""
+
+    def __init__(self):
+        self._present: dict[int, None] = {}
+        self._events: list[KvEvent] = []
+        self._lock = threading.Lock()
+
+    @property
+    def present(self) -> int:
+        return len(self._present)
+
+    def stored(self, hashes: Sequence[int], parent: int = 0) -> None:
+        with self._lock:
+            self._present.update(dict.fromkeys(hashes))
+            self._events.append(KvEvent("stored", tuple(hashes), parent))
+
+    def removed(self, hashes: Sequence[int]) -> None:
+        with self._lock:
+            for h in hashes:
+                self._present.pop(h, None)
+            self._events.append(KvEvent("removed", tuple(hashes)))
+
+    def cleared(self) -> None:
+        with self._lock:
+            self._present.clear()
+            self._events.append(KvEvent("cleared"))
+
+    def take_events(self) -> list[KvEvent]:
+        with self._lock:
+            events, self._events = self._events, []
+            return events
+
+    def resync(self) -> list[KvEvent]:
+        """For a new subscriber: 'cleared', then every block present now. Pending
+        events are dropped: the snapshot already includes them."""
+        with self._lock:
+            self._events = []
+            present = tuple(self._present)
+            return [KvEvent("cleared")] + ([KvEvent("stored", present)] if present else [])
+
+
 class BlockLedger:
     """Which full blocks each owner (a sequence or a KV slot) holds. A block two owners
     share is stored once and removed when the last lets go, unless ``keep_released``,
@@ -45,7 +87,7 @@ class BlockLedger:
         self._owned: dict[Hashable, list[int]] = {}
         self._refs: Counter[int] = Counter()
         self._cached: OrderedDict[int, None] = OrderedDict()  # ref 0, still in the KV cache
-        self._events: list[KvEvent] = []
+        self.log = KvEventLog()
         self._lock = threading.Lock()
 
     def hold(self, owner: Hashable, tokens: Sequence[int]) -> int:
@@ -87,7 +129,7 @@ class BlockLedger:
         with self._lock:
             gone = [self._cached.popitem(last=False)[0] for _ in range(min(n, len(self._cached)))]
             if gone:
-                self._events.append(KvEvent("removed", tuple(gone)))
+                self.log.removed(gone)
             return len(gone)
 
     @property
@@ -95,17 +137,10 @@ class BlockLedger:
         return len(self._cached)
 
     def take_events(self) -> list[KvEvent]:
-        with self._lock:
-            events, self._events = self._events, []
-            return events
+        return self.log.take_events()
 
     def resync(self) -> list[KvEvent]:
-        """For a new subscriber: 'cleared', then every block present now. Pending
-        events are dropped: the snapshot already includes them."""
-        with self._lock:
-            self._events = []
-            present = [h for h, n in self._refs.items() if n > 0] + list(self._cached)
-            return [KvEvent("cleared")] + ([KvEvent("stored", tuple(present))] if present else [])
+        return self.log.resync()
 
     def _ref(self, hashes: list[int], parent: int) -> None:
         fresh, first_parent, prev = [], parent, parent
@@ -118,7 +153,7 @@ class BlockLedger:
             self._refs[h] += 1
             prev = h
         if fresh:
-            self._events.append(KvEvent("stored", tuple(fresh), first_parent))
+            self.log.stored(fresh, first_parent)
 
     def _unref(self, hashes: list[int]) -> None:
         gone = []
@@ -131,4 +166,4 @@ class BlockLedger:
                 else:
                     gone.append(h)
         if gone:
-            self._events.append(KvEvent("removed", tuple(gone)))
+            self.log.removed(gone)

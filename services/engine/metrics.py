@@ -16,41 +16,55 @@ TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
 
 
 class EngineMetrics:
+    """The engine's series, bound to the model it serves (``use_model`` rebinds after a
+    model swap; the old model's series stay, frozen, as vLLM's do across restarts)."""
+
     def __init__(self, registry: CollectorRegistry, model: str):
-        self.model = model
         m = ("model_name",)
-        self.running = Gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
-                             m, registry=registry).labels(model)
-        self.waiting = Gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
-                             m, registry=registry).labels(model)
-        self.kv_usage = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
-                              m, registry=registry).labels(model)
-        # The v0 name, still read by many dashboards and KEDA rules.
-        self.kv_usage_v0 = Gauge("vllm:gpu_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
-                                 m, registry=registry).labels(model)
-        self.prompt_tokens = Counter("vllm:prompt_tokens", "Number of prefill tokens processed.",
-                                     m, registry=registry).labels(model)
-        self.generation_tokens = Counter("vllm:generation_tokens", "Number of generation tokens processed.",
-                                         m, registry=registry).labels(model)
-        self._success = Counter("vllm:request_success", "Count of successfully processed requests.",
-                                m + ("finished_reason",), registry=registry)
-        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                              m, buckets=TTFT_BUCKETS, registry=registry).labels(model)
-        self.tpot = Histogram("vllm:time_per_output_token_seconds",
-                              "Histogram of time per output token in seconds.",
-                              m, buckets=TPOT_BUCKETS, registry=registry).labels(model)
-        self.itl = Histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
-                             m, buckets=TPOT_BUCKETS, registry=registry).labels(model)
-        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
-                             m, buckets=LATENCY_BUCKETS, registry=registry).labels(model)
-        self.queue_time = Histogram("vllm:request_queue_time_seconds",
+        r = registry
+        self._families = {
+            "running": Gauge("vllm:num_requests_running", "Number of requests in model execution batches.", m,
+                             registry=r),
+            "waiting": Gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", m,
+                             registry=r),
+            "kv_usage": Gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", m,
+                              registry=r),
+            # The v0 name, still read by many dashboards and KEDA rules.
+            "kv_usage_v0": Gauge("vllm:gpu_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", m,
+                                 registry=r),
+            "prefix_queries": Counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of "
+                                      "queried tokens.", m, registry=r),
+            "prefix_hits": Counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached "
+                                   "tokens.", m, registry=r),
+            "prompt_tokens": Counter("vllm:prompt_tokens", "Number of prefill tokens processed.", m, registry=r),
+            "generation_tokens": Counter("vllm:generation_tokens", "Number of generation tokens processed.", m,
+                                         registry=r),
+            "ttft": Histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                              m, buckets=TTFT_BUCKETS, registry=r),
+            "tpot": Histogram("vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds.",
+                              m, buckets=TPOT_BUCKETS, registry=r),
+            "itl": Histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+                             m, buckets=TPOT_BUCKETS, registry=r),
+            "e2e": Histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
+                             m, buckets=LATENCY_BUCKETS, registry=r),
+            "queue_time": Histogram("vllm:request_queue_time_seconds",
                                     "Histogram of time spent in WAITING phase for request.",
-                                    m, buckets=LATENCY_BUCKETS, registry=registry).labels(model)
-        self.request_prompt_tokens = Histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.",
-                                               m, buckets=TOKEN_BUCKETS, registry=registry).labels(model)
-        self.request_generation_tokens = Histogram("vllm:request_generation_tokens",
+                                    m, buckets=LATENCY_BUCKETS, registry=r),
+            "request_prompt_tokens": Histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.",
+                                               m, buckets=TOKEN_BUCKETS, registry=r),
+            "request_generation_tokens": Histogram("vllm:request_generation_tokens",
                                                    "Number of generation tokens processed.",
-                                                   m, buckets=TOKEN_BUCKETS, registry=registry).labels(model)
+                                                   m, buckets=TOKEN_BUCKETS, registry=r),
+        }
+        self._success = Counter("vllm:request_success", "Count of successfully processed requests.",
+                                m + ("finished_reason",), registry=r)
+        self._prefix_seen = (0, 0)
+        self.use_model(model)
+
+    def use_model(self, model: str) -> None:
+        self.model = model
+        for name, family in self._families.items():
+            setattr(self, name, family.labels(model))
 
     def success(self, finished_reason: str) -> None:
         self._success.labels(self.model, finished_reason).inc()
@@ -60,3 +74,11 @@ class EngineMetrics:
         self.waiting.set(waiting)
         self.kv_usage.set(kv_usage)
         self.kv_usage_v0.set(kv_usage)
+
+    def prefix_cache(self, queries: int, hits: int) -> None:
+        """Cumulative token counts from the backend; counts the growth since last time."""
+        q0, h0 = self._prefix_seen
+        if queries >= q0 and hits >= h0:
+            self.prefix_queries.inc(queries - q0)
+            self.prefix_hits.inc(hits - h0)
+        self._prefix_seen = (queries, hits)

@@ -13,6 +13,15 @@ import grpc
 from llmesh.discovery.base import Resolver
 from llmesh.rpc.channels import insecure_channel
 from llmesh.v1 import engine_pb2, scheduler_pb2, scheduler_pb2_grpc
+from llmesh.engine.backends.base import KvEventSource
+from llmesh.engine.kvblocks import KvEvent
+
+_KINDS = {"stored": scheduler_pb2.KvEvent.STORED, "removed": scheduler_pb2.KvEvent.REMOVED,
+          "cleared": scheduler_pb2.KvEvent.CLEARED}
+
+
+def kv_event_pb(e: KvEvent) -> scheduler_pb2.KvEvent:
+    return scheduler_pb2.KvEvent(kind=_KINDS[e.kind], block_hashes=e.hashes, parent_hash=e.parent)
 
 log = logging.getLogger("llmesh.engine.reporter")
 
@@ -21,11 +30,13 @@ class Reporter:
     def __init__(self, scheduler: Resolver, identity: scheduler_pb2.EngineReport,
                  load: Callable[[], engine_pb2.EngineLoad], interval_s: float = 1.0,
                  min_gap_s: float = 0.05,
-                 extra: Callable[[], tuple[scheduler_pb2.HardwareProfile, scheduler_pb2.SelfTest]] | None = None):
+                 extra: Callable[[], tuple[scheduler_pb2.HardwareProfile, scheduler_pb2.SelfTest]] | None = None,
+                 kv: Callable[[], KvEventSource] | None = None):
         self._resolve = scheduler
         self._identity = identity
         self._load = load
         self._extra = extra
+        self._kv = kv
         self._interval = interval_s
         self._min_gap = min_gap_s
         self._changed = asyncio.Event()
@@ -35,6 +46,12 @@ class Reporter:
 
     def notify(self) -> None:
         self._changed.set()
+
+    def set_models(self, models: list[str]) -> None:
+        """After a model load or unload: the next report says what we serve now."""
+        del self._identity.models[:]
+        self._identity.models.extend(models)
+        self.notify()
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="scheduler-reporter")
@@ -68,6 +85,7 @@ class Reporter:
                 backoff = min(backoff * 2, 5.0)
 
     async def _reports(self) -> AsyncIterator[scheduler_pb2.EngineReport]:
+        source = None  # the KV event source the scheduler has heard from on this stream
         while True:
             report = scheduler_pb2.EngineReport()
             report.CopyFrom(self._identity)
@@ -77,6 +95,11 @@ class Reporter:
                 report.hardware.CopyFrom(hardware)
                 report.self_test.CopyFrom(self_test)
             report.draining = self._draining
+            if self._kv is not None:
+                current = self._kv()  # a model swap brings a new source: start over from it
+                events = current.take_events() if current is source else current.resync()
+                source = current
+                report.kv_events.extend(kv_event_pb(e) for e in events)
             yield report
             if self._done.is_set():
                 return

@@ -10,11 +10,13 @@ from llmesh.convert import finish_to_pb, prompt_from_pb, sampling_from_pb, usage
 from llmesh.types import Delta
 from llmesh.v1 import engine_pb2, engine_pb2_grpc
 from llmesh.engine.core import EngineCore
+from llmesh.engine.lifecycle import LoadedModel, ModelLifecycle
 
 
 class EngineServicer(engine_pb2_grpc.EngineServicer):
-    def __init__(self, core: EngineCore, endpoint_id: str):
+    def __init__(self, core: EngineCore, lifecycle: ModelLifecycle, endpoint_id: str):
         self._core = core
+        self._lifecycle = lifecycle
         self._endpoint_id = endpoint_id
 
     async def Generate(self, request, context):
@@ -39,7 +41,24 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
     async def GetStatus(self, request, context):
         return engine_pb2.GetStatusResponse(
             endpoint_id=self._endpoint_id, backend=self._core.backend.name,
-            models=[self._core.backend.model], load=load_pb(self._core))
+            models=list(self._core.backend.models), load=load_pb(self._core))
+
+    async def LoadModel(self, request, context):
+        result = await self._lifecycle.load(request.name, request.adapter_path, request.warmup)
+        return engine_pb2.LoadModelResponse(model=loaded_pb(result.model), load_ms=result.load_ms,
+                                            warmup_ms=result.warmup_ms, replaced=result.replaced)
+
+    async def UnloadModel(self, request, context):
+        await self._lifecycle.unload(request.name)
+        return engine_pb2.UnloadModelResponse()
+
+    async def ListLoadedModels(self, request, context):
+        return engine_pb2.ListLoadedModelsResponse(models=[loaded_pb(m) for m in self._lifecycle.list()])
+
+
+def loaded_pb(m: LoadedModel) -> engine_pb2.LoadedModel:
+    return engine_pb2.LoadedModel(name=m.name, backend=m.backend, context_length=m.context_length,
+                                  base_model=m.base_model)
 
 
 def load_pb(core: EngineCore) -> engine_pb2.EngineLoad:

@@ -8,6 +8,7 @@ import time
 from prometheus_client import Counter
 
 from llmesh.v1 import engine_pb2, scheduler_pb2, scheduler_pb2_grpc
+from llmesh.scheduler.kvindex import KvIndex
 from llmesh.scheduler.table import EndpointState, EndpointTable, Load
 
 log = logging.getLogger("llmesh.scheduler")
@@ -23,21 +24,27 @@ def state_from_report(r: scheduler_pb2.EngineReport, now: float) -> EndpointStat
         details=(r.hardware, r.self_test))
 
 
-def table_pb(table: EndpointTable, now: float) -> scheduler_pb2.EndpointTable:
+_KINDS = {scheduler_pb2.KvEvent.STORED: "stored", scheduler_pb2.KvEvent.REMOVED: "removed",
+          scheduler_pb2.KvEvent.CLEARED: "cleared"}
+
+
+def table_pb(table: EndpointTable, now: float, kv: KvIndex | None = None) -> scheduler_pb2.EndpointTable:
     return scheduler_pb2.EndpointTable(version=table.version, endpoints=[
         scheduler_pb2.Endpoint(
             endpoint_id=e.endpoint_id, address=e.address, backend=e.backend, models=list(e.models),
             load=engine_pb2.EngineLoad(running=e.load.running, waiting=e.load.waiting,
                                        max_running=e.load.max_running, max_waiting=e.load.max_waiting),
             healthy=e.healthy, last_report_age_s=round(now - e.last_report, 3),
-            hardware=e.details[0] if e.details else None, self_test=e.details[1] if e.details else None)
+            hardware=e.details[0] if e.details else None, self_test=e.details[1] if e.details else None,
+            kv_blocks=kv.count(e.endpoint_id) if kv is not None else 0)
         for e in table.snapshot()])
 
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
-    def __init__(self, table: EndpointTable, reports: Counter):
+    def __init__(self, table: EndpointTable, reports: Counter, kv: KvIndex | None = None):
         self._table = table
         self._reports = reports
+        self.kv = kv if kv is not None else KvIndex()
 
     async def Report(self, request_iterator, context):
         endpoint_id = None
@@ -47,9 +54,12 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                     endpoint_id = report.endpoint_id
                     log.info("engine registered", extra={"endpoint_id": endpoint_id, "address": report.address})
                 self._reports.inc()
+                if report.kv_events:
+                    self.kv.apply(endpoint_id, ((_KINDS.get(e.kind, ""), e.block_hashes) for e in report.kv_events))
                 await self._table.upsert(state_from_report(report, time.monotonic()))
         finally:
             if endpoint_id is not None:
+                self.kv.forget(endpoint_id)
                 await self._table.remove(endpoint_id)
                 log.info("engine deregistered", extra={"endpoint_id": endpoint_id})
         return scheduler_pb2.ReportAck()
@@ -58,7 +68,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         version = -1
         while True:
             version = await self._table.wait_for_change(version)
-            yield table_pb(self._table, time.monotonic())
+            yield table_pb(self._table, time.monotonic(), self.kv)
 
     async def ListEndpoints(self, request, context):
-        return table_pb(self._table, time.monotonic())
+        return table_pb(self._table, time.monotonic(), self.kv)

@@ -198,3 +198,20 @@ def test_requests_beyond_capacity_wait_in_the_queue(client, mesh):
         results = [f.result() for f in futures]
     assert all(r.choices[0].message.content for r in results)
     assert engine_load(address).running == 0 and engine_load(address).waiting == 0
+
+
+def test_kv_block_events_reach_the_scheduler(client, mesh, model_dir):
+    """The llama.cpp engine publishes the chained hashes of the blocks it caches; the
+    scheduler's view of engine-0 grows by the prompt's full blocks."""
+    from tests.e2e.conftest import endpoints
+
+    def blocks() -> int:
+        return next(e.kv_blocks for e in endpoints(mesh) if e.endpoint_id == "engine-0")
+
+    before = blocks()
+    messages = [{"role": "system", "content": "You answer questions about tides. " * 20},
+                {"role": "user", "content": "When is high tide?"}]
+    client.chat.completions.create(model=SMOL, messages=messages, max_tokens=4, temperature=0)
+    full_blocks = chat_prompt_tokens(gguf(model_dir), messages) // 16
+    assert full_blocks >= 8
+    assert wait_until(lambda: blocks() >= full_blocks, 5.0), (before, blocks(), full_blocks)

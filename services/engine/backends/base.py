@@ -8,6 +8,12 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from llmesh.types import Prompt
+from llmesh.engine.kvblocks import KvEvent
+
+
+class KvEventSource(Protocol):
+    def take_events(self) -> list[KvEvent]: ...
+    def resync(self) -> list[KvEvent]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,12 +23,16 @@ class DecodeParams:
     temperature: float
     top_p: float
     seed: int | None
+    adapter: str | None = None  # a LoRA adapter the backend has loaded, by name
 
 
 class Backend(Protocol):
     name: str            # "llamacpp", "sim", ...
     model: str           # the model name clients ask for
     context_length: int  # tokens of prompt + completion the backend can hold
+    vocab_size: int      # valid token ids are 0 .. vocab_size - 1
+    models: tuple[str, ...]  # what requests may name: the model, then any LoRA adapters
+    kv_blocks: KvEventSource  # KV block events for the scheduler
 
     def tokenize(self, prompt: Prompt) -> list[int]:
         """Token ids of the prompt as the model will see it (chat template applied)."""
@@ -32,6 +42,14 @@ class Backend(Protocol):
         """Yields the text of each generated token (possibly "" while a multi-byte
         character is incomplete); ends at end-of-sequence or ``max_new_tokens``.
         Closing the iterator early must stop the decoding and free its resources."""
+        ...
+
+    def kv_usage(self) -> float:
+        """Share of the KV cache that running sequences hold (0..1)."""
+        ...
+
+    def prefix_cache_stats(self) -> tuple[int, int]:
+        """Since start: prompt tokens looked up in the prefix cache, and those found."""
         ...
 
     async def close(self) -> None: ...

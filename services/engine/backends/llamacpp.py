@@ -7,27 +7,29 @@ loaded once through the low-level API and decoded by a ``BatchRunner`` (see
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
-from llmesh.errors import Internal, ModelNotFound
+from llmesh.errors import Internal, ModelNotFound, NotFound
 from llmesh.modelstore import ModelStore, quiet_native_stderr
 from llmesh.types import Prompt
 from llmesh.engine.backends.base import DecodeParams
 from llmesh.engine.backends.llamacpp_batch import BatchRunner, Sequence
+from llmesh.engine.kvblocks import BlockLedger
 
 
 class LlamaCppBackend:
     name = "llamacpp"
 
     def __init__(self, model_path: Path, model: str, *, n_ctx: int, n_threads: int, n_batch: int, n_slots: int,
-                 unified_kv: bool = False,
-                 on_blocks: Callable[[int, list[int], bool], None] = lambda seq_id, tokens, reset: None):
+                 unified_kv: bool = False):
         import llama_cpp
         from llama_cpp import Llama
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
         self.model = model
+        self.models = (model,)
+        self.kv_blocks = BlockLedger()  # owners are KV slots: a slot's cached prefix stays until reused
         with quiet_native_stderr():
             self._vocab = Llama(model_path=str(model_path), vocab_only=True, verbose=False)
             params = llama_cpp.llama_model_default_params()
@@ -35,6 +37,7 @@ class LlamaCppBackend:
         if not self._model_p:
             raise RuntimeError(f"llama.cpp could not load {model_path}")
         self.context_length = min(n_ctx, llama_cpp.llama_model_n_ctx_train(self._model_p))
+        self.vocab_size = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(self._model_p))
         template = self._vocab.metadata.get("tokenizer.chat_template")
         if not template:
             raise ValueError(f"{model}: the GGUF carries no chat template")
@@ -44,7 +47,7 @@ class LlamaCppBackend:
         with quiet_native_stderr():
             self._runner = BatchRunner(self._model_p, llama_cpp.llama_model_get_vocab(self._model_p),
                                        n_slots=n_slots, n_ctx_per_seq=self.context_length, n_threads=n_threads,
-                                       n_batch=n_batch, unified_kv=unified_kv, deliver=self._deliver, on_blocks=on_blocks)
+                                       n_batch=n_batch, unified_kv=unified_kv, deliver=self._deliver, on_blocks=self._on_blocks)
 
     @classmethod
     def from_store(cls, model_dir: Path, model: str, **kwargs) -> LlamaCppBackend:
@@ -53,12 +56,21 @@ class LlamaCppBackend:
             raise ModelNotFound(model)
         return cls(record.path, model, **kwargs)
 
+    def _on_blocks(self, slot: int, tokens: list[int], reset: bool) -> None:
+        if reset:
+            self.kv_blocks.hold(slot, tokens)
+        else:
+            self.kv_blocks.grow(slot, tokens)
+
     def _special_text(self, token: int) -> str:
         return self._vocab.detokenize([token], special=True).decode("utf-8", "replace") if token >= 0 else ""
 
     def kv_usage(self) -> float:
         """Share of the KV cells that running sequences hold."""
         return self._runner.cells_in_use() / (self._runner.n_slots * self.context_length)
+
+    def prefix_cache_stats(self) -> tuple[int, int]:
+        return self._runner.prefix_queries, self._runner.prefix_hits
 
     def tokenize(self, prompt: Prompt) -> list[int]:
         if prompt.messages is not None:
@@ -73,6 +85,8 @@ class LlamaCppBackend:
             self._loop.call_soon_threadsafe(_dispatch, results)
 
     async def stream(self, tokens: list[int], params: DecodeParams) -> AsyncIterator[str]:
+        if params.adapter is not None:
+            raise NotFound(f"the llamacpp backend serves no adapters; {params.adapter!r} is not loaded")
         self._loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         seq = Sequence(prompt=list(tokens), params=params, sink=queue)

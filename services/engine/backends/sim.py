@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from llmesh.errors import InvalidArgument
+from llmesh.errors import InvalidArgument, NotFound
 from llmesh.types import Prompt
 from llmesh.engine.backends.base import DecodeParams
 from llmesh.engine.kvblocks import BlockLedger
@@ -80,6 +80,7 @@ class SimBackend:
         if not model.startswith("sim"):
             raise ValueError("a simulated model's name must start with 'sim'")
         self.model = model
+        self.models = (model,)
         self.context_length = context_length
         self.profile = profile
         self.kv_blocks = BlockLedger(profile.block_size, keep_released=True)
@@ -103,7 +104,12 @@ class SimBackend:
         used = sum(math.ceil((len(s.tokens) + s.produced) / bs) for s in self._running)
         return used / self.profile.kv_blocks
 
+    def prefix_cache_stats(self) -> tuple[int, int]:
+        return self.prefix_queries, self.prefix_hits
+
     async def stream(self, tokens: list[int], params: DecodeParams) -> AsyncIterator[str]:
+        if params.adapter is not None:
+            raise NotFound(f"the sim backend serves no adapters; {params.adapter!r} is not loaded")
         if any(not 0 <= t < VOCAB_SIZE for t in tokens):
             raise InvalidArgument("the prompt holds token ids outside the vocabulary")
         seed = params.seed if params.seed is not None else 0

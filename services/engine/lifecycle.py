@@ -1,0 +1,153 @@
+"""Model lifecycle on one engine: load a model (warm it up before it takes traffic),
+unload it, list what is loaded; LoRA adapters where the backend has them. A load
+that fails leaves the engine serving what it served. Pure: no gRPC."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from llmesh.errors import Internal, InvalidArgument, LlmeshError, ModelNotFound, NotFound
+from llmesh.types import Prompt
+from llmesh.engine.backends.base import Backend, DecodeParams
+from llmesh.engine.core import EngineCore
+from llmesh.engine.kvblocks import KvEventLog
+
+log = logging.getLogger("llmesh.engine.lifecycle")
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedModel:
+    name: str
+    backend: str
+    context_length: int
+    base_model: str = ""  # set for a LoRA adapter
+
+
+@dataclass(frozen=True, slots=True)
+class LoadResult:
+    model: LoadedModel
+    load_ms: float
+    warmup_ms: float
+    replaced: str
+
+
+class LoadFailed(Internal):
+    """The model could not be loaded or warmed up; the message says why."""
+
+
+class NoModel:
+    """What an engine serves after its model is unloaded: nothing (every request for
+    a model is NOT_FOUND) until the next load."""
+
+    model = ""
+    models: tuple[str, ...] = ()
+    context_length = 0
+    vocab_size = 0
+
+    def __init__(self, name: str):
+        self.name = name
+        self.kv_blocks = KvEventLog()
+
+    def tokenize(self, prompt: Prompt) -> list[int]:
+        raise NotFound("this engine has no model loaded")
+
+    async def stream(self, tokens: list[int], params: DecodeParams) -> AsyncIterator[str]:
+        raise NotFound("this engine has no model loaded")
+        yield ""  # pragma: no cover - makes this an async generator
+
+    def kv_usage(self) -> float:
+        return 0.0
+
+    def prefix_cache_stats(self) -> tuple[int, int]:
+        return 0, 0
+
+    async def close(self) -> None:
+        pass
+
+
+class ModelLifecycle:
+    def __init__(self, core: EngineCore, build: Callable[[str], Backend],
+                 on_change: Callable[[Backend], None] = lambda backend: None, drain_timeout_s: float = 60.0):
+        self._core = core
+        self._build = build
+        self._on_change = on_change
+        self._drain_timeout = drain_timeout_s
+        self._lock = asyncio.Lock()
+
+    def list(self) -> list[LoadedModel]:
+        b = self._core.backend
+        return [LoadedModel(name, b.name, b.context_length, "" if name == b.model else b.model)
+                for name in b.models]
+
+    async def load(self, name: str, adapter_path: str = "", warmup: bool = True) -> LoadResult:
+        if not name:
+            raise InvalidArgument("name the model to load", param="name")
+        async with self._lock:
+            if adapter_path:
+                return await self._load_adapter(name, adapter_path)
+            current = self._core.backend
+            if name == current.model:
+                return LoadResult(self._describe(name), 0.0, 0.0, "")
+            started = time.monotonic()
+            try:
+                backend = await asyncio.to_thread(self._build, name)
+            except ModelNotFound:
+                raise
+            except Exception as exc:  # noqa: BLE001 - any failure is reported, the engine stays as it was
+                log.error("model load failed", extra={"model": name, "error": f"{type(exc).__name__}: {exc}"})
+                raise LoadFailed(f"loading {name!r} failed: {type(exc).__name__}: {exc}") from exc
+            load_ms = (time.monotonic() - started) * 1000
+            warmup_ms = 0.0
+            if warmup:
+                ok, why, warmup_ms = await self._core.self_test(backend)
+                if not ok:
+                    await backend.close()
+                    raise LoadFailed(f"{name!r} loaded but its warmup failed: {why}")
+            self._core.backend = backend
+            self._on_change(backend)
+            log.info("model loaded", extra={"model": name, "load_ms": round(load_ms, 1),
+                                            "warmup_ms": round(warmup_ms, 1), "replaced": current.model})
+            await self._retire(current)
+            return LoadResult(self._describe(name), load_ms, warmup_ms, current.model)
+
+    async def unload(self, name: str) -> None:
+        async with self._lock:
+            current = self._core.backend
+            if name != current.model:
+                if name in current.models:
+                    await current.unload_adapter(name)
+                    self._on_change(current)
+                    return
+                raise ModelNotFound(name)
+            self._core.backend = NoModel(current.name)
+            self._on_change(self._core.backend)
+            log.info("model unloaded", extra={"model": name})
+            await self._retire(current)
+
+    async def _load_adapter(self, name: str, path: str) -> LoadResult:
+        backend = self._core.backend
+        if not hasattr(backend, "load_adapter"):
+            raise InvalidArgument(f"the {backend.name} backend serves no LoRA adapters", param="adapter_path")
+        started = time.monotonic()
+        try:
+            await backend.load_adapter(name, path)
+        except LlmeshError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise LoadFailed(f"loading adapter {name!r} from {path} failed: {type(exc).__name__}: {exc}") from exc
+        self._on_change(backend)
+        return LoadResult(self._describe(name), (time.monotonic() - started) * 1000, 0.0, "")
+
+    def _describe(self, name: str) -> LoadedModel:
+        return next(m for m in self.list() if m.name == name)
+
+    async def _retire(self, old: Backend) -> None:
+        """Waits for the old backend's in-flight requests, then frees it."""
+        deadline = time.monotonic() + self._drain_timeout
+        while self._core.active(old) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await old.close()
