@@ -29,7 +29,7 @@ from llmesh.modelstore import ModelStore
 from llmesh.rpc.channels import insecure_channel
 from llmesh.testing import Service, free_ports, port_open, wait_until
 from llmesh.v1 import common_pb2, engine_pb2, engine_pb2_grpc
-from bench.common import Sample, drive, note, pct
+from bench.common import Sample, drive, note
 
 MODEL = "smollm2-135m-instruct"
 TOPICS = ("a dragon", "the sea", "a robot", "a lighthouse", "a fox", "a city at night", "a clockmaker",
@@ -103,9 +103,11 @@ async def level(target, concurrency: int, requests: int, max_tokens: int, system
     return await drive(one, concurrency, requests)
 
 
-def batched_decode_ceiling(model_path: Path, threads: int, levels: list[int], steps: int = 64) -> dict:
+def batched_decode_ceiling(model_path: Path, threads: int, levels: list[int], prompt_tokens: int,
+                           steps: int) -> dict:
     """llama.cpp's own batched decode, no sampling and no serving: tokens/s with b
-    sequences decoded together (each after a 32-token prompt), as a ratio to one."""
+    sequences decoded together for ``steps`` tokens after a ``prompt_tokens`` prompt
+    each (the workload's lengths), as a ratio to one sequence."""
     import llama_cpp as lc
     from llama_cpp import Llama
 
@@ -117,7 +119,8 @@ def batched_decode_ceiling(model_path: Path, threads: int, levels: list[int], st
     rates = {}
     for b in levels:
         params = lc.llama_context_default_params()
-        params.n_ctx, params.n_batch, params.n_ubatch, params.n_seq_max = b * 256, 512, 512, b
+        per_seq = -(-(prompt_tokens + steps) // 256) * 256
+        params.n_ctx, params.n_batch, params.n_ubatch, params.n_seq_max = b * per_seq, 512, 512, b
         params.n_threads = params.n_threads_batch = threads
         with quiet_native_stderr():
             ctx = lc.llama_init_from_model(model, params)
@@ -131,15 +134,27 @@ def batched_decode_ceiling(model_path: Path, threads: int, levels: list[int], st
             assert lc.llama_decode(ctx, batch) == 0
 
         for s in range(b):
-            decode([(100 + j, j, s) for j in range(32)])
+            decode([(100 + j, j, s) for j in range(prompt_tokens)])
         start = time.perf_counter()
         for k in range(steps):
-            decode([(200 + k, 32 + k, s) for s in range(b)])
+            decode([(200 + k, prompt_tokens + k, s) for s in range(b)])
         rates[b] = b * steps / (time.perf_counter() - start)
         lc.llama_batch_free(batch)
         lc.llama_free(ctx)
     lc.llama_model_free(model)
     return {str(b): {"tokens_per_s": round(r, 1), "vs_one": round(r / rates[levels[0]], 3)} for b, r in rates.items()}
+
+
+def median_of(results: list[dict]) -> dict:
+    """Per-key median of several rounds' summaries (requests and errors: totals)."""
+    out = {}
+    for key in results[0]:
+        values = [r[key] for r in results if r[key] is not None]
+        if key in ("requests", "errors"):
+            out[key] = sum(values)
+        else:
+            out[key] = round(statistics.median(values), 3) if values else None
+    return out
 
 
 def fit_profile(engine: Engine, by_level: dict[int, list[list[float]]], prefill: dict, args) -> dict:
@@ -171,16 +186,21 @@ async def run(args, engine: Engine, server: OpenAIServer) -> dict:
     # Warm both (first-call allocations), then each level: server, engine, alternating order.
     for t in targets:
         await level(t, 1, 1, 8)
-    for n, c in enumerate(args.levels):
-        requests = max(args.rounds * c, 2)
-        row = {}
-        for t in (targets if n % 2 == 0 else targets[::-1]):
-            note(f"level {c}: {t.name} ({requests} requests)")
-            engine.stamps = []
-            row[t.name] = await level(t, c, requests, args.max_tokens)
-            if t is engine:
-                by_level[c] = engine.stamps
-        row["aggregate_ratio"] = round(row[engine.name]["tokens_per_s"] / row[server.name]["tokens_per_s"], 3)
+    # Each level runs in rounds of `c` requests per target, the order alternating, so
+    # both see the same drift of this machine; the ratio is the median of the rounds'.
+    for c in args.levels:
+        rounds: dict[str, list[dict]] = {t.name: [] for t in targets}
+        engine.stamps = []
+        for r in range(args.rounds):
+            for t in (targets if r % 2 == 0 else targets[::-1]):
+                note(f"level {c}, round {r + 1}/{args.rounds}: {t.name}")
+                rounds[t.name].append(await level(t, c, c, args.max_tokens, offset=r * c))
+        by_level[c] = engine.stamps
+        row = {name: median_of(rs) for name, rs in rounds.items()}
+        row["aggregate_ratio"] = round(statistics.median(
+            e["tokens_per_s"] / s["tokens_per_s"] for e, s in zip(rounds[engine.name], rounds[server.name])), 3)
+        row["round_ratios"] = [round(e["tokens_per_s"] / s["tokens_per_s"], 3)
+                               for e, s in zip(rounds[engine.name], rounds[server.name])]
         out["levels"][str(c)] = row
     # Prefix reuse: a long system prompt shared by every request vs distinct long prompts.
     prompt_tokens = await count_tokens(engine.address, [{"role": "system", "content": SYSTEM},
@@ -197,8 +217,9 @@ async def run(args, engine: Engine, server: OpenAIServer) -> dict:
             / row[server.name]["shared_system_prompt"]["ttft_ms_p50"], 3)
         out["shared_prefix"][str(c)] = row
     out["shared_prefix"]["prompt_tokens"] = prompt_tokens
-    out["llama_cpp_batched_decode_ceiling"] = batched_decode_ceiling(args.model_path, args.threads,
-                                                                      sorted({1, *args.levels}))
+    question_tokens = await count_tokens(engine.address, [{"role": "user", "content": questions(1)[0]}])
+    out["llama_cpp_batched_decode_ceiling"] = batched_decode_ceiling(
+        args.model_path, args.threads, sorted({1, *args.levels}), question_tokens, args.max_tokens)
     if args.calibrate:
         cold = out["shared_prefix"][str(args.prefix_levels[0])][engine.name]["distinct_prompts"]
         profile = fit_profile(engine, by_level, {"ttft_ms_p50": cold["ttft_ms_p50"],
@@ -233,7 +254,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", action="store_true", help="print only the JSON result")
     parser.add_argument("--levels", default="1,4,8,16")
     parser.add_argument("--prefix-levels", default="1,8")
-    parser.add_argument("--rounds", type=int, default=2, help="requests per stream at each level")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per level (c requests each)")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--prefix-max-tokens", type=int, default=16)
     parser.add_argument("--threads", type=int, default=2)

@@ -20,10 +20,9 @@ from openai import OpenAI
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from llmesh.modelstore import ModelStore, quiet_native_stderr
-from llmesh.rpc.channels import insecure_channel
 from llmesh.testing import Mesh, free_layout
-from llmesh.v1 import common_pb2, engine_pb2, engine_pb2_grpc
 from bench.common import note
+from bench.engine import Engine
 
 MODEL = "smollm2-135m-instruct"
 QUESTION = "Write a long story about a dragon who learns to fly."
@@ -86,18 +85,9 @@ def through_gateway(client: OpenAI, n_tokens: int) -> dict:
 
 
 async def straight_to_engine(address: str, n_tokens: int) -> dict:
-    async with insecure_channel(address) as ch:
-        req = engine_pb2.GenerateRequest(
-            model=MODEL, chat=engine_pb2.ChatInput(messages=[common_pb2.ChatMessage(role="user", content=QUESTION)]),
-            sampling=common_pb2.SamplingParams(max_tokens=n_tokens, temperature=0.0))
-        start = time.perf_counter()
-        stamps, tokens = [], 0
-        async for resp in engine_pb2_grpc.EngineStub(ch).Generate(req, timeout=120):
-            if resp.text:
-                stamps.append(time.perf_counter())
-            if resp.finish_reason:
-                tokens = resp.usage.completion_tokens
-    return rates(tokens, stamps, start)
+    s = await Engine(address).one([{"role": "user", "content": QUESTION}], n_tokens)
+    return {"tokens": s.tokens, "ttft_ms": s.ttft_s * 1000, "decode_tokens_per_s": (s.tokens - 1) / (s.total_s - s.ttft_s),
+            "overall_tokens_per_s": s.tokens / s.total_s}
 
 
 def main() -> None:

@@ -1,17 +1,16 @@
 """Continuous batching on llama.cpp's low-level API: one context, one decode thread.
 
-Each running request owns a *slot*, a llama.cpp sequence id with its own cells in
-one unified KV cache. Every step the thread builds one batch holding the next token
-of every decoding sequence plus prompt chunks of newly admitted ones (up to
+Each running request owns a *slot*: a llama.cpp sequence id with room for a full
+context in the KV cache. Every step the thread builds one batch holding the next
+token of every decoding sequence plus prompt chunks of newly admitted ones (up to
 ``n_batch`` tokens), runs ``llama_decode`` once, and samples each sequence that
 produced logits with its own sampler chain. Requests join between steps and leave
 as soon as they finish or are cancelled.
 
-A slot keeps its tokens' KV after its request ends. A new request takes the slot
-whose cached tokens share the longest prefix with its prompt and prefills only the
-rest; when a busy slot holds a longer shared prefix (a common system prompt), those
-cells are shared into the new sequence with ``llama_memory_seq_cp`` instead of being
-recomputed.
+A slot keeps its tokens' KV after its request ends. A new request takes the free
+slot whose cached tokens share the longest prefix with its prompt and prefills only
+the rest. With ``unified_kv`` (one cell pool for all slots) a prefix held by a *busy*
+slot is shared too, with ``llama_memory_seq_cp``, instead of being recomputed.
 
 The thread hands results to the event loop once per step (one wake-up per step,
 not per token)."""
@@ -74,7 +73,8 @@ class BatchRunner:
     """Owns the llama.cpp context; all llama calls happen on its thread."""
 
     def __init__(self, model_p, vocab_p, *, n_slots: int, n_ctx_per_seq: int, n_threads: int, n_batch: int,
-                 unified_kv: bool = False, deliver: Deliver, on_blocks: Callable[[int, list[int], bool], None] = lambda seq_id, tokens, reset: None):
+                 deliver: Deliver, unified_kv: bool = False,
+                 on_blocks: Callable[[int, list[int], bool], None] = lambda seq_id, tokens, reset: None):
         import llama_cpp as lc
 
         self._lc = lc
@@ -108,10 +108,9 @@ class BatchRunner:
         self._cond = threading.Condition()
         self._stopping = False
         self._pieces = self._piece_table()
-        # Counters for tests and metrics: decode calls, tokens through them, prompt
-        # tokens looked up in the cache and found there.
+        # Counters for tests and metrics: decode calls, prompt tokens looked up in
+        # the cache and found there.
         self.steps = 0
-        self.batched_tokens = 0
         self.prefix_queries = 0
         self.prefix_hits = 0
         self._thread = threading.Thread(target=self._run, name="llamacpp-batch", daemon=True)
@@ -150,9 +149,10 @@ class BatchRunner:
                 while not self._stopping and not self._incoming and not self._active:
                     self._cond.wait()
                 if self._stopping:
-                    out = [(s, [], RuntimeError("the engine is stopping"), True)
-                           for s in self._incoming + self._active]
-                    self._incoming, self._active = [], []
+                    out = []
+                    for seq in self._incoming + self._active:
+                        self._finish(seq, out, RuntimeError("the engine is stopping"))
+                    self._incoming = []
                     break
                 self._admit()
             out = []
@@ -272,7 +272,6 @@ class BatchRunner:
             log.error("llama_decode failed", extra={"rc": rc, "tokens": n})
             self._finish(seq, out, DecodeFailed(f"llama_decode returned {rc}"))
             return
-        self.batched_tokens += n
         for seq, take in plan:
             seq.slot.tokens.extend(seq.pending[:take])
             del seq.pending[:take]

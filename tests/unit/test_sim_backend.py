@@ -1,0 +1,56 @@
+"""The sim behaves like a batching engine: step time grows with the batch, cached
+prefixes skip prefill, a full KV cache makes requests wait, profiles round-trip."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from contextlib import aclosing
+
+from llmesh.types import Prompt
+from llmesh.engine.backends.base import DecodeParams
+from llmesh.engine.backends.sim import SimBackend, SimProfile
+
+
+async def timed(backend: SimBackend, text: str, n: int) -> tuple[float, float]:
+    """(TTFT, total) in seconds."""
+    started = time.perf_counter()
+    first = None
+    async with aclosing(backend.stream(backend.tokenize(Prompt(text=text)), DecodeParams(n, 0.0, 1.0, 0))) as s:
+        async for _ in s:
+            first = first or time.perf_counter() - started
+    return first, time.perf_counter() - started
+
+
+async def test_decode_steps_slow_down_with_the_batch():
+    b = SimBackend("sim-t", 4096, SimProfile(decode_ms_base=0.0, decode_ms_per_seq=4.0, output_tokens=64))
+    _, alone = await timed(b, "one two", 20)
+    together = await asyncio.gather(*(timed(b, f"prompt {i}", 20) for i in range(4)))
+    assert min(total for _, total in together) > 2.5 * alone  # each step carries four sequences
+    await b.close()
+
+
+async def test_a_cached_prefix_skips_its_prefill():
+    b = SimBackend("sim-t", 4096, SimProfile(prefill_ms_per_token=1.0, decode_ms_base=1.0))
+    shared = " ".join(f"w{i}" for i in range(160))
+    cold, _ = await timed(b, shared + " first question", 2)
+    warm, _ = await timed(b, shared + " second question", 2)
+    queries, hits = b.prefix_cache_stats()
+    assert hits >= 160 - 16 and queries > hits
+    assert warm < cold / 3, (cold, warm)
+    await b.close()
+
+
+async def test_a_full_kv_cache_makes_the_next_request_wait():
+    b = SimBackend("sim-t", 4096, SimProfile(decode_ms_base=5.0, kv_blocks=6, block_size=16, output_tokens=64))
+    long_prompt = " ".join(f"a{i}" for i in range(60))  # 60 + 20 tokens: 5 blocks
+    first, second = await asyncio.gather(timed(b, long_prompt, 20), timed(b, long_prompt.replace("a", "b"), 20))
+    assert second[0] >= first[1] * 0.9  # its first token only after the first request left
+    await b.close()
+
+
+def test_profile_round_trips(tmp_path):
+    p = SimProfile(prefill_ms_per_token=0.7, decode_ms_base=3.0, decode_ms_per_seq=1.5, kv_blocks=99, max_batch=7)
+    p.save(tmp_path / "p.json")
+    assert SimProfile.load(tmp_path / "p.json") == p
+    assert p.step_s(4, 10) == (3.0 + 1.5 * 4 + 0.7 * 10) / 1000
