@@ -70,3 +70,15 @@ async def test_a_cached_prefix_is_not_computed_again(backend):
     assert hits2 - hits >= shared  # the second prompt's shared part came from the cache
     assert queries2 - queries == len(cold_tokens) + len(warm_tokens)
     assert warm < cold / 3, (cold, warm)
+
+
+async def test_a_burst_with_one_system_prompt_computes_it_once(backend):
+    """Four identical requests at once: the first computes the prompt, the others copy
+    its cells once they exist, and greedy decoding gives all four the same answer."""
+    prompt = backend.tokenize(Prompt(messages=(Message("system", "Fresh rules. " + SYSTEM),
+                                               Message("user", "Is pier four open?"))))
+    copies, (_, hits) = backend._runner.prefix_copies, backend.prefix_cache_stats()
+    burst = await asyncio.gather(*(run(backend, prompt, 8) for _ in range(4)))
+    assert backend._runner.prefix_copies - copies == 3
+    assert backend.prefix_cache_stats()[1] - hits == 3 * (len(prompt) - 1)
+    assert burst[0][1] and all(pieces == burst[0][1] for _, pieces in burst)

@@ -9,8 +9,10 @@ as soon as they finish or are cancelled.
 
 A slot keeps its tokens' KV after its request ends. A new request takes the free
 slot whose cached tokens share the longest prefix with its prompt and prefills only
-the rest. With ``unified_kv`` (one cell pool for all slots) a prefix held by a *busy*
-slot is shared too, with ``llama_memory_seq_cp``, instead of being recomputed.
+the rest. A longer prefix held by a *busy* slot is copied in with
+``llama_memory_seq_cp`` (split KV: the donor's whole stream, then the tail dropped;
+``unified_kv``: the cells are shared); a request whose prefix another sequence is
+still prefilling waits for it, so a burst with one system prompt computes it once.
 
 The thread hands results to the event loop once per step (one wake-up per step,
 not per token)."""
@@ -29,6 +31,10 @@ from dataclasses import dataclass, field
 from llmesh.engine.backends.base import DecodeParams
 
 log = logging.getLogger("llmesh.engine.llamacpp")
+
+# Shorter shared prefixes are recomputed: copying a slot's cells costs about as much
+# as prefilling a couple of dozen tokens (a whole stream is copied when KV is split).
+SHARE_MIN = 32
 
 Deliver = Callable[[list[tuple["Sequence", list[str], BaseException | None, bool]]], None]
 
@@ -111,6 +117,7 @@ class BatchRunner:
         # Counters for tests and metrics: decode calls, prompt tokens looked up in
         # the cache and found there.
         self.steps = 0
+        self.prefix_copies = 0
         self.prefix_queries = 0
         self.prefix_hits = 0
         self._thread = threading.Thread(target=self._run, name="llamacpp-batch", daemon=True)
@@ -178,12 +185,24 @@ class BatchRunner:
                 self._deliver([(seq, [], None, True)])
                 continue
             free = [s for s in self._slots if not s.busy]
-            if not free:
+            if not free or self._prefix_coming(seq):
                 still.append(seq)
                 continue
             self._place(seq, free)
             self._active.append(seq)
         self._incoming = still
+
+    def _prefix_coming(self, seq: Sequence) -> bool:
+        """A running sequence is still prefilling a long prefix this one shares (a burst
+        of requests with one system prompt): wait for it, then copy its cells."""
+        head = seq.prompt[:SHARE_MIN]
+        for other in self._active:
+            if other.prompt[:SHARE_MIN] != head:
+                continue
+            share = min(common_prefix(other.prompt, seq.prompt), len(seq.prompt) - 1)
+            if share >= SHARE_MIN and len(other.slot.tokens) < share:
+                return True
+        return False
 
     def _place(self, seq: Sequence, free: list[_Slot]) -> None:
         lc, prompt = self._lc, seq.prompt
@@ -192,10 +211,16 @@ class BatchRunner:
         slot = max(free, key=lambda s: (reuse[s.seq_id], -s.last_used if reuse[s.seq_id] == 0 else 0))
         keep = reuse[slot.seq_id]
         donor = max(self._slots, key=lambda s: reuse[s.seq_id])
-        if self.unified_kv and reuse[donor.seq_id] > keep and donor is not slot:
-            lc.llama_memory_seq_rm(self._mem, slot.seq_id, -1, -1)
+        if donor is not slot and reuse[donor.seq_id] - keep >= (1 if self.unified_kv else SHARE_MIN):
+            # A busy slot holds more of this prompt: share (unified) or copy (split) its cells.
             keep = reuse[donor.seq_id]
-            lc.llama_memory_seq_cp(self._mem, donor.seq_id, slot.seq_id, 0, keep)
+            if self.unified_kv:
+                lc.llama_memory_seq_rm(self._mem, slot.seq_id, -1, -1)
+                lc.llama_memory_seq_cp(self._mem, donor.seq_id, slot.seq_id, 0, keep)
+            else:  # only whole streams copy across; the copy runs before the next decode
+                lc.llama_memory_seq_cp(self._mem, donor.seq_id, slot.seq_id, -1, -1)
+                lc.llama_memory_seq_rm(self._mem, slot.seq_id, keep, -1)
+            self.prefix_copies += 1
         elif not lc.llama_memory_seq_rm(self._mem, slot.seq_id, keep, -1):
             lc.llama_memory_seq_rm(self._mem, slot.seq_id, -1, -1)
             keep = 0
