@@ -86,7 +86,8 @@ def through_gateway(client: OpenAI, n_tokens: int) -> dict:
 
 async def straight_to_engine(address: str, n_tokens: int) -> dict:
     s = await Engine(address).one([{"role": "user", "content": QUESTION}], n_tokens)
-    return {"tokens": s.tokens, "ttft_ms": s.ttft_s * 1000, "decode_tokens_per_s": (s.tokens - 1) / (s.total_s - s.ttft_s),
+    return {"tokens": s.tokens, "ttft_ms": s.ttft_s * 1000,
+            "decode_tokens_per_s": (s.tokens - 1) / (s.total_s - s.ttft_s),
             "overall_tokens_per_s": s.tokens / s.total_s}
 
 

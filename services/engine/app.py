@@ -103,7 +103,8 @@ class EngineApp:
             resolve = self._platform.resolver("scheduler", address) if self._platform else fixed(address)
             await self._check()  # the first report already says what we run on and that we work
             self.reporter = Reporter(resolve, identity, lambda: load_pb(self.core), self.settings.report_interval_s,
-                                     extra=lambda: (self.hardware, self.self_test), kv=lambda: self.core.backend.kv_blocks)
+                                     extra=lambda: (self.hardware, self.self_test),
+                                     kv=lambda: self.core.backend.kv_blocks)
             self.reporter.start()
         self._checker = asyncio.create_task(self._check_loop(), name="self-test")
         log.info("engine ready", extra={"backend": self.backend.name, "model": self.backend.model,

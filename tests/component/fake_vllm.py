@@ -33,8 +33,8 @@ class FakeTokenizer:
                 for w in text.split()]
 
     def apply_chat_template(self, messages, tokenize: bool, add_generation_prompt: bool) -> list[int]:
-        text = " ".join(f"<{m['role']}> {m['content']}" for m in messages) + (" <assistant>" if add_generation_prompt else "")
-        return self.encode(text)
+        text = " ".join(f"<{m['role']}> {m['content']}" for m in messages)
+        return self.encode(text + (" <assistant>" if add_generation_prompt else ""))
 
 
 @dataclass

@@ -47,7 +47,8 @@ class LlamaCppBackend:
         with quiet_native_stderr():
             self._runner = BatchRunner(self._model_p, llama_cpp.llama_model_get_vocab(self._model_p),
                                        n_slots=n_slots, n_ctx_per_seq=self.context_length, n_threads=n_threads,
-                                       n_batch=n_batch, unified_kv=unified_kv, deliver=self._deliver, on_blocks=self._on_blocks)
+                                       n_batch=n_batch, unified_kv=unified_kv, deliver=self._deliver,
+                                       on_blocks=self._on_blocks)
 
     @classmethod
     def from_store(cls, model_dir: Path, model: str, **kwargs) -> LlamaCppBackend:

@@ -113,7 +113,8 @@ class SimBackend:
         if any(not 0 <= t < VOCAB_SIZE for t in tokens):
             raise InvalidArgument("the prompt holds token ids outside the vocabulary")
         seed = params.seed if params.seed is not None else 0
-        seq = _Seq(list(tokens), params, asyncio.Queue(), random.Random(hash((tuple(tokens), seed, params.temperature))))
+        rng = random.Random(hash((tuple(tokens), seed, params.temperature)))
+        seq = _Seq(list(tokens), params, asyncio.Queue(), rng)
         seq.blocks = math.ceil((len(tokens) + min(params.max_new_tokens, self.profile.output_tokens))
                                / self.profile.block_size)
         if seq.blocks > self.profile.kv_blocks:
