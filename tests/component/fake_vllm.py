@@ -32,7 +32,8 @@ class FakeTokenizer:
         return [int.from_bytes(hashlib.blake2s(w.encode(), digest_size=4).digest(), "big") % 1000
                 for w in text.split()]
 
-    def apply_chat_template(self, messages, tokenize: bool, add_generation_prompt: bool) -> list[int]:
+    def apply_chat_template(self, messages, tokenize: bool, add_generation_prompt: bool,
+                            return_dict: bool = False) -> list[int]:
         text = " ".join(f"<{m['role']}> {m['content']}" for m in messages)
         return self.encode(text + (" <assistant>" if add_generation_prompt else ""))
 

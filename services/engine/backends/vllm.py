@@ -116,7 +116,7 @@ class VllmBackend:
         if prompt.messages is not None:
             return list(self._tokenizer.apply_chat_template(
                 [{"role": m.role, "content": m.content} for m in prompt.messages],
-                tokenize=True, add_generation_prompt=True))
+                tokenize=True, add_generation_prompt=True, return_dict=False))
         return list(self._tokenizer.encode(prompt.text or ""))
 
     async def stream(self, tokens: list[int], params: DecodeParams) -> AsyncIterator[str]:
