@@ -61,7 +61,6 @@ class Sequence:
     slot: _Slot | None = None
     pending: list[int] = field(default_factory=list)  # tokens to feed at the next steps
     produced: int = 0
-    cached: int = 0  # prompt tokens whose KV was reused
     sampler: object = None
     decoder: codecs.IncrementalDecoder = field(
         default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace"))
@@ -228,7 +227,6 @@ class BatchRunner:
         slot.busy = True
         self._on_blocks(slot.seq_id, slot.tokens, True)
         seq.slot = slot
-        seq.cached = keep
         self.prefix_queries += len(prompt)
         self.prefix_hits += keep
         seq.pending = prompt[keep:]
