@@ -121,6 +121,7 @@ def test_status_shows_services_endpoints_models_and_live_figures(mesh, client):
     assert live["requests_total"] >= 1 and live["ttft_ms_p50"] > 0 and live["ttft_ms_p99"] >= live["ttft_ms_p50"]
     smol = next(e for e in live["engines"] if e["endpoint_id"] == "engine-0")
     assert 0 <= smol["kv_cache_usage"] <= 1  # idle: cached prefixes don't count as used (as in vLLM)
+    assert smol["kv_blocks"] >= 1  # ... but their blocks stay cached, as the scheduler was told
     text = subprocess.run(args, capture_output=True, text=True, timeout=60).stdout
     assert "req/s" in text and "TTFT p50" in text and "KV " in text
 

@@ -28,7 +28,7 @@ async def _endpoints(address: str) -> list[dict]:
             return []
     return [{"endpoint_id": e.endpoint_id, "address": e.address, "backend": e.backend,
              "models": list(e.models), "healthy": e.healthy, "running": e.load.running,
-             "waiting": e.load.waiting, "max_running": e.load.max_running,
+             "waiting": e.load.waiting, "max_running": e.load.max_running, "kv_blocks": e.kv_blocks,
              "last_report_age_s": e.last_report_age_s,
              "hardware": {"cpu_model": e.hardware.cpu_model, "cpu_cores": e.hardware.cpu_cores,
                           "memory_total_bytes": e.hardware.memory_total_bytes,
@@ -97,7 +97,7 @@ async def live_figures(layout: Layout, endpoints: list[dict], window_s: float = 
             samples = await _scrape(layout.metrics_port(e["endpoint_id"]))
             kv = next((s.value for s in samples if s.name == "vllm:kv_cache_usage_perc"), None)
         engines.append({"endpoint_id": e["endpoint_id"], "running": e["running"], "waiting": e["waiting"],
-                        "kv_cache_usage": kv})
+                        "kv_cache_usage": kv, "kv_blocks": e["kv_blocks"]})
     return {"requests_per_s": round((count(second) - count(first)) / window_s, 2) if second else None,
             "requests_total": count(second) if second else None,
             "ttft_ms_p50": round(p50 * 1000, 1) if p50 is not None else None,
@@ -130,7 +130,8 @@ def render(report: dict, as_json: bool) -> str:
               f"TTFT p50 {fmt(live['ttft_ms_p50'], ' ms')}  p99 {fmt(live['ttft_ms_p99'], ' ms')} (since start)"]
     for e in live["engines"]:
         kv = "-" if e["kv_cache_usage"] is None else f"{e['kv_cache_usage']:.1%}"
-        lines.append(f"  {e['endpoint_id']:<16} queue {e['running']} running / {e['waiting']} waiting   KV {kv}")
+        lines.append(f"  {e['endpoint_id']:<16} queue {e['running']} running / {e['waiting']} waiting   "
+                     f"KV {kv} in use, {e['kv_blocks']} blocks cached")
     for e in report["endpoints"]:
         hw, st = e["hardware"], e["self_test"]
         gpus = ", ".join(g["name"] for g in hw["gpus"]) or "no GPU"
