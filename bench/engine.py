@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import statistics
@@ -157,7 +158,7 @@ def median_of(results: list[dict]) -> dict:
     return out
 
 
-def fit_profile(engine: Engine, by_level: dict[int, list[list[float]]], prefill: dict, args) -> dict:
+def fit_profile(by_level: dict[int, list[list[float]]], prefill: dict, args) -> dict:
     """Step time = base + per_seq * batch, least squares over the levels' median
     inter-token gaps; prefill per token from the cold long-prompt TTFT."""
     points = []
@@ -222,20 +223,20 @@ async def run(args, engine: Engine, server: OpenAIServer) -> dict:
         args.model_path, args.threads, sorted({1, *args.levels}), question_tokens, args.max_tokens)
     if args.calibrate:
         cold = out["shared_prefix"][str(args.prefix_levels[0])][engine.name]["distinct_prompts"]
-        profile = fit_profile(engine, by_level, {"ttft_ms_p50": cold["ttft_ms_p50"],
+        profile = fit_profile(by_level, {"ttft_ms_p50": cold["ttft_ms_p50"],
                                                   "prompt_tokens": prompt_tokens}, args)
         args.calibrate.write_text(json.dumps({k: v for k, v in profile.items() if k != "fitted_from"}, indent=2) + "\n")
         out["calibrated_profile"] = profile
     return out
 
 
-_SALT = iter(range(10**6))
+_SALT = itertools.count()
 
 
 async def level_distinct(target, concurrency: int, requests: int, max_tokens: int) -> dict:
     """Long prompts of the same length as SYSTEM that share nothing (a unique first line)."""
     async def one(i: int) -> Sample:
-        system = f"Session {next(_SALT)}-{time.time_ns()}. " + SYSTEM
+        system = f"Session {next(_SALT)}. " + SYSTEM
         msgs = [{"role": "system", "content": system}, {"role": "user", "content": questions(1, i)[0]}]
         return await target.one(msgs, max_tokens)
 

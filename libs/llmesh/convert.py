@@ -3,13 +3,27 @@
 from __future__ import annotations
 
 from llmesh.types import FinishReason, Message, Prompt, Sampling, Usage
-from llmesh.v1 import common_pb2
+from llmesh.v1 import common_pb2, scheduler_pb2
 
 _FINISH_TO_PB = {
     FinishReason.STOP: common_pb2.FINISH_REASON_STOP,
     FinishReason.LENGTH: common_pb2.FINISH_REASON_LENGTH,
 }
 _FINISH_FROM_PB = {v: k for k, v in _FINISH_TO_PB.items()}
+
+# KV block events: kinds as the engines' and the scheduler's domain code names them.
+_KV_KIND_TO_PB = {"stored": scheduler_pb2.KvEvent.STORED, "removed": scheduler_pb2.KvEvent.REMOVED,
+                  "cleared": scheduler_pb2.KvEvent.CLEARED}
+_KV_KIND_FROM_PB = {v: k for k, v in _KV_KIND_TO_PB.items()}
+
+
+def kv_event_to_pb(kind: str, hashes: tuple[int, ...], parent: int = 0) -> scheduler_pb2.KvEvent:
+    return scheduler_pb2.KvEvent(kind=_KV_KIND_TO_PB[kind], block_hashes=hashes, parent_hash=parent)
+
+
+def kv_event_from_pb(pb: scheduler_pb2.KvEvent) -> tuple[str, tuple[int, ...]]:
+    """(kind, hashes); an unknown kind comes back as "" and is ignored by the index."""
+    return _KV_KIND_FROM_PB.get(pb.kind, ""), tuple(pb.block_hashes)
 
 
 def sampling_to_pb(s: Sampling) -> common_pb2.SamplingParams:

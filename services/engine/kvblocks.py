@@ -35,11 +35,15 @@ class KvEvent:
 
 
 class KvEventLog:
-    """The blocks present in one engine's KV cache, and the events not yet sent."""
+    """The blocks present in one engine's KV cache, and the events not yet sent. Past
+    ``max_pending`` unsent events (an engine with no scheduler, a long outage) they are
+    dropped and the next ``take_events`` answers with a resync instead."""
 
-    def __init__(self):
+    def __init__(self, max_pending: int = 10_000):
         self._present: dict[int, None] = {}
         self._events: list[KvEvent] = []
+        self._max_pending = max_pending
+        self._overflowed = False
         self._lock = threading.Lock()
 
     @property
@@ -49,21 +53,23 @@ class KvEventLog:
     def stored(self, hashes: Sequence[int], parent: int = 0) -> None:
         with self._lock:
             self._present.update(dict.fromkeys(hashes))
-            self._events.append(KvEvent("stored", tuple(hashes), parent))
+            self._append(KvEvent("stored", tuple(hashes), parent))
 
     def removed(self, hashes: Sequence[int]) -> None:
         with self._lock:
             for h in hashes:
                 self._present.pop(h, None)
-            self._events.append(KvEvent("removed", tuple(hashes)))
+            self._append(KvEvent("removed", tuple(hashes)))
 
     def cleared(self) -> None:
         with self._lock:
             self._present.clear()
-            self._events.append(KvEvent("cleared"))
+            self._append(KvEvent("cleared"))
 
     def take_events(self) -> list[KvEvent]:
         with self._lock:
+            if self._overflowed:
+                return self._snapshot()
             events, self._events = self._events, []
             return events
 
@@ -71,9 +77,18 @@ class KvEventLog:
         """For a new subscriber: 'cleared', then every block present now. Pending
         events are dropped: the snapshot already includes them."""
         with self._lock:
-            self._events = []
-            present = tuple(self._present)
-            return [KvEvent("cleared")] + ([KvEvent("stored", present)] if present else [])
+            return self._snapshot()
+
+    def _append(self, event: KvEvent) -> None:
+        if len(self._events) >= self._max_pending:
+            self._events, self._overflowed = [], True
+        if not self._overflowed:
+            self._events.append(event)
+
+    def _snapshot(self) -> list[KvEvent]:
+        self._events, self._overflowed = [], False
+        present = tuple(self._present)
+        return [KvEvent("cleared")] + ([KvEvent("stored", present)] if present else [])
 
 
 class BlockLedger:

@@ -13,15 +13,8 @@ import grpc
 from llmesh.discovery.base import Resolver
 from llmesh.rpc.channels import insecure_channel
 from llmesh.v1 import engine_pb2, scheduler_pb2, scheduler_pb2_grpc
+from llmesh.convert import kv_event_to_pb
 from llmesh.engine.backends.base import KvEventSource
-from llmesh.engine.kvblocks import KvEvent
-
-_KINDS = {"stored": scheduler_pb2.KvEvent.STORED, "removed": scheduler_pb2.KvEvent.REMOVED,
-          "cleared": scheduler_pb2.KvEvent.CLEARED}
-
-
-def kv_event_pb(e: KvEvent) -> scheduler_pb2.KvEvent:
-    return scheduler_pb2.KvEvent(kind=_KINDS[e.kind], block_hashes=e.hashes, parent_hash=e.parent)
 
 log = logging.getLogger("llmesh.engine.reporter")
 
@@ -99,7 +92,7 @@ class Reporter:
                 current = self._kv()  # a model swap brings a new source: start over from it
                 events = current.take_events() if current is source else current.resync()
                 source = current
-                report.kv_events.extend(kv_event_pb(e) for e in events)
+                report.kv_events.extend(kv_event_to_pb(e.kind, e.hashes, e.parent) for e in events)
             yield report
             if self._done.is_set():
                 return

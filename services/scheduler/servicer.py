@@ -7,6 +7,7 @@ import time
 
 from prometheus_client import Counter
 
+from llmesh.convert import kv_event_from_pb
 from llmesh.v1 import engine_pb2, scheduler_pb2, scheduler_pb2_grpc
 from llmesh.scheduler.kvindex import KvIndex
 from llmesh.scheduler.table import EndpointState, EndpointTable, Load
@@ -22,10 +23,6 @@ def state_from_report(r: scheduler_pb2.EngineReport, now: float) -> EndpointStat
         draining=r.draining, last_report=now,
         self_test_ok=r.self_test.ok or not r.self_test.checked_unix,  # not run yet: no verdict
         details=(r.hardware, r.self_test))
-
-
-_KINDS = {scheduler_pb2.KvEvent.STORED: "stored", scheduler_pb2.KvEvent.REMOVED: "removed",
-          scheduler_pb2.KvEvent.CLEARED: "cleared"}
 
 
 def table_pb(table: EndpointTable, now: float, kv: KvIndex | None = None) -> scheduler_pb2.EndpointTable:
@@ -55,7 +52,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                     log.info("engine registered", extra={"endpoint_id": endpoint_id, "address": report.address})
                 self._reports.inc()
                 if report.kv_events:
-                    self.kv.apply(endpoint_id, ((_KINDS.get(e.kind, ""), e.block_hashes) for e in report.kv_events))
+                    self.kv.apply(endpoint_id, (kv_event_from_pb(e) for e in report.kv_events))
                 await self._table.upsert(state_from_report(report, time.monotonic()))
         finally:
             if endpoint_id is not None:

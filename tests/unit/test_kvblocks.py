@@ -63,3 +63,16 @@ def test_resync_lists_everything_present():
     assert events[0] == KvEvent("cleared")
     assert set(events[1].hashes) == set(chain_hashes(range(8), 4)) | set(chain_hashes(range(100, 104), 4))
     assert led.take_events() == []
+
+
+def test_unsent_events_are_bounded_and_replaced_by_a_resync():
+    from llmesh.engine.kvblocks import KvEventLog
+
+    log = KvEventLog(max_pending=3)
+    for h in range(5):
+        log.stored([h])  # nobody takes them: an engine without a scheduler
+    log.removed([0])
+    events = log.take_events()
+    assert events[0] == KvEvent("cleared") and set(events[1].hashes) == {1, 2, 3, 4}
+    log.stored([9])
+    assert log.take_events() == [KvEvent("stored", (9,))]  # back to plain events

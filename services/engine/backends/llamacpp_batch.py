@@ -112,7 +112,7 @@ class BatchRunner:
         self._active: list[Sequence] = []
         self._cond = threading.Condition()
         self._stopping = False
-        self._pieces = self._piece_table()
+        self._piece = ctypes.create_string_buffer(256)
         # Counters for tests and metrics: decode calls, prompt tokens looked up in
         # the cache and found there.
         self.steps = 0
@@ -311,18 +311,9 @@ class BatchRunner:
             if done:
                 self._release(seq)
 
-    def _piece_table(self) -> list[bytes]:
-        """Every token's bytes, looked up once at start: the decode loop then turns a
-        token into text without a foreign call."""
-        lc, buf = self._lc, ctypes.create_string_buffer(256)
-        table = []
-        for tok in range(lc.llama_vocab_n_tokens(self._vocab)):
-            n = lc.llama_token_to_piece(self._vocab, tok, buf, len(buf), 0, False)
-            table.append(buf.raw[:max(n, 0)])
-        return table
-
     def _text(self, seq: Sequence, tok: int) -> str:
-        return seq.decoder.decode(self._pieces[tok])
+        n = self._lc.llama_token_to_piece(self._vocab, tok, self._piece, len(self._piece), 0, False)
+        return seq.decoder.decode(self._piece.raw[:max(n, 0)])
 
     def _finish(self, seq: Sequence, out: list, error: BaseException | None) -> None:
         out.append((seq, [], error, True))

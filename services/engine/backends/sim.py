@@ -19,7 +19,7 @@ import math
 import random
 from collections import deque
 from collections.abc import AsyncIterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from llmesh.errors import InvalidArgument, NotFound
@@ -61,7 +61,7 @@ class SimProfile:
 
 @dataclass(eq=False)
 class _Seq:
-    tokens: list[int]
+    tokens: list[int]        # prompt, then each generated token
     params: DecodeParams
     out: asyncio.Queue
     rng: random.Random
@@ -69,7 +69,6 @@ class _Seq:
     uncached: int = 0
     produced: int = 0
     cancelled: bool = False
-    generated: list[int] = field(default_factory=list)
 
 
 class SimBackend:
@@ -101,7 +100,7 @@ class SimBackend:
 
     def kv_usage(self) -> float:
         bs = self.profile.block_size
-        used = sum(math.ceil((len(s.tokens) + s.produced) / bs) for s in self._running)
+        used = sum(math.ceil(len(s.tokens) / bs) for s in self._running)
         return used / self.profile.kv_blocks
 
     def prefix_cache_stats(self) -> tuple[int, int]:
@@ -175,8 +174,8 @@ class SimBackend:
             word = _WORDS[seq.rng.randrange(len(_WORDS))]
             seq.out.put_nowait(word if seq.produced == 0 else " " + word)
             seq.produced += 1
-            seq.generated.append(_token(word))
-            self.kv_blocks.grow(seq, seq.tokens + seq.generated)
+            seq.tokens.append(_token(word))  # the answer joins the sequence's KV, as in an engine
+            self.kv_blocks.grow(seq, seq.tokens)
             if seq.produced >= min(seq.params.max_new_tokens, self.profile.output_tokens):
                 seq.out.put_nowait(_END)
                 self._leave(seq)
