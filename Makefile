@@ -6,11 +6,12 @@ MODELS   := var/models
 PROTOS   := $(wildcard protos/llmesh/v1/*.proto)
 GEN      := $(patsubst protos/%.proto,libs/%_pb2.py,$(PROTOS))
 
-.PHONY: install run test test-unit test-e2e bench gpu-smoke protos model lock clean
+.PHONY: install tools run test test-unit test-e2e bench gpu-smoke protos model lock clean
 
 install: $(VENV)/.installed $(GEN) $(MODELS)/smollm2-135m-instruct/model.json
 
 $(VENV)/.installed: requirements.lock pyproject.toml
+	bash scripts/ensure-tools
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -r requirements.lock
@@ -30,7 +31,12 @@ $(MODELS)/smollm2-135m-instruct/model.json: $(VENV)/.installed
 run: install
 	$(BIN)/llmesh up --model-dir $(MODELS)
 
-test: install
+# The servers the tests start (etcd, Prometheus, Redis, PostgreSQL) and the build
+# toolchain: apt-get as root, else a message naming the packages.
+tools:
+	bash scripts/ensure-tools
+
+test: tools install
 	$(BIN)/python -m pytest -q
 
 test-unit: install

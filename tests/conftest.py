@@ -1,9 +1,10 @@
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
-from llmesh.testing import EtcdServer
+from llmesh.testing import EtcdServer, PostgresServer, RedisServer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,3 +27,29 @@ def etcd(tmp_path_factory):
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory):
+    """A real redis-server on a free 127.0.0.1 port; tests use their own key prefixes or flush."""
+    if shutil.which("redis-server") is None:
+        pytest.fail("redis-server is not installed: apt-get install redis-server (make test does)")
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_server(tmp_path_factory):
+    """A real PostgreSQL on a free 127.0.0.1 port with a database named after its user."""
+    # Not under pytest's tmp dir: that is root-only, and as root the cluster runs as 'postgres'.
+    root = Path(tempfile.mkdtemp(prefix="llmesh-pg-"))
+    root.chmod(0o755)
+    server = PostgresServer(root / "data")
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)

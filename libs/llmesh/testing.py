@@ -189,3 +189,90 @@ def free_ports(n: int) -> list[int]:
     finally:
         for s in socks:
             s.close()
+
+
+@dataclass
+class RedisServer:
+    """A real redis-server (Debian's) on a free 127.0.0.1 port, no persistence."""
+    data_dir: Path
+    port: int = 0
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout_s: float = 10.0) -> None:
+        if not self.port:
+            (self.port,) = free_ports(1)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        log = (self.data_dir / "redis.log").open("ab")
+        self.proc = subprocess.Popen(
+            ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port), "--dir", str(self.data_dir),
+             "--save", "", "--appendonly", "no", "--protected-mode", "yes"],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        log.close()
+        if not wait_until(lambda: port_open(self.port) or self.proc.poll() is not None, timeout_s):
+            raise RuntimeError("redis-server did not start")
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"redis-server exited with {self.proc.returncode}")
+
+    def stop(self) -> None:
+        terminate(self.proc, signal.SIGTERM, 10.0)
+
+
+def postgres_bin(name: str) -> str:
+    """Debian keeps PostgreSQL's server programs under /usr/lib/postgresql/N/bin."""
+    found = sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"))
+    if found:
+        return str(found[-1])
+    import shutil
+    path = shutil.which(name)
+    if path is None:
+        raise RuntimeError(f"PostgreSQL's {name} is not installed: apt-get install postgresql (make test does)")
+    return path
+
+
+@dataclass
+class PostgresServer:
+    """A real PostgreSQL cluster in its own directory on a free 127.0.0.1 port.
+    initdb refuses to run as root, so as root the cluster belongs to the
+    'postgres' user that Debian's package creates."""
+    data_dir: Path
+    port: int = 0
+    user: str = "llmesh"
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"postgresql+psycopg://{self.user}@127.0.0.1:{self.port}/{self.user}"
+
+    def _as_owner(self, argv: list[str]) -> list[str]:
+        return ["runuser", "-u", "postgres", "--", *argv] if os.geteuid() == 0 else argv
+
+    def start(self, timeout_s: float = 30.0) -> None:
+        if not self.port:
+            (self.port,) = free_ports(1)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        if os.geteuid() == 0:
+            import shutil
+            shutil.chown(self.data_dir, "postgres", "postgres")
+            shutil.chown(self.data_dir.parent, "postgres", "postgres")
+        subprocess.run(self._as_owner([postgres_bin("initdb"), "-D", str(self.data_dir), "-U", self.user,
+                                       "--auth=trust", "-E", "UTF8", "--no-sync"]),
+                       check=True, capture_output=True)
+        self.proc = subprocess.Popen(
+            self._as_owner([postgres_bin("postgres"), "-D", str(self.data_dir), "-p", str(self.port),
+                            "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={self.data_dir}",
+                            "-c", "fsync=off"]),
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+        if not wait_until(lambda: port_open(self.port) or self.proc.poll() is not None, timeout_s):
+            raise RuntimeError("postgres did not start")
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"postgres exited with {self.proc.returncode}")
+        time.sleep(0.3)
+        subprocess.run(self._as_owner([postgres_bin("createdb"), "-h", "127.0.0.1", "-p", str(self.port),
+                                       "-U", self.user, self.user]), check=True, capture_output=True)
+
+    def stop(self) -> None:
+        terminate(self.proc, signal.SIGINT, 15.0)
