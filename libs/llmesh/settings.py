@@ -41,6 +41,7 @@ class MeshSettings(BaseSettings):
     config_file: Path = Path("llmesh.yaml")
     config_prefix: str = "/llmesh/config"
     state_dir: Path = Field(default=Path("var/state"), description="config snapshots live here")
+    redis_url: str | None = Field(default=None, description="shared limits, keys and usage; unset: in-process")
 
 
 # Default ports of a one-machine mesh; every one can be overridden by env.

@@ -4,6 +4,8 @@
     llmesh status   services, endpoints and models of a running mesh
     llmesh chat     stream a chat answer through the gateway's gRPC API
     llmesh config   read, check and change the live config
+    llmesh keys     create, list, rotate and revoke API keys
+    llmesh usage    tokens and cost per tenant, model and day
     llmesh bench    run a benchmark from bench/ (engine, gateway, llamacpp)
 """
 
@@ -155,6 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
     from llmesh.cli.config import add_parser
     add_parser(sub)
     sub.choices["config"].set_defaults(func=cmd_config)
+
+    from llmesh.cli.governance import add_parsers
+    add_parsers(sub)
     return parser
 
 
