@@ -62,8 +62,8 @@ class ModelNotFound(NotFound):
 class Overloaded(LlmeshError):
     code = ErrorCode.RESOURCE_EXHAUSTED
 
-    def __init__(self, message: str = "The engine's queue is full; retry later."):
-        super().__init__(message, reason="overloaded")
+    def __init__(self, message: str = "The engine's queue is full; retry later.", *, reason: str = "overloaded"):
+        super().__init__(message, reason=reason)
 
 
 class Unavailable(LlmeshError):
