@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from llmesh.convert import (finish_from_pb, finish_to_pb, prompt_fields, sampling_to_pb,
+from llmesh.convert import (finish_from_pb, finish_to_pb, priority_to_pb, prompt_fields, sampling_to_pb,
                             usage_from_pb, usage_to_pb)
 from opentelemetry.trace import NoOpTracer, Span, SpanKind, Status, StatusCode, Tracer
 
@@ -45,7 +45,7 @@ class EngineClients:
                        ) -> AsyncIterator[Delta | Finish]:
         request = engine_pb2.GenerateRequest(
             request_id=req.request_id, model=req.model, sampling=sampling_to_pb(req.sampling),
-            **prompt_fields(req.prompt, engine_pb2.ChatInput))
+            priority=priority_to_pb(req.priority), **prompt_fields(req.prompt, engine_pb2.ChatInput))
         span = self._tracer.start_span("llmesh.v1.Engine/Generate", context=child_context(parent),
                                        kind=SpanKind.CLIENT, attributes={"server.address": address})
         call = self._stub(address).Generate(request, timeout=timeout_s,
