@@ -25,9 +25,10 @@ ROOT = Path(__file__).resolve().parents[2]
 HELM = ROOT / "deploy" / "helm"
 UMBRELLA = "llmesh"
 
-# Settings the charts set themselves (from port, metricsPort, httpPort, graceSeconds, the pod).
-COMMON_MANAGED = {"host", "port", "metrics_port", "grace_s"}
-MANAGED = {"gateway": {"http_host", "http_port"}, "engine": {"endpoint_id", "advertise_address"}}
+# Settings the charts set themselves (from port, metricsPort, httpPort, graceSeconds, the pod):
+# where a pod is reached is the pod's IP, never a value.
+COMMON_MANAGED = {"host", "port", "metrics_port", "grace_s", "advertise_address"}
+MANAGED = {"gateway": {"http_host", "http_port"}, "engine": {"endpoint_id"}}
 MESH_MANAGED = {"config_file", "state_dir"}  # the mounted ConfigMap and the pod's state volume
 
 _KEEP = {"type", "enum", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength",
