@@ -69,6 +69,29 @@ def env_problems(where: str, env: dict[str, str], allowed: set[str]) -> list[str
     return problems
 
 
+_INTERPOLATION = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*(?::?-([^}]*))?\}")
+
+
+def value_problems(where: str, env: dict[str, str]) -> list[str]:
+    """Each settings class validates the values given for its fields, as the service would
+    at start (compose ${VAR:-default} counts as its default)."""
+    from pydantic import ValidationError
+    problems = []
+    for cls in (MeshSettings, *settings_classes().values()):
+        prefix = env_prefix(cls)
+        given = {name[len(prefix):].lower(): _INTERPOLATION.sub(lambda m: m.group(1) or "", str(value))
+                 for name, value in env.items() if name.startswith(prefix) and
+                 name[len(prefix):].lower() in cls.model_fields}
+        if not given:
+            continue
+        try:
+            cls.model_validate(given)
+        except ValidationError as exc:
+            problems += [f"{where}: {prefix}{'_'.join(map(str, e['loc'])).upper()}={given.get(e['loc'][0])!r}: "
+                         f"{e['msg']}" for e in exc.errors()]
+    return problems
+
+
 def live_config_problems(where: str, text: str) -> list[str]:
     try:
         parse_live_config(text)
@@ -105,6 +128,25 @@ def is_llmesh_service(service: dict) -> bool:
     return bool(build) or str(service.get("image", "")).startswith("llmesh/")
 
 
+def _probe_port(test) -> int | None:
+    """The port `python -m llmesh.rpc.probe HOST:PORT` asks, if that is the healthcheck."""
+    words = test if isinstance(test, list) else shlex.split(str(test or ""))
+    if "llmesh.rpc.probe" in words and words.index("llmesh.rpc.probe") + 1 < len(words):
+        return int(words[words.index("llmesh.rpc.probe") + 1].rsplit(":", 1)[1])
+    return None
+
+
+def service_grpc_port(svc: dict) -> int | None:
+    """The gRPC port an llmesh container listens on: its LLMESH_<SERVICE>_PORT, else the
+    settings class's default. The service is the build target's first word."""
+    target = ((svc.get("build") or {}).get("target") or "").split("-")[0]
+    cls = settings_classes().get(target)
+    if cls is None:
+        return None
+    env = _env_map(svc.get("environment"))
+    return int(env.get(f"{env_prefix(cls)}PORT") or cls.model_fields["port"].default)
+
+
 def compose_problems(doc: dict, allowed_env: set[str], stages: set[str]) -> list[str]:
     """Healthchecks, dependencies and the environment of each service of a compose file."""
     problems = []
@@ -122,10 +164,14 @@ def compose_problems(doc: dict, allowed_env: set[str], stages: set[str]) -> list
             elif cond == "service_healthy" and not services[dep].get("healthcheck"):
                 problems.append(f"service {name}: waits for {dep} to be healthy, but {dep} has no healthcheck")
         if is_llmesh_service(svc):
-            problems += env_problems(f"service {name}", _env_map(svc.get("environment")), allowed_env)
+            env = _env_map(svc.get("environment"))
+            problems += env_problems(f"service {name}", env, allowed_env) + value_problems(f"service {name}", env)
             target = (svc.get("build") or {}).get("target")
             if svc.get("build") and target not in stages:
                 problems.append(f"service {name}: build target {target!r} is not a Dockerfile stage")
+            probed, port = _probe_port((check or {}).get("test")), service_grpc_port(svc)
+            if probed is not None and port is not None and probed != port:
+                problems.append(f"service {name}: healthcheck probes port {probed}, the service listens on {port}")
     return problems
 
 
@@ -270,11 +316,10 @@ def import_problems(modules: Iterable[str]) -> list[str]:
     for module in sorted(modules):
         if not module.startswith("llmesh"):
             continue
-        target = module
         code = ("import importlib, importlib.util, sys; m = sys.argv[1]; spec = importlib.util.find_spec(m); "
                 "sys.exit(f'no module {m}') if spec is None else None; "
                 "importlib.import_module(m + '.__main__' if spec.submodule_search_locations else m)")
-        proc = subprocess.run([sys.executable, "-c", code, target], capture_output=True, text=True, timeout=120)
+        proc = subprocess.run([sys.executable, "-c", code, module], capture_output=True, text=True, timeout=120)
         if proc.returncode != 0:
             problems.append(f"module {module} does not import: {proc.stderr.strip().splitlines()[-1:]}")
     return problems
@@ -347,7 +392,7 @@ def workload_problems(docs: list[dict], allowed_env: set[str]) -> list[str]:
         for c in spec["containers"]:
             where = f"Deployment/{name} container {c['name']}"
             env = {e["name"]: e.get("value", "") for e in c.get("env", [])}
-            problems += env_problems(where, env, allowed_env)
+            problems += env_problems(where, env, allowed_env) + value_problems(where, env)
             grpc_ports = {p["containerPort"] for p in c.get("ports", []) if p.get("name") == "grpc"}
             for probe in ("readinessProbe", "livenessProbe"):
                 port = ((c.get(probe) or {}).get("grpc") or {}).get("port")

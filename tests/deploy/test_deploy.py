@@ -94,13 +94,17 @@ def test_missing_healthcheck_unknown_setting_and_bad_dependency_fail(compose_doc
     doc["services"]["cache"]["environment"]["HOSTNAME_OVERRIDE"] = "x"
     doc["services"]["cache"]["depends_on"]["nowhere"] = {"condition": "service_healthy"}
     doc["services"]["scheduler"]["build"]["target"] = "no-such-stage"
+    doc["services"]["modelmgr"]["healthcheck"]["test"][-1] = "127.0.0.1:50052"
+    doc["services"]["engine-1"]["environment"]["LLMESH_ENGINE_N_THREADS"] = "two"
     problems = checks.compose_problems(doc, allowed_env, checks.stage_names())
     assert "service engine-2: no healthcheck" in problems
     assert any("LLMESH_GATEWAY_NO_SUCH_SETTING is not a setting" in p for p in problems)
     assert any("HOSTNAME_OVERRIDE is neither a service setting" in p for p in problems)
     assert "service cache: depends on undefined service nowhere" in problems
     assert any("no-such-stage" in p for p in problems)
-    assert len(problems) == 5
+    assert "service modelmgr: healthcheck probes port 50052, the service listens on 50053" in problems
+    assert any(p.startswith("service engine-1: LLMESH_ENGINE_N_THREADS='two'") for p in problems)
+    assert len(problems) == 7
 
 
 def test_compose_schema_violation_fails(compose_doc, tmp_path):
@@ -242,7 +246,7 @@ def test_manifest_invalid_for_kubernetes_fails(scratch_charts, allowed_env):
     assert problems and all("not valid for Kubernetes" in p and "periodSeconds" in p for p in problems)
 
 
-def test_chart_env_probe_and_grace_checks_fail_when_broken(scratch_charts, allowed_env):
+def test_chart_env_value_probe_and_grace_checks_fail_when_broken(scratch_charts, allowed_env):
     lib = scratch_charts / "llmesh-common" / "templates" / "_deployment.tpl"
     text = lib.read_text()
     text = text.replace("{{- include \"llmesh.serviceEnv\" . | nindent 12 }}",
@@ -256,9 +260,12 @@ def test_chart_env_probe_and_grace_checks_fail_when_broken(scratch_charts, allow
             tcpSocket:
               port: {{ .Values.port }}""")
     lib.write_text(text)
+    helpers = scratch_charts / "llmesh-common" / "templates" / "_helpers.tpl"
+    helpers.write_text(helpers.read_text().replace("value: {{ .Values.metricsPort | quote }}", 'value: "nine"'))
     assert checks.build_dependencies(scratch_charts) == []
     problems = checks.chart_problems(scratch_charts / "scheduler", [], allowed_env)
     assert any("LLMESH_SCHEDULER_NOT_A_SETTING is not a setting" in p for p in problems)
+    assert any("LLMESH_SCHEDULER_METRICS_PORT='nine'" in p for p in problems)
     assert any("terminationGracePeriodSeconds 3 < preStop" in p for p in problems)
     assert any("livenessProbe is not a grpc.health.v1 probe" in p for p in problems)
-    assert len(problems) == 3
+    assert len(problems) == 4
