@@ -211,6 +211,23 @@ def test_umbrella_wires_services_by_release_name(helm_dir):
     assert env["LLMESH_GATEWAY_HTTP_PORT"] == "8080"
 
 
+def test_external_consul_and_etcd_bind_services_to_the_pod_ip(helm_dir, allowed_env, tmp_path):
+    """What a service registers in Consul is its bound address: the pod IP, not 0.0.0.0."""
+    values = tmp_path / "external.yaml"
+    values.write_text(yaml.safe_dump({"global": {"mesh": {
+        "discovery": "consul", "consul_address": "consul.infra:8500",
+        "config_backend": "etcd", "etcd_address": "etcd.infra:2379"}}}))
+    assert checks.chart_problems(helm_dir / "llmesh", [values], allowed_env) == []
+    docs, _ = checks.render(helm_dir / "llmesh", [values])
+    for deployment in (d for d in docs if d["kind"] == "Deployment"):
+        env = {e["name"]: e for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+        service = deployment["metadata"]["labels"]["app.kubernetes.io/name"].upper()
+        assert env[f"LLMESH_{service}_HOST"]["value"] == "$(K8S_POD_IP)"
+        assert env["K8S_POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+        assert env["LLMESH_DISCOVERY"]["value"] == "consul"
+        assert env["LLMESH_ETCD_ADDRESS"]["value"] == "etcd.infra:2379"
+
+
 @pytest.mark.parametrize("values, message", [
     ({"port": "fifty"}, "port: Invalid type. Expected: integer, given: string"),
     ({"settings": {"n_ctx": "big"}}, "settings.n_ctx: Invalid type"),

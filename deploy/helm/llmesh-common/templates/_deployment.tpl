@@ -3,6 +3,7 @@ lets endpoints and discovery forget the pod first, SIGTERM then drains within gr
 and the kubelet's deadline covers both with a margin. Probes speak grpc.health.v1. */}}
 {{- define "llmesh.deployment" -}}
 {{- $extraEnv := .extraEnv | default "" -}}
+{{- $podIP := .podIP | default false -}}
 {{- $root := .root -}}
 {{- with $root }}
 apiVersion: apps/v1
@@ -62,6 +63,12 @@ spec:
               protocol: TCP
             {{- end }}
           env:
+            {{- if or $podIP (include "llmesh.bindsPodIP" .) }}
+            - name: K8S_POD_IP
+              valueFrom:
+                fieldRef:
+                  fieldPath: status.podIP
+            {{- end }}
             {{- with $extraEnv }}
             {{- . | nindent 12 }}
             {{- end }}

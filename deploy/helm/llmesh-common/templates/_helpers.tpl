@@ -42,8 +42,19 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 
 {{/* The mesh-wide settings (MeshSettings, LLMESH_*): global.mesh over the chart's own mesh. */}}
+{{- define "llmesh.mesh" -}}
+{{- mergeOverwrite (deepCopy .Values.mesh) (((.Values.global).mesh) | default dict) | toJson -}}
+{{- end -}}
+
+{{/* Where the service binds. With Kubernetes Services as discovery (static), every
+interface; with Consul or etcd the pod IP, because the bound address is what the service
+registers there and what others dial. */}}
+{{- define "llmesh.bindsPodIP" -}}
+{{- if ne ((include "llmesh.mesh" . | fromJson).discovery | default "static") "static" }}true{{ end -}}
+{{- end -}}
+
 {{- define "llmesh.meshEnv" -}}
-{{- $mesh := mergeOverwrite (deepCopy .Values.mesh) (((.Values.global).mesh) | default dict) -}}
+{{- $mesh := include "llmesh.mesh" . | fromJson -}}
 {{- include "llmesh.settingsEnv" (list . "LLMESH_" $mesh) }}
 - name: LLMESH_CONFIG_FILE
   value: /etc/llmesh/llmesh.yaml
@@ -62,7 +73,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- define "llmesh.serviceEnv" -}}
 {{- $prefix := printf "LLMESH_%s_" (upper .Chart.Name) -}}
 - name: {{ $prefix }}HOST
-  value: "0.0.0.0"
+  value: {{ if include "llmesh.bindsPodIP" . }}"$(K8S_POD_IP)"{{ else }}"0.0.0.0"{{ end }}
 - name: {{ $prefix }}PORT
   value: {{ .Values.port | quote }}
 - name: {{ $prefix }}METRICS_PORT
