@@ -147,6 +147,24 @@ def service_grpc_port(svc: dict) -> int | None:
     return int(env.get(f"{env_prefix(cls)}PORT") or cls.model_fields["port"].default)
 
 
+def _seconds(duration: str) -> float:
+    """A compose duration (10s, 1m30s, 500ms) in seconds."""
+    units = {"h": 3600, "m": 60, "s": 1, "ms": 0.001, "us": 1e-6}
+    parts = re.findall(r"([0-9.]+)(ms|us|h|m|s)", str(duration))
+    return sum(float(n) * units[u] for n, u in parts)
+
+
+def _stop_grace_problems(name: str, svc: dict, env: dict[str, str]) -> list[str]:
+    """Docker's SIGKILL (stop_grace_period, 10s by default) must come after the drain."""
+    target = ((svc.get("build") or {}).get("target") or "").split("-")[0]
+    cls = settings_classes().get(target)
+    if cls is None:
+        return []
+    grace = float(env.get(f"{env_prefix(cls)}GRACE_S") or cls.model_fields["grace_s"].default)
+    stop = _seconds(svc.get("stop_grace_period", "10s"))
+    return [] if stop > grace else [f"service {name}: stop_grace_period {stop:g}s does not exceed its grace {grace:g}s"]
+
+
 def compose_problems(doc: dict, allowed_env: set[str], stages: set[str]) -> list[str]:
     """Healthchecks, dependencies and the environment of each service of a compose file."""
     problems = []
@@ -169,6 +187,8 @@ def compose_problems(doc: dict, allowed_env: set[str], stages: set[str]) -> list
             target = (svc.get("build") or {}).get("target")
             if svc.get("build") and target not in stages:
                 problems.append(f"service {name}: build target {target!r} is not a Dockerfile stage")
+            if name not in oneshots:
+                problems += _stop_grace_problems(name, svc, env)
             probed, port = _probe_port((check or {}).get("test")), service_grpc_port(svc)
             if probed is not None and port is not None and probed != port:
                 problems.append(f"service {name}: healthcheck probes port {probed}, the service listens on {port}")

@@ -96,6 +96,7 @@ def test_missing_healthcheck_unknown_setting_and_bad_dependency_fail(compose_doc
     doc["services"]["scheduler"]["build"]["target"] = "no-such-stage"
     doc["services"]["modelmgr"]["healthcheck"]["test"][-1] = "127.0.0.1:50052"
     doc["services"]["engine-1"]["environment"]["LLMESH_ENGINE_N_THREADS"] = "two"
+    doc["services"]["gateway"]["stop_grace_period"] = "30s"  # its grace is 30 s: killed mid-drain
     problems = checks.compose_problems(doc, allowed_env, checks.stage_names())
     assert "service engine-2: no healthcheck" in problems
     assert any("LLMESH_GATEWAY_NO_SUCH_SETTING is not a setting" in p for p in problems)
@@ -104,7 +105,8 @@ def test_missing_healthcheck_unknown_setting_and_bad_dependency_fail(compose_doc
     assert any("no-such-stage" in p for p in problems)
     assert "service modelmgr: healthcheck probes port 50052, the service listens on 50053" in problems
     assert any(p.startswith("service engine-1: LLMESH_ENGINE_N_THREADS='two'") for p in problems)
-    assert len(problems) == 7
+    assert "service gateway: stop_grace_period 30s does not exceed its grace 30s" in problems
+    assert len(problems) == 8
 
 
 def test_compose_schema_violation_fails(compose_doc, tmp_path):
