@@ -30,7 +30,6 @@ DOCKERIGNORE = ROOT / ".dockerignore"
 HELM_DIR = ROOT / "deploy" / "helm"
 SERVICE_CHARTS = ("scheduler", "modelmgr", "cache", "engine", "gateway")
 UMBRELLA = "llmesh"
-LIBRARY = "llmesh-common"
 # The oldest Kubernetes the charts support (gRPC probes are GA since 1.27) and the newest known.
 KUBERNETES_VERSIONS = ("1.29.0", None)
 # Custom resources: no schema ships for them here; checked by crd_problems instead.
@@ -261,7 +260,7 @@ def _stages(path: Path) -> list[dict]:
             words = item["value"].split()
             words = [w for w in words if not w.startswith("--")]
             name = words[2] if len(words) >= 3 and words[1].lower() == "as" else None
-            stages.append({"name": name, "base": words[0], "lines": [], "line": item["startline"] + 1})
+            stages.append({"name": name, "base": words[0], "lines": []})
         elif stages:
             stages[-1]["lines"].append(item)
         # ARGs before the first FROM belong to no stage
@@ -282,8 +281,9 @@ def _exec_form(value: str):
 def dockerfile_problems(path: Path = DOCKERFILE, context: Path = ROOT,
                         allowed_env: set[str] | None = None) -> tuple[list[str], set[str]]:
     """COPY sources exist in the build context and are not .dockerignored; COPY --from
-    and FROM name earlier stages; every stage with an entrypoint runs as a non-root user;
-    LLMESH_* variables are settings. Returns the problems and the modules run."""
+    names an earlier stage; every stage with an entrypoint (its own or inherited) runs as
+    a non-root user; LLMESH_* variables are settings with valid values. Returns the
+    problems and the Python modules the image runs."""
     problems: list[str] = []
     modules: set[str] = set()
     patterns = _dockerignore_patterns(context / ".dockerignore")
@@ -323,6 +323,7 @@ def dockerfile_problems(path: Path = DOCKERFILE, context: Path = ROOT,
             elif ins == "ENV" and allowed_env is not None:
                 env = dict(w.split("=", 1) for w in shlex.split(value) if "=" in w)
                 problems += [p for p in env_problems(where, env, allowed_env) if "LLMESH_" in p]
+                problems += value_problems(where, env)
         if stage["name"]:
             seen[stage["name"]] = {"user": user, "entrypoint": entry}
         if entry and user in ("root", "0"):

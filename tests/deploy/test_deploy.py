@@ -140,6 +140,7 @@ def test_dockerfile_with_missing_or_ignored_source_root_user_or_bad_setting_fail
     text = text.replace("COPY services/ services/", "COPY services/ services/\nCOPY no-such-dir/ x/\nCOPY bench/ b/", 1)
     text = text.replace("LLMESH_CACHE_METRICS_PORT=9090", "LLMESH_CACHE_METRICS_PORT=9090 LLMESH_CACHE_NOPE=1")
     text = text.replace("FROM runtime AS scheduler", "FROM runtime AS scheduler\nUSER root")
+    text = text.replace("LLMESH_ENGINE_BACKEND=llamacpp", "LLMESH_ENGINE_BACKEND=llama")
     broken = tmp_path / "Dockerfile"
     broken.write_text(text)
     problems, _ = checks.dockerfile_problems(broken, allowed_env=allowed_env)
@@ -147,7 +148,8 @@ def test_dockerfile_with_missing_or_ignored_source_root_user_or_bad_setting_fail
     assert any("bench/ is excluded by .dockerignore" in p for p in problems)
     assert any("LLMESH_CACHE_NOPE is not a setting" in p for p in problems)
     assert any("stage scheduler runs its entrypoint as root" in p for p in problems)
-    assert len(problems) == 4
+    assert any("LLMESH_ENGINE_BACKEND='llama'" in p for p in problems)
+    assert len(problems) == 5
 
 
 def test_entrypoint_that_does_not_import_fails():
