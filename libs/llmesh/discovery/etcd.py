@@ -102,8 +102,8 @@ class EtcdRegistry:
         return out
 
     async def watch(self, service: str) -> AsyncIterator[list[Instance]]:
-        with _failures("watch"):
-            watch = await self._client.watch_prefix(self._service_prefix(service))
+        with _failures("watch"):  # bounded: with etcd away, creating a watch would wait on
+            watch = await asyncio.wait_for(self._client.watch_prefix(self._service_prefix(service)), 5)
         try:
             yield await self.resolve(service)
             with _failures("watch"):
