@@ -13,7 +13,7 @@ from llmesh.convert import (finish_from_pb, finish_to_pb, prompt_fields, samplin
                             usage_from_pb, usage_to_pb)
 from opentelemetry.trace import NoOpTracer, Span, SpanKind, Status, StatusCode, Tracer
 
-from llmesh.discovery.base import Resolver
+from llmesh.discovery.base import NoInstance, Resolver
 from llmesh.errors import DiscoveryError
 from llmesh.telemetry import child_context, inject
 from llmesh.rpc.channels import insecure_channel
@@ -83,7 +83,11 @@ class CacheClient:
 
     async def _cache(self) -> cache_pb2_grpc.CacheStub:
         if self._stub is None:
-            self._channel = insecure_channel(await self._resolve())
+            try:  # on the request path: never wait on discovery longer than on the cache itself
+                address = await asyncio.wait_for(self._resolve(), self._timeout)
+            except TimeoutError:
+                raise NoInstance("cache", "known yet") from None
+            self._channel = insecure_channel(address)
             self._stub = cache_pb2_grpc.CacheStub(self._channel)
         return self._stub
 

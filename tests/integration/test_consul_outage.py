@@ -7,6 +7,7 @@ fix the first connection error from py-consul ended each of them for good."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 from opentelemetry.trace import INVALID_SPAN
 
@@ -49,7 +50,9 @@ async def test_feeds_cache_and_reporter_survive_the_agent_being_down():
         assert not engine.reporter._task.done()
         req = CompletionRequest(request_id="r", tenant="t", model="sim-outage", timeout_s=5,
                                 prompt=Prompt(messages=(Message("user", "hi"),)), sampling=Sampling(max_tokens=2))
+        t0 = time.monotonic()
         assert await cache.lookup(req, INVALID_SPAN) is None  # a miss, not an error in the request path
+        assert time.monotonic() - t0 < 0.5  # and no longer than the cache's own timeout (0.25 s)
 
         agent.start()
         await scheduler.start()

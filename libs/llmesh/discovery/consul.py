@@ -155,7 +155,7 @@ class ConsulRegistry:
                                                            passing=True),
                     timeout=self._wait * 17 / 16 + self._call_timeout)
                 new = int(answer_index)
-            except DiscoveryError as exc:
+            except (DiscoveryError, ValueError) as exc:  # ValueError: a garbled X-Consul-Index
                 log.warning("consul watch failed; retrying", extra={"service": service, "error": str(exc),
                                                                     "retry_in_s": backoff})
                 await asyncio.sleep(backoff)
