@@ -330,10 +330,18 @@ class Handler(BaseHTTPRequestHandler):
         self._send(200, entries, headers)
 
 
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        # A client that went away mid blocking query (a watch cancelled on shutdown) is normal.
+        if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            super().handle_error(request, client_address)
+
+
 def serve(port: int, acl_token: str | None, cert: str | None, key: str | None, ca: str | None) -> None:
     handler = type("StandinHandler", (Handler,), {"state": State(acl_token)})
-    server = ThreadingHTTPServer(("127.0.0.1", port), handler)
-    server.daemon_threads = True
+    server = Server(("127.0.0.1", port), handler)
     if cert:
         # https://developer.hashicorp.com/consul/docs/security/encryption (HTTPS API): with
         # verify_incoming the agent requires a client certificate signed by its CA.
