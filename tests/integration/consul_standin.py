@@ -116,8 +116,9 @@ class Check:
 
 class State:
     """The agent's registrations and the catalog's index, in memory: like
-    `consul agent -dev` ("all data is in-memory", developer.hashicorp.com/consul/docs/agent
-    #_dev), a restarted stand-in has lost every registration."""
+    `consul agent -dev` (the -dev flag: "all data is in-memory",
+    developer.hashicorp.com/consul/docs/agent/config/cli-flags#_dev), or an agent whose data
+    dir is lost with its container, a restarted stand-in has lost every registration."""
 
     def __init__(self, acl_token: str | None):
         self.lock = threading.Condition()
