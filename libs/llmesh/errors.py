@@ -70,6 +70,15 @@ class Unavailable(LlmeshError):
     code = ErrorCode.UNAVAILABLE
 
 
+class DiscoveryError(Unavailable):
+    """The discovery backend (etcd, Consul) failed or refused a call: unreachable, no
+    leader, permission denied, a bad answer. Every backend raises this and only this,
+    so long-lived tasks can survive it and keep what they last knew."""
+
+    def __init__(self, message: str):
+        super().__init__(message, reason="discovery_unavailable")
+
+
 class DeadlineExceeded(LlmeshError):
     code = ErrorCode.DEADLINE_EXCEEDED
 

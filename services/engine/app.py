@@ -93,6 +93,10 @@ class EngineApp:
     def advertise_address(self) -> str:
         return self.settings.advertise_address or self.server.bound_address
 
+    @property
+    def health_service(self) -> str:
+        return "llmesh.v1.Engine"
+
     async def start(self) -> None:
         await self.server.start()
         if self.settings.scheduler_address:

@@ -107,6 +107,10 @@ class GatewayApp:
     def advertise_address(self) -> str:
         return self.grpc.bound_address
 
+    @property
+    def health_service(self) -> str:
+        return "llmesh.v1.Gateway"
+
     async def start(self) -> None:
         self._tasks = [asyncio.create_task(self.feed.run(), name="scheduler-feed"),
                        asyncio.create_task(self.catalog.run(), name="model-catalog")]
