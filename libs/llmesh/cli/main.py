@@ -6,7 +6,8 @@
     llmesh config   read, check and change the live config
     llmesh keys     create, list, rotate and revoke API keys
     llmesh usage    tokens and cost per tenant, model and day
-    llmesh bench    run a benchmark from bench/ (engine, gateway, llamacpp)
+    llmesh audit    check the audit log's hash chain
+    llmesh bench    run a benchmark from bench/ (engine, gateway, guards, llamacpp)
 """
 
 from __future__ import annotations
@@ -160,10 +161,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     from llmesh.cli.governance import add_parsers
     add_parsers(sub)
+    from llmesh.cli.audit import add_parser as add_audit
+    add_audit(sub)
     return parser
 
 
-BENCHES = {"engine": "bench.engine", "gateway": "bench.gateway", "llamacpp": "bench.llamacpp"}
+BENCHES = {"engine": "bench.engine", "gateway": "bench.gateway", "guards": "bench.guards",
+           "llamacpp": "bench.llamacpp"}
 
 
 def main(argv: list[str] | None = None) -> None:
