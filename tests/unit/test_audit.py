@@ -240,3 +240,13 @@ def test_empty_log_is_intact(tmp_path):
     path.write_text("")
     report = verify(path)
     assert report.ok and report.records == 0 and report.head_hash == GENESIS
+
+
+def test_timestamps_are_utc_milliseconds(tmp_path):
+    now = [1700000000.1234]
+    with AuditLog(tmp_path / "a.jsonl", clock=lambda: now[0]) as log:
+        log.append("request", {"tenant": "a"})
+        now[0] += 0.5
+        log.append("request", {"tenant": "b"})
+    stamps = [json.loads(line)["ts"] for line in (tmp_path / "a.jsonl").read_text().splitlines()]
+    assert stamps == ["2023-11-14T22:13:20.123Z", "2023-11-14T22:13:20.623Z"]

@@ -161,8 +161,12 @@ def card_issuer_known(digits: str) -> bool:
     return False
 
 
+_SEPARATORS = str.maketrans("", "", " -.()+")
+
+
 def _digits(text: str) -> str:
-    return "".join(ch for ch in text if ch.isdigit())
+    """The digits of a matched number (its other characters are separators)."""
+    return text.translate(_SEPARATORS)
 
 
 def _card(text: str) -> str | None:
@@ -184,9 +188,17 @@ def _phone(text: str) -> str | None:
     return "+" + digits if international else digits
 
 
-def _ip(text: str) -> str | None:
+def _ipv4(text: str) -> str | None:
     try:
-        return ipaddress.ip_address(text).compressed
+        ipaddress.IPv4Address(text)  # refuses parts over 255 and leading zeros
+    except ValueError:
+        return None
+    return text  # a valid dotted quad is already canonical
+
+
+def _ipv6(text: str) -> str | None:
+    try:
+        return ipaddress.IPv6Address(text).compressed
     except ValueError:
         return None
 
@@ -206,8 +218,8 @@ _CHECKS: dict[str, Callable[[str], str | None]] = {
     "api_key": lambda t: t,
     "jwt": _jwt,
     "email": lambda t: t.lower(),
-    "ipv4": _ip,
-    "ipv6": _ip,
+    "ipv4": _ipv4,
+    "ipv6": _ipv6,
     "cn_id": lambda t: t.upper() if cn_id_valid(t) else None,
     "bank_card": _card,
     "us_ssn": _digits,
@@ -290,6 +302,8 @@ _SECRET_PREFIXES = (("-", ("-----BEGIN", "sk-", "glpat-", "xox")),
                     ("A", ("AKIA", "ASIA", "AIza")),
                     ("J", ("eyJ",)))
 _NOT_NUMERIC = (PiiKind.SECRET, PiiKind.EMAIL)
+# Every match holds one of these: a digit, "@", ":" (IPv6), or a character of every secret prefix.
+_MAYBE_PII = re.compile(r"[0-9@:\-_AJ]")
 
 
 class PiiMasker:
@@ -404,6 +418,8 @@ class PiiMasker:
     def mask_part(self, text: str, placeholders: Placeholders, counts: Counter[str]) -> tuple[str, str | None]:
         """Masks ``text`` into ``placeholders`` and ``counts``. Also returns the placeholder of a
         match that runs to the very end of ``text`` (None if none), which a stream may continue."""
+        if _MAYBE_PII.search(text) is None:
+            return text, None
         parts: list[str] = []
         last, placeholder = 0, None
         for hit in self.scan(text):

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 
 from llmesh.gateway.guards.pii import LABELS, PiiKind, PiiMasker, Placeholders, restore
 
-_TOKEN = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789@._%+-:()/=")
+_TOKEN_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789@._%+-:()/="
 _NUMBERISH = re.compile(r"[+(]?[0-9][0-9().\-]*|[+(]", re.ASCII)
 _PEM_BEGIN = re.compile(r"-----BEGIN[A-Z0-9 ]{0,40}PRIVATE KEY-----")
 _PEM_END = re.compile(r"-----END[A-Z0-9 ]{0,40}PRIVATE KEY-----")
@@ -108,9 +108,7 @@ class StreamMasker:
         return masked
 
     def _swallow_glued(self, buf: str) -> str:
-        i = 0
-        while i < len(buf) and buf[i] in _TOKEN:
-            i += 1
+        i = len(buf) - len(buf.lstrip(_TOKEN_CHARS))
         self._placeholders.extend(self._glued, buf[:i])
         if i < len(buf):
             self._glued = None
@@ -118,15 +116,11 @@ class StreamMasker:
 
     def _safe_cut(self, buf: str) -> int:
         """Where the held tail starts: nothing before it can change with more text."""
-        i = len(buf)
-        while i > 0 and buf[i - 1] in _TOKEN:
-            i -= 1
+        i = len(buf.rstrip(_TOKEN_CHARS))
         if i < len(buf) and not _NUMBERISH.fullmatch(buf, i):
             return self._pem_cut(buf, i)
         while i > 1 and buf[i - 1] == " ":  # number groups: +1 415 555 ...
-            s = i - 1
-            while s > 0 and buf[s - 1] in _TOKEN:
-                s -= 1
+            s = len(buf[:i - 1].rstrip(_TOKEN_CHARS))
             if s == i - 1 or not _NUMBERISH.fullmatch(buf, s, i - 1):
                 break
             i = s
