@@ -25,9 +25,11 @@ Kinds (``PiiMasker(kinds)`` enables any subset):
                   JSON object) and PEM private-key blocks.
 
 Numbers are matched whole: digits glued to letters, or continuing with ``.``/``-``/``/`` and a
-digit (versions, dates, longer numbers), are not a match. Text is scanned in one pass of one
-combined regular expression; a candidate that fails its check (date, check digit, Luhn, address)
-is offered to the other rules at the same place before the scan moves on.
+digit (versions, dates, longer numbers), are not a match. The rules are only tried where a match
+can begin (see ``_NUMBER_START`` and friends below), found by one C-level regex pass plus a few
+``str.find`` calls, so text without candidates costs about one pass; the number rules are tried
+together as one combined expression, and a candidate that fails its check (date, check digit,
+Luhn, address) is offered to the other rules at the same place before the scan moves on.
 
 Placeholders are ``[LABEL_n]`` with LABEL one of EMAIL PHONE ID CARD IP SECRET, numbered per
 label. Within one :class:`Placeholders` (one request) the same value always gets the same

@@ -15,7 +15,9 @@
 
 Run the masker first and the restorer on its output: PII the model invents is masked, placeholders
 it repeats from the prompt are restored. Share the request's :class:`Placeholders` with the masker
-so that a value seen in the prompt keeps its placeholder, and numbers never collide.
+so that a value seen in the prompt keeps its placeholder, and numbers never collide. The restorer
+copies the mapping it is given: build it from the prompt's mapping, so PII masked on the output
+side is never restored.
 """
 
 from __future__ import annotations
