@@ -19,6 +19,7 @@ or small string-to-number maps (token counts, PII counts by kind). Anything else
 ``append`` only builds, hashes and queues the line (microseconds; it never touches the disk); a
 writer thread writes queued lines in batches with one ``write`` (and ``fsync`` when asked).
 ``flush`` waits until everything appended so far is written; ``aflush`` does so off the event loop.
+Records still queued when a process dies are lost: ``close()`` (or ``flush()``) on shutdown.
 """
 
 from __future__ import annotations

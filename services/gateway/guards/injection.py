@@ -182,8 +182,7 @@ class InjectionScreen:
         lowered = text.lower()
         ascii_only = lowered.isascii()
         words = set(lowered.translate(_PUNCTUATION).split() if ascii_only else _WORD.findall(lowered))
-        if len(lowered) != len(text):  # rare case-folding that changes length: index the text itself
-            lowered = text
+        aligned = len(lowered) == len(text)  # else a rare case-folding moved the offsets: search whole
 
         def present(term: str, is_word: bool) -> bool:
             return term in words if is_word else (not ascii_only or term.isascii()) and term in lowered
@@ -191,8 +190,12 @@ class InjectionScreen:
         for name, pattern, starts, needs, line_start in self._rules:
             if name in matched or not all(any(present(*t) for t in group) for group in needs):
                 continue
-            if any(self._match_at(text, lowered, term, is_word, pattern, line_start)
-                   for term, is_word in starts if present(term, is_word)):
+            if aligned:
+                found = any(self._match_at(text, lowered, term, is_word, pattern, line_start)
+                            for term, is_word in starts if present(term, is_word))
+            else:
+                found = any(present(*t) for t in starts) and pattern.search(text) is not None
+            if found:
                 matched.add(name)
         if decode and words and max(map(len, words)) >= _LONG_WORD:
             self._match_encoded(text, matched)

@@ -231,7 +231,9 @@ _CHECKS: dict[str, Callable[[str], str | None]] = {
 
 class Placeholders:
     """One request's placeholders: value -> ``[LABEL_n]`` and back. Shared by every message of a
-    chat (and by the answer's stream masker) so the same value gets the same placeholder."""
+    chat (and by the answer's stream masker) so the same value gets the same placeholder. Whoever
+    makes one calls :meth:`reserve` with the request's texts first (``mask`` and ``mask_messages``
+    do when they make their own)."""
 
     def __init__(self, reserved: Iterable[str] = ()):
         self.found: dict[str, str] = {}  # placeholder -> original text
