@@ -248,3 +248,19 @@ def test_placeholders_shared_with_later_text():
     assert first.text == "[EMAIL_1]" and second.text == "[EMAIL_2] and [EMAIL_1]"
     assert second.found == {"[EMAIL_1]": "a@example.com", "[EMAIL_2]": "b@example.com"}
     assert PiiKind.EMAIL in masker.kinds
+
+
+def test_overlapping_matches_are_masked_as_one(masker):
+    # the card's last group also starts an IPv6 address: neither may leave a piece in the clear
+    text = "pay 4111 1111 1111 1111:abcd::1 now"
+    masked = masker.mask(text)
+    assert masked.text == "pay [CARD_1] now"
+    assert restore(masked.text, masked.found) == text
+
+
+def test_a_phone_does_not_swallow_the_hour_of_a_time(masker):
+    assert masker.mask("call +44 20 7946 0958 12:30 today").text == "call [PHONE_1] 12:30 today"
+
+
+def test_address_with_port(masker):
+    assert masker.mask("connect to 192.168.1.1:8080 or [2001:db8::1]:443").text == "connect to [IP_1]:8080 or [[IP_2]]:443"

@@ -159,3 +159,23 @@ def test_mask_then_restore_round_trips_the_users_own_data():
     emitted = [restorer.feed(out_mask.feed(p)) for p in pieces(answer, random.Random(7))]
     emitted.append(restorer.feed(out_mask.flush()) + restorer.flush())
     assert "".join(emitted) == "Your card 4111 1111 1111 1111 is noted; ours is [CARD_2]."
+
+
+VALUES = ["bob.smith@example.com", "+1 (415) 555-2671", "0086 138 1234 5678", "11010519491231002X",
+          "4111-1111-1111-1111", "192.168.10.20", "2001:0db8:85a3::8a2e:0370:7334", "fe80::1%eth0",
+          "AKIAIOSFODNN7EXAMPLE", "536-22-1234", "sk-proj-abcdefghijklmnopqrstuvwxyz012345", PEM,
+          "+44 20 7946 0958", "1.2.3.4"]
+FILLER = ["the", "model", "answer", "v2.0.1", "12:30:45", "2024-01-15", "order", "#202401150001", "12", "items,",
+          "3.5%", "请", "总结", "要点。", "(see", "4.2)", "and", "1 2 3", "at", "node-7"]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_generated_answers_stream_like_the_whole(seed):
+    rng = random.Random(seed)
+    words = [rng.choice(FILLER) for _ in range(300)]
+    for value in VALUES:
+        words.insert(rng.randrange(len(words)), value)
+    text = rng.choice([" ", "\n", " "]).join(words)
+    masker = PiiMasker()
+    out, _, _ = stream_mask(masker, pieces(text, rng))
+    assert out == masker.mask(text).text

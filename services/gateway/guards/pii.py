@@ -73,6 +73,7 @@ PLACEHOLDER = re.compile(r"\[(?:EMAIL|PHONE|ID|CARD|IP|SECRET)_\d+\]")
 # Chinese characters are boundaries (re.ASCII), so "手机13812345678" matches.
 _NB = r"(?<![A-Za-z0-9_@+])(?<!\d[.\-/])"
 _NA = r"(?![A-Za-z0-9_@]|[.\-/]\d)"
+_NA_PHONE = r"(?![A-Za-z0-9_@]|[.\-/:]\d)"  # nor the hour of a time: "+44 20 7946 0958 12:30"
 
 # (rule name, kind, pattern). Order matters where two rules can match at one place.
 _RULES: tuple[tuple[str, PiiKind, str], ...] = (
@@ -113,7 +114,7 @@ _RULES: tuple[tuple[str, PiiKind, str], ...] = (
      r"|(?:\+|00)[1-9]\d{0,2}(?:[ .\-]?(?:\(\d{1,4}\)|\d{1,4})){2,6}"
      r"|(?:1[ .\-])?(?:\([2-9]\d{2}\)[ .\-]?|[2-9]\d{2}[ .\-])[2-9]\d{2}[ .\-]\d{4}"
      r"|0\d{2,3}-\d{7,8}"
-     r")" + _NA),
+     r")" + _NA_PHONE),
 )
 
 _CN_ID_WEIGHTS = (7, 9, 10, 5, 8, 4, 2, 1, 6, 3, 7, 9, 10, 5, 8, 4, 2)
@@ -325,7 +326,9 @@ class PiiMasker:
         self._secret = re.compile("|".join(f"(?P<{n}>{p})" for n, p in secret), re.ASCII) if secret else None
 
     def scan(self, text: str) -> list[Hit]:
-        """Every accepted match, left to right, non-overlapping (the earlier, then longer, wins)."""
+        """Every accepted match, left to right. Matches that overlap (a phone number running into an
+        IPv6 address) become one hit over their union, of the longer one's kind: nothing of
+        either is left in the clear."""
         hits: list[Hit] = []
         if self._numeric is not None:
             self._scan_numbers(text, hits)
@@ -338,11 +341,14 @@ class PiiMasker:
         if len(hits) < 2:
             return hits
         hits.sort(key=lambda h: (h.start, -h.end))
-        kept, end = [], -1
-        for hit in hits:
-            if hit.start >= end:
+        kept = [hits[0]]
+        for hit in hits[1:]:
+            last = kept[-1]
+            if hit.start >= last.end:
                 kept.append(hit)
-                end = hit.end
+            elif hit.end > last.end:
+                longer = hit if hit.end - hit.start > last.end - last.start else last
+                kept[-1] = Hit(last.start, hit.end, longer.kind, text[last.start:hit.end])
         return kept
 
     def _scan_numbers(self, text: str, hits: list[Hit]) -> None:

@@ -3,7 +3,7 @@
 - :class:`StreamMasker` masks PII that the model writes (the same rules as on the prompt). It holds
   back only what could still become part of a match: the trailing run of characters that can
   occur inside PII (ASCII letters, digits, ``@._%+-:()/=``), plus the number groups before it
-  when it is itself number-like (``+1 415 555 2671`` arrives in pieces), at most ``max_hold``
+  when it starts like a number (``+1 415 555 2671`` arrives in pieces), at most ``max_hold``
   characters. Whitespace, other punctuation and non-ASCII text (Chinese included) end a run, so
   prose and Chinese answers stream with at most one word held. A run longer than ``max_hold`` is
   released masked as it stands; if a match ran to its end, the rest of that run is swallowed
@@ -119,8 +119,8 @@ class StreamMasker:
     def _safe_cut(self, buf: str) -> int:
         """Where the held tail starts: nothing before it can change with more text."""
         i = len(buf.rstrip(_TOKEN_CHARS))
-        if i < len(buf) and not _NUMBERISH.fullmatch(buf, i):
-            return self._pem_cut(buf, i)
+        if i < len(buf) and not _NUMBERISH.match(buf, i):  # a run that starts like a number may join
+            return self._pem_cut(buf, i)                     # the number groups before it
         while i > 1 and buf[i - 1] == " ":  # number groups: +1 415 555 ...
             s = len(buf[:i - 1].rstrip(_TOKEN_CHARS))
             if s == i - 1 or not _NUMBERISH.fullmatch(buf, s, i - 1):
