@@ -67,9 +67,13 @@ RULES: tuple[Rule, ...] = (
          r"(?:me\s+|us\s+)?(?:back\s+)?your\s+(?:full\s+|entire\s+|exact\s+|complete\s+|whole\s+)?"
          r"(?:system|initial|original|hidden|secret|developer|internal|pre-?)\s*(?:prompt|instructions?|message)"
          r"|(?:reveal|leak|dump)\s+(?:the\s+)?(?:system|initial|hidden|secret|developer)\s+(?:prompt|instructions?)"
-         r"|repeat\s+(?:all\s+)?(?:the\s+)?(?:words|text|everything|instructions)\s+(?:above|before\s+this)",
+         r"|repeat\s+(?:all\s+)?(?:the\s+)?(?:words|text|everything|instructions)\s+(?:above|before\s+this)\s+"
+         r"(?:starting|beginning)\s+with",
          (("system", "initial", "original", "hidden", "secret", "developer", "internal", "prompt", "pre",
-           "preprompt", "above", "before"),)),
+           "preprompt", "starting", "beginning"),)),
+    Rule("repeat_above", 0.4, ("repeat", "print", "output"),
+         r"(?:repeat|print|output)\s+(?:all\s+)?(?:the\s+)?(?:words|text|everything|instructions)\s+"
+         r"(?:above|before\s+this)", (("above", "before"),)),
     Rule("ask_system_prompt", 0.4, ("what",),
          r"what\s+(?:is|are|were)\s+your\s+(?:system|initial|original|hidden|secret)\s+(?:prompt|instructions?)",
          (("your",), ("prompt", "instruction", "instructions"))),
