@@ -85,6 +85,17 @@ def test_hold_is_bounded_and_a_cut_match_swallows_its_rest():
     assert stream.found["[SECRET_1]"] == key
 
 
+def test_a_cut_run_never_rewrites_a_placeholder_from_the_prompt():
+    masker = PiiMasker()
+    placeholders = Placeholders()
+    key = "sk-" + "b" * 40
+    masker.mask(f"my key is {key}", placeholders)
+    stream = StreamMasker(masker, placeholders, max_hold=32)
+    assert stream.feed("echo " + key) == "echo [SECRET_1]"
+    assert stream.feed("ccc tail") == " "
+    assert placeholders.found["[SECRET_1]"] == key
+
+
 def test_long_plain_token_is_released_past_the_bound():
     stream = StreamMasker(PiiMasker(), max_hold=16)
     blob = "x" * 40

@@ -49,6 +49,7 @@ class StreamMasker:
         self._buf = ""
         self._key: str | None = None  # placeholder of a private key whose END has not come yet
         self._glued: str | None = None  # placeholder of a match whose run was cut at max_hold
+        self._glued_grows = False
 
     @property
     def found(self) -> Mapping[str, str]:
@@ -104,14 +105,17 @@ class StreamMasker:
     def _release(self, text: str, glue: bool = False) -> str:
         if not text:
             return ""
+        known = set(self._placeholders.found) if glue else ()
         masked, last = self._masker.mask_part(text, self._placeholders, self.counts)
-        if glue:
+        if glue:  # a placeholder from before stands for its own value: only a new one grows
             self._glued = last
+            self._glued_grows = last not in known
         return masked
 
     def _swallow_glued(self, buf: str) -> str:
         i = len(buf) - len(buf.lstrip(_TOKEN_CHARS))
-        self._placeholders.extend(self._glued, buf[:i])
+        if self._glued_grows:
+            self._placeholders.extend(self._glued, buf[:i])
         if i < len(buf):
             self._glued = None
         return buf[i:]
