@@ -74,7 +74,7 @@ def timed(fn: Callable[[], object], rounds: int, seconds: float) -> float:
     per_call = []
     for _ in range(rounds):
         n, start, cpu = 0, time.perf_counter(), time.thread_time()
-        while time.perf_counter() - start < seconds:
+        while n == 0 or time.perf_counter() - start < seconds:  # at least one call, even if descheduled
             fn()
             n += 1
         per_call.append((time.thread_time() - cpu) / n)

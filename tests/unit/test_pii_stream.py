@@ -6,6 +6,7 @@ import pytest
 
 from llmesh.gateway.guards.pii import PiiMasker, Placeholders
 from llmesh.gateway.guards.pii_stream import StreamMasker, StreamRestorer
+from llmesh.types import Message
 
 PEM = "-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA7yH2\nq3x+/9Z==\n-----END RSA PRIVATE KEY-----"
 TEXTS = [
@@ -162,10 +163,9 @@ def test_restorer_without_mapping_is_a_pass_through():
 
 def test_mask_then_restore_round_trips_the_users_own_data():
     masker = PiiMasker()
-    placeholders = Placeholders()
-    masker.mask("My card is 4111 1111 1111 1111", placeholders)
-    out_mask = StreamMasker(masker, placeholders)
-    restorer = StreamRestorer(dict(placeholders.found))
+    chat = masker.mask_messages([Message("user", "My card is 4111 1111 1111 1111")])
+    out_mask = StreamMasker(masker, chat.placeholders)
+    restorer = StreamRestorer(chat.found)
     answer = "Your card [CARD_1] is noted; ours is 5555 5555 5555 4444."
     emitted = [restorer.feed(out_mask.feed(p)) for p in pieces(answer, random.Random(7))]
     emitted.append(restorer.feed(out_mask.flush()) + restorer.flush())

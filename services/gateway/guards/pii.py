@@ -274,8 +274,9 @@ class Placeholders:
 @dataclass(frozen=True, slots=True)
 class Masked:
     text: str
-    found: Mapping[str, str]  # placeholder -> original, for restore()
+    found: Mapping[str, str]  # placeholder -> original, for restore() and StreamRestorer
     counts: Mapping[str, int]  # kind -> occurrences masked
+    placeholders: Placeholders  # the request's registry, for the answer's StreamMasker
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,6 +284,7 @@ class MaskedChat:
     messages: tuple[Message, ...]
     found: Mapping[str, str]
     counts: Mapping[str, int]
+    placeholders: Placeholders
 
 
 @dataclass(frozen=True, slots=True)
@@ -413,7 +415,7 @@ class PiiMasker:
             placeholders.reserve((text,))
         counts: Counter[str] = Counter()
         masked, _ = self.mask_part(text, placeholders, counts)
-        return Masked(masked, dict(placeholders.found), counts)
+        return Masked(masked, dict(placeholders.found), counts, placeholders)
 
     def mask_messages(self, messages: Sequence[Message], placeholders: Placeholders | None = None) -> MaskedChat:
         """Masks every message with one shared mapping; roles are kept."""
@@ -423,7 +425,7 @@ class PiiMasker:
         counts: Counter[str] = Counter()
         out = tuple(m if not m.content else Message(m.role, self.mask_part(m.content, placeholders, counts)[0])
                     for m in messages)
-        return MaskedChat(out, dict(placeholders.found), counts)
+        return MaskedChat(out, dict(placeholders.found), counts, placeholders)
 
     def mask_part(self, text: str, placeholders: Placeholders, counts: Counter[str]) -> tuple[str, str | None]:
         """Masks ``text`` into ``placeholders`` and ``counts``. Also returns the placeholder of a
