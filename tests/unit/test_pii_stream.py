@@ -1,6 +1,7 @@
 """Streaming PII: masking the model's output and restoring placeholders, delta by delta."""
 
 import random
+import zlib
 
 import pytest
 
@@ -39,7 +40,7 @@ def stream_mask(masker: PiiMasker, parts: list[str], **kw) -> tuple[str, list[st
 def test_any_split_masks_like_the_whole_text(text):
     masker = PiiMasker()
     whole = masker.mask(text)
-    rng = random.Random(hash(text) & 0xFFFF)
+    rng = random.Random(zlib.crc32(text.encode()))
     for _ in range(30):
         out, emitted, stream = stream_mask(masker, pieces(text, rng))
         assert out == whole.text
