@@ -262,5 +262,10 @@ def test_a_phone_does_not_swallow_the_hour_of_a_time(masker):
     assert masker.mask("call +44 20 7946 0958 12:30 today").text == "call [PHONE_1] 12:30 today"
 
 
+def test_ipv6_after_a_label_and_colon(masker):
+    assert masker.mask("IP:2001:db8::1, note:fe80::1").text == "IP:[IP_1], note:[IP_2]"
+    assert masker.mask("de:ad:be:ef and 1:2:3:4:5:6:7:8:9").text == "de:ad:be:ef and 1:2:3:4:5:6:7:8:9"
+
+
 def test_address_with_port(masker):
     assert masker.mask("connect to 192.168.1.1:8080 or [2001:db8::1]:443").text == "connect to [IP_1]:8080 or [[IP_2]]:443"

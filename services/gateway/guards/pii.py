@@ -97,7 +97,7 @@ _RULES: tuple[tuple[str, PiiKind, str], ...] = (
      r"@(?:[A-Za-z0-9](?:[A-Za-z0-9\-]{0,61}[A-Za-z0-9])?\.)+[A-Za-z]{2,24}(?![A-Za-z0-9_\-]|\.[A-Za-z0-9])"),
     ("ipv4", PiiKind.IP, _NB + r"(?<!\d\.)(?:\d{1,3}\.){3}\d{1,3}" + _NA),
     ("ipv6", PiiKind.IP,
-     r"(?<![A-Za-z0-9_:.])(?=[0-9A-Fa-f:]*:[0-9A-Fa-f:]*:)(?:[0-9A-Fa-f]{1,4}|:)"
+     r"(?:(?<![A-Za-z0-9_:.])|(?<=[A-Za-z]:))(?=[0-9A-Fa-f]{0,4}:[0-9A-Fa-f]{0,4}:)(?:[0-9A-Fa-f]{1,4}|:)"
      r"(?:[0-9A-Fa-f]{0,4}:){1,7}(?:(?:\d{1,3}\.){3}\d{1,3}|[0-9A-Fa-f]{1,4})?"
      r"(?:%[A-Za-z0-9]{1,15})?(?![A-Za-z0-9_:]|\.\d)"),
     ("cn_id", PiiKind.NATIONAL_ID,
@@ -301,8 +301,9 @@ class Hit:
 # a secret at its literal prefix. Everything else is skipped by one C-level search or str.find,
 # so prose costs about one regex pass and only candidates pay for the rules.
 _NUMBER_START = re.compile(r"[0-9+(](?<![A-Za-z0-9_@+].)(?=[0-9.\-() ]{6})", re.ASCII)
-_HEX_COLON = frozenset("0123456789abcdefABCDEF:")
-_LOCAL = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.%+-")
+_HEX_COLON = "0123456789abcdefABCDEF:"
+_LOCAL = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.%+-"
+_RUNS = {chars: re.compile(f"[{re.escape(chars)}]*") for chars in (_HEX_COLON, _LOCAL)}
 # Secret prefixes, grouped under a character each group needs (one memchr says whether to look).
 _SECRET_PREFIXES = (("-", ("-----BEGIN", "sk-", "glpat-", "xox")),
                     ("_", ("sk_", "rk_", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "hf_")),
@@ -367,21 +368,24 @@ class PiiMasker:
             hits.append(hit)
             pos = hit.end
 
-    def _scan_around(self, text: str, anchor: str, chars: frozenset[str], reach: int, rule: str,
-                     hits: list[Hit]) -> None:
-        """Tries ``rule`` from the start of the run of ``chars`` that holds each ``anchor``."""
+    def _scan_around(self, text: str, anchor: str, chars: str, reach: int, rule: str, hits: list[Hit]) -> None:
+        """Tries ``rule`` once per run of ``chars`` that holds an ``anchor``, from the run's start
+        (a run reaching further than ``reach`` before the anchor cannot start a match)."""
+        run = _RUNS[chars]
         done = 0
         at = text.find(anchor)
         while at != -1:
-            if at >= done and at + 1 < len(text) and text[at + 1] in chars:
-                start = at
-                while start > 0 and text[start - 1] in chars and at - start < reach:
-                    start -= 1
-                hit = self._try(rule, start, text)
+            if at + 1 < len(text) and text[at + 1] in chars:
+                window = max(0, at - reach - 1)
+                start = window + len(text[window:at].rstrip(chars))
+                hit = self._try(rule, start, text) if start > window or window == 0 else None
+                if hit is None and rule == "ipv6" and at and text[at - 1].isalpha():
+                    hit = self._try(rule, at + 1, text)  # "IP:2001:db8::1", "note:fe80::1"
+                done = run.match(text, at + 1).end()  # later anchors in this run start at the same place
                 if hit is not None:
                     hits.append(hit)
-                    done = hit.end
-            at = text.find(anchor, at + 1)
+                    done = max(done, hit.end)
+            at = text.find(anchor, max(at + 1, done))
 
     def _scan_secrets(self, text: str, hits: list[Hit]) -> None:
         match = self._secret.match
