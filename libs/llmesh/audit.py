@@ -16,8 +16,9 @@ or small string-to-number maps (token counts, PII counts by kind). Anything else
 ``ValueError`` before it is written.
 
 :class:`AuditLog` is safe for concurrent ``append`` from threads and coroutines of one process.
-``append`` only builds, hashes and queues the line (microseconds; it never touches the disk); a
-writer thread writes queued lines in batches with one ``write`` (and ``fsync`` when asked).
+``append`` only builds, hashes and queues the line (microseconds; it never touches the disk or wakes
+a thread); a writer thread writes what is queued every ``batch_s`` (50 ms) with one ``write`` (and
+``fsync`` when asked), sooner when 512 lines wait or someone flushes.
 ``flush`` waits until everything appended so far is written; ``aflush`` does so off the event loop.
 Records still queued when a process dies are lost: ``close()`` (or ``flush()``) on shutdown.
 """
@@ -135,8 +136,9 @@ class AuditLog:
     """Appends records to ``path``, continuing the chain already in it."""
 
     def __init__(self, path: str | os.PathLike, *, fields: Mapping[str, frozenset[str]] | None = None,
-                 fsync: bool = False, clock: Callable[[], float] = time.time):
+                 fsync: bool = False, clock: Callable[[], float] = time.time, batch_s: float = 0.05):
         self.path = Path(path)
+        self._batch_s = batch_s  # the writer wakes this often (or at 512 queued, or on flush), not per record
         self._allowed = dict(fields) if fields is not None else {"request": REQUEST_FIELDS, "admin": ADMIN_FIELDS}
         self._fsync = fsync
         self._clock = clock
@@ -148,6 +150,7 @@ class AuditLog:
         self._queued_seq = self._written_seq = self._seq
         self._error: BaseException | None = None
         self._closing = False
+        self._urgent = False
         self._ts_ms, self._ts = -1, ""
         self._writer = threading.Thread(target=self._write_loop, name=f"audit-writer:{self.path.name}", daemon=True)
         self._writer.start()
@@ -185,13 +188,18 @@ class AuditLog:
             self._queue.append(body[:-1] + b',"hash":"' + digest.encode() + b'"}\n')
             self._seq, self._head = record["seq"], digest
             self._queued_seq = self._seq
-            self._cond.notify()
+            if len(self._queue) >= 512:
+                self._urgent = True
+                self._cond.notify_all()
             return Appended(self._seq, digest)
 
     def flush(self, timeout: float | None = 10.0) -> None:
         """Waits until every record appended so far is written (and fsynced when asked)."""
         with self._cond:
             target = self._queued_seq
+            if self._written_seq < target:
+                self._urgent = True
+                self._cond.notify_all()
             if not self._cond.wait_for(lambda: self._written_seq >= target or self._error is not None, timeout):
                 raise AuditError(f"{self.path}: writing did not finish within {timeout} s")
             if self._error is not None:
@@ -220,11 +228,14 @@ class AuditLog:
     def _write_loop(self) -> None:
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._queue or self._closing)
+                self._cond.wait_for(lambda: self._urgent or self._closing, self._batch_s)
+                self._urgent = False
                 batch, self._queue = self._queue, []
                 upto = self._queued_seq
-                if not batch and self._closing:
-                    return
+                if not batch:
+                    if self._closing:
+                        return
+                    continue
             try:
                 data = memoryview(b"".join(batch))
                 while data:
@@ -269,6 +280,17 @@ def _lines(path: Path) -> Iterator[tuple[int, bytes, bool]]:
     with path.open("rb") as f:
         for number, raw in enumerate(f, 1):
             yield number, raw.rstrip(b"\n"), raw.endswith(b"\n")
+
+
+def read_records(path: str | os.PathLike) -> Iterator[dict]:
+    """The well-formed records of a log, in order (``verify`` says whether to trust them)."""
+    path = Path(path)
+    if not path.exists():
+        return
+    for _, raw, _ in _lines(path):
+        record = _parse(raw)
+        if record is not None:
+            yield record
 
 
 def _parse(raw: bytes) -> dict | None:

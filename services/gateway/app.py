@@ -11,6 +11,7 @@ import redis.asyncio
 import redis.exceptions
 import uvicorn
 
+from llmesh.audit import AuditLog
 from llmesh.keys import FileKeyStore, KeyStore, RedisKeyStore
 from llmesh.platform import Platform, standalone_platform
 from llmesh.rpc.server import GrpcServer, ServiceBinding
@@ -19,8 +20,10 @@ from llmesh.gateway.config import GatewaySettings
 from llmesh.gateway.endpoints import EndpointPicker
 from llmesh.gateway.http import HttpFront
 from llmesh.gateway.metrics import GatewayMetrics
+from llmesh.gateway.audit_stage import AuditStage
 from llmesh.gateway.auth import AuthenticateStage, Authenticator, JwtSettings, JwtVerifier
 from llmesh.gateway.grants import AuthorizeStage, access
+from llmesh.gateway.guard_stage import GuardStage
 from llmesh.gateway.limits import FallbackLimiter, LocalLimiter, RedisLimiter
 from llmesh.gateway.pipeline import Pipeline, RouteStage, ValidateStage
 from llmesh.gateway.quota import LimitStage
@@ -75,10 +78,14 @@ class GatewayApp:
             limiter = FallbackLimiter(RedisLimiter(self.redis), limiter, errors=store_errors,
                                       on_fallback=self.metrics.limits_fallback.inc)
         current = lambda: self.config.current  # noqa: E731
-        stages = [AuthenticateStage(self.authenticator), ValidateStage(), AuthorizeStage(current),
+        self.audit = (AuditLog(settings.audit_file or mesh.state_dir / "audit.jsonl", fsync=settings.audit_fsync)
+                      if settings.audit else None)
+        stages = [*([AuditStage(self.audit)] if self.audit else []),
+                  AuthenticateStage(self.authenticator), ValidateStage(), AuthorizeStage(current),
                   RouteStage(self.catalog, current),
                   LimitStage(limiter, current, TokenCounter(settings.model_dir), settings.reserve_tokens,
-                             lease_s=settings.request_timeout_s)]
+                             lease_s=settings.request_timeout_s),
+                  GuardStage(current)]
         self.pipeline = Pipeline(self.picker, self.engines, self.catalog, self.cache, observe=self.metrics.observe,
                                  tracer=tracer, stages=stages)
         self._draining = False
@@ -137,3 +144,5 @@ class GatewayApp:
             await self.cache.close()
         if self.redis is not None:
             await self.redis.aclose()
+        if self.audit is not None:
+            await asyncio.to_thread(self.audit.close)

@@ -34,4 +34,6 @@ class GatewaySettings(ServiceSettings):
     jwt_groups_claim: str = "groups"
     model_dir: Path | None = Field(default=None, description="where to read models' tokenizers for admission")
     reserve_tokens: int = Field(default=512, ge=1, description="output tokens reserved when max_tokens is unset")
-    audit_file: Path | None = Field(default=None, description="hash-chained JSONL; default <state_dir>/audit.jsonl")
+    audit: bool = Field(default=True, description="one hash-chained record per request")
+    audit_file: Path | None = Field(default=None, description="default <state_dir>/audit.jsonl; one per gateway process")
+    audit_fsync: bool = Field(default=False, description="fsync every written batch")

@@ -16,6 +16,7 @@ falls back to the local one while Redis is unreachable."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import deque
@@ -186,10 +187,16 @@ def _keys(tenant: str) -> list[str]:
 
 
 class RedisLimiter:
+    """Admissions are one script call each (on the request's path). Settles come
+    after the answer, so they are batched: those that arrive while a batch is on
+    the wire go together in the next pipeline, one round trip for all."""
+
     def __init__(self, client):
         self._redis = client
         self._admit = client.register_script(ADMIT)
         self._settle = client.register_script(SETTLE)
+        self._pending: list[tuple[list, list, asyncio.Future]] = []
+        self._flusher: asyncio.Task | None = None
 
     async def admit(self, ask: Ask, now_ms: int) -> Verdict:
         res = await self._admit(keys=[*_keys(ask.tenant), ask.budget_key or "llmesh:budget:none"], args=[
@@ -212,8 +219,34 @@ class RedisLimiter:
             args += [name, value]
         if not usage:
             args.append("")
-        await self._settle(keys=[keys[1], keys[2], keys[3], keys[4], ask.budget_key or "llmesh:budget:none",
-                                 usage_key(day)], args=args)
+        done = asyncio.get_running_loop().create_future()
+        self._pending.append(([keys[1], keys[2], keys[3], keys[4], ask.budget_key or "llmesh:budget:none",
+                               usage_key(day)], args, done))
+        if self._flusher is None:
+            self._flusher = asyncio.create_task(self._flush())
+        await asyncio.shield(done)
+
+    async def _flush(self) -> None:
+        try:
+            while self._pending:
+                batch, self._pending = self._pending, []
+                try:
+                    if len(batch) == 1:  # a pipeline of one costs twice a plain call
+                        await self._settle(keys=batch[0][0], args=batch[0][1])
+                    else:
+                        pipe = self._redis.pipeline(transaction=False)
+                        for keys, args, _ in batch:
+                            await self._settle(keys=keys, args=args, client=pipe)  # queued on the pipeline
+                        await pipe.execute()
+                except Exception as exc:  # noqa: BLE001 - each waiter gets the batch's error
+                    for _, _, done in batch:
+                        done.set_exception(exc)
+                        done.exception()  # retrieved: a waiter that went away leaves no warning
+                else:
+                    for _, _, done in batch:
+                        done.set_result(None)
+        finally:
+            self._flusher = None
 
     async def add_usage(self, day: str, fields: dict[str, int]) -> None:
         pipe = self._redis.pipeline(transaction=True)

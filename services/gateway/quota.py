@@ -9,6 +9,7 @@ import calendar
 import math
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime, timezone
 
 from llmesh.errors import RateLimited
@@ -33,17 +34,26 @@ def micro_usd(price: Price | None, input_tokens: int, output_tokens: int) -> int
     return round((input_tokens * price.input_per_1k + output_tokens * price.output_per_1k) * 1000)
 
 
-def period(budget: Budget, now: float) -> tuple[str, int]:
-    """The budget period's id and the milliseconds left in it (UTC)."""
+def period_bounds(kind: str, now: float) -> tuple[str, float]:
+    """The UTC day or month holding ``now``: its id and when it ends."""
     t = datetime.fromtimestamp(now, tz=timezone.utc)
-    if budget.period == "day":
-        ident = t.strftime("%Y-%m-%d")
-        end = datetime(t.year, t.month, t.day, tzinfo=timezone.utc).timestamp() + 86400
-    else:
-        ident = t.strftime("%Y-%m")
-        days = calendar.monthrange(t.year, t.month)[1]
-        end = datetime(t.year, t.month, 1, tzinfo=timezone.utc).timestamp() + days * 86400
-    return ident, max(1, int((end - now) * 1000))
+    if kind == "day":
+        return t.strftime("%Y-%m-%d"), datetime(t.year, t.month, t.day, tzinfo=timezone.utc).timestamp() + 86400
+    days = calendar.monthrange(t.year, t.month)[1]
+    return t.strftime("%Y-%m"), datetime(t.year, t.month, 1, tzinfo=timezone.utc).timestamp() + days * 86400
+
+
+class Periods:
+    """period_bounds, worked out again only when a period ends (not per request)."""
+
+    def __init__(self):
+        self._current: dict[str, tuple[str, float]] = {}
+
+    def __call__(self, kind: str, now: float) -> tuple[str, float]:
+        hit = self._current.get(kind)
+        if hit is None or now >= hit[1]:
+            hit = self._current[kind] = period_bounds(kind, now)
+        return hit
 
 
 def duration(ms: int) -> str:
@@ -78,6 +88,7 @@ class LimitStage:
         self._reserve = reserve_tokens
         self._lease_ms = int(lease_s * 1000)
         self._wall = wall
+        self._periods = Periods()
 
     async def admit(self, ctx: Context) -> None:
         cfg, req = self._config(), ctx.req
@@ -94,8 +105,8 @@ class LimitStage:
                   concurrency=(rl.max_concurrency or 0) if rl else 0, lease_ms=self._lease_ms,
                   cost_micro=micro_usd(price, input_tokens, output) if budget else 0)
         if budget is not None:
-            ident, left_ms = period(budget, now)
-            ask = _with_budget(ask, budget, f"llmesh:budget:{{{req.tenant}}}:{ident}", left_ms)
+            ident, end = self._periods(budget.period, now)
+            ask = _with_budget(ask, budget, f"llmesh:budget:{{{req.tenant}}}:{ident}", max(1, int((end - now) * 1000)))
         verdict = await self._limiter.admit(ask, int(now * 1000)) if limited else Verdict(True)
         ctx.notes["limits"] = (ask, verdict)
         ctx.record["limits"] = verdict.where if limited else "none"
@@ -129,11 +140,10 @@ class LimitStage:
         cfg = self._config()
         cost = micro_usd(cfg.prices.get(r["model"]), prompt, completion)
         r["cost_usd"] = cost / 1e6
-        day = datetime.fromtimestamp(self._wall(), tz=timezone.utc).strftime("%Y-%m-%d")
+        day, _ = self._periods("day", self._wall())
         await self._limiter.settle(ask, verdict, Outcome(r["model"], day, prompt, completion, cost))
 
 
 def _with_budget(ask: Ask, budget: Budget, key: str, left_ms: int) -> Ask:
-    from dataclasses import replace
     return replace(ask, budget_key=key, budget_tokens=budget.tokens or 0,
                    budget_micro=round((budget.usd or 0) * 1e6), budget_reset_ms=left_ms)

@@ -257,6 +257,29 @@ def test_budget_stops_at_most_one_request_past_its_line(gov):
     assert float(rows[0][6]) > 0  # priced
 
 
+def test_audit_log_records_requests_and_verify_catches_tampering(gov, tmp_path):
+    key, key_id = create_key(gov, "acme")
+    assert chat(gov["urls"][1], key).status_code == 200
+    assert chat(gov["urls"][1], key, model="assistant").status_code == 403
+    path = gov["root"] / "audit-0.jsonl"  # the second replica's log
+    assert wait_until(lambda: path.exists() and key_id in path.read_text(), 5)
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    mine = [r["fields"] for r in records if r["fields"].get("key_id") == key_id]
+    assert [(f["decision"], f["status"]) for f in mine[-2:]] == [("allowed", "ok"), ("refused", "permission_denied")]
+    assert "hello there" not in path.read_text()  # never the prompt
+    ok = subprocess.run([sys.executable, "-m", "llmesh", "audit", "verify", "--file", str(path)],
+                        capture_output=True, text=True, timeout=30)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    lines = path.read_text().splitlines(keepends=True)
+    n = next(i for i, line in enumerate(lines) if key_id in line)
+    lines[n] = lines[n].replace('"prompt_tokens":', '"prompt_tokens":1', 1)  # an edited count
+    tampered = tmp_path / "audit.jsonl"
+    tampered.write_text("".join(lines))
+    bad = subprocess.run([sys.executable, "-m", "llmesh", "audit", "verify", "--file", str(tampered)],
+                         capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 1 and f"line {n + 1}" in bad.stdout + bad.stderr, bad.stdout + bad.stderr
+
+
 def test_redis_down_falls_back_to_local_limits(gov):
     key, _ = create_key(gov, "acme")
     assert chat(gov["urls"][1], key).status_code == 200  # key record cached from the store

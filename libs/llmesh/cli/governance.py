@@ -49,6 +49,14 @@ def _when(ts: float | None) -> str:
     return "-" if ts is None else datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%d %H:%M")
 
 
+def _admin_audit(args, action: str, **fields) -> None:
+    """Key changes are audited in their own chain (the gateways each write theirs)."""
+    from llmesh.audit import AuditLog
+    with AuditLog(args.admin_audit_file) as log:
+        log.append("admin", {"actor": os.environ.get("USER", "unknown"), "action": action, "result": "ok",
+                             **{k: v for k, v in fields.items() if v is not None}})
+
+
 async def keys_main(args) -> int:
     client = _redis(args)
     try:
@@ -58,6 +66,8 @@ async def keys_main(args) -> int:
             expires = parse_expiry(args.expires, time.time()) if args.expires else None
             plaintext, record = new_key(args.tenant, models=models, expires_at=expires, name=args.name or "")
             await store.put(record)
+            _admin_audit(args, "key.create", key_id=record.key_id, tenant=record.tenant,
+                         models=list(models) if models is not None else None, expires=expires)
             print(f"created key {record.key_id} for tenant {record.tenant}; it is shown once:\n{plaintext}")
         elif args.action == "list":
             print(f"{'id':<14}{'tenant':<16}{'models':<28}{'expires':<18}{'state':<9}name")
@@ -68,9 +78,11 @@ async def keys_main(args) -> int:
                 print(f"{r.key_id:<14}{r.tenant:<16}{models:<28}{_when(r.expires_at):<18}{state:<9}{r.name}")
         elif args.action == "rotate":
             plaintext, record = await rotate(store, args.key_id)
+            _admin_audit(args, "key.rotate", key_id=args.key_id, target=record.key_id, tenant=record.tenant)
             print(f"key {args.key_id} revoked; its replacement {record.key_id} is shown once:\n{plaintext}")
         elif args.action == "revoke":
-            await revoke(store, args.key_id)
+            record = await revoke(store, args.key_id)
+            _admin_audit(args, "key.revoke", key_id=args.key_id, tenant=record.tenant)
             print(f"key {args.key_id} revoked")
         return 0
     except KeyError as exc:
@@ -97,11 +109,32 @@ async def usage_rows(client, days: list[str]) -> list[dict]:
     return [rows[k] for k in sorted(rows)]
 
 
+def audit_usage_rows(paths: list[Path]) -> list[dict]:
+    """Usage summed from gateways' audit logs: what a mesh without Redis keeps."""
+    from llmesh.audit import read_records
+    rows: dict[tuple[str, str, str], dict] = {}
+    for path in paths:
+        for rec in read_records(path):
+            f = rec["fields"]
+            if rec["kind"] != "request" or f.get("decision") != "allowed":
+                continue
+            day = rec["ts"][:10]
+            row = rows.setdefault((day, f["tenant"], f["model"]), {
+                "day": day, "tenant": f["tenant"], "model": f["model"], "requests": 0, "prompt_tokens": 0,
+                "completion_tokens": 0, "cost_usd": 0.0})
+            row["requests"] += 1
+            row["prompt_tokens"] += f.get("prompt_tokens", 0)
+            row["completion_tokens"] += f.get("completion_tokens", 0)
+            row["cost_usd"] += f.get("cost", 0.0)
+    return [rows[k] for k in sorted(rows)]
+
+
 async def usage_main(args) -> int:
     client = _redis(args)
     if client is None:
-        print("llmesh usage: usage is kept in Redis; set LLMESH_REDIS_URL or --redis-url", file=sys.stderr)
-        return 2
+        rows = [r for r in audit_usage_rows(args.audit_file or [args.audit_default]) if args.tenant in (None, r["tenant"])
+                and (not args.day or r["day"] in args.day)]
+        return _print_usage(rows, args.csv)
     try:
         if args.day:
             days = args.day
@@ -111,8 +144,12 @@ async def usage_main(args) -> int:
         rows = [r for r in await usage_rows(client, days) if args.tenant in (None, r["tenant"])]
     finally:
         await client.aclose()
+    return _print_usage(rows, args.csv)
+
+
+def _print_usage(rows: list[dict], as_csv: bool) -> int:
     fields = ["day", "tenant", "model", "requests", "prompt_tokens", "completion_tokens", "cost_usd"]
-    if args.csv:
+    if as_csv:
         out = csv.DictWriter(sys.stdout, fieldnames=fields)
         out.writeheader()
         out.writerows(rows)
@@ -144,8 +181,11 @@ def add_parsers(sub) -> None:
     for verb, text in (("rotate", "revoke a key and print its replacement"), ("revoke", "revoke a key")):
         p = kinds.add_parser(verb, help=text)
         p.add_argument("key_id")
+    state = Path(os.environ.get("LLMESH_STATE_DIR", "var/state"))
     for p in kinds.choices.values():
         store_args(p)
+        p.add_argument("--admin-audit-file", type=Path, default=state / "audit-admin.jsonl",
+                       help="where key changes are audited")
     keys.set_defaults(func=lambda a: asyncio.run(keys_main(a)))
 
     usage = sub.add_parser("usage", help="tokens and cost per tenant, model and day")
@@ -153,5 +193,7 @@ def add_parsers(sub) -> None:
     usage.add_argument("--day", action="append", help="YYYY-MM-DD (repeatable; default: the last --last days)")
     usage.add_argument("--last", type=int, default=7)
     usage.add_argument("--csv", action="store_true")
+    usage.add_argument("--audit-file", type=Path, action="append",
+                       help="without Redis: the gateways' audit logs to sum (default <state_dir>/audit.jsonl)")
     store_args(usage)
-    usage.set_defaults(func=lambda a: asyncio.run(usage_main(a)))
+    usage.set_defaults(func=lambda a: asyncio.run(usage_main(a)), audit_default=state / "audit.jsonl")

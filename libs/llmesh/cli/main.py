@@ -166,8 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-BENCHES = {"engine": "bench.engine", "gateway": "bench.gateway", "guards": "bench.guards",
-           "llamacpp": "bench.llamacpp"}
+BENCHES = {"engine": "bench.engine", "gateway": "bench.gateway", "governance": "bench.governance",
+           "guards": "bench.guards", "llamacpp": "bench.llamacpp"}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -58,7 +58,7 @@ class Guards(_Strict):
     restore: bool = Field(default=False, description="put the masked values back into the answer")
     output_pii: Literal["mask", "off"] = Field(default="mask", description="mask PII the model writes")
     injection: Literal["block", "flag", "off"] = "flag"
-    injection_threshold: float = Field(default=1.0, gt=0)
+    injection_threshold: float = Field(default=0.6, gt=0, le=1, description="score at which the screen acts")
 
 
 class Grant(_Strict):
