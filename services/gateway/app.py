@@ -59,9 +59,12 @@ class GatewayApp:
         self.metrics = GatewayMetrics(platform.metrics)
         mesh = platform.settings
         self.redis = None
-        if mesh.redis_url:  # a burst waits for one of 64 connections rather than failing over to local limits
+        if mesh.redis_url:
+            # Timeouts count time the event loop spends elsewhere too, so they are generous: a refused
+            # connection falls back at once; a busy Redis or gateway gets 10 s. A burst queues for one of
+            # 32 connections (opened once, kept) rather than opening hundreds at the same moment.
             self.redis = redis.asyncio.Redis(connection_pool=redis.asyncio.BlockingConnectionPool.from_url(
-                mesh.redis_url, max_connections=64, timeout=5.0, socket_timeout=5.0, socket_connect_timeout=0.5))
+                mesh.redis_url, max_connections=32, timeout=10.0, socket_timeout=10.0, socket_connect_timeout=2.0))
         self.keys: KeyStore = (RedisKeyStore(self.redis) if self.redis is not None
                                else FileKeyStore(settings.keys_file or mesh.state_dir / "keys.json"))
         jwt_verifier = None
@@ -75,7 +78,7 @@ class GatewayApp:
                                            store_errors=store_errors)
         limiter = LocalLimiter()
         if self.redis is not None:
-            limiter = FallbackLimiter(RedisLimiter(self.redis), limiter, errors=store_errors,
+            limiter = FallbackLimiter(RedisLimiter(self.redis), limiter, errors=store_errors, retry_s=5.0,
                                       on_fallback=self.metrics.limits_fallback.inc)
         current = lambda: self.config.current  # noqa: E731
         self.audit = (AuditLog(settings.audit_file or mesh.state_dir / "audit.jsonl", fsync=settings.audit_fsync)

@@ -365,7 +365,7 @@ class FallbackLimiter:
 
     def _failed(self, exc: BaseException) -> None:
         if self._clock() >= self._down_until:
-            log.warning("redis unreachable: limits fall back to this replica", extra={"error": repr(exc)})
+            log.warning("redis unreachable: limits fall back to this replica", extra={"error": repr(exc)}, exc_info=exc)
         self._down_until = self._clock() + self._retry_s
         self._on_fallback()
 

@@ -187,17 +187,31 @@ def test_jwts_on_http_and_grpc(gov, signer, case):
 
 
 def test_revoked_key_fails_on_every_replica_within_a_second(gov):
+    """Every replica is asked continuously; every request sent a second or more
+    after the revocation is refused, on all three."""
     key, key_id = create_key(gov, "acme")
     for url in gov["urls"]:
         assert chat(url, key).status_code == 200
-    cli("keys", "revoke", key_id, redis_url=gov["redis"].url)
-    revoked_at = time.monotonic()
-    refused_after = {}
-    while len(refused_after) < len(gov["urls"]) and time.monotonic() - revoked_at < 5:
-        for url in gov["urls"]:
-            if url not in refused_after and chat(url, key).status_code == 401:
-                refused_after[url] = time.monotonic() - revoked_at
-    assert len(refused_after) == 3 and max(refused_after.values()) <= 1.0, refused_after
+
+    async def poll(client: httpx.AsyncClient, url: str, since: float, seen: list) -> None:
+        while time.monotonic() - since < 2.5:
+            sent = time.monotonic() - since
+            r = await client.post(url + "/v1/chat/completions", headers={"authorization": f"Bearer {key}"},
+                                  json={"model": SIM, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
+            seen.append((url, sent, r.status_code))
+
+    async def run() -> list:
+        seen: list = []
+        async with httpx.AsyncClient(timeout=30) as client:
+            cli("keys", "revoke", key_id, redis_url=gov["redis"].url)
+            since = time.monotonic()
+            await asyncio.gather(*(poll(client, url, since, seen) for url in gov["urls"]))
+        return seen
+
+    seen = asyncio.run(run())
+    late = [(url, status) for url, sent, status in seen if sent >= 1.0]
+    assert {url for url, _ in late} == set(gov["urls"])  # each replica was asked after the second
+    assert all(status == 401 for _, status in late), late
 
 
 def test_three_gateways_share_one_tokens_per_minute_limit(gov):
@@ -262,7 +276,7 @@ def test_audit_log_records_requests_and_verify_catches_tampering(gov, tmp_path):
     assert chat(gov["urls"][1], key).status_code == 200
     assert chat(gov["urls"][1], key, model="assistant").status_code == 403
     path = gov["root"] / "audit-0.jsonl"  # the second replica's log
-    assert wait_until(lambda: path.exists() and key_id in path.read_text(), 5)
+    assert wait_until(lambda: path.exists() and path.read_text().count(key_id) >= 2, 5)
     records = [json.loads(line) for line in path.read_text().splitlines()]
     mine = [r["fields"] for r in records if r["fields"].get("key_id") == key_id]
     assert [(f["decision"], f["status"]) for f in mine[-2:]] == [("allowed", "ok"), ("refused", "permission_denied")]
