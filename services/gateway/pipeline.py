@@ -206,7 +206,8 @@ class Pipeline:
             span.set_attribute("error.type", exc.reason or exc.code.value)
             raise
         except (asyncio.CancelledError, GeneratorExit):
-            record["status"] = "cancelled"
+            if "finish_reason" not in record:  # a consumer that stops after the Finish was served in full
+                record["status"] = "cancelled"
             raise
         finally:
             record["duration_ms"] = round((self._clock() - started) * 1000, 3)

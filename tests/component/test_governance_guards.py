@@ -189,3 +189,17 @@ async def test_the_tenants_priority_class_reaches_the_engine(world):
     world["config"]["value"] = MeshConfig.model_validate({"tenants": {"*": {"priority": "low"}}})
     await answer(world["pipeline"], request("hello, low", rid="r7"))
     assert world["backend"].priorities[-2:] == [Priority.HIGH, Priority.LOW]
+
+
+async def test_a_client_that_stops_right_after_the_finish_was_served_in_full(world):
+    """The HTTP front closes the pipeline once the Finish is sent: that is success,
+    not a cancellation (which would charge the tenant its reservation)."""
+    items = world["pipeline"].run(request("all of it", rid="r8"))
+    async for item in items:
+        if not isinstance(item, Delta):
+            break
+    await items.aclose()
+    await world["pipeline"].drain()
+    world["audit"].flush()
+    last = list(read_records(world["audit_path"]))[-1]["fields"]
+    assert (last["request_id"], last["status"], last["decision"]) == ("r8", "ok", "allowed")
