@@ -12,6 +12,7 @@ class ErrorCode(enum.Enum):
     UNAVAILABLE = "unavailable"
     DEADLINE_EXCEEDED = "deadline_exceeded"
     CANCELLED = "cancelled"
+    FAILED_PRECONDITION = "failed_precondition"
     INTERNAL = "internal"
 
 
@@ -77,12 +78,18 @@ class Cancelled(LlmeshError):
     code = ErrorCode.CANCELLED
 
 
+class FailedPrecondition(LlmeshError):
+    """The system is not in the state the operation needs (e.g. a promotion the
+    eval gate blocked, a rollback with nothing to roll back to)."""
+    code = ErrorCode.FAILED_PRECONDITION
+
+
 class Internal(LlmeshError):
     code = ErrorCode.INTERNAL
 
 
 _BY_CODE = {cls.code: cls for cls in (InvalidArgument, NotFound, Overloaded, Unavailable,
-                                      DeadlineExceeded, Cancelled, Internal)}
+                                      DeadlineExceeded, Cancelled, FailedPrecondition, Internal)}
 
 
 def error_for(code: ErrorCode, message: str, *, reason: str | None = None,

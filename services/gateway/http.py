@@ -28,7 +28,7 @@ from llmesh.gateway.pipeline import CompletionRequest, Pipeline
 HTTP_STATUS = {
     ErrorCode.INVALID_ARGUMENT: 400, ErrorCode.NOT_FOUND: 404, ErrorCode.RESOURCE_EXHAUSTED: 429,
     ErrorCode.UNAVAILABLE: 503, ErrorCode.DEADLINE_EXCEEDED: 504, ErrorCode.CANCELLED: 499,
-    ErrorCode.INTERNAL: 500,
+    ErrorCode.INTERNAL: 500, ErrorCode.FAILED_PRECONDITION: 400,
 }
 REQUEST_ID = "x-request-id"
 TIMEOUT_HEADERS = ("x-request-timeout", "x-stainless-timeout")  # seconds; the OpenAI SDK sends the latter

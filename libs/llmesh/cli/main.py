@@ -4,6 +4,7 @@
     llmesh status   services, endpoints and models of a running mesh
     llmesh chat     stream a chat answer through the gateway's gRPC API
     llmesh config   read, check and change the live config
+    llmesh models   model registry: import, deploy, promote, rollback, history, eval
     llmesh bench    run a benchmark from bench/ (engine, gateway, llamacpp)
 """
 
@@ -124,6 +125,12 @@ def cmd_config(args: argparse.Namespace) -> int:
     return asyncio.run(run(args))
 
 
+def cmd_models(args: argparse.Namespace) -> int:
+    from llmesh.cli.models import run
+
+    return asyncio.run(run(args, args.address or _layout(args).address("modelmgr")))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llmesh", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -155,6 +162,11 @@ def build_parser() -> argparse.ArgumentParser:
     from llmesh.cli.config import add_parser
     add_parser(sub)
     sub.choices["config"].set_defaults(func=cmd_config)
+
+    from llmesh.cli.models import add_parser as add_models
+    models = add_models(sub)
+    _add_layout_args(models)
+    models.set_defaults(func=cmd_models)
     return parser
 
 
