@@ -44,7 +44,7 @@ class RolloutPolicy:
     memory_overhead: float = 0.25
     settle_s: float = 1.5           # time the mesh takes to apply a config change
     drain_timeout_s: float = 60.0
-    eval_threshold: float = 0.5
+    eval_threshold: float = 0.4
     eval_min_exact_match: float = 0.0
     eval_max_tokens: int = 32
 
