@@ -76,6 +76,12 @@ class GrpcMesh:
             raise from_rpc_error(exc) from None
         return st.load.running + st.load.waiting
 
+    async def unload(self, address: str, model: str) -> None:
+        try:
+            await self._engine(address).UnloadModel(engine_pb2.UnloadModelRequest(name=model), timeout=self._timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc) from None
+
     async def close(self) -> None:
         channels, self._channels = self._channels, {}
         await asyncio.gather(*(c.close() for c in channels.values()), return_exceptions=True)

@@ -30,6 +30,7 @@ class MeshPort(Protocol):
     async def load(self, address: str, model: str) -> tuple[float, float]: ...   # (load_ms, warmup_ms)
     async def generate(self, address: str, model: str, prompt: str, max_tokens: int) -> str: ...
     async def in_flight(self, address: str) -> int: ...
+    async def unload(self, address: str, model: str) -> None: ...
 
 
 class SplitsPort(Protocol):
@@ -185,6 +186,24 @@ class Rollout:
             await self._db(self._registry.set_state, prev.name, prev.number, "serving", {}, alias)
             await self._retire(alias, now)
             return moved
+
+    async def archive(self, ref: str) -> Version:
+        """Takes a version out of service for good: no alias may point to it; its
+        replicas are unloaded and its artifacts unpublished (the blobs stay)."""
+        name, number = parse_ref(ref)
+        async with self._lock:
+            v = await self._db(self._registry.get, name, number)
+            users = [a.name for a in await self._db(self._registry.aliases) if v.ref in (a.current,)]
+            if users:
+                raise FailedPrecondition(f"{v.ref} serves alias(es) {users}; promote another version first")
+            serving = {e.endpoint_id: e for e in await self._mesh.engines() if v.served_name in e.models}
+            for rep in v.replicas:
+                if rep.state in ("loading", "warming", "ready"):
+                    if rep.endpoint_id in serving:
+                        await self._mesh.unload(serving[rep.endpoint_id].address, v.served_name)
+                    await self._db(self._registry.set_replica, rep.id, "unloaded", "archived")
+            await self._db(self._store.unpublish, v.served_name)
+            return await self._db(self._registry.set_state, name, number, "archived")
 
     async def _retire(self, alias: str, old: Version) -> None:
         """Waits until the mesh applied the change and the old version's replicas

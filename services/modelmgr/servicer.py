@@ -131,6 +131,9 @@ class ModelManagerServicer(modelmgr_pb2_grpc.ModelManagerServicer):
             raise InvalidArgument("name the alias to roll back", param="alias")
         return alias_pb(await self._rollout.rollback(request.alias))
 
+    async def ArchiveVersion(self, request, context):
+        return version_pb(await self._rollout.archive(_ref(request.name, request.version)))
+
     async def ListAliases(self, request, context):
         aliases = await asyncio.to_thread(self._registry.aliases)
         return modelmgr_pb2.ListAliasesResponse(aliases=[alias_pb(a) for a in aliases])

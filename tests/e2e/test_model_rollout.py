@@ -20,7 +20,7 @@ from openai import OpenAI
 
 from llmesh.modelmgr.gguf import quantize
 from llmesh.testing import Mesh, free_layout
-from llmesh.v1 import modelmgr_pb2, modelmgr_pb2_grpc
+from llmesh.v1 import modelmgr_pb2, modelmgr_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 
 pytestmark = pytest.mark.e2e
 SMOL = "smollm2-135m-instruct"
@@ -145,7 +145,7 @@ def test_deploy_promote_under_load_eval_gate_rollback(rollout_mesh, real_model_d
         # Version 2 takes the second engine's place and passes.
         cli(mesh, "deploy", "smollm2:2")
         promote_started = time.time()
-        promoted = cli(mesh, "promote", "assistant", "smollm2:2").stdout
+        promoted = cli(mesh, "promote", "assistant", "smollm2:2", "--canary", "50", "--step", "2").stdout
         drained = time.time()
         assert "passed" in promoted and "alias assistant -> smollm2:2 (was smollm2:1)" in promoted
         time.sleep(3)
@@ -180,7 +180,7 @@ def test_deploy_promote_under_load_eval_gate_rollback(rollout_mesh, real_model_d
     kinds = [e.kind for e in v2]
     for a, b in [("deploy", "replica_loading"), ("replica_loading", "replica_warming"),
                  ("replica_warming", "replica_ready"), ("replica_ready", "staged"), ("staged", "eval_passed"),
-                 ("eval_passed", "promoted"), ("promoted", "serving"), ("serving", "deprecated")]:
+                 ("eval_passed", "canary"), ("canary", "promoted"), ("promoted", "serving"), ("serving", "deprecated")]:
         assert kinds.index(a) < kinds.index(b), kinds
     ready_at = next(e.at_unix for e in v2 if e.kind == "replica_ready")
     first_v2 = min(r["ts"] - r["duration_ms"] / 1000 for r in log if r["model"] == "smollm2@2")
@@ -194,6 +194,21 @@ def test_deploy_promote_under_load_eval_gate_rollback(rollout_mesh, real_model_d
     assert [(a.name, a.current, a.previous) for a in aliases] == [("assistant", "smollm2:1", "smollm2:2")]
     history = cli(mesh, "history", "--alias", "assistant").stdout.splitlines()
     assert [line.split()[3] for line in history] == [
-        "promoted", "serving", "promotion_blocked", "promoted", "serving", "drained", "deprecated",
+        "promoted", "serving", "promotion_blocked", "canary", "promoted", "serving", "drained", "deprecated",
         "rolled_back", "serving", "drained", "deprecated"], history
+
+    # Archive: refused while an alias points to the version; else unloaded everywhere.
+    refused = cli(mesh, "archive", "smollm2:1", ok=False)
+    assert refused.returncode == 1 and "FAILED_PRECONDITION" in refused.stderr
+    archived = stub.ArchiveVersion(modelmgr_pb2.ArchiveVersionRequest(name="smollm2", version=2))
+    assert archived.state == "archived" and {r.state for r in archived.replicas} == {"unloaded"}
+    with grpc.insecure_channel(mesh.layout.address("scheduler")) as ch:
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            served = {m for e in scheduler_pb2_grpc.SchedulerStub(ch).ListEndpoints(
+                scheduler_pb2.ListEndpointsRequest()).endpoints for m in e.models}
+            if "smollm2@2" not in served:
+                break
+            time.sleep(0.2)
+    assert "smollm2@2" not in served and "smollm2@1" in served
     channel.close()

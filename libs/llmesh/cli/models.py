@@ -6,6 +6,7 @@
     llmesh models deploy NAME:VERSION [--replicas N] [--variant Q8_0]
     llmesh models promote ALIAS NAME:VERSION [--canary 10,50 --step 5] [--skip-eval] [--threshold X]
     llmesh models rollback ALIAS
+    llmesh models archive NAME:VERSION              unload it everywhere; archived for good
     llmesh models history [NAME] [--alias ALIAS]
     llmesh models eval NAME:VERSION BASELINE        BASELINE: NAME:VERSION or an alias
     llmesh models evals [NAME:VERSION]              stored eval reports
@@ -129,6 +130,10 @@ async def _run(args: argparse.Namespace, stub: modelmgr_pb2_grpc.ModelManagerStu
     elif a == "rollback":
         x = await stub.Rollback(modelmgr_pb2.RollbackRequest(alias=args.alias), timeout=600)
         print(f"alias {x.name} -> {x.current} (rolled back from {x.previous})")
+    elif a == "archive":
+        name, number = args.version
+        _print_version(await stub.ArchiveVersion(modelmgr_pb2.ArchiveVersionRequest(name=name, version=number),
+                                                 timeout=600))
     elif a == "history":
         resp = await stub.History(modelmgr_pb2.HistoryRequest(name=args.name or "", alias=args.alias or ""),
                                   timeout=30)
@@ -187,6 +192,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     pr.add_argument("--threshold", type=float, help="least similarity to pass the eval gate")
     rb = actions.add_parser("rollback", help="point an alias back at its previous version")
     rb.add_argument("alias")
+    ar = actions.add_parser("archive", help="retire a version no alias points to")
+    ar.add_argument("version", type=_ref)
     h = actions.add_parser("history", help="every change, oldest first")
     h.add_argument("name", nargs="?")
     h.add_argument("--alias")
