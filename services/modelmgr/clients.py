@@ -9,12 +9,12 @@ import grpc
 import yaml
 
 from llmesh.discovery.base import Resolver
-from llmesh.liveconfig.document import parse
+from llmesh.liveconfig.document import InvalidConfig, parse
 from llmesh.liveconfig.stores import ConfigStore
 from llmesh.modelmgr.placement import Engine
 from llmesh.rpc.channels import insecure_channel
 from llmesh.rpc.status import from_rpc_error
-from llmesh.errors import Unavailable
+from llmesh.errors import InvalidArgument, Unavailable
 from llmesh.v1 import common_pb2, engine_pb2, engine_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 
 
@@ -106,7 +106,11 @@ class ConfigSplits:
             splits[alias] = {"targets": [{"model": m, "weight": w} for m, w in weights.items()]}
             doc["splits"] = splits
             text = yaml.safe_dump(doc, sort_keys=True)
-            parse(text)  # never write a document the services would reject
+            try:
+                parse(text)  # never write a document the services would reject
+            except InvalidConfig as exc:
+                raise InvalidArgument(f"the live config would be invalid with alias {alias!r}: {exc}",
+                                      param="alias") from None
             return await self._store.write(text)
 
     async def targets(self) -> set[str]:

@@ -17,7 +17,7 @@ from llmesh.errors import FailedPrecondition, InvalidArgument, LlmeshError
 from llmesh.modelmgr.artifacts import ArtifactStore
 from llmesh.modelmgr.evaluation import GoldenCase, evaluate
 from llmesh.modelmgr.placement import Engine, choose_variant, place
-from llmesh.modelmgr.registry import Alias, EvalReport, Registry, Version, parse_ref
+from llmesh.modelmgr.registry import Alias, EvalReport, Registry, Version, check_name, parse_ref
 
 log = logging.getLogger("llmesh.modelmgr.rollout")
 
@@ -136,6 +136,7 @@ class Rollout:
     # --- promote / rollback --------------------------------------------
     async def promote(self, alias: str, ref: str, canary: tuple[float, ...] = (), step_s: float = 5.0,
                       skip_eval: bool = False, threshold: float | None = None) -> tuple[Alias, EvalReport | None]:
+        check_name(alias)
         name, number = parse_ref(ref)
         if any(not 0 < w < 100 for w in canary) or list(canary) != sorted(canary):
             raise InvalidArgument("canary steps are rising percentages between 0 and 100", param="canary")
