@@ -197,6 +197,19 @@ def test_deploy_promote_under_load_eval_gate_rollback(rollout_mesh, real_model_d
         "promoted", "serving", "promotion_blocked", "canary", "promoted", "serving", "drained", "deprecated",
         "rolled_back", "serving", "drained", "deprecated"], history
 
+    # The read and eval verbs of the CLI on what happened.
+    listed = cli(mesh, "list", "smollm2").stdout
+    assert "smollm2:2  deprecated" in listed and "alias assistant -> smollm2:1 (before: smollm2:2)" in listed
+    assert json.loads(cli(mesh, "list", "--json").stdout)["aliases"][0]["current"] == "smollm2:1"
+    again = cli(mesh, "eval", "smollm2:2", "assistant").stdout  # against the alias's version, smollm2:1
+    assert "smollm2:2 vs smollm2:1: passed" in again and "no per-token logprobs" in again
+    stored = cli(mesh, "evals", "smollm2:3").stdout
+    assert "smollm2:3 vs smollm2:1: FAILED" in stored
+    worse = cli(mesh, "eval", "smollm2:2", "smollm2:1", "--threshold", "0.99", ok=False)
+    assert worse.returncode == 3 and "FAILED" in worse.stdout  # exit 3: the candidate fails the gate
+    variants = cli(mesh, "quantize", "smollm2:1", "Q4_0").stdout
+    assert "variant Q4_0" in variants and "from Q4_1" in variants
+
     # Archive: refused while an alias points to the version; else unloaded everywhere.
     refused = cli(mesh, "archive", "smollm2:1", ok=False)
     assert refused.returncode == 1 and "FAILED_PRECONDITION" in refused.stderr

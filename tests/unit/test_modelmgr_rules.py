@@ -65,3 +65,15 @@ def test_similarity_is_word_level():
     assert similarity("a b c d", "a b c d") == 1.0
     assert similarity("", "") == 1.0
     assert similarity("a b", "c d") == 0.0
+
+
+def test_free_memory_is_gpu_memory_when_there_are_gpus():
+    from llmesh.modelmgr.clients import free_memory
+    from llmesh.v1 import scheduler_pb2
+
+    cpu = scheduler_pb2.HardwareProfile(memory_total_bytes=16 * 2**30, memory_available_bytes=6 * 2**30)
+    assert free_memory(cpu) == 6 * 2**30
+    gpu = scheduler_pb2.HardwareProfile(memory_available_bytes=6 * 2**30, gpus=[
+        scheduler_pb2.GpuInfo(memory_total_bytes=80 * 2**30, memory_used_bytes=20 * 2**30),
+        scheduler_pb2.GpuInfo(memory_total_bytes=80 * 2**30, memory_used_bytes=70 * 2**30)])
+    assert free_memory(gpu) == 70 * 2**30
