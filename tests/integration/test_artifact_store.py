@@ -7,7 +7,6 @@ import hashlib
 import http.server
 import re
 import threading
-from pathlib import Path
 
 import pytest
 
