@@ -33,9 +33,6 @@ class LlamaCppBackend:
         with quiet_native_stderr():
             self._vocab = Llama(model_path=str(model_path), vocab_only=True, verbose=False)
             params = llama_cpp.llama_model_default_params()
-            # No AMX/extra weight buffers: a CPU may advertise AMX that its sandbox (gVisor,
-            # some VMs) never enabled, and its tile instructions then die with SIGILL.
-            params.use_extra_bufts = False
             self._model_p = llama_cpp.llama_model_load_from_file(str(model_path).encode(), params)
         if not self._model_p:
             raise RuntimeError(f"llama.cpp could not load {model_path}")
