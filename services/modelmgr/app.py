@@ -78,6 +78,10 @@ class ModelMgrApp:
     def advertise_address(self) -> str:
         return self.server.bound_address
 
+    @property
+    def health_service(self) -> str:
+        return "llmesh.v1.ModelManager"
+
     async def start(self) -> None:
         await asyncio.to_thread(upgrade, self.db)  # the schema is current before we say SERVING
         records = await asyncio.to_thread(self.store.list)  # checksums computed before we say SERVING

@@ -4,8 +4,11 @@
     llmesh status   services, endpoints and models of a running mesh
     llmesh chat     stream a chat answer through the gateway's gRPC API
     llmesh config   read, check and change the live config
+    llmesh keys     create, list, rotate and revoke API keys
+    llmesh usage    tokens and cost per tenant, model and day
+    llmesh audit    check the audit log's hash chain
     llmesh models   model registry: import, deploy, promote, rollback, history, eval
-    llmesh bench    run a benchmark from bench/ (engine, gateway, llamacpp)
+    llmesh bench    run a benchmark from bench/ (engine, gateway, guards, llamacpp)
 """
 
 from __future__ import annotations
@@ -163,6 +166,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_parser(sub)
     sub.choices["config"].set_defaults(func=cmd_config)
 
+    from llmesh.cli.governance import add_parsers
+    add_parsers(sub)
+    from llmesh.cli.audit import add_parser as add_audit
+    add_audit(sub)
     from llmesh.cli.models import add_parser as add_models
     models = add_models(sub)
     _add_layout_args(models)
@@ -170,7 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-BENCHES = {"engine": "bench.engine", "gateway": "bench.gateway", "llamacpp": "bench.llamacpp"}
+BENCHES = {"engine": "bench.engine", "gateway": "bench.gateway", "governance": "bench.governance",
+           "guards": "bench.guards", "llamacpp": "bench.llamacpp"}
 
 
 def main(argv: list[str] | None = None) -> None:
