@@ -12,6 +12,7 @@ class ErrorCode(enum.Enum):
     UNAVAILABLE = "unavailable"
     DEADLINE_EXCEEDED = "deadline_exceeded"
     CANCELLED = "cancelled"
+    FAILED_PRECONDITION = "failed_precondition"
     INTERNAL = "internal"
     UNAUTHENTICATED = "unauthenticated"
     PERMISSION_DENIED = "permission_denied"
@@ -90,6 +91,12 @@ class Cancelled(LlmeshError):
     code = ErrorCode.CANCELLED
 
 
+class FailedPrecondition(LlmeshError):
+    """The system is not in the state the operation needs (e.g. a promotion the
+    eval gate blocked, a rollback with nothing to roll back to)."""
+    code = ErrorCode.FAILED_PRECONDITION
+
+
 class Internal(LlmeshError):
     code = ErrorCode.INTERNAL
 
@@ -113,7 +120,7 @@ class RateLimited(Overloaded):
 
 
 _BY_CODE = {cls.code: cls for cls in (InvalidArgument, NotFound, Overloaded, Unavailable,
-                                      DeadlineExceeded, Cancelled, Internal, Unauthenticated,
+                                      DeadlineExceeded, Cancelled, FailedPrecondition, Internal, Unauthenticated,
                                       PermissionDenied)}
 
 

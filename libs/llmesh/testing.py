@@ -278,4 +278,11 @@ class PostgresServer:
                                        "-U", self.user, self.user]), check=True, capture_output=True)
 
     def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            # As root, proc is runuser, which does not pass signals on: tell the postmaster itself
+            # (else runuser is killed after the timeout and PostgreSQL is left running).
+            try:
+                os.kill(int((self.data_dir / "postmaster.pid").read_text().split()[0]), signal.SIGINT)
+            except (OSError, ValueError, IndexError):
+                pass
         terminate(self.proc, signal.SIGINT, 15.0)

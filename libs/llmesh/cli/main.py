@@ -7,6 +7,7 @@
     llmesh keys     create, list, rotate and revoke API keys
     llmesh usage    tokens and cost per tenant, model and day
     llmesh audit    check the audit log's hash chain
+    llmesh models   model registry: import, deploy, promote, rollback, history, eval
     llmesh bench    run a benchmark from bench/ (engine, gateway, guards, llamacpp)
 """
 
@@ -127,6 +128,12 @@ def cmd_config(args: argparse.Namespace) -> int:
     return asyncio.run(run(args))
 
 
+def cmd_models(args: argparse.Namespace) -> int:
+    from llmesh.cli.models import run
+
+    return asyncio.run(run(args, args.address or _layout(args).address("modelmgr")))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llmesh", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -163,6 +170,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_parsers(sub)
     from llmesh.cli.audit import add_parser as add_audit
     add_audit(sub)
+    from llmesh.cli.models import add_parser as add_models
+    models = add_models(sub)
+    _add_layout_args(models)
+    models.set_defaults(func=cmd_models)
     return parser
 
 

@@ -78,6 +78,7 @@ def plan(spec: MeshSpec) -> list[Child]:
         "LLMESH_SCHEDULER_PORT": str(lay.port("scheduler")), **metrics("scheduler", "SCHEDULER")})
     add("modelmgr", "modelmgr", lay.address("modelmgr"), {
         "LLMESH_MODELMGR_PORT": str(lay.port("modelmgr")), "LLMESH_MODELMGR_MODEL_DIR": str(spec.model_dir),
+        "LLMESH_MODELMGR_SCHEDULER_ADDRESS": lay.address("scheduler"),
         **metrics("modelmgr", "MODELMGR")})
     add("cache", "cache", lay.address("cache"), {"LLMESH_CACHE_PORT": str(lay.port("cache")),
                                                  **metrics("cache", "CACHE")})
