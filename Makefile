@@ -6,7 +6,7 @@ MODELS   := var/models
 PROTOS   := $(wildcard protos/llmesh/v1/*.proto)
 GEN      := $(patsubst protos/%.proto,libs/%_pb2.py,$(PROTOS))
 
-.PHONY: install tools run test test-unit test-e2e bench gpu-smoke protos model lock clean
+.PHONY: install tools vllm-modules run test test-unit test-e2e bench gpu-smoke protos model lock clean
 
 install: $(VENV)/.installed $(GEN) $(MODELS)/smollm2-135m-instruct/model.json
 
@@ -36,7 +36,16 @@ run: install
 tools:
 	bash scripts/ensure-tools
 
-test: tools install
+# vLLM's own Python modules (KV events, block hashing, SamplingParams, LoRA, stat loggers) for
+# the vllm backend's contract tests, without a GPU: the vLLM wheel with no dependencies, PyTorch's
+# CPU build and the few packages those modules import (requirements-vllm-modules.txt).
+VLLM_PIN := $(shell sed -n 's/^ *"\(vllm==[^"]*\)".*/\1/p' pyproject.toml)
+vllm-modules: $(VENV)/.vllm-modules
+$(VENV)/.vllm-modules: $(VENV)/.installed requirements-vllm-modules.txt pyproject.toml
+	$(BIN)/python -m pip install --quiet --no-deps -r requirements-vllm-modules.txt "$(VLLM_PIN)"
+	touch $@
+
+test: tools install vllm-modules
 	$(BIN)/python -m pytest -q
 
 test-unit: install
