@@ -51,9 +51,16 @@ class EngineSettings(ServiceSettings):
     vllm_kv_events_endpoint: str | None = Field(default=None, description="where vLLM's publisher binds: "
                                                 "ipc://PATH, inproc://NAME or tcp://*:PORT (default: an IPC socket)")
     vllm_enable_lora: bool = Field(default=True, description="serve LoRA adapters (LoadModel with adapter_path)")
-    vllm_max_lora_rank: Literal[1, 8, 16, 32, 64, 128, 256, 320, 512] = Field(
-        default=16, description="the highest adapter rank vLLM takes (its allowed values)")
+    vllm_max_lora_rank: int = Field(default=16, description="the highest adapter rank vLLM takes: "
+                                    "1, 8, 16, 32, 64, 128, 256, 320 or 512 (vLLM's choices)")
     vllm_max_loras: int = Field(default=4, ge=1, description="adapters in one batch")
+
+    @field_validator("vllm_max_lora_rank")
+    @classmethod
+    def _lora_rank(cls, v: int) -> int:
+        if v not in (1, 8, 16, 32, 64, 128, 256, 320, 512):
+            raise ValueError("vLLM takes a max LoRA rank of 1, 8, 16, 32, 64, 128, 256, 320 or 512")
+        return v
 
     @field_validator("vllm_kv_events_endpoint")
     @classmethod

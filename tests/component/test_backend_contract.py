@@ -35,9 +35,10 @@ async def backend(request):
     await b.close()
 
 
-async def fake_vllm_backend(model_dir, tmp_path, **engine_kw):
-    """VllmBackend wired as VllmBackend.create wires it, at the KV-event endpoint the
-    engine's app builds, over a FAKE AsyncLLM made of vLLM's own modules."""
+async def fake_vllm_backend(model_dir, tmp_path, settings=None, **engine_kw):
+    """VllmBackend wired as VllmBackend.create wires it from the engine's settings, at
+    the KV-event endpoint the engine's app builds, over a FAKE AsyncLLM made of vLLM's
+    own modules."""
     from llmesh.engine.app import vllm_kv_events_endpoint
     from llmesh.engine.backends.vllm import (
         KV_TOPIC, KvEventSubscriber, VllmBackend, kv_events_endpoints, stats_logger_factory, vllm_hash_scheme)
@@ -46,10 +47,13 @@ async def fake_vllm_backend(model_dir, tmp_path, **engine_kw):
     from tests.component.fake_vllm import FakeAsyncLLM, GgufTokenizer, require_vllm, vllm_api
 
     require_vllm()
-    settings = EngineSettings(backend="vllm", endpoint_id=f"contract-{tmp_path.name}")
+    settings = (settings or EngineSettings(backend="vllm")).model_copy(
+        update={"endpoint_id": f"contract-{tmp_path.name}"})
     publish_at, subscribe_at = kv_events_endpoints(vllm_kv_events_endpoint(settings))
     holder = {}
-    engine = FakeAsyncLLM(publish_at, [stats_logger_factory(holder)], **engine_kw)
+    engine = FakeAsyncLLM(publish_at, [stats_logger_factory(holder)], enable_lora=settings.vllm_enable_lora,
+                          max_lora_rank=settings.vllm_max_lora_rank,
+                          gpu_memory_utilization=settings.vllm_gpu_memory_utilization, **engine_kw)
     gguf = next((model_dir / "smollm2-135m-instruct").glob("*.gguf"))
     b = holder["backend"] = VllmBackend(
         engine, GgufTokenizer(gguf), MODELS["vllm"], 1024, vllm_api(),

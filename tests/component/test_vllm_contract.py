@@ -127,6 +127,18 @@ def test_vllms_batches_decode_with_their_shape_and_hashes():
     assert events[1].parent == maybe_convert_block_hash(digest) and events[2].hashes == (7,)
 
 
+def test_the_block_size_in_use_comes_from_vllms_events():
+    from vllm.distributed.kv_events import BlockStored, KVEventBatch
+
+    from llmesh.engine.backends.vllm import apply_vllm_events
+
+    sink = KvEventLog(scheme=HashScheme("vllm", 16, "sha256", "vllm-none-hash"))
+    apply_vllm_events(encode(KVEventBatch(ts=0.0, events=[BlockStored(
+        block_hashes=[1, 2], parent_block_hash=None, token_ids=list(range(128)), block_size=64, lora_id=None,
+        medium="GPU", lora_name=None)])), sink)
+    assert sink.scheme.block_size == 64 and sink.scheme.seed == "vllm-none-hash"
+
+
 def test_a_gap_in_sequence_numbers_resyncs():
     from vllm.distributed.kv_events import BlockStored, KVEventBatch
 
@@ -236,7 +248,7 @@ def adapter(tmp_path, rank: int):
 
 
 async def test_lora_failures_are_clear_invalid_arguments(real_model_dir, tmp_path):
-    backend = await fake_vllm_backend(real_model_dir, tmp_path, max_lora_rank=16)
+    backend = await fake_vllm_backend(real_model_dir, tmp_path)  # vLLM's default max rank, 16
     try:
         with pytest.raises(InvalidArgument, match="no LoRA adapter at /no/such/adapter") as err:
             await backend.load_adapter("missing", "/no/such/adapter")
@@ -250,8 +262,11 @@ async def test_lora_failures_are_clear_invalid_arguments(real_model_dir, tmp_pat
         await backend.close()
 
 
-async def test_lora_rank_and_switch_come_from_settings(real_model_dir, tmp_path):
-    backend = await fake_vllm_backend(real_model_dir, tmp_path, max_lora_rank=64)
+async def test_lora_rank_and_switch_come_from_settings(real_model_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("LLMESH_ENGINE_VLLM_MAX_LORA_RANK", "64")
+    with pytest.raises(ValidationError, match="max LoRA rank of 1, 8, 16"):
+        EngineSettings(backend="vllm", vllm_max_lora_rank=48)
+    backend = await fake_vllm_backend(real_model_dir, tmp_path, EngineSettings(backend="vllm"))
     try:
         await backend.load_adapter("big", adapter(tmp_path, 32))
         prompt = backend.tokenize(Prompt(messages=(Message("user", "hi"),)))
@@ -260,7 +275,8 @@ async def test_lora_rank_and_switch_come_from_settings(real_model_dir, tmp_path)
             assert [p async for p in s]
     finally:
         await backend.close()
-    off = await fake_vllm_backend(real_model_dir, tmp_path / "off", enable_lora=False)
+    monkeypatch.setenv("LLMESH_ENGINE_VLLM_ENABLE_LORA", "false")
+    off = await fake_vllm_backend(real_model_dir, tmp_path / "off", EngineSettings(backend="vllm"))
     try:
         with pytest.raises(InvalidArgument, match="LLMESH_ENGINE_VLLM_ENABLE_LORA"):
             await off.load_adapter("any", adapter(tmp_path, 8))
@@ -305,11 +321,12 @@ async def test_a_swap_that_does_not_fit_unloads_first_out_of_routing(real_model_
     from vllm.v1.worker.utils import request_memory
 
     from llmesh.engine.admission import Admission
+    from llmesh.engine.app import gpu_memory_share
     from llmesh.engine.core import Defaults, EngineCore
     from llmesh.engine.lifecycle import ModelLifecycle
 
     gpu = FakeGpu(total_memory=80 * GIB)
-    old = await fake_vllm_backend(real_model_dir, tmp_path / "a", gpu=gpu, gpu_memory_utilization=0.85)
+    old = await fake_vllm_backend(real_model_dir, tmp_path / "a", gpu=gpu)  # the default share, 0.85
     with pytest.raises(ValueError, match="less than desired GPU memory utilization"):
         request_memory(gpu, CacheConfig(gpu_memory_utilization=0.85))  # vLLM would refuse a second one now
 
@@ -319,12 +336,14 @@ async def test_a_swap_that_does_not_fit_unloads_first_out_of_routing(real_model_
     def build(name):
         during.append(core.backend.models)  # what the engine answers for while the new model loads
         b = asyncio.run_coroutine_threadsafe(
-            fake_vllm_backend(real_model_dir, tmp_path / name, gpu=gpu, gpu_memory_utilization=0.85), loop).result()
+            fake_vllm_backend(real_model_dir, tmp_path / name, gpu=gpu), loop).result()
         b.model = name
         return b
 
     loop = asyncio.get_running_loop()
-    life = ModelLifecycle(core, build, gpu_share=lambda name: 0.85, out_of_routing=routing.append)
+    settings = EngineSettings(backend="vllm")
+    life = ModelLifecycle(core, build, gpu_share=lambda name: gpu_memory_share(settings),
+                          out_of_routing=routing.append)
     result = await life.load("second-model")
     try:
         assert result.swap == "unload_first" and result.replaced == MODELS_VLLM

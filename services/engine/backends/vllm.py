@@ -185,15 +185,16 @@ def lora_failure(message: str, path: str, max_lora_rank: int) -> str:
 
 def vllm_hash_scheme(cache_config) -> HashScheme | None:
     """How a vLLM engine with this CacheConfig names its blocks; None where a router
-    cannot reproduce it (xxhash seeds are random per process)."""
+    cannot reproduce it (xxhash seeds are random per process). A block size the
+    attention backend has yet to choose starts at vLLM's usual 16; the events correct it."""
     from vllm.utils.hashing import get_hash_fn_by_name
     from vllm.v1.core.kv_cache_utils import resolve_none_hash_seed
 
     algo = cache_config.prefix_caching_hash_algo
-    if algo not in VLLM_ALGOS or not cache_config.block_size:
+    if algo not in VLLM_ALGOS:
         log.warning("vLLM's block hashes cannot be matched by routers", extra={"algo": algo})
         return None
-    return HashScheme("vllm", cache_config.block_size, algo, resolve_none_hash_seed(get_hash_fn_by_name(algo)),
+    return HashScheme("vllm", cache_config.block_size or 16, algo, resolve_none_hash_seed(get_hash_fn_by_name(algo)),
                       getattr(cache_config, "hash_block_size", None) or 0)
 
 
@@ -275,9 +276,8 @@ def _learn_block_size(sink: KvEventLog, event: BlockStored) -> None:
     if (scheme is not None and event.block_size and event.block_size != scheme.block_size
             and len(event.token_ids) == event.block_size * len(event.block_hashes)):
         log.info("vLLM's KV block size learned from its events", extra={"block_size": event.block_size})
-        sink.scheme = HashScheme(scheme.kind, event.block_size, scheme.algo, scheme.seed,
-                                 scheme.hash_block_size if event.block_size % (scheme.hash_block_size or 1) == 0
-                                 else 0)
+        hash_bs = scheme.hash_block_size if event.block_size % (scheme.hash_block_size or 1) == 0 else 0
+        sink.scheme = HashScheme(scheme.kind, event.block_size, scheme.algo, scheme.seed, hash_bs)
 
 
 class KvEventSubscriber:
