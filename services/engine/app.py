@@ -18,7 +18,7 @@ from llmesh.engine.backends.base import Backend
 from llmesh.engine.config import EngineSettings
 from llmesh.engine.core import Defaults, EngineCore
 from llmesh.engine.hardware import Hardware, probe
-from llmesh.engine.lifecycle import ModelLifecycle
+from llmesh.engine.lifecycle import ModelLifecycle, Swapping
 from llmesh.engine.metrics import EngineMetrics
 from llmesh.engine.reporter import Reporter
 from llmesh.engine.servicer import EngineServicer, load_pb
@@ -133,6 +133,8 @@ class EngineApp:
         self.hardware = hardware_pb(await asyncio.to_thread(probe))
         if self.admission.running or self.admission.waiting:
             return  # serving is proof enough; don't queue a test behind real work
+        if isinstance(self.core.backend, Swapping):
+            return  # out of routing meanwhile; the new model's warmup is its test
         ok, detail, ms = await self.core.self_test()
         self.self_test = scheduler_pb2.SelfTest(ok=ok, detail=detail, checked_unix=time.time(), latency_ms=ms)
         if not ok:

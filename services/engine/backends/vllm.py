@@ -199,10 +199,11 @@ def vllm_hash_scheme(cache_config) -> HashScheme | None:
 
 
 def default_kv_events_endpoint(endpoint_id: str) -> str:
-    """A local IPC socket: vLLM's publisher binds it (it binds ipc://, inproc:// and
-    wildcard endpoints and connects to any other), nothing off this host can reach it."""
+    """A local IPC socket, one per model load (a swap may run two engines at once):
+    vLLM's publisher binds it (it binds ipc://, inproc:// and wildcard endpoints and
+    connects to any other), nothing off this host can reach it."""
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in endpoint_id)
-    return f"ipc://{tempfile.gettempdir()}/llmesh-kv-{safe}-{os.getpid()}.sock"
+    return f"ipc://{tempfile.gettempdir()}/llmesh-kv-{safe}-{os.getpid()}-{uuid.uuid4().hex[:8]}.sock"
 
 
 def kv_events_endpoints(endpoint: str) -> tuple[str, str]:
