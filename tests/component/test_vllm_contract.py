@@ -6,6 +6,7 @@ the wrapper assumes and what vLLM 0.33 does."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import time
 from contextlib import aclosing
@@ -282,6 +283,36 @@ async def test_lora_rank_and_switch_come_from_settings(real_model_dir, tmp_path,
             await off.load_adapter("any", adapter(tmp_path, 8))
     finally:
         await off.close()
+
+
+# --- the engine's surface ---
+
+def test_the_wrapper_calls_asyncllm_as_vllm_defines_it():
+    from vllm import SamplingParams
+    from vllm.config import KVEventsConfig
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.lora.request import LoRARequest
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    from llmesh.engine.backends.vllm import engine_args
+
+    kw = engine_args("/models/x", served_name="x", max_model_len=4096, gpu_memory_utilization=0.85,
+                     enable_lora=True, max_loras=4, max_lora_rank=32, kv_events_endpoint="ipc:///tmp/kv.sock",
+                     kv_events_config=KVEventsConfig)
+    args = AsyncEngineArgs(**kw)
+    assert args.enable_lora and args.max_lora_rank == 32 and args.enable_prefix_caching
+    assert args.kv_events_config.endpoint == "ipc:///tmp/kv.sock" and args.kv_events_config.enable_kv_cache_events
+    assert not AsyncEngineArgs(**engine_args(
+        "/m", served_name=None, max_model_len=64, gpu_memory_utilization=0.5, enable_lora=False, max_loras=1,
+        max_lora_rank=16, kv_events_endpoint=None, kv_events_config=KVEventsConfig)).enable_lora
+    sig = inspect.signature
+    sig(AsyncLLM.generate).bind(None, {"prompt_token_ids": [1, 2]}, SamplingParams(), "id",
+                                lora_request=LoRARequest("a", 1, "/p"))
+    sig(AsyncLLM.abort).bind(None, "id")
+    sig(AsyncLLM.add_lora).bind(None, LoRARequest("a", 1, "/p"))
+    sig(AsyncLLM.remove_lora).bind(None, 1)
+    sig(AsyncLLM.shutdown).bind(None)
+    assert "stat_loggers" in sig(AsyncLLM.from_engine_args).parameters
 
 
 # --- request types and stats ---

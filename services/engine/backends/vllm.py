@@ -71,15 +71,11 @@ class VllmBackend:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         holder: dict[str, VllmBackend] = {}
-        events = subscriber_endpoint = None
-        if kv_events_endpoint:
-            kv_events_endpoint, subscriber_endpoint = kv_events_endpoints(kv_events_endpoint)
-            events = KVEventsConfig(enable_kv_cache_events=True, publisher="zmq", endpoint=kv_events_endpoint,
-                                    topic=KV_TOPIC)
-        lora = {"enable_lora": True, "max_loras": max_loras, "max_lora_rank": max_lora_rank} if enable_lora else {}
-        args = AsyncEngineArgs(model=model, served_model_name=served_name or model, max_model_len=max_model_len,
-                               gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=True,
-                               kv_events_config=events, **lora)
+        subscriber_endpoint = kv_events_endpoints(kv_events_endpoint)[1] if kv_events_endpoint else None
+        args = AsyncEngineArgs(**engine_args(
+            model, served_name=served_name, max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization,
+            enable_lora=enable_lora, max_loras=max_loras, max_lora_rank=max_lora_rank,
+            kv_events_endpoint=kv_events_endpoint, kv_events_config=KVEventsConfig))
         engine = AsyncLLM.from_engine_args(args, stat_loggers=[stats_logger_factory(holder)])
         backend = cls(engine, AutoTokenizer.from_pretrained(model), served_name or model, max_model_len,
                       SimpleNamespace(SamplingParams=SamplingParams, RequestOutputKind=RequestOutputKind,
@@ -169,6 +165,21 @@ class VllmBackend:
         if self._subscriber is not None:
             self._subscriber.stop()
         self._engine.shutdown()
+
+
+def engine_args(model: str, *, served_name: str | None, max_model_len: int, gpu_memory_utilization: float,
+                enable_lora: bool, max_loras: int, max_lora_rank: int, kv_events_endpoint: str | None,
+                kv_events_config) -> dict:
+    """Keyword arguments of vLLM's AsyncEngineArgs for this engine (``kv_events_config``:
+    vLLM's KVEventsConfig class)."""
+    events = None
+    if kv_events_endpoint:
+        events = kv_events_config(enable_kv_cache_events=True, publisher="zmq", topic=KV_TOPIC,
+                                  endpoint=kv_events_endpoints(kv_events_endpoint)[0])
+    lora = {"enable_lora": True, "max_loras": max_loras, "max_lora_rank": max_lora_rank} if enable_lora else {}
+    return dict(model=model, served_model_name=served_name or model, max_model_len=max_model_len,
+                gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=True,
+                kv_events_config=events, **lora)
 
 
 def lora_failure(message: str, path: str, max_lora_rank: int) -> str:
