@@ -28,6 +28,10 @@ class ModelMgrApp:
     def advertise_address(self) -> str:
         return self.server.bound_address
 
+    @property
+    def health_service(self) -> str:
+        return "llmesh.v1.ModelManager"
+
     async def start(self) -> None:
         records = await asyncio.to_thread(self.store.list)  # checksums computed before we say SERVING
         for fmt in {r.format for r in records}:

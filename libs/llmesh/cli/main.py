@@ -4,7 +4,10 @@
     llmesh status   services, endpoints and models of a running mesh
     llmesh chat     stream a chat answer through the gateway's gRPC API
     llmesh config   read, check and change the live config
-    llmesh bench    run a benchmark from bench/ (engine, gateway, llamacpp)
+    llmesh keys     create, list, rotate and revoke API keys
+    llmesh usage    tokens and cost per tenant, model and day
+    llmesh audit    check the audit log's hash chain
+    llmesh bench    run a benchmark from bench/ (engine, gateway, guards, llamacpp)
 """
 
 from __future__ import annotations
@@ -155,10 +158,16 @@ def build_parser() -> argparse.ArgumentParser:
     from llmesh.cli.config import add_parser
     add_parser(sub)
     sub.choices["config"].set_defaults(func=cmd_config)
+
+    from llmesh.cli.governance import add_parsers
+    add_parsers(sub)
+    from llmesh.cli.audit import add_parser as add_audit
+    add_audit(sub)
     return parser
 
 
-BENCHES = {"engine": "bench.engine", "gateway": "bench.gateway", "llamacpp": "bench.llamacpp"}
+BENCHES = {"engine": "bench.engine", "gateway": "bench.gateway", "governance": "bench.governance",
+           "guards": "bench.guards", "llamacpp": "bench.llamacpp"}
 
 
 def main(argv: list[str] | None = None) -> None:

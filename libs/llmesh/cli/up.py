@@ -97,7 +97,7 @@ def plan(spec: MeshSpec) -> list[Child]:
         "LLMESH_GATEWAY_SCHEDULER_ADDRESS": lay.address("scheduler"),
         "LLMESH_GATEWAY_MODELMGR_ADDRESS": lay.address("modelmgr"),
         "LLMESH_GATEWAY_CACHE_ADDRESS": lay.address("cache") if spec.cache else "",
-        "LLMESH_GATEWAY_GRACE_S": str(spec.grace_s), **metrics("gateway", "GATEWAY")})
+        "LLMESH_GATEWAY_GRACE_S": str(spec.grace_s), "LLMESH_GATEWAY_MODEL_DIR": str(spec.model_dir), **metrics("gateway", "GATEWAY")})
     assert [c.name for c in children[:3]] == list(CORE_SERVICES)
     return children
 

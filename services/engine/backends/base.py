@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from llmesh.kvhash import HashScheme
-from llmesh.types import Prompt
+from llmesh.types import Priority, Prompt
 from llmesh.engine.kvblocks import KvEvent
 
 
@@ -26,6 +26,7 @@ class DecodeParams:
     top_p: float
     seed: int | None
     adapter: str | None = None  # a LoRA adapter the backend has loaded, by name
+    priority: Priority = Priority.NORMAL  # a backend that queues internally serves higher classes first
 
 
 class Backend(Protocol):
