@@ -107,7 +107,10 @@ async def kv_lora_swap(address: str, model_dir: str, kv: KvIndex, tmp: Path) -> 
         ask = shared + [{"role": "user", "content": "Name a planet."}]
         tokens = tok.apply_chat_template(ask, tokenize=True, add_generation_prompt=True, return_dict=False)
         eid = "gpu-smoke"
-        ok = wait_until(lambda: kv.count(eid) > 0 and kv.scheme(eid) is not None, 10)
+        for _ in range(100):  # the scheduler runs on this event loop: wait without blocking it
+            if ok := kv.count(eid) > 0 and kv.scheme(eid) is not None:
+                break
+            await asyncio.sleep(0.1)
         check(ok and kv.scheme(eid).kind == "vllm", f"vLLM's KV events reach the scheduler ({kv.count(eid)} blocks)")
         hit = kv.prefix_tokens(tokens).get(eid, 0) if ok else 0
         check(hit >= 128, f"a request sharing a prefix finds vLLM's cached blocks by our hashes ({hit} tokens)")
