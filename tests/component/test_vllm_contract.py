@@ -10,6 +10,7 @@ import inspect
 import json
 import time
 from contextlib import aclosing
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -261,6 +262,7 @@ async def test_lora_failures_are_clear_invalid_arguments(real_model_dir, tmp_pat
         assert backend.models[-1] == "small"
     finally:
         await backend.close()
+    assert not Path(backend._subscriber.endpoint.removeprefix("ipc://")).exists()  # no socket file left behind
 
 
 async def test_lora_rank_and_switch_come_from_settings(real_model_dir, tmp_path, monkeypatch):

@@ -21,6 +21,7 @@ import tempfile
 import threading
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from types import SimpleNamespace
 
 import msgspec
@@ -165,6 +166,8 @@ class VllmBackend:
         if self._subscriber is not None:
             self._subscriber.stop()
         self._engine.shutdown()
+        if self._subscriber is not None and self._subscriber.endpoint.startswith("ipc://"):
+            Path(self._subscriber.endpoint.removeprefix("ipc://")).unlink(missing_ok=True)  # ZMQ leaves it
 
 
 def engine_args(model: str, *, served_name: str | None, max_model_len: int, gpu_memory_utilization: float,
@@ -301,6 +304,7 @@ class KvEventSubscriber:
         import zmq
 
         self._sink = sink
+        self.endpoint = endpoint
         self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.SUB)
         self._sock.setsockopt(zmq.RCVTIMEO, 200)
