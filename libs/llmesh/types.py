@@ -28,7 +28,8 @@ class Sampling:
 
     @property
     def deterministic(self) -> bool:
-        return self.temperature == 0.0
+        """Greedy (temperature 0), or sampling with a fixed seed: the same request gets the same answer."""
+        return self.temperature == 0.0 or self.seed is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +58,11 @@ class Delta:
     """Generated text that became final, and the number of tokens behind it."""
     text: str
     tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class CachedText(Delta):
+    """A whole answer replayed from the response cache (the fronts mark the response as a hit)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,7 @@ import orjson
 
 from llmesh.errors import ErrorCode, InvalidArgument, LlmeshError
 from llmesh.logs import request_id_var
-from llmesh.types import Delta, Finish
+from llmesh.types import CachedText, Delta, Finish
 from llmesh.gateway.openai_api import (CHAT, TEXT, ChatBody, ChunkWriter, CompletionBody, Shape,
                                        completion_json, error_json, parse)
 from llmesh.gateway.pipeline import CompletionRequest, Pipeline
@@ -31,6 +31,7 @@ HTTP_STATUS = {
     ErrorCode.INTERNAL: 500,
 }
 REQUEST_ID = "x-request-id"
+CACHE_HIT = (b"x-llmesh-cache", b"hit")  # on answers replayed from the response cache
 TIMEOUT_HEADERS = ("x-request-timeout", "x-stainless-timeout")  # seconds; the OpenAI SDK sends the latter
 MAX_BODY = 16 << 20
 
@@ -42,16 +43,18 @@ def _sse(obj: dict) -> bytes:
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
-async def _respond(send: Send, status: int, body: bytes, content_type: bytes, rid: str | None) -> None:
-    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
+async def _respond(send: Send, status: int, body: bytes, content_type: bytes, rid: str | None,
+                   extra: tuple[tuple[bytes, bytes], ...] = ()) -> None:
+    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode()), *extra]
     if rid:
         headers.append((REQUEST_ID.encode(), rid.encode()))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
-async def _json(send: Send, obj: dict, status: int = 200, rid: str | None = None) -> None:
-    await _respond(send, status, orjson.dumps(obj), b"application/json", rid)
+async def _json(send: Send, obj: dict, status: int = 200, rid: str | None = None,
+                extra: tuple[tuple[bytes, bytes], ...] = ()) -> None:
+    await _respond(send, status, orjson.dumps(obj), b"application/json", rid, extra)
 
 
 async def _error(send: Send, exc: LlmeshError, rid: str | None) -> None:
@@ -132,14 +135,15 @@ class HttpFront:
                 writer = ChunkWriter(shape, rid, body.model, body.include_usage)
                 return await self._stream(receive, send, rid, writer, first, items)
             async with aclosing(items):
-                parts, finish = [], None
+                parts, finish, cached = [], None, False
                 async for item in items:
                     if isinstance(item, Delta):
                         parts.append(item.text)
+                        cached = cached or isinstance(item, CachedText)
                     else:
                         finish = item
             await _json(send, completion_json(shape, rid, body.model, "".join(parts), finish.reason, finish.usage),
-                        rid=rid)
+                        rid=rid, extra=(CACHE_HIT,) if cached else ())
         except LlmeshError as exc:
             await _error(send, exc, rid)
 
@@ -148,7 +152,7 @@ class HttpFront:
         """SSE; a client that goes away cancels the stream, which cancels the engine call."""
         await send({"type": "http.response.start", "status": 200, "headers": [
             (b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
-            (REQUEST_ID.encode(), rid.encode())]})
+            (REQUEST_ID.encode(), rid.encode()), *((CACHE_HIT,) if isinstance(first, CachedText) else ())]})
         producer = asyncio.current_task()
 
         async def watch_disconnect() -> None:

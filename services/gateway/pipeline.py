@@ -20,7 +20,7 @@ from opentelemetry.trace import NoOpTracer, Span, SpanKind, Status, StatusCode, 
 from llmesh.errors import DeadlineExceeded, LlmeshError, ModelNotFound, Overloaded, Unavailable
 from llmesh.liveconfig.schema import MeshConfig, ModelPolicy
 from llmesh.telemetry import bind_trace_id, extract
-from llmesh.types import Delta, Finish, Prompt, Sampling
+from llmesh.types import CachedText, Delta, Finish, Prompt, Sampling
 from llmesh.validation import check_request
 from llmesh.gateway.endpoints import EndpointPicker
 from llmesh.gateway.policy import apply_policy, route
@@ -89,7 +89,8 @@ class Pipeline:
             prompt, sampling = apply_policy(req.prompt, req.sampling, policy)
             req = replace(req, model=target, prompt=prompt, sampling=sampling)
             record["model"] = target
-            cacheable = self._cache is not None and req.sampling.deterministic
+            cacheable = self._cache is not None and self._config().cache.applies(
+                req.tenant, req.model, req.sampling.deterministic)
             if cacheable:
                 hit = await self._cache.lookup(req, span)
                 record["cache"] = "hit" if hit else "miss"
@@ -97,7 +98,7 @@ class Pipeline:
                     text, finish = hit
                     record["ttft_ms"] = round((self._clock() - started) * 1000, 3)
                     self._count(record, finish)
-                    yield Delta(text=text, tokens=finish.usage.completion_tokens)
+                    yield CachedText(text=text, tokens=finish.usage.completion_tokens)
                     yield finish
                     return
             parts: list[str] = []

@@ -71,20 +71,30 @@ class EngineClients:
 
 class CacheClient:
     """The response cache; a failing cache never fails a request, it only misses.
-    The cache's address is looked up when first needed and again after a failure."""
+    A lookup has ``budget_s`` (a slow cache is a miss, not a slower answer); stores
+    run after the answer, off the request path. The cache's address is looked up
+    when first needed and again after the cache was unreachable."""
 
-    def __init__(self, resolve: Resolver, timeout_s: float = 0.25, tracer: Tracer | None = None):
+    def __init__(self, resolve: Resolver, budget_s: float = 0.02, tracer: Tracer | None = None,
+                 store_timeout_s: float = 2.0):
         self._resolve = resolve
         self._tracer = tracer or NoOpTracer()
         self._channel: grpc.aio.Channel | None = None
         self._stub: cache_pb2_grpc.CacheStub | None = None
-        self._timeout = timeout_s
+        self._timeout = budget_s
+        self._store_timeout = store_timeout_s
 
     async def _cache(self) -> cache_pb2_grpc.CacheStub:
         if self._stub is None:
             self._channel = insecure_channel(await self._resolve())
             self._stub = cache_pb2_grpc.CacheStub(self._channel)
         return self._stub
+
+    async def _forget_if_gone(self, exc: Exception) -> None:
+        """A lookup over budget keeps its channel (reconnecting costs more); an
+        unreachable cache is looked up again next time."""
+        if not (isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED):
+            await self._forget()
 
     async def _forget(self) -> None:
         channel, self._channel, self._stub = self._channel, None, None
@@ -105,7 +115,7 @@ class CacheClient:
                                          metadata=((REQUEST_ID_KEY, req.request_id), *inject(span)))
             except (grpc.aio.AioRpcError, LookupError) as exc:
                 log.warning("cache lookup failed", extra={"error": _why(exc)})
-                await self._forget()
+                await self._forget_if_gone(exc)
                 return None
             span.set_attribute("llmesh.cache.hit", resp.hit)
         if not resp.hit:
@@ -119,10 +129,10 @@ class CacheClient:
         try:
             stub = await self._cache()
             await stub.Store(cache_pb2.StoreRequest(query=self._query(req), response=response),
-                             timeout=self._timeout, metadata=((REQUEST_ID_KEY, req.request_id),))
+                             timeout=self._store_timeout, metadata=((REQUEST_ID_KEY, req.request_id),))
         except (grpc.aio.AioRpcError, LookupError) as exc:
             log.warning("cache store failed", extra={"error": _why(exc)})
-            await self._forget()
+            await self._forget_if_gone(exc)
 
     async def close(self) -> None:
         await self._forget()

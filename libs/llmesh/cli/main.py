@@ -4,7 +4,8 @@
     llmesh status   services, endpoints and models of a running mesh
     llmesh chat     stream a chat answer through the gateway's gRPC API
     llmesh config   read, check and change the live config
-    llmesh bench    run a benchmark from bench/ (engine, gateway, llamacpp)
+    llmesh cache    response cache: stats, invalidate
+    llmesh bench    run a benchmark from bench/ (cache, engine, gateway, llamacpp)
 """
 
 from __future__ import annotations
@@ -124,6 +125,12 @@ def cmd_config(args: argparse.Namespace) -> int:
     return asyncio.run(run(args))
 
 
+def cmd_cache(args: argparse.Namespace) -> int:
+    from llmesh.cli.cache import run
+
+    return asyncio.run(run(args, _layout(args).address("cache")))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llmesh", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -155,10 +162,14 @@ def build_parser() -> argparse.ArgumentParser:
     from llmesh.cli.config import add_parser
     add_parser(sub)
     sub.choices["config"].set_defaults(func=cmd_config)
+
+    from llmesh.cli import cache
+    cache.add_parser(sub, _add_layout_args)
+    sub.choices["cache"].set_defaults(func=cmd_cache)
     return parser
 
 
-BENCHES = {"engine": "bench.engine", "gateway": "bench.gateway", "llamacpp": "bench.llamacpp"}
+BENCHES = {"cache": "bench.cache", "engine": "bench.engine", "gateway": "bench.gateway", "llamacpp": "bench.llamacpp"}
 
 
 def main(argv: list[str] | None = None) -> None:
