@@ -4,7 +4,6 @@ lookup, store, invalidation and stats over a fail-open store. No gRPC here."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -99,8 +98,7 @@ class ResponseCache:
         query = semantic_query(req) if policy.mode == "semantic" and self._semantic is not None else None
         if query is not None:
             vector = await asyncio.to_thread(self._semantic.embed, query.text)
-            digest = hashlib.sha256(f"{query.scope}\n{query.text}".encode()).hexdigest()
-            sname = Name(req.tenant, req.model, "s", digest)
+            sname = Name(req.tenant, req.model, "s", name.digest)  # one digest: invalidated together
             entry = Entry(response, vector.tobytes(), query.text, query.scope)
             more = await self._store.call("put", lambda: self._store.store.put(sname, entry, policy.ttl_s), None)
             if more is not None:
