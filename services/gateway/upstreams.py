@@ -83,6 +83,7 @@ class CacheClient:
         self._stub: cache_pb2_grpc.CacheStub | None = None
         self._timeout = budget_s
         self._store_timeout = store_timeout_s
+        self._closing: set[asyncio.Task] = set()
 
     async def _cache(self) -> cache_pb2_grpc.CacheStub:
         if self._stub is None:
@@ -93,8 +94,15 @@ class CacheClient:
     async def _forget_if_gone(self, exc: Exception) -> None:
         """A lookup over budget keeps its channel (reconnecting costs more); an
         unreachable cache is looked up again next time."""
-        if not (isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED):
-            await self._forget()
+        if isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return
+        channel, self._channel, self._stub = self._channel, None, None
+        if channel is not None:
+            # Closing at once would cancel the calls still on it (their requests would fail):
+            # they get until the store timeout to finish.
+            task = asyncio.create_task(channel.close(grace=self._store_timeout))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
 
     async def _forget(self) -> None:
         channel, self._channel, self._stub = self._channel, None, None
@@ -136,6 +144,7 @@ class CacheClient:
 
     async def close(self) -> None:
         await self._forget()
+        await asyncio.gather(*self._closing, return_exceptions=True)
 
 
 def _why(exc: Exception) -> str:
