@@ -36,6 +36,7 @@ class CacheMesh:
         self.cache = Service("llmesh.cache", {
             **common, "LLMESH_CACHE_PORT": str(lay.port("cache")), "LLMESH_CACHE_BACKEND": "redis",
             "LLMESH_CACHE_EMBED_MODEL_DIR": str(minilm_dir), "LLMESH_CACHE_STORE_PAUSE_S": "0.5",
+            "LLMESH_CACHE_STORE_BUDGET_S": "0.25",  # a shared, busy machine: see the gateway's budget below
             "LLMESH_CACHE_NAMESPACE": "e2e"}, root / "cache.log")
         self.services = [
             Service("llmesh.scheduler", {**common, "LLMESH_SCHEDULER_PORT": str(lay.port("scheduler"))},
