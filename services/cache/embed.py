@@ -12,6 +12,7 @@ sentence-transformers itself produced."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -19,12 +20,13 @@ from safetensors.numpy import load_file
 from tokenizers import Tokenizer
 
 DIM = 384
+_INV_SQRT2 = 1.0 / math.sqrt(2.0)  # Python floats keep float32 arrays float32 (numpy scalars would not)
 
 
 def _layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
     mean = x.mean(-1, keepdims=True)
     var = ((x - mean) ** 2).mean(-1, keepdims=True)
-    return (x - mean) / np.sqrt(var + eps) * w + b
+    return (x - mean) / np.sqrt(var + eps) * w + b  # eps is a Python float: stays float32
 
 
 def _erf(x: np.ndarray) -> np.ndarray:
@@ -37,7 +39,7 @@ def _erf(x: np.ndarray) -> np.ndarray:
 
 
 def _gelu(x: np.ndarray) -> np.ndarray:
-    return 0.5 * x * (1.0 + _erf(x / np.sqrt(2.0)))
+    return 0.5 * x * (1.0 + _erf(x * _INV_SQRT2))
 
 
 class MiniLM:
@@ -77,7 +79,7 @@ class MiniLM:
         for (qkv_w, qkv_b, o_w, o_b, ln1_w, ln1_b, i_w, i_b, out_w, out_b, ln2_w, ln2_b) in self._layers:
             qkv = (x @ qkv_w + qkv_b).reshape(n, 3, heads, size).transpose(1, 2, 0, 3)  # 3, heads, n, size
             q, k, v = qkv[0], qkv[1], qkv[2]
-            scores = q @ k.transpose(0, 2, 1) / np.sqrt(size)
+            scores = q @ k.transpose(0, 2, 1) * (1.0 / math.sqrt(size))
             scores = np.exp(scores - scores.max(-1, keepdims=True))
             scores /= scores.sum(-1, keepdims=True)
             context = (scores @ v).transpose(1, 0, 2).reshape(n, heads * size)
