@@ -224,3 +224,23 @@ def test_invalidate_verb_removes_entries_and_redis_holds_no_prompt(cmesh):
     assert out.returncode == 0 and out.stdout.startswith("removed "), out.stderr
     assert int(out.stdout.split()[1]) >= 1
     assert ask(a, "Is the store open on Sunday?")[0] is None
+
+
+def test_grpc_hit_says_so_in_the_trailers(cmesh):
+    import grpc
+
+    from llmesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+
+    stored(cmesh.client(0), "List two rivers.")
+    req = gateway_pb2.ChatRequest(model=MODEL, messages=[common_pb2.ChatMessage(role="user", content="List two rivers.")],
+                                  sampling=common_pb2.SamplingParams(temperature=0.0, max_tokens=16))
+    with grpc.insecure_channel(f"127.0.0.1:{cmesh.grpc_b}") as channel:
+        call = gateway_pb2_grpc.GatewayStub(channel).Chat(req, timeout=10)
+        text = "".join(r.text for r in call)
+        trailers = dict(call.trailing_metadata())
+    assert text and trailers.get("x-llmesh-cache") == "hit" and trailers.get("x-request-id")
+    req.messages[0].content = "List three rivers."
+    with grpc.insecure_channel(f"127.0.0.1:{cmesh.grpc_b}") as channel:
+        call = gateway_pb2_grpc.GatewayStub(channel).Chat(req, timeout=10)
+        list(call)
+        assert "x-llmesh-cache" not in dict(call.trailing_metadata())
