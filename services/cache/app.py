@@ -64,20 +64,24 @@ class CacheApp:
 
     async def start(self) -> None:
         await self.server.start()
-        self._tasks = [asyncio.create_task(self._rebuild(), name="semantic-rebuild"),
+        self._tasks = [asyncio.create_task(self._follow(), name="semantic-follow"),
                        asyncio.create_task(self._sweep(), name="semantic-sweep")]
 
-    async def _rebuild(self) -> None:
-        """Index what the store holds; if it is away, keep trying (lookups meanwhile bypass it)."""
+    def _rebuilt(self, n: int) -> None:
+        self.metrics.indexed.set(self.cache.semantic_indexed)
+        log.info("semantic index rebuilt", extra={"entries": n, "backend": self.store.backend})
+
+    async def _follow(self) -> None:
+        """Index what the store holds and what any replica stores from now on; if the
+        store goes away, listen and rebuild again when it is back (lookups meanwhile
+        bypass it, and entries stored elsewhere in between are not missed)."""
         backoff = 0.5
         while True:
             try:
-                n = await self.cache.rebuild()
-                self.metrics.indexed.set(self.cache.semantic_indexed)
-                log.info("semantic index rebuilt", extra={"entries": n, "backend": self.store.backend})
+                await self.cache.follow(self._rebuilt)
                 return
             except Exception as exc:  # noqa: BLE001 - the store is away; try again
-                log.warning("cannot read the store to rebuild the semantic index; retrying",
+                log.warning("cannot follow the store's semantic entries; retrying",
                             extra={"error": type(exc).__name__, "retry_in_s": backoff})
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 10.0)

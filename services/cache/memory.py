@@ -82,6 +82,9 @@ class MemoryStore:
                 if name.kind == "s" and expires > now:
                     yield Stored(name, entry, expires - now)
 
+    async def watch_semantic(self) -> AsyncIterator[Stored | None]:
+        yield None  # one process: nothing is stored behind its back
+
     async def ping(self) -> None:
         return None
 

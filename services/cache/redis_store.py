@@ -65,6 +65,8 @@ class RedisStore:
         self._redis = client or aioredis.Redis.from_url(
             url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, health_check_interval=0)
         self._ns = namespace
+        self._channel = f"{namespace}:semantic-stored"
+        self._url = url
         self._max = max_entries_per_tenant
         self._put = self._redis.register_script(_PUT)
         self._prune = self._redis.register_script(_PRUNE)
@@ -95,10 +97,13 @@ class RedisStore:
         fields: list = [b"r", entry.response]
         if name.kind == "s":
             fields += [b"v", entry.vector, b"q", entry.text.encode(), b"s", entry.scope.encode()]
+        key = self.key(name)
         evicted = await self._put(
-            keys=[self.key(name), self._tenant_key(name.tenant, "lru"), self._tenant_key(name.tenant, "stats"),
+            keys=[key, self._tenant_key(name.tenant, "lru"), self._tenant_key(name.tenant, "stats"),
                   f"{self._ns}:tenants"],
             args=[max(1, int(ttl_s * 1000)), int(time.time() * 1000), self._max, name.tenant, *fields])
+        if name.kind == "s":  # other cache replicas add it to their index
+            await self._redis.publish(self._channel, key)
         return [self.name(k) for k in evicted]
 
     async def count(self, tenant: str, counter: str, n: int = 1) -> None:
@@ -172,6 +177,20 @@ class RedisStore:
             if fields and pttl > 0:
                 out.append(Stored(self.name(key), _entry(fields), pttl / 1000))
         return out
+
+    async def watch_semantic(self) -> AsyncIterator[Stored | None]:
+        # A connection of its own with no read timeout: it waits for messages.
+        listener = aioredis.Redis.from_url(self._url, socket_connect_timeout=2.0, health_check_interval=10)
+        pubsub = listener.pubsub(ignore_subscribe_messages=True)
+        try:
+            await pubsub.subscribe(self._channel)
+            yield None
+            async for message in pubsub.listen():
+                for stored in await self._read([message["data"]]):
+                    yield stored
+        finally:
+            await pubsub.aclose()
+            await listener.aclose()
 
     async def ping(self) -> None:
         await self._redis.ping()

@@ -131,11 +131,25 @@ class ResponseCache:
             return 0
         n = 0
         async for stored in self._store.store.semantic_entries():
-            e = stored.entry
-            self._semantic.add(stored.name, e.scope, e.text, np.frombuffer(e.vector, dtype=np.float32),
-                               stored.ttl_left_s)
+            self._index(stored)
             n += 1
         return n
+
+    async def follow(self, on_rebuilt: Callable[[int], None] = lambda n: None) -> None:
+        """Keep the index current with what every replica stores: listen, read what the
+        store already holds, then add each new entry as it is announced. Returns when
+        the store has nothing more to announce; raises if the store goes away."""
+        if self._semantic is None:
+            return
+        async for stored in self._store.store.watch_semantic():
+            if stored is None:
+                on_rebuilt(await self.rebuild())
+            elif stored.name not in self._semantic:
+                self._index(stored)
+
+    def _index(self, stored) -> None:
+        e = stored.entry
+        self._semantic.add(stored.name, e.scope, e.text, np.frombuffer(e.vector, dtype=np.float32), stored.ttl_left_s)
 
     def _spawn(self, coro) -> None:
         task = asyncio.create_task(coro)

@@ -51,6 +51,9 @@ class SemanticIndex:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def __contains__(self, name: Name) -> bool:
+        return name in self._labels
+
     def embed(self, text: str) -> np.ndarray:
         vector = self._memo.get(text)
         if vector is None:

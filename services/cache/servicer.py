@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from llmesh.convert import prompt_from_pb, sampling_from_pb
 from llmesh.v1 import cache_pb2, cache_pb2_grpc
 from llmesh.cache.keys import Request
@@ -19,7 +21,7 @@ def request_from_pb(query: cache_pb2.CacheQuery) -> Request:
 
 class CacheServicer(cache_pb2_grpc.CacheServicer):
     def __init__(self, cache: ResponseCache, metrics: CacheMetrics, backend: str,
-                 available: callable = lambda: True):
+                 available: Callable[[], bool] = lambda: True):
         self._cache = cache
         self._metrics = metrics
         self._backend = backend

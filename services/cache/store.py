@@ -81,6 +81,10 @@ class Store(Protocol):
     def semantic_entries(self) -> AsyncIterator[Stored]:
         """Every live semantic entry, to rebuild the nearest-neighbour index."""
 
+    def watch_semantic(self) -> AsyncIterator[Stored | None]:
+        """Semantic entries as any process stores them. Yields None first, once it
+        listens: what was stored before is then read with semantic_entries()."""
+
     async def ping(self) -> None:
         ...
 

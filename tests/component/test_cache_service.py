@@ -90,15 +90,17 @@ async def test_exact_and_semantic_hits_are_shared_and_survive_a_restart(start):
         assert await a.store(query("How do I reset my password?"), "Use the reset link.")
         exact = await b.lookup(query("How do I reset my password?"))
         assert exact.hit and exact.kind == cache_pb2.HIT_KIND_EXACT and exact.response.text == "Use the reset link."
-        await _rebuilt(b, 0)
-        # b indexed nothing at start (empty store); a restart indexes what Redis holds
-        await b.stop()
+        await _rebuilt(b, 1)  # b heard of a's semantic entry as it was stored
+        shared = await b.lookup(query("How can I reset my password?"))
+        assert shared.hit and shared.kind == cache_pb2.HIT_KIND_SEMANTIC
+        await b.stop()  # a restart indexes what Redis holds
         c = await start()
         await _rebuilt(c, 1)
         semantic = await c.lookup(query("How can I reset my password?"))
         assert semantic.hit and semantic.kind == cache_pb2.HIT_KIND_SEMANTIC
         assert semantic.response.text == "Use the reset link." and 0.8 <= semantic.similarity < 1
         assert semantic.key and len(semantic.key) == 64
+        assert c.app.metrics.lookups.labels("hit_semantic")._value.get() == 1
         await c.stop()
     finally:
         await a.stop()

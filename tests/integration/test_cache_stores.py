@@ -97,3 +97,19 @@ async def test_counters_add_up(make_store):
     await store.count("t", "misses", 5)
     s = (await store.stats("t"))["t"]
     assert (s.hits, s.semantic_hits, s.misses) == (2, 1, 5)
+
+
+async def test_watch_semantic_says_when_it_listens_then_announces_new_entries(make_store):
+    store = make_store()
+    watch = store.watch_semantic()
+    assert await anext(watch) is None
+    sem = Name("t", "m", "s", "dd")
+    await store.put(sem, Entry(b"a", b"\0" * 4, "q", "s"), ttl_s=60)
+    await store.put(x(), Entry(b"exact entries are not announced"), ttl_s=60)
+    if store.backend == "memory":  # one process: nothing to announce
+        with pytest.raises(StopAsyncIteration):
+            await anext(watch)
+    else:
+        announced = await asyncio.wait_for(anext(watch), 5)
+        assert announced.name == sem and announced.entry.text == "q"
+    await watch.aclose()
