@@ -92,3 +92,15 @@ async def test_memory_store_expires_entries_after_their_ttl():
     now[0] = 105.1
     assert await store.get(name) is None
     assert (await store.stats("t"))["t"].entries == 0
+
+
+def test_cache_stats_table_shows_the_hit_ratio_and_an_unavailable_backend():
+    from llmesh.cli.cache import render
+
+    out = render({"backend": "redis", "backend_available": False, "semantic_indexed": 3, "tenants": {
+        "acme": {"entries": 5, "hits": 3, "semantic_hits": 1, "misses": 1, "stores": 6, "evictions": 0},
+        "idle": {"entries": 0, "hits": 0, "semantic_hits": 0, "misses": 0, "stores": 0, "evictions": 0}}})
+    assert "UNAVAILABLE" in out and "semantic index 3 entries" in out
+    acme, idle = out.splitlines()[2:]
+    assert acme.split()[:7] == ["acme", "5", "3", "1", "1", "75.0", "6"]
+    assert idle.split()[5] == "-"

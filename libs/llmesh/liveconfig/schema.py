@@ -58,12 +58,17 @@ class CacheConfig(_Strict):
         for rule in (self.models.get(model), self.tenants.get(tenant)):
             if rule is not None:
                 fields.update(rule.model_dump(exclude_none=True))
-        return CachePolicy(**fields)
+        return CachePolicy.model_construct(**fields)  # every value was validated already
 
     def applies(self, tenant: str, model: str, deterministic: bool) -> bool:
-        """Whether a request of this tenant for this model goes through the cache."""
-        policy = self.policy(tenant, model)
-        return policy.enabled and (deterministic or policy.cache_sampled)
+        """Whether a request of this tenant for this model goes through the cache
+        (on the gateway's request path: no model built)."""
+        enabled, sampled = self.enabled, self.cache_sampled
+        for rule in (self.models.get(model), self.tenants.get(tenant)):
+            if rule is not None:
+                enabled = enabled if rule.enabled is None else rule.enabled
+                sampled = sampled if rule.cache_sampled is None else rule.cache_sampled
+        return enabled and (deterministic or sampled)
 
 
 class CacheRule(_Strict):
