@@ -32,11 +32,15 @@ class ScopeIndex:
         return len(self._hnsw) if self._hnsw is not None else len(self._labels)
 
     def add(self, label: int, vector: np.ndarray) -> None:
+        self.add_many([label], [vector])
+
+    def add_many(self, labels: list[int], vectors: list[np.ndarray]) -> None:
+        """One call per batch: HNSW inserts a batch on several threads."""
         if self._hnsw is not None:
-            self._hnsw.add(label, vector)
+            self._hnsw.add(np.asarray(labels, dtype=np.uint64), np.stack(vectors))
             return
-        self._labels.append(label)
-        self._vectors.append(vector)
+        self._labels.extend(labels)
+        self._vectors.extend(vectors)
         self._matrix = None
         if len(self._labels) >= self._hnsw_min:
             self._hnsw = Index(ndim=DIM, metric="cos", dtype="f32", connectivity=16, expansion_add=128,

@@ -129,11 +129,16 @@ class ResponseCache:
         """Index every semantic entry the store holds (at start: a restart loses nothing)."""
         if self._semantic is None:
             return 0
-        n = 0
+        n, batch = 0, []
         async for stored in self._store.store.semantic_entries():
-            self._index(stored)
-            n += 1
-        return n
+            e = stored.entry
+            batch.append((stored.name, e.scope, e.text, np.frombuffer(e.vector, dtype=np.float32), stored.ttl_left_s))
+            if len(batch) >= 1000:
+                n += len(batch)
+                self._semantic.add_many(batch)
+                batch = []
+        self._semantic.add_many(batch)
+        return n + len(batch)
 
     async def follow(self, on_rebuilt: Callable[[int], None] = lambda n: None) -> None:
         """Keep the index current with what every replica stores: listen, read what the

@@ -66,14 +66,26 @@ class SemanticIndex:
         return vector
 
     def add(self, name: Name, scope: str, text: str, vector: np.ndarray, ttl_s: float) -> None:
-        self.remove(name)
-        label, self._next = self._next, self._next + 1
-        self._entries[label] = _Indexed(name, scope, extract(text), self._clock() + ttl_s)
-        self._labels[name] = label
-        index = self._scopes.get(scope)
-        if index is None:
-            index = self._scopes[scope] = ScopeIndex(self._hnsw_min)
-        index.add(label, vector)
+        self.add_many([(name, scope, text, vector, ttl_s)])
+
+    def add_many(self, items: list[tuple[Name, str, str, np.ndarray, float]]) -> None:
+        """Index entries (name, scope, text, vector, ttl_s), a scope's in one batch."""
+        now = self._clock()
+        batches: dict[str, tuple[list[int], list[np.ndarray]]] = {}
+        unique = {item[0]: item for item in items}  # SCAN may return a key twice
+        for name, scope, text, vector, ttl_s in unique.values():
+            self.remove(name)
+            label, self._next = self._next, self._next + 1
+            self._entries[label] = _Indexed(name, scope, extract(text), now + ttl_s)
+            self._labels[name] = label
+            labels, vectors = batches.setdefault(scope, ([], []))
+            labels.append(label)
+            vectors.append(vector)
+        for scope, (labels, vectors) in batches.items():
+            index = self._scopes.get(scope)
+            if index is None:
+                index = self._scopes[scope] = ScopeIndex(self._hnsw_min)
+            index.add_many(labels, vectors)
 
     def remove(self, name: Name) -> None:
         label = self._labels.pop(name, None)

@@ -89,3 +89,13 @@ def test_semantic_index_searches_one_scope_and_applies_threshold_and_guards(mini
     assert find("How can I reset my password?", threshold=0.999) == []
     assert find("Convert 50 miles to km") == [] and refused == ["number"]
     assert index.remove_matching(Selector(prefix="02")) == 1 and len(index) == 1
+
+
+def test_a_batch_with_a_name_twice_keeps_one_entry(minilm):
+    index = SemanticIndex(minilm, hnsw_min=2)
+    v = index.embed("How do I reset my password?")
+    name = Name("t", "m", "s", "01")
+    index.add_many([(name, "s", "How do I reset my password?", v, 60), (name, "s", "How do I reset my password?", v, 60),
+                    (Name("t", "m", "s", "02"), "s", "How do I reset my password?", v, 60)])
+    assert len(index) == 2
+    assert {c.name.digest for c in index.search("s", "How do I reset my password?", v, 0.9)} == {"01", "02"}
