@@ -77,7 +77,7 @@ class ResponseCache:
         query = semantic_query(req)
         if query is None:
             return None
-        vector = await asyncio.to_thread(self._semantic.embed, query.text)
+        vector = await self._embed(query.text)
         for candidate in self._semantic.search(query.scope, query.text, vector, policy.semantic_threshold):
             entry = await self._store.call("get", lambda c=candidate: self._store.store.get(c.name), None)
             if entry is not None:
@@ -85,6 +85,15 @@ class ResponseCache:
             if self._store.available:  # gone from the store (expired, evicted, invalidated elsewhere)
                 self._semantic.remove(candidate.name)
         return None
+
+    async def _embed(self, text: str) -> np.ndarray:
+        """The embedding, computed on a worker thread (the loop keeps answering exact
+        lookups); the memo is only touched here, on the loop."""
+        vector = self._semantic.remembered(text)
+        if vector is None:
+            vector = await asyncio.to_thread(self._semantic.encode, text)
+            self._semantic.remember(text, vector)
+        return vector
 
     async def store(self, req: Request, response: bytes) -> bool:
         policy = self._policy(req)
@@ -97,7 +106,7 @@ class ResponseCache:
             return False
         query = semantic_query(req) if policy.mode == "semantic" and self._semantic is not None else None
         if query is not None:
-            vector = await asyncio.to_thread(self._semantic.embed, query.text)
+            vector = await self._embed(query.text)
             sname = Name(req.tenant, req.model, "s", name.digest)  # one digest: invalidated together
             entry = Entry(response, vector.tobytes(), query.text, query.scope)
             more = await self._store.call("put", lambda: self._store.store.put(sname, entry, policy.ttl_s), None)

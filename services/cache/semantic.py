@@ -55,15 +55,26 @@ class SemanticIndex:
         return name in self._labels
 
     def embed(self, text: str) -> np.ndarray:
-        vector = self._memo.get(text)
+        vector = self.remembered(text)
         if vector is None:
-            vector = self._embedder.encode(text)
-            self._memo[text] = vector
-            if len(self._memo) > self._memo_max:
-                self._memo.popitem(last=False)
-        else:
+            vector = self.encode(text)
+            self.remember(text, vector)
+        return vector
+
+    def encode(self, text: str) -> np.ndarray:
+        """No shared state: safe on a worker thread."""
+        return self._embedder.encode(text)
+
+    def remembered(self, text: str) -> np.ndarray | None:
+        vector = self._memo.get(text)
+        if vector is not None:
             self._memo.move_to_end(text)
         return vector
+
+    def remember(self, text: str, vector: np.ndarray) -> None:
+        self._memo[text] = vector
+        if len(self._memo) > self._memo_max:
+            self._memo.popitem(last=False)
 
     def add(self, name: Name, scope: str, text: str, vector: np.ndarray, ttl_s: float) -> None:
         self.add_many([(name, scope, text, vector, ttl_s)])
