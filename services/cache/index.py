@@ -66,5 +66,6 @@ class ScopeIndex:
         if self._matrix is None:
             self._matrix = np.stack(self._vectors)
         sims = self._matrix @ vector
-        top = np.argsort(-sims)[:k] if len(sims) > k else np.argsort(-sims)
+        top = np.argpartition(-sims, k)[:k] if len(sims) > k else np.arange(len(sims))
+        top = top[np.argsort(-sims[top])]
         return [Match(self._labels[i], float(sims[i])) for i in top]
