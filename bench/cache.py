@@ -55,11 +55,11 @@ def _ms(values: list[float]) -> dict:
 
 
 # --- exact hits through the mesh ------------------------------------------------------------
-async def _engine_direct(address: str, runs: int) -> dict:
+async def _engine_direct(address: str, runs: int, model: str) -> dict:
     from llmesh.rpc.channels import insecure_channel
     from llmesh.v1 import common_pb2, engine_pb2, engine_pb2_grpc
 
-    req = engine_pb2.GenerateRequest(model=SMOL, sampling=common_pb2.SamplingParams(temperature=0.0, max_tokens=32),
+    req = engine_pb2.GenerateRequest(model=model, sampling=common_pb2.SamplingParams(temperature=0.0, max_tokens=32),
                                      chat=engine_pb2.ChatInput(messages=[common_pb2.ChatMessage(
                                          role="user", content=QUESTION)]))
     times, tokens = [], 0
@@ -74,8 +74,8 @@ async def _engine_direct(address: str, runs: int) -> dict:
     return {**_ms(times), "completion_tokens": tokens}
 
 
-def _gateway(url: str, hits: int) -> dict:
-    body = {"model": SMOL, "messages": [{"role": "user", "content": QUESTION}], "temperature": 0, "max_tokens": 32}
+def _gateway(url: str, hits: int, model: str) -> dict:
+    body = {"model": model, "messages": [{"role": "user", "content": QUESTION}], "temperature": 0, "max_tokens": 32}
     with httpx.Client(base_url=url, timeout=120) as client:
         deadline = time.monotonic() + 120
         while True:  # the engine may still be registering after `up` returns (503)
@@ -108,26 +108,33 @@ def _gateway(url: str, hits: int) -> dict:
             "hit_streamed": _ms(stream_times)}
 
 
-def bench_exact(hits: int, engine_runs: int) -> dict:
+def bench_exact(hits: int, engine_runs: int, engine: str, keep_logs: Path | None = None) -> dict:
     from llmesh.testing import Mesh, RedisServer, free_layout
 
     with tempfile.TemporaryDirectory() as tmp:
         redis = RedisServer(Path(tmp) / "redis")
         redis.start()
-        mesh = Mesh(layout=free_layout(1), engines="llamacpp", model_dir=(ROOT / "var" / "models").resolve(),
+        model = SMOL if engine == "llamacpp" else "sim-small"
+        mesh = Mesh(layout=free_layout(1), engines=engine, model_dir=(ROOT / "var" / "models").resolve(),
                     log_dir=Path(tmp) / "logs",
                     env={"LLMESH_CACHE_BACKEND": "redis", "LLMESH_CACHE_REDIS_URL": redis.url,
-                         "LLMESH_CONFIG_FILE": str(Path(tmp) / "llmesh.yaml")})
+                         "LLMESH_CONFIG_FILE": str(Path(tmp) / "llmesh.yaml"),
+                         # the sim answers like a small GPU model: 25 ms a token
+                         "LLMESH_ENGINE_SIM_DECODE_MS_PER_TOKEN": "25", "LLMESH_ENGINE_SIM_OUTPUT_TOKENS": "32"})
         try:
-            note("exact: starting the mesh (llama.cpp engine, cache on redis-server)")
+            note(f"exact: starting the mesh ({engine} engine, cache on redis-server)")
             mesh.start()
-            gateway = _gateway(mesh.layout.http_url, hits)
-            engine = asyncio.run(_engine_direct(mesh.layout.engine_address(0), engine_runs))
+            gateway = _gateway(mesh.layout.http_url, hits, model)
+            engine_result = asyncio.run(_engine_direct(mesh.layout.engine_address(0), engine_runs, model))
         finally:
             mesh.stop()
             redis.stop()
-    return {"question": QUESTION, "max_tokens": 32, "engine_direct_grpc": engine, "through_gateway_http": gateway,
-            "hit_vs_engine_p50": round(engine["p50_ms"] / gateway["hit"]["p50_ms"], 1)}
+            if keep_logs is not None:
+                import shutil
+                shutil.copytree(Path(tmp) / "logs", keep_logs, dirs_exist_ok=True)
+    return {"engine": engine, "model": model, "question": QUESTION, "max_tokens": 32,
+            "engine_direct_grpc": engine_result, "through_gateway_http": gateway,
+            "hit_vs_engine_p50": round(engine_result["p50_ms"] / gateway["hit"]["p50_ms"], 1)}
 
 
 # --- semantic lookup at scale ---------------------------------------------------------------
@@ -248,17 +255,23 @@ def main() -> None:
     parser.add_argument("--engine-runs", type=int, default=10)
     parser.add_argument("--sizes", default="10000,100000")
     parser.add_argument("--lookups", type=int, default=100)
-    parser.add_argument("--skip-mesh", action="store_true", help="no end-to-end part (no llama.cpp engine)")
+    parser.add_argument("--parts", default="quality,semantic,exact", help="which parts to run")
+    parser.add_argument("--keep-logs", type=Path, help="copy the mesh's logs here")
+    parser.add_argument("--engine", choices=("llamacpp", "sim"), default="llamacpp",
+                        help="the engine behind the gateway for the exact-hit part")
     parser.add_argument("--model-dir", type=Path, default=ROOT / "var" / "models" / "all-minilm-l6-v2")
     args = parser.parse_args()
     embedder = MiniLM(args.model_dir)
     threshold = MeshConfig().cache.semantic_threshold
     result: dict = {"bench": "cache", "load_average": os.getloadavg(), "cpus": os.cpu_count()}
-    note("quality: labelled pairs")
-    result["quality"] = bench_quality(embedder, threshold)
-    result["semantic_lookup"] = bench_semantic(embedder, [int(s) for s in args.sizes.split(",")], args.lookups)
-    if not args.skip_mesh:
-        result["exact_hit"] = bench_exact(args.hits, args.engine_runs)
+    parts = args.parts.split(",")
+    if "quality" in parts:
+        note("quality: labelled pairs")
+        result["quality"] = bench_quality(embedder, threshold)
+    if "semantic" in parts:
+        result["semantic_lookup"] = bench_semantic(embedder, [int(s) for s in args.sizes.split(",")], args.lookups)
+    if "exact" in parts:
+        result["exact_hit"] = bench_exact(args.hits, args.engine_runs, args.engine, args.keep_logs)
     result["load_average_end"] = os.getloadavg()
     print(json.dumps(result, indent=None if args.json else 2))
 
