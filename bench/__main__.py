@@ -3,6 +3,6 @@
 import subprocess
 import sys
 
-for module in ("bench.gateway", "bench.llamacpp", "bench.engine"):
+for module in ("bench.gateway", "bench.governance", "bench.llamacpp", "bench.engine", "bench.guards"):
     print(f"# {module}", file=sys.stderr, flush=True)
     subprocess.run([sys.executable, "-m", module, *sys.argv[1:]], check=True)

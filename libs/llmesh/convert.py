@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from llmesh.types import FinishReason, Message, Prompt, Sampling, Usage
+from llmesh.errors import InvalidArgument
+from llmesh.types import FinishReason, Message, Priority, Prompt, Sampling, Usage
 from llmesh.v1 import common_pb2, scheduler_pb2
 
 _FINISH_TO_PB = {
@@ -10,6 +11,13 @@ _FINISH_TO_PB = {
     FinishReason.LENGTH: common_pb2.FINISH_REASON_LENGTH,
 }
 _FINISH_FROM_PB = {v: k for k, v in _FINISH_TO_PB.items()}
+
+_PRIORITY_TO_PB = {
+    Priority.LOW: common_pb2.PRIORITY_LOW,
+    Priority.NORMAL: common_pb2.PRIORITY_NORMAL,
+    Priority.HIGH: common_pb2.PRIORITY_HIGH,
+}
+_PRIORITY_FROM_PB = {v: k for k, v in _PRIORITY_TO_PB.items()} | {common_pb2.PRIORITY_UNSPECIFIED: Priority.NORMAL}
 
 # KV block events: kinds as the engines' and the scheduler's domain code names them.
 _KV_KIND_TO_PB = {"stored": scheduler_pb2.KvEvent.STORED, "removed": scheduler_pb2.KvEvent.REMOVED,
@@ -77,6 +85,19 @@ def finish_to_pb(reason: FinishReason) -> int:
 
 def finish_from_pb(value: int) -> FinishReason:
     return _FINISH_FROM_PB.get(value, FinishReason.STOP)
+
+
+def priority_to_pb(p: Priority) -> int:
+    return _PRIORITY_TO_PB[p]
+
+
+def priority_from_pb(value: int) -> Priority:
+    """Unset is NORMAL; a value this version does not know is refused, not guessed."""
+    try:
+        return _PRIORITY_FROM_PB[value]
+    except KeyError:
+        raise InvalidArgument(f"Unknown priority {value}; expected one of "
+                              f"{', '.join(common_pb2.Priority.keys())}.", param="priority") from None
 
 
 def usage_to_pb(u: Usage) -> common_pb2.Usage:

@@ -12,7 +12,10 @@ class ErrorCode(enum.Enum):
     UNAVAILABLE = "unavailable"
     DEADLINE_EXCEEDED = "deadline_exceeded"
     CANCELLED = "cancelled"
+    FAILED_PRECONDITION = "failed_precondition"
     INTERNAL = "internal"
+    UNAUTHENTICATED = "unauthenticated"
+    PERMISSION_DENIED = "permission_denied"
 
 
 class LlmeshError(Exception):
@@ -21,11 +24,13 @@ class LlmeshError(Exception):
 
     code: ErrorCode = ErrorCode.INTERNAL
 
-    def __init__(self, message: str, *, reason: str | None = None, param: str | None = None):
+    def __init__(self, message: str, *, reason: str | None = None, param: str | None = None,
+                 headers: dict[str, str] | None = None):
         super().__init__(message)
         self.message = message
         self.reason = reason
         self.param = param
+        self.headers = headers or {}  # facts for the client: HTTP headers, gRPC trailing metadata
 
 
 class InvalidArgument(LlmeshError):
@@ -58,12 +63,21 @@ class ModelNotFound(NotFound):
 class Overloaded(LlmeshError):
     code = ErrorCode.RESOURCE_EXHAUSTED
 
-    def __init__(self, message: str = "The engine's queue is full; retry later."):
-        super().__init__(message, reason="overloaded")
+    def __init__(self, message: str = "The engine's queue is full; retry later.", *, reason: str = "overloaded"):
+        super().__init__(message, reason=reason)
 
 
 class Unavailable(LlmeshError):
     code = ErrorCode.UNAVAILABLE
+
+
+class DiscoveryError(Unavailable):
+    """The discovery backend (etcd, Consul) failed or refused a call: unreachable, no
+    leader, permission denied, a bad answer. Every backend raises this and only this,
+    so long-lived tasks can survive it and keep what they last knew."""
+
+    def __init__(self, message: str):
+        super().__init__(message, reason="discovery_unavailable")
 
 
 class DeadlineExceeded(LlmeshError):
@@ -77,12 +91,37 @@ class Cancelled(LlmeshError):
     code = ErrorCode.CANCELLED
 
 
+class FailedPrecondition(LlmeshError):
+    """The system is not in the state the operation needs (e.g. a promotion the
+    eval gate blocked, a rollback with nothing to roll back to)."""
+    code = ErrorCode.FAILED_PRECONDITION
+
+
 class Internal(LlmeshError):
     code = ErrorCode.INTERNAL
 
 
+class Unauthenticated(LlmeshError):
+    code = ErrorCode.UNAUTHENTICATED
+
+    def __init__(self, message: str, reason: str = "invalid_api_key"):
+        super().__init__(message, reason=reason)
+
+
+class PermissionDenied(LlmeshError):
+    code = ErrorCode.PERMISSION_DENIED
+
+
+class RateLimited(Overloaded):
+    """A tenant's limit or budget said no; ``headers`` say when to come back."""
+
+    def __init__(self, message: str, reason: str, headers: dict[str, str]):
+        LlmeshError.__init__(self, message, reason=reason, headers=headers)
+
+
 _BY_CODE = {cls.code: cls for cls in (InvalidArgument, NotFound, Overloaded, Unavailable,
-                                      DeadlineExceeded, Cancelled, Internal)}
+                                      DeadlineExceeded, Cancelled, FailedPrecondition, Internal, Unauthenticated,
+                                      PermissionDenied)}
 
 
 def error_for(code: ErrorCode, message: str, *, reason: str | None = None,

@@ -3,13 +3,13 @@ config and the metrics registry, built from MeshSettings in one place."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 from opentelemetry.trace import NoOpTracer
-
 from prometheus_client import CollectorRegistry
 
-from llmesh.discovery.base import Registry, Resolver, fixed, resolver
+from llmesh.discovery.base import Follower, Registry, Resolver, fixed
 from llmesh.discovery.static import StaticRegistry
 from llmesh.liveconfig.live import LiveConfig
 from llmesh.liveconfig.stores import ConfigStore, EtcdStore, FileStore
@@ -24,13 +24,24 @@ class Platform:
     config: LiveConfig
     metrics: CollectorRegistry
     tracing: Tracing = field(default_factory=lambda: Tracing(NoOpTracer()))
+    followers: list[Follower] = field(default_factory=list)
 
     def resolver(self, service: str, static_address: str) -> Resolver:
-        """Where to reach ``service``: the configured address on one machine, else
-        a live registered instance, looked up again on every (re)connect."""
+        """Where to reach ``service``: the configured address on one machine, else a
+        live registered instance, asked for on every (re)connect and answered from a
+        watch of the registry (the last known instances while the backend is away)."""
         if self.settings.discovery == "static":
             return fixed(static_address)
-        return resolver(self.registry, service)
+        follower = Follower(self.registry, service)
+        self.followers.append(follower)
+        return follower
+
+    async def close(self) -> None:
+        """Stop the watches, then let the registry go (its own keepers included)."""
+        for follower in self.followers:
+            await follower.close()
+        with contextlib.suppress(Exception):
+            await self.registry.close()
 
 
 def _etcd(mesh: MeshSettings):
@@ -45,7 +56,14 @@ def build_platform(service: str, mesh: MeshSettings) -> Platform:
         registry: Registry = EtcdRegistry(etcd, prefix=mesh.discovery_prefix, ttl_s=mesh.registry_ttl_s)
     elif mesh.discovery == "consul":
         from llmesh.discovery.consul import ConsulRegistry
-        registry = ConsulRegistry(mesh.consul_address)
+        registry = ConsulRegistry(
+            mesh.consul_address, token=mesh.consul_token,
+            ca_file=str(mesh.consul_ca_file) if mesh.consul_ca_file else None,
+            cert_file=str(mesh.consul_cert_file) if mesh.consul_cert_file else None,
+            key_file=str(mesh.consul_key_file) if mesh.consul_key_file else None,
+            check_interval_s=mesh.consul_check_interval_s, check_timeout_s=mesh.consul_check_timeout_s,
+            deregister_after_s=mesh.consul_deregister_after_s, wait_s=mesh.consul_wait_s,
+            resync_s=mesh.consul_resync_s)
     else:
         registry = StaticRegistry()
     store: ConfigStore | None = None

@@ -14,7 +14,7 @@ from typing import Protocol
 
 import uvloop
 
-from llmesh.discovery.base import Instance
+from llmesh.discovery.base import Instance, unspecified
 from llmesh.liveconfig.live import ConfigUnavailable
 from llmesh.logs import setup_logging
 from llmesh.metrics_http import serve_metrics
@@ -26,7 +26,13 @@ log = logging.getLogger("llmesh.service")
 
 class App(Protocol):
     @property
-    def advertise_address(self) -> str: ...
+    def advertise_address(self) -> str:
+        """The address the server is bound to (a setting may name another to advertise)."""
+
+    @property
+    def health_service(self) -> str:
+        """The grpc.health.v1 service name discovery's health check asks about."""
+
     async def start(self) -> None: ...
     async def stop(self, grace: float) -> None: ...
 
@@ -43,18 +49,25 @@ async def _register(registry, instance: Instance, backend: str) -> None:
         try:
             await asyncio.wait_for(registry.register(instance), 5)
             return
-        except Exception as exc:  # noqa: BLE001 - any way of the registry being away
-            log.warning("cannot register; retrying", extra={"backend": backend, "error": type(exc).__name__,
-                                                            "retry_in_s": backoff})
+        except Exception as exc:  # noqa: BLE001 - any way of the registry being away or refusing
+            log.warning("cannot register; retrying", extra={"backend": backend, "retry_in_s": backoff,
+                                                            "error": f"{type(exc).__name__}: {exc}"})
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 10.0)
 
 
-async def serve(name: str, build: Callable[[Platform], App], grace: float, mesh: MeshSettings,
-                metrics_address: tuple[str, int] | None = None) -> None:
-    """Build and start the app; register it; on SIGTERM or SIGINT deregister first,
-    then give in-flight work ``grace`` seconds. The app is built inside the loop so
-    it may create channels."""
+def _env_name(name: str) -> str:
+    return f"LLMESH_{name.upper()}_ADVERTISE_ADDRESS"
+
+
+async def serve(name: str, build: Callable[[Platform], App], settings: ServiceSettings, mesh: MeshSettings) -> None:
+    """Build and start the app; register it at its advertise address; on SIGTERM or
+    SIGINT deregister first, then give in-flight work ``grace_s`` seconds. The app is
+    built inside the loop so it may create channels."""
+    if mesh.discovery != "static" and settings.advertise_address is None and unspecified(settings.address):
+        raise StartFailed(f"{name} listens on {settings.address}, which names no host other services can dial; "
+                          f"set {_env_name(name)} to the address they reach it at (e.g. the pod IP and port)")
+    grace = settings.grace_s
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -65,11 +78,12 @@ async def serve(name: str, build: Callable[[Platform], App], grace: float, mesh:
     except ConfigUnavailable as exc:
         raise StartFailed(str(exc)) from exc
     metrics_server = None
-    if metrics_address is not None:
-        metrics_server = serve_metrics(platform.metrics, *metrics_address)
+    if settings.metrics_port is not None:
+        metrics_server = serve_metrics(platform.metrics, settings.host, settings.metrics_port)
     app = build(platform)
     await app.start()
-    instance = Instance(name, f"{name}-{socket.gethostname()}-{os.getpid()}", app.advertise_address)
+    instance = Instance(name, f"{name}-{socket.gethostname()}-{os.getpid()}",
+                        settings.advertise_address or app.advertise_address, app.health_service)
     backend = {"etcd": mesh.etcd_address, "consul": mesh.consul_address}.get(mesh.discovery, "static")
     registering = asyncio.create_task(_register(platform.registry, instance, backend))
     await stopping.wait()
@@ -79,8 +93,7 @@ async def serve(name: str, build: Callable[[Platform], App], grace: float, mesh:
         await asyncio.wait_for(platform.registry.deregister(instance), 2)
     await app.stop(grace)
     await platform.config.stop()
-    with contextlib.suppress(Exception):
-        await platform.registry.close()
+    await platform.close()  # watches and registry keepers end here, none left blocking the exit
     if metrics_server is not None:
         metrics_server.shutdown()
     platform.tracing.shutdown()  # flush spans still queued
@@ -89,8 +102,7 @@ async def serve(name: str, build: Callable[[Platform], App], grace: float, mesh:
 
 def run(name: str, settings: ServiceSettings, build: Callable[[ServiceSettings, Platform], App]) -> None:
     setup_logging(name, settings.log_level)
-    metrics = (settings.host, settings.metrics_port) if settings.metrics_port is not None else None
-    main = serve(name, lambda platform: build(settings, platform), settings.grace_s, MeshSettings(), metrics)
+    main = serve(name, lambda platform: build(settings, platform), settings, MeshSettings())
     try:
         if settings.event_loop == "uvloop":
             # ~15% less CPU per wake-up here, and 0.3-2 ms less added TTFT (bench/gateway.py).

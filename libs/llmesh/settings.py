@@ -6,8 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from llmesh.discovery.base import advertisable
 
 
 class ServiceSettings(BaseSettings):
@@ -20,6 +22,14 @@ class ServiceSettings(BaseSettings):
     event_loop: Literal["uvloop", "asyncio"] = "uvloop"
     metrics_port: int | None = Field(default=None, ge=0, le=65535,
                                      description="serve Prometheus /metrics on host:port; off when unset")
+    advertise_address: str | None = Field(
+        default=None, description="host:port other hosts reach this service at, as registered in discovery "
+        "(and, for an engine, handed to gateways); needed when `host` is 0.0.0.0 or ::. Default: the bound address")
+
+    @field_validator("advertise_address")
+    @classmethod
+    def _dialable(cls, v: str | None) -> str | None:
+        return None if v is None else advertisable(v)
 
     @property
     def address(self) -> str:
@@ -37,10 +47,32 @@ class MeshSettings(BaseSettings):
     consul_address: str = "127.0.0.1:8500"
     discovery_prefix: str = "/llmesh/services"
     registry_ttl_s: int = Field(default=5, ge=1, description="etcd lease: a dead service leaves after this")
+    # Consul: the address may be http://host:port, https://host:port or host:port (http).
+    consul_token: str | None = Field(default=None, description="ACL token for every Consul call; "
+                                     "wins over CONSUL_HTTP_TOKEN")
+    consul_ca_file: Path | None = Field(default=None, description="CA bundle that signed the agent's HTTPS cert")
+    consul_cert_file: Path | None = Field(default=None, description="client certificate (agent verify_incoming)")
+    consul_key_file: Path | None = Field(default=None, description="the client certificate's key")
+    consul_check_interval_s: float = Field(default=2.0, gt=0, description="gRPC health check period")
+    consul_check_timeout_s: float = Field(default=1.0, gt=0, description="a check slower than this fails "
+                                          "(Consul's default, 10 s, is longer than the interval)")
+    consul_deregister_after_s: int = Field(
+        default=60, ge=60, description="Consul removes an instance critical this long; Consul's floor is 60 s "
+        "and its reaper runs every 30 s, so routing relies on the passing-only filter, not on this")
+    consul_wait_s: float = Field(default=30.0, gt=0, le=600, description="blocking query wait (Consul caps at 10 min)")
+    consul_resync_s: float = Field(default=5.0, gt=0, description="how often registrations are checked "
+                                   "against the agent's (re-registered if an agent restart lost them)")
     config_backend: Literal["none", "file", "etcd"] = "file"
     config_file: Path = Path("llmesh.yaml")
     config_prefix: str = "/llmesh/config"
     state_dir: Path = Field(default=Path("var/state"), description="config snapshots live here")
+    redis_url: str | None = Field(default=None, description="shared limits, keys and usage; unset: in-process")
+
+    @model_validator(mode="after")
+    def _client_cert_pair(self) -> MeshSettings:
+        if (self.consul_cert_file is None) != (self.consul_key_file is None):
+            raise ValueError("LLMESH_CONSUL_CERT_FILE and LLMESH_CONSUL_KEY_FILE go together")
+        return self
 
 
 # Default ports of a one-machine mesh; every one can be overridden by env.

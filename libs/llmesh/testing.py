@@ -77,7 +77,9 @@ class Mesh:
         cmd = [sys.executable, "-m", "llmesh", "up", "--base-port", str(self.layout.base_port),
                "--http-port", str(self.layout.http_port), "--engines", self.engines,
                "--model-dir", str(self.model_dir), "--log-dir", str(self.log_dir), "--grace", "5", *self.args]
-        self.proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
+        # Keys, audit logs and snapshots of this mesh stay in its own folder, never the checkout's var/state.
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "LLMESH_STATE_DIR": str(self.log_dir / "state"), **self.env}
+        self.proc = subprocess.Popen(cmd, env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      stdin=subprocess.DEVNULL)
         reader = threading.Thread(target=self._read_output, daemon=True)
@@ -111,8 +113,9 @@ class Service:
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", self.module, *self.args],
-                                         env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
+            env = {**os.environ, "PYTHONUNBUFFERED": "1", "LLMESH_STATE_DIR": str(self.log_path.parent / "state"),
+                   **self.env}
+            self.proc = subprocess.Popen([sys.executable, "-m", self.module, *self.args], env=env,
                                          stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 15.0) -> int:
@@ -275,4 +278,11 @@ class PostgresServer:
                                        "-U", self.user, self.user]), check=True, capture_output=True)
 
     def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            # As root, proc is runuser, which does not pass signals on: tell the postmaster itself
+            # (else runuser is killed after the timeout and PostgreSQL is left running).
+            try:
+                os.kill(int((self.data_dir / "postmaster.pid").read_text().split()[0]), signal.SIGINT)
+            except (OSError, ValueError, IndexError):
+                pass
         terminate(self.proc, signal.SIGINT, 15.0)

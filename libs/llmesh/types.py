@@ -6,6 +6,13 @@ import enum
 from dataclasses import dataclass, field
 
 
+class Priority(enum.IntEnum):
+    """A request's class in an engine's queue: higher classes are admitted first."""
+    LOW = 1
+    NORMAL = 2
+    HIGH = 3
+
+
 class FinishReason(str, enum.Enum):
     STOP = "stop"
     LENGTH = "length"

@@ -62,6 +62,10 @@ class CacheApp:
     def advertise_address(self) -> str:
         return self.server.bound_address
 
+    @property
+    def health_service(self) -> str:
+        return "llmesh.v1.Cache"
+
     async def start(self) -> None:
         await self.server.start()
         self._tasks = [asyncio.create_task(self._follow(), name="semantic-follow"),

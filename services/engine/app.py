@@ -57,7 +57,8 @@ class EngineApp:
         backend = backend or build_backend(settings)
         self.reporter: Reporter | None = None
         self.metrics = EngineMetrics(platform.metrics if platform else CollectorRegistry(), backend.model)
-        self.admission = Admission(settings.max_running, settings.max_waiting, on_change=self._load_changed)
+        self.admission = Admission(settings.max_running, settings.max_waiting, on_change=self._load_changed,
+                                   on_refuse=self.metrics.refused)
         self.core = EngineCore(backend, self.admission,
                                Defaults(settings.default_temperature, settings.default_top_p), self.metrics)
         self.lifecycle = ModelLifecycle(
@@ -91,6 +92,10 @@ class EngineApp:
     @property
     def advertise_address(self) -> str:
         return self.settings.advertise_address or self.server.bound_address
+
+    @property
+    def health_service(self) -> str:
+        return "llmesh.v1.Engine"
 
     async def start(self) -> None:
         await self.server.start()

@@ -20,7 +20,6 @@ class EngineSettings(ServiceSettings):
     model: str = "smollm2-135m-instruct"
     model_dir: Path = Path("var/models")
     endpoint_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-engine")
-    advertise_address: str | None = None  # what the scheduler hands to gateways
     scheduler_address: str | None = default_address("scheduler")
     report_interval_s: float = Field(default=1.0, gt=0)
     self_test_interval_s: float = Field(default=30.0, gt=0, description="idle self-test and hardware probe")

@@ -9,7 +9,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 
 from llmesh.errors import ContextLengthExceeded, InvalidArgument, ModelNotFound
-from llmesh.types import Delta, Finish, FinishReason, Prompt, Sampling, Usage
+from llmesh.types import Delta, Finish, FinishReason, Priority, Prompt, Sampling, Usage
 from llmesh.validation import check_request
 from llmesh.engine.admission import Admission
 from llmesh.engine.backends.base import Backend, DecodeParams
@@ -82,22 +82,23 @@ class EngineCore:
         self._check_model(backend, model)
         return len(backend.tokenize(prompt))
 
-    async def generate(self, model: str, prompt: Prompt, sampling: Sampling
-                       ) -> AsyncIterator[Delta | Finish]:
+    async def generate(self, model: str, prompt: Prompt, sampling: Sampling,
+                       priority: Priority = Priority.NORMAL) -> AsyncIterator[Delta | Finish]:
         """Yields Delta items, then exactly one Finish. Raises before the first
-        item for a bad request or a full queue."""
+        item for a bad request, a full queue, or when shed for a higher priority."""
         backend = self.backend  # one request, one backend, even if a model load swaps it meanwhile
         self._check_model(backend, model)
         check_request(model, prompt, sampling)
         tokens = backend.tokenize(prompt)
         if not tokens:
             raise InvalidArgument("The prompt is empty.", param="messages" if prompt.is_chat else "prompt")
-        params = self._decode_params(backend, len(tokens), sampling, model)
+        params = self._decode_params(backend, len(tokens), sampling, model, priority)
         arrived = time.monotonic()
         key = id(backend)
         self._active[key] = self._active.get(key, 0) + 1
         try:
-            async with self.admission.slot(), aclosing(self._decode(backend, tokens, params, sampling.stop)) as items:
+            async with (self.admission.slot(priority),
+                        aclosing(self._decode(backend, tokens, params, sampling.stop)) as items):
                 started = time.monotonic()
                 timing = _Timing(arrived, started)
                 async for item in items:
@@ -160,7 +161,8 @@ class EngineCore:
         if model not in backend.models:
             raise ModelNotFound(model)
 
-    def _decode_params(self, backend: Backend, prompt_tokens: int, sampling: Sampling, adapter: str) -> DecodeParams:
+    def _decode_params(self, backend: Backend, prompt_tokens: int, sampling: Sampling, adapter: str,
+                       priority: Priority) -> DecodeParams:
         ctx = backend.context_length
         room = ctx - prompt_tokens
         if room <= 0:
@@ -170,4 +172,5 @@ class EngineCore:
         temperature = self.defaults.temperature if sampling.temperature is None else sampling.temperature
         top_p = self.defaults.top_p if sampling.top_p is None else sampling.top_p
         return DecodeParams(max_new_tokens=sampling.max_tokens or room, temperature=temperature,
-                            top_p=top_p, seed=sampling.seed, adapter=adapter if adapter != backend.model else None)
+                            top_p=top_p, seed=sampling.seed, adapter=adapter if adapter != backend.model else None,
+                            priority=priority)

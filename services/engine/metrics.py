@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from llmesh.types import Priority
+
 # vLLM's own bucket boundaries, so quantiles line up with vLLM dashboards.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
                 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
@@ -58,6 +60,11 @@ class EngineMetrics:
         }
         self._success = Counter("vllm:request_success", "Count of successfully processed requests.",
                                 m + ("finished_reason",), registry=r)
+        # Ours, not vLLM's: requests the wait queue turned away, by priority class and
+        # why ("queue_full" on arrival, "shed" for a newcomer of a higher class).
+        self._refused = Counter("llmesh_engine_refused_requests", "Requests refused by the engine's wait queue, "
+                                "by priority class and reason (queue_full, shed).",
+                                m + ("priority", "reason"), registry=r)
         self._prefix_seen = (0, 0)
         self.use_model(model)
 
@@ -68,6 +75,9 @@ class EngineMetrics:
 
     def success(self, finished_reason: str) -> None:
         self._success.labels(self.model, finished_reason).inc()
+
+    def refused(self, priority: Priority, reason: str) -> None:
+        self._refused.labels(self.model, priority.name.lower(), reason).inc()
 
     def load(self, running: int, waiting: int, kv_usage: float) -> None:
         self.running.set(running)

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Callable
 import grpc
 
 from llmesh.discovery.base import Resolver
+from llmesh.errors import DiscoveryError
 from llmesh.rpc.channels import insecure_channel
 from llmesh.v1 import engine_pb2, scheduler_pb2, scheduler_pb2_grpc
 from llmesh.convert import kv_event_to_pb
@@ -70,10 +71,10 @@ class Reporter:
                 async with insecure_channel(address) as channel:
                     await scheduler_pb2_grpc.SchedulerStub(channel).Report(self._reports())
                 backoff = 0.2
-            except (grpc.aio.AioRpcError, LookupError, OSError) as exc:
+            except (grpc.aio.AioRpcError, DiscoveryError, OSError) as exc:
                 log.warning("scheduler report stream broke", extra={
                     "scheduler": address, "retry_in_s": backoff,
-                    "error": exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else type(exc).__name__})
+                    "error": exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else f"{type(exc).__name__}: {exc}"})
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
 

@@ -6,7 +6,7 @@ from contextlib import aclosing
 
 from opentelemetry import trace
 
-from llmesh.convert import finish_to_pb, prompt_from_pb, sampling_from_pb, usage_to_pb
+from llmesh.convert import finish_to_pb, priority_from_pb, prompt_from_pb, sampling_from_pb, usage_to_pb
 from llmesh.types import Delta
 from llmesh.v1 import engine_pb2, engine_pb2_grpc
 from llmesh.engine.core import EngineCore
@@ -20,7 +20,8 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         self._endpoint_id = endpoint_id
 
     async def Generate(self, request, context):
-        items = self._core.generate(request.model, prompt_from_pb(request), sampling_from_pb(request.sampling))
+        items = self._core.generate(request.model, prompt_from_pb(request), sampling_from_pb(request.sampling),
+                                    priority_from_pb(request.priority))
         async with aclosing(items):
             async for item in items:
                 if isinstance(item, Delta):

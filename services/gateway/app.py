@@ -7,8 +7,12 @@ import contextlib
 import logging
 from collections.abc import Iterator
 
+import redis.asyncio
+import redis.exceptions
 import uvicorn
 
+from llmesh.audit import AuditLog
+from llmesh.keys import FileKeyStore, KeyStore, RedisKeyStore
 from llmesh.platform import Platform, standalone_platform
 from llmesh.rpc.server import GrpcServer, ServiceBinding
 from llmesh.v1 import gateway_pb2_grpc
@@ -16,7 +20,14 @@ from llmesh.gateway.config import GatewaySettings
 from llmesh.gateway.endpoints import EndpointPicker
 from llmesh.gateway.http import HttpFront
 from llmesh.gateway.metrics import GatewayMetrics
-from llmesh.gateway.pipeline import Pipeline
+from llmesh.gateway.audit_stage import AuditStage
+from llmesh.gateway.auth import AuthenticateStage, Authenticator, JwtSettings, JwtVerifier
+from llmesh.gateway.grants import AuthorizeStage, access
+from llmesh.gateway.guard_stage import GuardStage
+from llmesh.gateway.limits import FallbackLimiter, LocalLimiter, RedisLimiter
+from llmesh.gateway.pipeline import Pipeline, RouteStage, ValidateStage
+from llmesh.gateway.quota import LimitStage
+from llmesh.gateway.tokens import TokenCounter
 from llmesh.gateway.servicer import GatewayServicer
 from llmesh.gateway.upstreams import CacheClient, EngineClients, ModelCatalog, SchedulerFeed
 
@@ -47,13 +58,45 @@ class GatewayApp:
                                     self.picker, settings.catalog_refresh_s)
         self.feed = SchedulerFeed(platform.resolver("scheduler", settings.scheduler_address), self.picker)
         self.metrics = GatewayMetrics(platform.metrics)
-        self.pipeline = Pipeline(self.picker, self.engines, self.catalog, self.cache,
-                                 config=lambda: self.config.current, observe=self.metrics.observe, tracer=tracer)
+        mesh = platform.settings
+        self.redis = None
+        if mesh.redis_url:
+            # Timeouts count time the event loop spends elsewhere too, so they are generous: a refused
+            # connection falls back at once; a busy Redis or gateway gets 10 s. A burst queues for one of
+            # 32 connections (opened once, kept) rather than opening hundreds at the same moment.
+            self.redis = redis.asyncio.Redis(connection_pool=redis.asyncio.BlockingConnectionPool.from_url(
+                mesh.redis_url, max_connections=32, timeout=10.0, socket_timeout=10.0, socket_connect_timeout=2.0))
+        self.keys: KeyStore = (RedisKeyStore(self.redis) if self.redis is not None
+                               else FileKeyStore(settings.keys_file or mesh.state_dir / "keys.json"))
+        jwt_verifier = None
+        if settings.jwks_file or settings.jwks_url:
+            jwt_verifier = JwtVerifier(JwtSettings(
+                jwks_file=settings.jwks_file, jwks_url=settings.jwks_url, issuer=settings.jwt_issuer,
+                audience=settings.jwt_audience, tenant_claim=settings.jwt_tenant_claim,
+                groups_claim=settings.jwt_groups_claim))
+        store_errors = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+        self.authenticator = Authenticator(self.keys, jwt_verifier, always_required=settings.require_auth,
+                                           store_errors=store_errors)
+        limiter = LocalLimiter()
+        if self.redis is not None:
+            limiter = FallbackLimiter(RedisLimiter(self.redis), limiter, errors=store_errors, retry_s=5.0,
+                                      on_fallback=self.metrics.limits_fallback.inc)
+        current = lambda: self.config.current  # noqa: E731
+        self.audit = (AuditLog(settings.audit_file or mesh.state_dir / "audit.jsonl", fsync=settings.audit_fsync)
+                      if settings.audit else None)
+        stages = [*([AuditStage(self.audit)] if self.audit else []),
+                  AuthenticateStage(self.authenticator), ValidateStage(), AuthorizeStage(current),
+                  RouteStage(self.catalog, current),
+                  LimitStage(limiter, current, TokenCounter(settings.model_dir), settings.reserve_tokens,
+                             lease_s=settings.request_timeout_s),
+                  GuardStage(current)]
+        self.pipeline = Pipeline(self.picker, self.engines, self.catalog, self.cache, observe=self.metrics.observe,
+                                 tracer=tracer, stages=stages)
         self._draining = False
-        self.http = HttpFront(self.pipeline, self.model_names, lambda: not self._draining,
+        self.http = HttpFront(self.pipeline, self.models_for, lambda: not self._draining,
                               settings.request_timeout_s)
         self.grpc = GrpcServer(settings.address, [ServiceBinding(
-            "llmesh.v1.Gateway", GatewayServicer(self.pipeline, self.model_names, settings.request_timeout_s),
+            "llmesh.v1.Gateway", GatewayServicer(self.pipeline, self.models_for, settings.request_timeout_s),
             gateway_pb2_grpc.add_GatewayServicer_to_server)], tracer=platform.tracing.tracer)
         self._uvicorn = _EmbeddedUvicorn(uvicorn.Config(
             self.http.app, host=settings.http_host, port=settings.http_port, log_config=None,
@@ -66,9 +109,18 @@ class GatewayApp:
         """What clients may ask for: registered and served models, and split aliases."""
         return sorted(set(self.catalog.names()) | set(self.config.current.splits))
 
+    async def models_for(self, credential: str | None) -> list[str]:
+        """The models this credential's tenant may use (401 for bad credentials)."""
+        grant = access(self.config.current, await self.authenticator.authenticate(credential))
+        return [name for name in self.model_names() if grant.allows(name)]
+
     @property
     def advertise_address(self) -> str:
         return self.grpc.bound_address
+
+    @property
+    def health_service(self) -> str:
+        return "llmesh.v1.Gateway"
 
     async def start(self) -> None:
         self._tasks = [asyncio.create_task(self.feed.run(), name="scheduler-feed"),
@@ -94,3 +146,7 @@ class GatewayApp:
         await self.engines.close()
         if self.cache:
             await self.cache.close()
+        if self.redis is not None:
+            await self.redis.aclose()
+        if self.audit is not None:
+            await asyncio.to_thread(self.audit.close)

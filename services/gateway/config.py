@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
@@ -20,3 +22,19 @@ class GatewaySettings(ServiceSettings):
     cache_budget_s: float = Field(default=0.02, gt=0, description="longest a cache lookup may take; then it is a miss")
     request_timeout_s: float = Field(default=600.0, gt=0, description="longest a request may take")
     catalog_refresh_s: float = Field(default=10.0, gt=0)
+
+    # Governance. Callers need credentials once an API key exists or a JWKS is set,
+    # or always with require_auth (production: an emptied key store never opens the door).
+    require_auth: bool = False
+    keys_file: Path | None = Field(default=None, description="API keys without Redis; default <state_dir>/keys.json")
+    jwks_file: Path | None = None
+    jwks_url: str | None = None
+    jwt_issuer: str | None = None
+    jwt_audience: str | None = None
+    jwt_tenant_claim: str = "tenant"
+    jwt_groups_claim: str = "groups"
+    model_dir: Path | None = Field(default=None, description="where to read models' tokenizers for admission")
+    reserve_tokens: int = Field(default=512, ge=1, description="output tokens reserved when max_tokens is unset")
+    audit: bool = Field(default=True, description="one hash-chained record per request")
+    audit_file: Path | None = Field(default=None, description="default <state_dir>/audit.jsonl; one per gateway process")
+    audit_fsync: bool = Field(default=False, description="fsync every written batch")

@@ -17,21 +17,22 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 
 import orjson
+from opentelemetry.trace import INVALID_SPAN
 
 from llmesh.errors import ErrorCode, InvalidArgument, LlmeshError
 from llmesh.logs import request_id_var
-from llmesh.types import CachedText, Delta, Finish
+from llmesh.types import Delta, Finish
 from llmesh.gateway.openai_api import (CHAT, TEXT, ChatBody, ChunkWriter, CompletionBody, Shape,
                                        completion_json, error_json, parse)
-from llmesh.gateway.pipeline import CompletionRequest, Pipeline
+from llmesh.gateway.pipeline import CompletionRequest, Context, Pipeline
 
 HTTP_STATUS = {
     ErrorCode.INVALID_ARGUMENT: 400, ErrorCode.NOT_FOUND: 404, ErrorCode.RESOURCE_EXHAUSTED: 429,
     ErrorCode.UNAVAILABLE: 503, ErrorCode.DEADLINE_EXCEEDED: 504, ErrorCode.CANCELLED: 499,
-    ErrorCode.INTERNAL: 500,
+    ErrorCode.INTERNAL: 500, ErrorCode.UNAUTHENTICATED: 401, ErrorCode.PERMISSION_DENIED: 403,
+    ErrorCode.FAILED_PRECONDITION: 400,
 }
 REQUEST_ID = "x-request-id"
-CACHE_HIT = (b"x-llmesh-cache", b"hit")  # on answers replayed from the response cache
 TIMEOUT_HEADERS = ("x-request-timeout", "x-stainless-timeout")  # seconds; the OpenAI SDK sends the latter
 MAX_BODY = 16 << 20
 
@@ -43,9 +44,13 @@ def _sse(obj: dict) -> bytes:
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
+def _encode(extra: dict[str, str] | None) -> list[tuple[bytes, bytes]]:
+    return [(k.encode(), v.encode()) for k, v in extra.items()] if extra else []
+
+
 async def _respond(send: Send, status: int, body: bytes, content_type: bytes, rid: str | None,
-                   extra: tuple[tuple[bytes, bytes], ...] = ()) -> None:
-    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode()), *extra]
+                   extra: dict[str, str] | None = None) -> None:
+    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode()), *_encode(extra)]
     if rid:
         headers.append((REQUEST_ID.encode(), rid.encode()))
     await send({"type": "http.response.start", "status": status, "headers": headers})
@@ -53,13 +58,19 @@ async def _respond(send: Send, status: int, body: bytes, content_type: bytes, ri
 
 
 async def _json(send: Send, obj: dict, status: int = 200, rid: str | None = None,
-                extra: tuple[tuple[bytes, bytes], ...] = ()) -> None:
+                extra: dict[str, str] | None = None) -> None:
     await _respond(send, status, orjson.dumps(obj), b"application/json", rid, extra)
 
 
 async def _error(send: Send, exc: LlmeshError, rid: str | None) -> None:
     status = HTTP_STATUS[exc.code]
-    await _json(send, error_json(status, exc.message, exc.reason, exc.param), status, rid)
+    await _json(send, error_json(status, exc.message, exc.reason, exc.param), status, rid, exc.headers)
+
+
+def bearer(headers: dict[str, str]) -> str | None:
+    value = headers.get("authorization", "")
+    scheme, _, token = value.partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None
 
 
 async def _read_body(receive: Receive) -> bytes:
@@ -78,13 +89,12 @@ async def _read_body(receive: Receive) -> bytes:
 
 
 class HttpFront:
-    def __init__(self, pipeline: Pipeline, models: Callable[[], list[str]], ready: Callable[[], bool],
-                 default_timeout_s: float, tenant: str = "default"):
+    def __init__(self, pipeline: Pipeline, models: Callable[[str | None], Awaitable[list[str]]],
+                 ready: Callable[[], bool], default_timeout_s: float):
         self._pipeline = pipeline
-        self._models = models
+        self._models = models  # the models a credential may use
         self._ready = ready
         self._default_timeout = default_timeout_s
-        self._tenant = tenant
         self._started = int(time.time())
         self._routes = {
             "/v1/chat/completions": ("POST", lambda scope, receive, send: self._complete(scope, receive, send, ChatBody, CHAT)),
@@ -124,35 +134,36 @@ class HttpFront:
         try:
             body = parse(body_cls, await _read_body(receive))
             prompt = body.prompt() if shape.chat else body.prompt_value()
-            req = CompletionRequest(request_id=rid, tenant=self._tenant, model=body.model, prompt=prompt,
+            req = CompletionRequest(request_id=rid, tenant="", model=body.model, prompt=prompt,
                                     sampling=body.sampling_params(), timeout_s=self._timeout(headers),
                                     user=body.user, trace_headers=headers,
-                                    operation="chat" if shape.chat else "text_completion")
-            items = self._pipeline.run(req)
+                                    operation="chat" if shape.chat else "text_completion",
+                                    credential=bearer(headers))
+            ctx = Context(req, {}, INVALID_SPAN)
+            items = self._pipeline.run(req, ctx)
             if body.stream:
                 # Wait for the first item so an early failure still gets its status code.
                 first = await anext(items)
                 writer = ChunkWriter(shape, rid, body.model, body.include_usage)
-                return await self._stream(receive, send, rid, writer, first, items)
+                return await self._stream(receive, send, rid, writer, first, items, ctx.headers)
             async with aclosing(items):
-                parts, finish, cached = [], None, False
+                parts, finish = [], None
                 async for item in items:
                     if isinstance(item, Delta):
                         parts.append(item.text)
-                        cached = cached or isinstance(item, CachedText)
                     else:
                         finish = item
             await _json(send, completion_json(shape, rid, body.model, "".join(parts), finish.reason, finish.usage),
-                        rid=rid, extra=(CACHE_HIT,) if cached else ())
+                        rid=rid, extra=ctx.headers)
         except LlmeshError as exc:
             await _error(send, exc, rid)
 
     async def _stream(self, receive: Receive, send: Send, rid: str, writer: ChunkWriter, first: Delta | Finish,
-                      items: AsyncIterator[Delta | Finish]) -> None:
+                      items: AsyncIterator[Delta | Finish], extra: dict[str, str]) -> None:
         """SSE; a client that goes away cancels the stream, which cancels the engine call."""
         await send({"type": "http.response.start", "status": 200, "headers": [
             (b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
-            (REQUEST_ID.encode(), rid.encode()), *((CACHE_HIT,) if isinstance(first, CachedText) else ())]})
+            (REQUEST_ID.encode(), rid.encode()), *_encode(extra)]})
         producer = asyncio.current_task()
 
         async def watch_disconnect() -> None:
@@ -197,8 +208,13 @@ class HttpFront:
             yield b"data: [DONE]\n\n"
 
     async def list_models(self, scope: dict, receive: Receive, send: Send) -> None:
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        try:
+            names = await self._models(bearer(headers))
+        except LlmeshError as exc:
+            return await _error(send, exc, None)
         data = [{"id": name, "object": "model", "created": self._started, "owned_by": "llmesh"}
-                for name in self._models()]
+                for name in names]
         await _json(send, {"object": "list", "data": data})
 
     async def healthz(self, scope: dict, receive: Receive, send: Send) -> None:

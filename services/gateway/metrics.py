@@ -30,6 +30,8 @@ class GatewayMetrics:
                                  registry=registry)
         self.breaker = Gauge("llmesh_circuit_breaker_state", "0 closed, 1 open, 2 half-open.", ("endpoint",),
                              registry=registry)
+        self.limits_fallback = Counter("llmesh_limits_fallback", "Admissions decided by this replica's local "
+                                       "limiter because Redis did not answer.", registry=registry)
         self.picks = Counter("llmesh_endpoint_picks", "Endpoint choices by routing policy.",
                              ("policy", "endpoint"), registry=registry)
 
@@ -42,6 +44,8 @@ class GatewayMetrics:
             self.cache.labels(r["cache"]).inc()
         if r["endpoint"]:
             self.picks.labels(r.get("policy", ""), r["endpoint"]).inc()
+        if r.get("reason") in ("rate_limit_exceeded", "insufficient_quota"):
+            self.rate_limited.labels(tenant).inc()
         if r.get("retries"):
             self.retries.labels(model).inc(r["retries"])
         if r["status"] != "ok":

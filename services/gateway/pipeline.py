@@ -1,6 +1,12 @@
-"""One request's way through the gateway, shared by the HTTP and gRPC fronts:
-validate -> known model -> cache -> pick endpoint -> stream from the engine
-(retrying elsewhere before the first token) -> cache store, access log.
+"""One request's way through the gateway, shared by the HTTP and gRPC fronts.
+
+The concerns a platform adds (authentication, validation, grants, routing,
+limits, guards, audit) are stages run in order before the call, like Envoy's
+filter chain: a stage sees the request's ``Context``, may refuse it (raise),
+rewrite it (``ctx.req = ...``), annotate the record or add an output filter, and
+is told the outcome in ``finish``. The pipeline itself only orchestrates: stages,
+cache lookup, endpoint pick, the engine stream (retrying elsewhere before the
+first token), output filters, cache store, access log.
 
 It talks to the other services through the small ports below, so it has no
 gRPC in it and tests can drive it with real or in-process adapters."""
@@ -10,22 +16,33 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import aclosing
-from dataclasses import dataclass, replace
-from typing import Protocol
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
 
 from opentelemetry.trace import NoOpTracer, Span, SpanKind, Status, StatusCode, Tracer
 
 from llmesh.errors import DeadlineExceeded, LlmeshError, ModelNotFound, Overloaded, Unavailable
 from llmesh.liveconfig.schema import MeshConfig, ModelPolicy
 from llmesh.telemetry import bind_trace_id, extract
-from llmesh.types import CachedText, Delta, Finish, Prompt, Sampling
+from llmesh.types import Delta, Finish, Priority, Prompt, Sampling
 from llmesh.validation import check_request
 from llmesh.gateway.endpoints import EndpointPicker
 from llmesh.gateway.policy import apply_policy, route
 
 log = logging.getLogger("llmesh.gateway.access")
+CACHE_HEADER = "x-llmesh-cache"
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who sent a request, as authentication found it."""
+    tenant: str = "default"
+    subject: str = "local"        # key id, JWT subject, or "local" in local mode
+    method: str = "local"         # api_key | jwt | local
+    groups: tuple[str, ...] = ()
+    models: tuple[str, ...] | None = None  # a key's own model list, narrower than the tenant's
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +56,65 @@ class CompletionRequest:
     user: str | None = None  # keeps a user on one arm of a traffic split
     trace_headers: Mapping[str, str] | None = None  # W3C trace context from HTTP clients
     operation: str = "chat"  # gen_ai.operation.name: chat | text_completion
+    credential: str | None = None  # the bearer token or API key the client sent
+    caller: Caller = Caller()
+    priority: Priority = Priority.NORMAL
+
+
+class OutputFilter(Protocol):
+    """Rewrites the answer's text as it streams (PII masking, restoring)."""
+    def feed(self, text: str) -> str: ...
+    def flush(self) -> str: ...
+
+
+@dataclass(slots=True)
+class Context:
+    """One request as the stages see it. ``record`` is the access-log record;
+    ``headers`` reach the client (HTTP headers, gRPC trailing metadata)."""
+    req: CompletionRequest
+    record: dict
+    span: Span
+    policy: ModelPolicy = ModelPolicy()
+    headers: dict[str, str] = field(default_factory=dict)
+    filters: list[OutputFilter] = field(default_factory=list)
+    notes: dict[str, Any] = field(default_factory=dict)  # a stage's own per-request state
+
+
+class Stage(Protocol):
+    async def admit(self, ctx: Context) -> None:
+        """Refuse (raise a LlmeshError), rewrite or annotate the request."""
+    async def finish(self, ctx: Context) -> None:
+        """The outcome is in ctx.record; called for every stage whose admit ran,
+        also when it refused, last stage first."""
+
+
+class ValidateStage:
+    async def admit(self, ctx: Context) -> None:
+        check_request(ctx.req.model, ctx.req.prompt, ctx.req.sampling)
+
+    async def finish(self, ctx: Context) -> None:
+        pass
+
+
+class RouteStage:
+    """Alias -> model (weighted, sticky per user), the model's policy and defaults."""
+
+    def __init__(self, catalog: Catalog, config: Callable[[], MeshConfig]):
+        self._catalog = catalog
+        self._config = config
+
+    async def admit(self, ctx: Context) -> None:
+        req = ctx.req
+        target, policy = route(req.model, self._config(), req.user or req.request_id)
+        if not self._catalog.known(target):
+            raise ModelNotFound(req.model)
+        prompt, sampling = apply_policy(req.prompt, req.sampling, policy)
+        ctx.req = replace(req, model=target, prompt=prompt, sampling=sampling)
+        ctx.policy = policy
+        ctx.record["model"] = target
+
+    async def finish(self, ctx: Context) -> None:
+        pass
 
 
 class EngineClient(Protocol):
@@ -47,6 +123,7 @@ class EngineClient(Protocol):
 
 
 class ResponseCache(Protocol):
+    def applies(self, req: CompletionRequest) -> bool: ...
     async def lookup(self, req: CompletionRequest, parent: Span) -> tuple[str, Finish] | None: ...
     async def store(self, req: CompletionRequest, text: str, finish: Finish, parent: Span) -> None: ...
 
@@ -61,19 +138,20 @@ class Pipeline:
                  config: Callable[[], MeshConfig] = MeshConfig,
                  observe: Callable[[dict], None] = lambda record: None,
                  tracer: Tracer | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic,
+                 stages: Sequence[Stage] | None = None):
         self._picker = picker
         self._engines = engines
-        self._catalog = catalog
         self._cache = cache
-        self._config = config
+        self._stages = list(stages) if stages is not None else [ValidateStage(), RouteStage(catalog, config)]
         self._observe = observe
         self._tracer = tracer or NoOpTracer()
         self._clock = clock
         self._background: set[asyncio.Task] = set()
 
-    async def run(self, req: CompletionRequest) -> AsyncIterator[Delta | Finish]:
-        """Yields text deltas then one Finish; raises a LlmeshError on failure."""
+    async def run(self, req: CompletionRequest, ctx: Context | None = None) -> AsyncIterator[Delta | Finish]:
+        """Yields text deltas then one Finish; raises a LlmeshError on failure.
+        Pass a ``ctx`` to read what the stages said (headers) once the first item came."""
         started = self._clock()
         record = {"model": req.model, "tenant": req.tenant, "endpoint": None, "cache": "skip",
                   "status": "ok", "ttft_ms": None, "prompt_tokens": 0, "completion_tokens": 0, "retries": 0}
@@ -81,53 +159,74 @@ class Pipeline:
                                        kind=SpanKind.SERVER if req.trace_headers is not None else SpanKind.INTERNAL,
                                        attributes=request_attributes(req))
         bind_trace_id(span)
+        if ctx is None:
+            ctx = Context(req, record, span)
+        else:
+            ctx.req, ctx.record, ctx.span = req, record, span
+        entered: list[Stage] = []
         try:
-            check_request(req.model, req.prompt, req.sampling)
-            target, policy = route(req.model, self._config(), req.user or req.request_id)
-            if not self._catalog.known(target):
-                raise ModelNotFound(req.model)
-            prompt, sampling = apply_policy(req.prompt, req.sampling, policy)
-            req = replace(req, model=target, prompt=prompt, sampling=sampling)
-            record["model"] = target
-            cacheable = self._cache is not None and self._config().cache.applies(
-                req.tenant, req.model, req.sampling.deterministic)
+            for stage in self._stages:
+                entered.append(stage)
+                await stage.admit(ctx)
+            req = ctx.req
+            cacheable = self._cache is not None and self._cache.applies(req)
             if cacheable:
                 hit = await self._cache.lookup(req, span)
                 record["cache"] = "hit" if hit else "miss"
                 if hit is not None:
                     text, finish = hit
+                    ctx.headers[CACHE_HEADER] = "hit"  # HTTP header, gRPC metadata
                     record["ttft_ms"] = round((self._clock() - started) * 1000, 3)
                     self._count(record, finish)
-                    yield CachedText(text=text, tokens=finish.usage.completion_tokens)
+                    yield Delta(text=_filtered(ctx.filters, text, last=True), tokens=finish.usage.completion_tokens)
                     yield finish
                     return
             parts: list[str] = []
-            record["policy"] = policy.routing
-            async with aclosing(self._generate(req, started + req.timeout_s, policy, record, span)) as items:
+            record["policy"] = ctx.policy.routing
+            filters = ctx.filters
+            async with aclosing(self._generate(req, started + req.timeout_s, ctx.policy, record, span)) as items:
                 async for item in items:
                     if record["ttft_ms"] is None:
                         record["ttft_ms"] = round((self._clock() - started) * 1000, 3)
                     if isinstance(item, Delta):
                         if cacheable:
                             parts.append(item.text)
+                        if filters:
+                            item = Delta(text=_filtered(filters, item.text), tokens=item.tokens)
                     else:
                         self._count(record, item)
                         if cacheable:
                             self._spawn(self._cache.store(req, "".join(parts), item, span))
+                        if filters:
+                            tail = _filtered(filters, "", last=True)
+                            if tail:
+                                yield Delta(text=tail, tokens=0)
                     yield item
         except LlmeshError as exc:
             record["status"] = exc.code.value
+            record["reason"] = exc.reason
             span.set_status(Status(StatusCode.ERROR, exc.message))
             span.set_attribute("error.type", exc.reason or exc.code.value)
             raise
         except (asyncio.CancelledError, GeneratorExit):
-            record["status"] = "cancelled"
+            if "finish_reason" not in record:  # a consumer that stops after the Finish was served in full
+                record["status"] = "cancelled"
             raise
         finally:
             record["duration_ms"] = round((self._clock() - started) * 1000, 3)
+            if entered:
+                self._spawn(self._finish(entered, ctx))
             log.info("request", extra=record)
             self._observe(record)
             end_span(span, record)
+
+    @staticmethod
+    async def _finish(entered: list[Stage], ctx: Context) -> None:
+        for stage in reversed(entered):
+            try:
+                await stage.finish(ctx)
+            except Exception:  # noqa: BLE001 - one stage's bookkeeping never stops the others'
+                log.exception("stage finish failed", extra={"stage": type(stage).__name__})
 
     async def _generate(self, req: CompletionRequest, deadline: float, policy: ModelPolicy, record: dict,
                         span: Span) -> AsyncIterator[Delta | Finish]:
@@ -180,6 +279,14 @@ class Pipeline:
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
 
+
+
+def _filtered(filters: list[OutputFilter], text: str, last: bool = False) -> str:
+    for f in filters:
+        text = f.feed(text)
+        if last:
+            text += f.flush()
+    return text
 
 
 def request_attributes(req: CompletionRequest) -> dict:

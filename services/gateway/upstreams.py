@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 
-from llmesh.convert import (finish_from_pb, finish_to_pb, prompt_fields, sampling_to_pb,
+from llmesh.convert import (finish_from_pb, finish_to_pb, priority_to_pb, prompt_fields, sampling_to_pb,
                             usage_from_pb, usage_to_pb)
 from opentelemetry.trace import NoOpTracer, Span, SpanKind, Status, StatusCode, Tracer
 
-from llmesh.discovery.base import Resolver
+from llmesh.discovery.base import NoInstance, Resolver
+from llmesh.errors import DiscoveryError
+from llmesh.liveconfig.schema import MeshConfig
 from llmesh.telemetry import child_context, inject
 from llmesh.rpc.channels import insecure_channel
 from llmesh.rpc.interceptor import REQUEST_ID_KEY
@@ -45,7 +47,7 @@ class EngineClients:
                        ) -> AsyncIterator[Delta | Finish]:
         request = engine_pb2.GenerateRequest(
             request_id=req.request_id, model=req.model, sampling=sampling_to_pb(req.sampling),
-            **prompt_fields(req.prompt, engine_pb2.ChatInput))
+            priority=priority_to_pb(req.priority), **prompt_fields(req.prompt, engine_pb2.ChatInput))
         span = self._tracer.start_span("llmesh.v1.Engine/Generate", context=child_context(parent),
                                        kind=SpanKind.CLIENT, attributes={"server.address": address})
         call = self._stub(address).Generate(request, timeout=timeout_s,
@@ -76,8 +78,9 @@ class CacheClient:
     when first needed and again after the cache was unreachable."""
 
     def __init__(self, resolve: Resolver, budget_s: float = 0.02, tracer: Tracer | None = None,
-                 store_timeout_s: float = 2.0):
+                 store_timeout_s: float = 2.0, config: Callable[[], MeshConfig] = MeshConfig):
         self._resolve = resolve
+        self._config = config
         self._tracer = tracer or NoOpTracer()
         self._channel: grpc.aio.Channel | None = None
         self._stub: cache_pb2_grpc.CacheStub | None = None
@@ -85,9 +88,18 @@ class CacheClient:
         self._store_timeout = store_timeout_s
         self._closing: set[asyncio.Task] = set()
 
+    def applies(self, req: CompletionRequest) -> bool:
+        """The live config's cache section: on for this tenant and model, and the
+        request deterministic (or the tenant caches sampled answers too)."""
+        return self._config().cache.applies(req.tenant, req.model, req.sampling.deterministic)
+
     async def _cache(self) -> cache_pb2_grpc.CacheStub:
         if self._stub is None:
-            self._channel = insecure_channel(await self._resolve())
+            try:  # on the request path: never wait on discovery longer than on the cache itself
+                address = await asyncio.wait_for(self._resolve(), self._timeout)
+            except TimeoutError:
+                raise NoInstance("cache", "known yet") from None
+            self._channel = insecure_channel(address)
             self._stub = cache_pb2_grpc.CacheStub(self._channel)
         return self._stub
 
@@ -121,7 +133,7 @@ class CacheClient:
                 stub = await self._cache()
                 resp = await stub.Lookup(cache_pb2.LookupRequest(query=self._query(req)), timeout=self._timeout,
                                          metadata=((REQUEST_ID_KEY, req.request_id), *inject(span)))
-            except (grpc.aio.AioRpcError, LookupError) as exc:
+            except (grpc.aio.AioRpcError, DiscoveryError) as exc:
                 log.warning("cache lookup failed", extra={"error": _why(exc)})
                 await self._forget_if_gone(exc)
                 return None
@@ -138,7 +150,7 @@ class CacheClient:
             stub = await self._cache()
             await stub.Store(cache_pb2.StoreRequest(query=self._query(req), response=response),
                              timeout=self._store_timeout, metadata=((REQUEST_ID_KEY, req.request_id),))
-        except (grpc.aio.AioRpcError, LookupError) as exc:
+        except (grpc.aio.AioRpcError, DiscoveryError) as exc:
             log.warning("cache store failed", extra={"error": _why(exc)})
             await self._forget_if_gone(exc)
 
@@ -176,7 +188,7 @@ class SchedulerFeed:
                     async for table in stub.WatchEndpoints(scheduler_pb2.WatchEndpointsRequest()):
                         self._picker.replace_all(endpoint_from_pb(e) for e in table.endpoints)
                         backoff = 0.2
-            except (grpc.aio.AioRpcError, LookupError) as exc:
+            except (grpc.aio.AioRpcError, DiscoveryError) as exc:
                 log.warning("scheduler stream broke; keeping the last endpoint table",
                             extra={"scheduler": address, "error": _why(exc)})
             await asyncio.sleep(backoff)
@@ -208,6 +220,6 @@ class ModelCatalog:
                     resp = await modelmgr_pb2_grpc.ModelManagerStub(channel).ListModels(
                         modelmgr_pb2.ListModelsRequest(), timeout=10)
                 self._registry = {m.name for m in resp.models}
-            except (grpc.aio.AioRpcError, LookupError) as exc:
+            except (grpc.aio.AioRpcError, DiscoveryError) as exc:
                 log.warning("model registry unreachable; keeping the last catalog", extra={"error": _why(exc)})
             await asyncio.sleep(self._refresh)

@@ -1,4 +1,5 @@
-"""Model manager composition root."""
+"""Model manager composition root: registry (SQLAlchemy, migrated by Alembic),
+artifact store, importer, rollout over the mesh, gRPC servicer."""
 
 from __future__ import annotations
 
@@ -6,21 +7,70 @@ import asyncio
 
 from prometheus_client import CollectorRegistry, Gauge
 
+from llmesh.discovery.base import fixed
+from llmesh.errors import FailedPrecondition
+from llmesh.liveconfig.stores import ConfigStore, EtcdStore, FileStore
 from llmesh.modelstore import ModelStore
 from llmesh.platform import Platform
 from llmesh.rpc.server import GrpcServer, ServiceBinding
+from llmesh.settings import MeshSettings
 from llmesh.v1 import modelmgr_pb2_grpc
+from llmesh.modelmgr.artifacts import ArtifactStore
+from llmesh.modelmgr.clients import ConfigSplits, GrpcMesh
 from llmesh.modelmgr.config import ModelMgrSettings
+from llmesh.modelmgr.db import make_engine, upgrade
+from llmesh.modelmgr.evaluation import load_golden
+from llmesh.modelmgr.importer import Importer
+from llmesh.modelmgr.registry import Registry
+from llmesh.modelmgr.rollout import Rollout, RolloutPolicy
 from llmesh.modelmgr.servicer import ModelManagerServicer
+
+
+class NoSplits:
+    """No live config backend (LLMESH_CONFIG_BACKEND=none): aliases cannot move."""
+
+    async def set_split(self, alias: str, weights: dict[str, float]) -> int:
+        raise FailedPrecondition("this mesh has no live config backend (LLMESH_CONFIG_BACKEND=none); "
+                                 "aliases live in its traffic splits")
+
+    async def targets(self) -> set[str]:
+        return set()
+
+
+def config_store(mesh: MeshSettings) -> tuple[ConfigStore | None, object | None]:
+    if mesh.config_backend == "file":
+        return FileStore(mesh.config_file), None
+    if mesh.config_backend == "etcd":
+        from llmesh.discovery.etcd import etcd_client
+        client = etcd_client(mesh.etcd_address)
+        return EtcdStore(client, mesh.etcd_address, mesh.config_prefix), client
+    return None, None
 
 
 class ModelMgrApp:
     def __init__(self, settings: ModelMgrSettings, platform: Platform | None = None):
+        self.settings = settings
         self.store = ModelStore(settings.model_dir)
+        self.db = make_engine(settings.database_url)
+        self.registry = Registry(self.db)
+        self.artifacts = ArtifactStore(settings.store_dir, settings.model_dir)
+        self.importer = Importer(self.registry, self.artifacts)
+        resolve = platform.resolver("scheduler", settings.scheduler_address) if platform \
+            else fixed(settings.scheduler_address)
+        self.mesh = GrpcMesh(resolve)
+        store, self._etcd = config_store(platform.settings if platform else MeshSettings(config_backend="none"))
+        self.rollout = Rollout(
+            self.registry, self.artifacts, self.mesh, ConfigSplits(store) if store else NoSplits(),
+            lambda: load_golden(settings.golden_set),
+            RolloutPolicy(warmup_generations=settings.warmup_generations, memory_budget=settings.memory_budget,
+                          memory_overhead=settings.memory_overhead, settle_s=settings.settle_s,
+                          drain_timeout_s=settings.drain_timeout_s, eval_threshold=settings.eval_threshold,
+                          eval_min_exact_match=settings.eval_min_exact_match,
+                          eval_max_tokens=settings.eval_max_tokens))
         self._models = Gauge("llmesh_models", "Models in the store by format.", ("format",),
                              registry=platform.metrics if platform else CollectorRegistry())
         self.server = GrpcServer(settings.address, [ServiceBinding(
-            "llmesh.v1.ModelManager", ModelManagerServicer(self.store),
+            "llmesh.v1.ModelManager", ModelManagerServicer(self.store, self.registry, self.importer, self.rollout),
             modelmgr_pb2_grpc.add_ModelManagerServicer_to_server)],
             tracer=platform.tracing.tracer if platform else None)
 
@@ -28,7 +78,12 @@ class ModelMgrApp:
     def advertise_address(self) -> str:
         return self.server.bound_address
 
+    @property
+    def health_service(self) -> str:
+        return "llmesh.v1.ModelManager"
+
     async def start(self) -> None:
+        await asyncio.to_thread(upgrade, self.db)  # the schema is current before we say SERVING
         records = await asyncio.to_thread(self.store.list)  # checksums computed before we say SERVING
         for fmt in {r.format for r in records}:
             self._models.labels(fmt).set(sum(r.format == fmt for r in records))
@@ -36,3 +91,7 @@ class ModelMgrApp:
 
     async def stop(self, grace: float) -> None:
         await self.server.stop(grace)
+        await self.mesh.close()
+        if self._etcd is not None:
+            await self._etcd.close()
+        self.db.dispose()

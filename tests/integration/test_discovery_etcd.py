@@ -11,7 +11,7 @@ import textwrap
 import time
 import uuid
 
-from llmesh.discovery.base import Instance, resolver
+from llmesh.discovery.base import Follower, Instance
 from llmesh.discovery.etcd import EtcdRegistry, etcd_client
 
 
@@ -29,7 +29,9 @@ async def test_register_resolve_watch_deregister(etcd):
         assert sorted(await asyncio.wait_for(anext(watch), 2), key=lambda i: i.instance_id) == [a, b]
         await reg.deregister(a)
         assert await asyncio.wait_for(anext(watch), 2) == [b]
-        assert await resolver(reg, "engine")() == b.address
+        follower = Follower(reg, "engine")
+        assert await follower() == b.address
+        await follower.close()
         await asyncio.sleep(3.5)  # past the TTL: the keepalive holds b
         assert await reg.resolve("engine") == [b]
         await watch.aclose()

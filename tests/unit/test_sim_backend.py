@@ -1,5 +1,6 @@
 """The sim behaves like a batching engine: step time grows with the batch, cached
-prefixes skip prefill, a full KV cache makes requests wait, profiles round-trip."""
+prefixes skip prefill, a full KV cache makes requests wait (highest priority class
+first), profiles round-trip."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import asyncio
 import time
 from contextlib import aclosing
 
-from llmesh.types import Prompt
+from llmesh.types import Priority, Prompt
 from llmesh.engine.backends.base import DecodeParams
 from llmesh.engine.backends.sim import SimBackend, SimProfile
 
@@ -54,3 +55,25 @@ def test_profile_round_trips(tmp_path):
     p.save(tmp_path / "p.json")
     assert SimProfile.load(tmp_path / "p.json") == p
     assert p.step_s(4, 10) == (3.0 + 1.5 * 4 + 0.7 * 10) / 1000
+
+
+async def test_waiting_sequences_start_highest_priority_first():
+    """One sequence at a time: those queued behind it start by class, in arrival order within one."""
+    b = SimBackend("sim-t", 4096, SimProfile(decode_ms_base=2.0, max_batch=1, output_tokens=64))
+    firsts: dict[str, float] = {}
+
+    async def run(name: str, priority: Priority):
+        params = DecodeParams(5, 0.0, 1.0, 0, priority=priority)
+        async with aclosing(b.stream(b.tokenize(Prompt(text=name)), params)) as s:
+            async for _ in s:
+                firsts.setdefault(name, time.perf_counter())
+
+    arrivals = [("low0", Priority.LOW), ("low1", Priority.LOW), ("normal", Priority.NORMAL),
+                ("low2", Priority.LOW), ("high", Priority.HIGH)]
+    tasks = []
+    for name, p in arrivals:
+        tasks.append(asyncio.create_task(run(name, p)))
+        await asyncio.sleep(0)
+    await asyncio.gather(*tasks)
+    assert sorted(firsts, key=firsts.get) == ["low0", "high", "normal", "low1", "low2"]
+    await b.close()

@@ -4,8 +4,12 @@
     llmesh status   services, endpoints and models of a running mesh
     llmesh chat     stream a chat answer through the gateway's gRPC API
     llmesh config   read, check and change the live config
+    llmesh keys     create, list, rotate and revoke API keys
+    llmesh usage    tokens and cost per tenant, model and day
+    llmesh audit    check the audit log's hash chain
+    llmesh models   model registry: import, deploy, promote, rollback, history, eval
     llmesh cache    response cache: stats, invalidate
-    llmesh bench    run a benchmark from bench/ (cache, engine, gateway, llamacpp)
+    llmesh bench    run a benchmark from bench/ (cache, engine, gateway, guards, llamacpp)
 """
 
 from __future__ import annotations
@@ -125,6 +129,12 @@ def cmd_config(args: argparse.Namespace) -> int:
     return asyncio.run(run(args))
 
 
+def cmd_models(args: argparse.Namespace) -> int:
+    from llmesh.cli.models import run
+
+    return asyncio.run(run(args, args.address or _layout(args).address("modelmgr")))
+
+
 def cmd_cache(args: argparse.Namespace) -> int:
     from llmesh.cli.cache import run
 
@@ -163,13 +173,22 @@ def build_parser() -> argparse.ArgumentParser:
     add_parser(sub)
     sub.choices["config"].set_defaults(func=cmd_config)
 
+    from llmesh.cli.governance import add_parsers
+    add_parsers(sub)
+    from llmesh.cli.audit import add_parser as add_audit
+    add_audit(sub)
+    from llmesh.cli.models import add_parser as add_models
+    models = add_models(sub)
+    _add_layout_args(models)
+    models.set_defaults(func=cmd_models)
     from llmesh.cli import cache
     cache.add_parser(sub, _add_layout_args)
     sub.choices["cache"].set_defaults(func=cmd_cache)
     return parser
 
 
-BENCHES = {"cache": "bench.cache", "engine": "bench.engine", "gateway": "bench.gateway", "llamacpp": "bench.llamacpp"}
+BENCHES = {"cache": "bench.cache", "engine": "bench.engine", "gateway": "bench.gateway",
+           "governance": "bench.governance", "guards": "bench.guards", "llamacpp": "bench.llamacpp"}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -81,6 +81,7 @@ def plan(spec: MeshSpec) -> list[Child]:
         "LLMESH_SCHEDULER_PORT": str(lay.port("scheduler")), **metrics("scheduler", "SCHEDULER")})
     add("modelmgr", "modelmgr", lay.address("modelmgr"), {
         "LLMESH_MODELMGR_PORT": str(lay.port("modelmgr")), "LLMESH_MODELMGR_MODEL_DIR": str(spec.model_dir),
+        "LLMESH_MODELMGR_SCHEDULER_ADDRESS": lay.address("scheduler"),
         **metrics("modelmgr", "MODELMGR")})
     add("cache", "cache", lay.address("cache"), {"LLMESH_CACHE_PORT": str(lay.port("cache")),
                                                  "LLMESH_CACHE_EMBED_MODEL_DIR": str(spec.model_dir / EMBED_MODEL),
@@ -101,7 +102,7 @@ def plan(spec: MeshSpec) -> list[Child]:
         "LLMESH_GATEWAY_SCHEDULER_ADDRESS": lay.address("scheduler"),
         "LLMESH_GATEWAY_MODELMGR_ADDRESS": lay.address("modelmgr"),
         "LLMESH_GATEWAY_CACHE_ADDRESS": lay.address("cache") if spec.cache else "",
-        "LLMESH_GATEWAY_GRACE_S": str(spec.grace_s), **metrics("gateway", "GATEWAY")})
+        "LLMESH_GATEWAY_GRACE_S": str(spec.grace_s), "LLMESH_GATEWAY_MODEL_DIR": str(spec.model_dir), **metrics("gateway", "GATEWAY")})
     assert [c.name for c in children[:3]] == list(CORE_SERVICES)
     return children
 

@@ -1,18 +1,22 @@
 """etcd discovery (aetcd): each instance is a key under ``<prefix>/<service>/`` bound
 to a lease that this process keeps alive. A process that dies stops refreshing,
-so its key disappears when the lease's TTL runs out."""
+so its key disappears when the lease's TTL runs out. Failures are raised as
+DiscoveryError."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import aetcd
+import aetcd.exceptions
+import grpc
 import orjson
 
-from llmesh.discovery.base import Instance
+from llmesh.discovery.base import Instance, advertisable
+from llmesh.errors import DiscoveryError
 
 log = logging.getLogger("llmesh.discovery.etcd")
 
@@ -20,6 +24,14 @@ log = logging.getLogger("llmesh.discovery.etcd")
 def etcd_client(address: str, timeout_s: int = 5) -> aetcd.Client:
     host, _, port = address.rpartition(":")
     return aetcd.Client(host=host or "127.0.0.1", port=int(port), timeout=timeout_s)
+
+
+@contextlib.contextmanager
+def _failures(what: str) -> Iterator[None]:
+    try:
+        yield
+    except (aetcd.exceptions.ClientError, grpc.aio.AioRpcError, OSError, TimeoutError) as exc:
+        raise DiscoveryError(f"etcd {what} failed: {type(exc).__name__}: {exc}") from None
 
 
 class EtcdRegistry:
@@ -42,7 +54,12 @@ class EtcdRegistry:
         return lease.id
 
     async def register(self, instance: Instance) -> None:
-        lease_id = await self._announce(instance)
+        try:
+            advertisable(instance.address)
+        except ValueError as exc:
+            raise DiscoveryError(f"cannot register {instance.service}: {exc}") from None
+        with _failures("register"):
+            lease_id = await self._announce(instance)
         self._keepers[instance] = asyncio.create_task(self._keep_alive(instance, lease_id),
                                                       name=f"lease-{instance.instance_id}")
 
@@ -72,10 +89,12 @@ class EtcdRegistry:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        await self._client.delete(self._key(instance))
+        with _failures("deregister"):
+            await self._client.delete(self._key(instance))
 
     async def resolve(self, service: str) -> list[Instance]:
-        result = await self._client.get_prefix(self._service_prefix(service))
+        with _failures("read"):
+            result = await self._client.get_prefix(self._service_prefix(service))
         out = []
         for kv in result:
             data = orjson.loads(kv.value)
@@ -83,11 +102,13 @@ class EtcdRegistry:
         return out
 
     async def watch(self, service: str) -> AsyncIterator[list[Instance]]:
-        watch = await self._client.watch_prefix(self._service_prefix(service))
+        with _failures("watch"):  # bounded: with etcd away, creating a watch would wait on
+            watch = await asyncio.wait_for(self._client.watch_prefix(self._service_prefix(service)), 5)
         try:
             yield await self.resolve(service)
-            async for _event in watch:
-                yield await self.resolve(service)
+            with _failures("watch"):
+                async for _event in watch:
+                    yield await self.resolve(service)
         finally:
             with contextlib.suppress(Exception):
                 await watch.cancel()

@@ -43,6 +43,42 @@ class RateLimit(_Strict):
     max_concurrency: int | None = Field(default=None, ge=1)
 
 
+class Budget(_Strict):
+    """Spending allowed per period; a request is admitted while the period's spend
+    plus what in-flight requests reserved is under the line (so at most one
+    request ends past it)."""
+    period: Literal["day", "month"] = "day"
+    tokens: int | None = Field(default=None, ge=1, description="input + output tokens per period")
+    usd: float | None = Field(default=None, gt=0, description="money per period, at the models' prices")
+
+
+class Guards(_Strict):
+    """What the gateway does with a prompt before it leaves for the engine."""
+    pii: Literal["mask", "off"] = "mask"
+    restore: bool = Field(default=False, description="put the masked values back into the answer")
+    output_pii: Literal["mask", "off"] = Field(default="mask", description="mask PII the model writes")
+    injection: Literal["block", "flag", "off"] = "flag"
+    injection_threshold: float = Field(default=0.6, gt=0, le=1, description="score at which the screen acts")
+
+
+class Grant(_Strict):
+    """What a tenant or a group may do. ``models`` lists model names and split
+    aliases; None allows every model."""
+    models: list[str] | None = None
+    max_tokens: int | None = Field(default=None, ge=1, description="cap on a request's max_tokens")
+    priority: Literal["low", "normal", "high"] | None = None
+
+
+class TenantPolicy(Grant):
+    budget: Budget | None = None
+    guards: Guards = Guards()
+
+
+class Price(_Strict):
+    input_per_1k: float = Field(default=0, ge=0, description="money per 1,000 input tokens")
+    output_per_1k: float = Field(default=0, ge=0, description="money per 1,000 output tokens")
+
+
 class CacheConfig(_Strict):
     enabled: bool = True
     ttl_s: float = Field(default=3600, gt=0)
@@ -98,7 +134,10 @@ class MeshConfig(_Strict):
     default: ModelPolicy = ModelPolicy()
     models: dict[str, ModelPolicy] = {}
     splits: dict[str, TrafficSplit] = {}
-    rate_limits: dict[str, RateLimit] = Field(default={}, description="per tenant")
+    rate_limits: dict[str, RateLimit] = Field(default={}, description="per tenant; '*' for any other tenant")
+    tenants: dict[str, TenantPolicy] = Field(default={}, description="per tenant; '*' for any other tenant")
+    groups: dict[str, Grant] = Field(default={}, description="per JWT group: widens the tenant's grant")
+    prices: dict[str, Price] = Field(default={}, description="per model, for budgets and usage")
     cache: CacheConfig = CacheConfig()
     circuit_breaker: CircuitBreaker = CircuitBreaker()
 
@@ -112,5 +151,14 @@ class MeshConfig(_Strict):
                 raise ValueError(f"split '{alias}' targets itself")
         return self
 
+    def tenant(self, name: str) -> TenantPolicy:
+        return self.tenants.get(name) or self.tenants.get("*") or _OPEN_TENANT
+
+    def rate_limit(self, tenant: str) -> RateLimit | None:
+        return self.rate_limits.get(tenant) or self.rate_limits.get("*")
+
     def policy(self, model: str) -> ModelPolicy:
         return self.models.get(model, self.default)
+
+
+_OPEN_TENANT = TenantPolicy()

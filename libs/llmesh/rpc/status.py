@@ -13,7 +13,10 @@ _TO_GRPC = {
     ErrorCode.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
     ErrorCode.DEADLINE_EXCEEDED: grpc.StatusCode.DEADLINE_EXCEEDED,
     ErrorCode.CANCELLED: grpc.StatusCode.CANCELLED,
+    ErrorCode.FAILED_PRECONDITION: grpc.StatusCode.FAILED_PRECONDITION,
     ErrorCode.INTERNAL: grpc.StatusCode.INTERNAL,
+    ErrorCode.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
+    ErrorCode.PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
 }
 _FROM_GRPC = {v: k for k, v in _TO_GRPC.items()}
 
@@ -31,6 +34,7 @@ def trailing_metadata(err: LlmeshError) -> tuple[tuple[str, str], ...]:
         md.append((REASON_KEY, err.reason))
     if err.param:
         md.append((PARAM_KEY, err.param))
+    md.extend(err.headers.items())
     return tuple(md)
 
 

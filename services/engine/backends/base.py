@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from llmesh.types import Prompt
+from llmesh.types import Priority, Prompt
 from llmesh.engine.kvblocks import KvEvent
 
 
@@ -24,6 +24,7 @@ class DecodeParams:
     top_p: float
     seed: int | None
     adapter: str | None = None  # a LoRA adapter the backend has loaded, by name
+    priority: Priority = Priority.NORMAL  # a backend that queues internally serves higher classes first
 
 
 class Backend(Protocol):

@@ -177,9 +177,11 @@ class BatchRunner:
             self._deliver(out)
 
     def _admit(self) -> None:
-        """Moves waiting sequences into free slots, reusing the longest cached prefix."""
+        """Moves waiting sequences into free slots, reusing the longest cached prefix;
+        higher priority classes first (the engine's admission already orders them, but
+        a sequence outside it, such as a self-test, may make them wait here)."""
         still = []
-        for seq in self._incoming:
+        for seq in sorted(self._incoming, key=lambda s: -s.params.priority):
             if seq.cancelled:
                 self._deliver([(seq, [], None, True)])
                 continue

@@ -3,7 +3,8 @@
 One scheduler loop runs steps the way vLLM's does: admit waiting sequences while the
 batch has room and the KV cache has blocks for them (evicting cached blocks, least
 recently used first), then one step that prefills the newcomers' uncached prompt
-tokens and decodes one token for every running sequence. A step lasts
+tokens and decodes one token for every running sequence. Sequences wait (for batch
+room or KV blocks) highest priority class first. A step lasts
 ``decode_ms_base + decode_ms_per_seq * batch + prefill_ms_per_token * uncached``.
 Prompt blocks are cached by chained hash, so a request that shares a prefix with an
 earlier one skips that part of its prefill. The profile can be fitted to a real
@@ -118,7 +119,7 @@ class SimBackend:
                                / self.profile.block_size)
         if seq.blocks > self.profile.kv_blocks:
             raise InvalidArgument(f"the request needs {seq.blocks} KV blocks; the engine has {self.profile.kv_blocks}")
-        self._waiting.append(seq)
+        self._enqueue(seq)
         if self._loop_task is None or self._loop_task.done():
             self._loop_task = asyncio.create_task(self._run(), name="sim-steps")
         self._work.set()
@@ -127,6 +128,13 @@ class SimBackend:
                 yield item
         finally:
             seq.cancelled = True
+
+    def _enqueue(self, seq: _Seq) -> None:
+        """Behind every waiter of its priority class or a higher one, as the engine's queue orders them."""
+        i = len(self._waiting)
+        while i and self._waiting[i - 1].params.priority < seq.params.priority:
+            i -= 1
+        self._waiting.insert(i, seq)
 
     async def _run(self) -> None:
         while True:

@@ -1,0 +1,90 @@
+{{/* Names and labels. A release named like the chart (helm install llmesh-scheduler ./scheduler)
+or an umbrella release "llmesh" both give "llmesh-scheduler". */}}
+{{- define "llmesh.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "llmesh.selectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "llmesh.labels" -}}
+{{ include "llmesh.selectorLabels" . }}
+app.kubernetes.io/part-of: llmesh
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "llmesh.image" -}}
+{{- $tag := .Values.image.tag | default (((.Values.global).image).tag) | default .Chart.AppVersion -}}
+{{- printf "%s:%s" .Values.image.repository $tag -}}
+{{- end -}}
+
+{{/* LLMESH_<PREFIX>_<KEY> for each entry of a settings map; values may use templates
+(e.g. "{{ .Release.Name }}-scheduler:50052"). */}}
+{{- define "llmesh.settingsEnv" -}}
+{{- $root := index . 0 -}}
+{{- $prefix := index . 1 -}}
+{{- range $key, $value := index . 2 }}
+{{- if not (kindIs "invalid" $value) }}
+- name: {{ printf "%s%s" $prefix (upper $key) }}
+  value: {{ tpl (toString $value) $root | quote }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* The mesh-wide settings (MeshSettings, LLMESH_*): global.mesh over the chart's own mesh. */}}
+{{- define "llmesh.mesh" -}}
+{{- mergeOverwrite (deepCopy .Values.mesh) (((.Values.global).mesh) | default dict) | toJson -}}
+{{- end -}}
+
+{{/* Where the service binds. With Kubernetes Services as discovery (static), every
+interface; with Consul or etcd the pod IP, because the bound address is what the service
+registers there and what others dial. */}}
+{{- define "llmesh.bindsPodIP" -}}
+{{- if ne ((include "llmesh.mesh" . | fromJson).discovery | default "static") "static" }}true{{ end -}}
+{{- end -}}
+
+{{- define "llmesh.meshEnv" -}}
+{{- $mesh := include "llmesh.mesh" . | fromJson -}}
+{{- include "llmesh.settingsEnv" (list . "LLMESH_" $mesh) }}
+- name: LLMESH_CONFIG_FILE
+  value: /etc/llmesh/llmesh.yaml
+- name: LLMESH_STATE_DIR
+  value: /var/lib/llmesh/state
+{{- $otlp := .Values.tracing.otlpEndpoint | default (((.Values.global).tracing).otlpEndpoint) }}
+{{- if $otlp }}
+- name: OTEL_EXPORTER_OTLP_ENDPOINT
+  value: {{ $otlp | quote }}
+- name: OTEL_SERVICE_NAME
+  value: {{ printf "llmesh-%s" .Chart.Name | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* The service's own settings: what the chart manages, then .Values.settings. */}}
+{{- define "llmesh.serviceEnv" -}}
+{{- $prefix := printf "LLMESH_%s_" (upper .Chart.Name) -}}
+- name: {{ $prefix }}HOST
+  value: {{ if include "llmesh.bindsPodIP" . }}"$(K8S_POD_IP)"{{ else }}"0.0.0.0"{{ end }}
+- name: {{ $prefix }}PORT
+  value: {{ .Values.port | quote }}
+- name: {{ $prefix }}METRICS_PORT
+  value: {{ .Values.metricsPort | quote }}
+- name: {{ $prefix }}GRACE_S
+  value: {{ .Values.graceSeconds | quote }}
+{{- if .Values.httpPort }}
+- name: {{ $prefix }}HTTP_HOST
+  value: "0.0.0.0"
+- name: {{ $prefix }}HTTP_PORT
+  value: {{ .Values.httpPort | quote }}
+{{- end }}
+{{- include "llmesh.settingsEnv" (list . $prefix .Values.settings) }}
+{{- end -}}

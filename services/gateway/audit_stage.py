@@ -1,0 +1,37 @@
+"""The audit stage: one hash-chained record per request, refused ones included
+(who, when, model, tokens, cost, decision; never the prompt or the answer). It
+is the first stage, so its ``finish`` runs last and sees every other stage's
+annotations."""
+
+from __future__ import annotations
+
+from llmesh.audit import AuditLog
+from llmesh.gateway.pipeline import Context
+
+
+class AuditStage:
+    def __init__(self, log: AuditLog):
+        self._log = log
+
+    async def admit(self, ctx: Context) -> None:
+        pass
+
+    async def finish(self, ctx: Context) -> None:
+        r, req = ctx.record, ctx.req
+        fields = {
+            "request_id": req.request_id, "tenant": r.get("tenant") or "", "model": r["model"],
+            "operation": req.operation, "status": r["status"],
+            "decision": "allowed" if r["status"] in ("ok", "cancelled") or r.get("ttft_ms") is not None
+            else "refused",
+            "prompt_tokens": r["prompt_tokens"], "completion_tokens": r["completion_tokens"],
+            "latency_ms": r.get("duration_ms", 0), "cache": r["cache"], "priority": req.priority.name.lower(),
+        }
+        if req.caller.method != "local":
+            fields["key_id" if req.caller.method == "api_key" else "subject"] = req.caller.subject
+        if req.caller.groups:
+            fields["groups"] = list(req.caller.groups)
+        for name, key in (("reason", "reason"), ("endpoint", "endpoint"), ("cost", "cost_usd"), ("pii", "pii"),
+                          ("injection_score", "injection_score"), ("injection_rules", "injection_rules")):
+            if r.get(key) is not None:
+                fields[name] = r[key]
+        self._log.append("request", fields)

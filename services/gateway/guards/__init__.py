@@ -1,0 +1,1 @@
+"""Guards the gateway runs on prompts and answers: PII masking, prompt-injection screen."""

@@ -1,0 +1,457 @@
+"""PII masking: personal data in a prompt becomes a placeholder such as ``[EMAIL_1]``
+before the prompt leaves the gateway, and can be put back into the answer.
+
+Kinds (``PiiMasker(kinds)`` enables any subset):
+
+- ``email``       local@domain.tld (ASCII).
+- ``phone``       international (``+`` or ``00``, country code, 8-15 digits in all), Chinese
+                  mobiles ``1[3-9]`` + 9 digits (optional ``+86``/``0086``, spaces or dashes as
+                  3-4-4), Chinese landlines ``0AA(A)-NNNNNNN(N)``, North American numbers written
+                  with separators (``(415) 555-2671``, ``415.555.2671``; area code and exchange
+                  start with 2-9). A bare run of digits is a phone only as a Chinese mobile.
+- ``national_id`` the Chinese resident ID (18 characters: region 1-8xxxxx, a real birth date,
+                  the ISO 7064 MOD 11-2 check digit) and the US SSN written ``AAA-GG-SSSS`` (area
+                  000, 666, 900-999, group 00 and serial 0000 are never issued, so not matched).
+- ``bank_card``   13-19 digits, bare or in groups of four (Amex 4-6-5) with one kind of separator,
+                  starting with a major network's prefix (Visa, Mastercard, Amex, Discover, JCB,
+                  Diners, UnionPay, Maestro, Mir) and passing the Luhn check.
+- ``ip``          IPv4 and IPv6 addresses that Python's ``ipaddress`` accepts. A bare dotted quad
+                  such as ``1.2.3.4`` is a valid address, so it is masked even if it was meant as a
+                  version (leaking an address is worse than hiding a version); ``v1.2.3.4``,
+                  ``1.2.3.4.5`` and ``999.1.1.1`` are not addresses and stay.
+- ``secret``      API keys with well-known prefixes (OpenAI/Anthropic ``sk-``, Stripe ``sk_live_``,
+                  AWS ``AKIA``/``ASIA``, GitHub ``ghp_``/``github_pat_``, GitLab ``glpat-``, Slack
+                  ``xox?-``, Google ``AIza``, Hugging Face ``hf_``), JWTs (the header must decode to a
+                  JSON object) and PEM private-key blocks.
+
+Numbers are matched whole: digits glued to letters, or continuing with ``.``/``-``/``/`` and a
+digit (versions, dates, longer numbers), are not a match. The rules are only tried where a match
+can begin (see ``_NUMBER_START`` and friends below), found by one C-level regex pass plus a few
+``str.find`` calls, so text without candidates costs about one pass; the number rules are tried
+together as one combined expression, and a candidate that fails its check (date, check digit,
+Luhn, address) is offered to the other rules at the same place before the scan moves on.
+
+Placeholders are ``[LABEL_n]`` with LABEL one of EMAIL PHONE ID CARD IP SECRET, numbered per
+label. Within one :class:`Placeholders` (one request) the same value always gets the same
+placeholder (values compare normalised: e-mail case-folded, numbers without separators,
+addresses canonical); the mapping keeps the first spelling seen. Placeholder-shaped text already
+in the input keeps its number out of use, so restoring never rewrites what the user typed.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime
+import enum
+import ipaddress
+import re
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from llmesh.types import Message
+
+
+class PiiKind(str, enum.Enum):
+    EMAIL = "email"
+    PHONE = "phone"
+    NATIONAL_ID = "national_id"
+    BANK_CARD = "bank_card"
+    IP = "ip"
+    SECRET = "secret"
+
+
+LABELS: dict[PiiKind, str] = {
+    PiiKind.EMAIL: "EMAIL", PiiKind.PHONE: "PHONE", PiiKind.NATIONAL_ID: "ID",
+    PiiKind.BANK_CARD: "CARD", PiiKind.IP: "IP", PiiKind.SECRET: "SECRET",
+}
+PLACEHOLDER = re.compile(r"\[(?:EMAIL|PHONE|ID|CARD|IP|SECRET)_\d+\]")
+
+# Boundaries for numbers: no ASCII word character (or @ +) right before, and not the tail
+# of a longer dotted/dashed number; nothing word-like after, and not continuing with .5 or -5.
+# Chinese characters are boundaries (re.ASCII), so "手机13812345678" matches.
+_NB = r"(?<![A-Za-z0-9_@+])(?<!\d[.\-/])"
+_NA = r"(?![A-Za-z0-9_@]|[.\-/]\d)"
+_NA_PHONE = r"(?![A-Za-z0-9_@]|[.\-/:]\d)"  # nor the hour of a time: "+44 20 7946 0958 12:30"
+
+# (rule name, kind, pattern). Order matters where two rules can match at one place.
+_RULES: tuple[tuple[str, PiiKind, str], ...] = (
+    ("pem_key", PiiKind.SECRET,
+     r"-----BEGIN[A-Z0-9 ]{0,40}PRIVATE\ KEY-----[\s\S]*?(?:-----END[A-Z0-9 ]{0,40}PRIVATE\ KEY-----|\Z)"),
+    ("api_key", PiiKind.SECRET,
+     r"(?<![A-Za-z0-9_\-])(?:"
+     r"sk-(?:ant-|proj-|svcacct-)?[A-Za-z0-9_\-]{20,}"
+     r"|[sr]k_(?:live|test)_[A-Za-z0-9]{16,}"
+     r"|(?:AKIA|ASIA)[0-9A-Z]{16}"
+     r"|gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{40,}"
+     r"|glpat-[A-Za-z0-9_\-]{20,}"
+     r"|xox[abposr]-[A-Za-z0-9\-]{10,}"
+     r"|AIza[0-9A-Za-z_\-]{35}"
+     r"|hf_[A-Za-z0-9]{30,}"
+     r")(?![A-Za-z0-9_\-])"),
+    ("jwt", PiiKind.SECRET,
+     r"(?<![A-Za-z0-9_\-.])eyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]*(?![A-Za-z0-9_\-]|\.[A-Za-z0-9_\-])"),
+    ("email", PiiKind.EMAIL,
+     r"(?<![A-Za-z0-9_.%+\-])[A-Za-z0-9_%+\-][A-Za-z0-9_.%+\-]{0,63}"
+     r"@(?:[A-Za-z0-9](?:[A-Za-z0-9\-]{0,61}[A-Za-z0-9])?\.)+[A-Za-z]{2,24}(?![A-Za-z0-9_\-]|\.[A-Za-z0-9])"),
+    ("ipv4", PiiKind.IP, _NB + r"(?<!\d\.)(?:\d{1,3}\.){3}\d{1,3}" + _NA),
+    ("ipv6", PiiKind.IP,
+     r"(?:(?<![A-Za-z0-9_:.])|(?<=[A-Za-z]:))(?=[0-9A-Fa-f]{0,4}:[0-9A-Fa-f]{0,4}:)(?:[0-9A-Fa-f]{1,4}|:)"
+     r"(?:[0-9A-Fa-f]{0,4}:){1,7}(?:(?:\d{1,3}\.){3}\d{1,3}|[0-9A-Fa-f]{1,4})?"
+     r"(?:%[A-Za-z0-9]{1,15})?(?![A-Za-z0-9_:]|\.\d)"),
+    ("cn_id", PiiKind.NATIONAL_ID,
+     _NB + r"[1-8]\d{5}(?:18|19|20)\d{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01])\d{3}[\dXx]" + _NA),
+    ("bank_card", PiiKind.BANK_CARD,
+     _NB + r"(?:\d{13,19}"
+     r"|\d{4}(?P<cs>[ \-])\d{4}(?P=cs)\d{4}(?P=cs)\d{1,4}(?:(?P=cs)\d{1,3})?"
+     r"|\d{4}(?P<as>[ \-])\d{6}(?P=as)\d{4,5})" + _NA),
+    ("us_ssn", PiiKind.NATIONAL_ID,
+     _NB + r"(?!000|666|9\d\d)\d{3}-(?!00)\d{2}-(?!0000)\d{4}" + _NA),
+    ("phone", PiiKind.PHONE,
+     _NB + r"(?:"
+     r"(?:(?:\+|00)86[ \-]?)?1[3-9]\d(?:[ \-]?\d{4}){2}"
+     r"|(?:\+|00)[1-9]\d{0,2}(?:[ .\-]?(?:\(\d{1,4}\)|\d{1,4})){2,6}"
+     r"|(?:1[ .\-])?(?:\([2-9]\d{2}\)[ .\-]?|[2-9]\d{2}[ .\-])[2-9]\d{2}[ .\-]\d{4}"
+     r"|0\d{2,3}-\d{7,8}"
+     r")" + _NA_PHONE),
+)
+
+_CN_ID_WEIGHTS = (7, 9, 10, 5, 8, 4, 2, 1, 6, 3, 7, 9, 10, 5, 8, 4, 2)
+_CN_ID_CHECK = "10X98765432"
+
+
+def cn_id_valid(value: str) -> bool:
+    """18-character resident ID: a real birth date and the ISO 7064 MOD 11-2 check digit."""
+    if len(value) != 18 or not value[:17].isdigit():
+        return False
+    try:
+        born = datetime.date(int(value[6:10]), int(value[10:12]), int(value[12:14]))
+    except ValueError:
+        return False
+    if born > datetime.date.today():
+        return False
+    total = sum(int(d) * w for d, w in zip(value[:17], _CN_ID_WEIGHTS))
+    return _CN_ID_CHECK[total % 11] == value[17].upper()
+
+
+def luhn_valid(digits: str) -> bool:
+    total = 0
+    for i, ch in enumerate(reversed(digits)):
+        d = ord(ch) - 48
+        if i % 2:
+            d = d * 2 - 9 if d > 4 else d * 2
+        total += d
+    return total % 10 == 0
+
+
+def card_issuer_known(digits: str) -> bool:
+    """A major network's prefix (IIN ranges): Visa 4; Mastercard 51-55, 2221-2720; Mir 2200-2204;
+    Amex 34, 37; Diners 300-305, 36, 38, 39; JCB 3528-3589; Discover 6011, 644-649, 65;
+    UnionPay 62; Maestro 50, 56-58, 67, 6304."""
+    two, four = int(digits[:2]), int(digits[:4])
+    first = digits[0]
+    if first == "4":
+        return True
+    if first == "5":
+        return 50 <= two <= 58
+    if first == "2":
+        return 2221 <= four <= 2720 or 2200 <= four <= 2204
+    if first == "3":
+        return two in (34, 36, 37, 38, 39) or 300 <= int(digits[:3]) <= 305 or 3528 <= four <= 3589
+    if first == "6":
+        return (four == 6011 or 644 <= int(digits[:3]) <= 649 or two in (62, 65, 67) or four == 6304)
+    return False
+
+
+_SEPARATORS = str.maketrans("", "", " -.()+")
+
+
+def _digits(text: str) -> str:
+    """The digits of a matched number (its other characters are separators)."""
+    return text.translate(_SEPARATORS)
+
+
+def _card(text: str) -> str | None:
+    digits = _digits(text)
+    if 13 <= len(digits) <= 19 and card_issuer_known(digits) and luhn_valid(digits):
+        return digits
+    return None
+
+
+def _phone(text: str) -> str | None:
+    digits = _digits(text)
+    international = text[0] == "+" or text.startswith("00")
+    if text.startswith("00"):
+        digits = digits[2:]
+    if not 8 <= len(digits) <= 15:
+        return None
+    if international and digits.startswith("86") and len(digits) == 13 and digits[2] == "1":
+        return digits[2:]  # +86 138... and 138... are one number
+    return "+" + digits if international else digits
+
+
+def _ipv4(text: str) -> str | None:
+    try:
+        ipaddress.IPv4Address(text)  # refuses parts over 255 and leading zeros
+    except ValueError:
+        return None
+    return text  # a valid dotted quad is already canonical
+
+
+def _ipv6(text: str) -> str | None:
+    try:
+        return ipaddress.IPv6Address(text).compressed
+    except ValueError:
+        return None
+
+
+def _jwt(text: str) -> str | None:
+    head = text.split(".", 1)[0]
+    try:
+        decoded = base64.urlsafe_b64decode(head + "=" * (-len(head) % 4))
+    except (binascii.Error, ValueError):
+        return None
+    return text if decoded.startswith(b"{") and decoded.rstrip().endswith(b"}") else None
+
+
+# Each rule's check: returns the normalised value (equal values share a placeholder) or None.
+_CHECKS: dict[str, Callable[[str], str | None]] = {
+    "pem_key": lambda t: t,
+    "api_key": lambda t: t,
+    "jwt": _jwt,
+    "email": lambda t: t.lower(),
+    "ipv4": _ipv4,
+    "ipv6": _ipv6,
+    "cn_id": lambda t: t.upper() if cn_id_valid(t) else None,
+    "bank_card": _card,
+    "us_ssn": _digits,
+    "phone": _phone,
+}
+
+
+class Placeholders:
+    """One request's placeholders: value -> ``[LABEL_n]`` and back. Shared by every message of a
+    chat (and by the answer's stream masker) so the same value gets the same placeholder. Whoever
+    makes one calls :meth:`reserve` with the request's texts first (``mask`` and ``mask_messages``
+    do when they make their own)."""
+
+    def __init__(self, reserved: Iterable[str] = ()):
+        self.found: dict[str, str] = {}  # placeholder -> original text
+        self._by_value: dict[tuple[str, str], str] = {}
+        self._next: Counter[str] = Counter()
+        self._reserved = set(reserved)
+
+    def reserve(self, texts: Iterable[str]) -> None:
+        """Keeps placeholder-shaped text already present in ``texts`` from being handed out."""
+        for text in texts:
+            if "[" in text:
+                self._reserved.update(PLACEHOLDER.findall(text))
+
+    def assign(self, kind: PiiKind, value: str, original: str) -> str:
+        key = (kind.value, value)
+        placeholder = self._by_value.get(key)
+        if placeholder is None:
+            placeholder = self.new(kind, original)
+            self._by_value[key] = placeholder
+        return placeholder
+
+    def new(self, kind: PiiKind, original: str) -> str:
+        label = LABELS[kind]
+        while True:
+            self._next[label] += 1
+            placeholder = f"[{label}_{self._next[label]}]"
+            if placeholder not in self._reserved:
+                break
+        self.found[placeholder] = original
+        return placeholder
+
+    def extend(self, placeholder: str, more: str) -> None:
+        """A streamed value grew after its placeholder went out (a private key, a cut token)."""
+        self.found[placeholder] += more
+
+
+@dataclass(frozen=True, slots=True)
+class Masked:
+    text: str
+    found: Mapping[str, str]  # placeholder -> original, for restore() and StreamRestorer
+    counts: Mapping[str, int]  # kind -> occurrences masked
+    placeholders: Placeholders  # the request's registry, for the answer's StreamMasker
+
+
+@dataclass(frozen=True, slots=True)
+class MaskedChat:
+    messages: tuple[Message, ...]
+    found: Mapping[str, str]
+    counts: Mapping[str, int]
+    placeholders: Placeholders
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    start: int
+    end: int
+    kind: PiiKind
+    value: str  # normalised
+
+
+# Where a scan tries the rules: a number starts at a digit, "+" or "(" that no word character
+# precedes and that six more number-like characters follow (the shortest, 1.2.3.4, has seven);
+# an IPv6 address around a colon with a hex digit or colon after it; an e-mail around its "@";
+# a secret at its literal prefix. Everything else is skipped by one C-level search or str.find,
+# so prose costs about one regex pass and only candidates pay for the rules.
+_NUMBER_START = re.compile(r"[0-9+(](?<![A-Za-z0-9_@+].)(?=[0-9.\-() ]{6})", re.ASCII)
+_HEX_COLON = "0123456789abcdefABCDEF:"
+_LOCAL = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.%+-"
+_RUNS = {chars: re.compile(f"[{re.escape(chars)}]*") for chars in (_HEX_COLON, _LOCAL)}
+# Secret prefixes, grouped under a character each group needs (one memchr says whether to look).
+_SECRET_PREFIXES = (("-", ("-----BEGIN", "sk-", "glpat-", "xox")),
+                    ("_", ("sk_", "rk_", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "hf_")),
+                    ("A", ("AKIA", "ASIA", "AIza")),
+                    ("J", ("eyJ",)))
+_NOT_NUMERIC = (PiiKind.SECRET, PiiKind.EMAIL)
+# Every match holds one of these: a digit, "@", ":" (IPv6), or a character of every secret prefix.
+_MAYBE_PII = re.compile(r"[0-9@:\-_AJ]")
+
+
+class PiiMasker:
+    """Finds and masks the enabled kinds. Immutable after construction; share one instance."""
+
+    def __init__(self, kinds: Iterable[PiiKind | str] = tuple(PiiKind)):
+        self.kinds = frozenset(PiiKind(k) for k in kinds)
+        rules = [(name, kind, pattern) for name, kind, pattern in _RULES if kind in self.kinds]
+        self._kind_of = {name: kind for name, kind, _ in rules}
+        self._single = {name: re.compile(pattern, re.ASCII) for name, _, pattern in rules}
+        numeric = [(n, p) for n, k, p in rules if k not in _NOT_NUMERIC and n != "ipv6"]
+        self._numeric_names = [n for n, _ in numeric]
+        self._numeric = re.compile("|".join(f"(?P<{n}>{p})" for n, p in numeric), re.ASCII) if numeric else None
+        secret = [(n, p) for n, k, p in rules if k is PiiKind.SECRET]
+        self._secret = re.compile("|".join(f"(?P<{n}>{p})" for n, p in secret), re.ASCII) if secret else None
+
+    def scan(self, text: str) -> list[Hit]:
+        """Every accepted match, left to right. Matches that overlap (a phone number running into an
+        IPv6 address) become one hit over their union, of the longer one's kind: nothing of
+        either is left in the clear."""
+        hits: list[Hit] = []
+        if self._numeric is not None:
+            self._scan_numbers(text, hits)
+        if "ipv6" in self._single and ":" in text:
+            self._scan_around(text, ":", _HEX_COLON, 39, "ipv6", hits)
+        if "email" in self._single and "@" in text:
+            self._scan_around(text, "@", _LOCAL, 64, "email", hits)
+        if self._secret is not None:
+            self._scan_secrets(text, hits)
+        if len(hits) < 2:
+            return hits
+        hits.sort(key=lambda h: (h.start, -h.end))
+        kept = [hits[0]]
+        for hit in hits[1:]:
+            last = kept[-1]
+            if hit.start >= last.end:
+                kept.append(hit)
+            elif hit.end > last.end:
+                longer = hit if hit.end - hit.start > last.end - last.start else last
+                kept[-1] = Hit(last.start, hit.end, longer.kind, text[last.start:hit.end])
+        return kept
+
+    def _scan_numbers(self, text: str, hits: list[Hit]) -> None:
+        match, search = self._numeric.match, _NUMBER_START.search
+        pos = 0
+        while (t := search(text, pos)) is not None:
+            at = t.start()
+            hit = None
+            if (m := match(text, at)) is not None:
+                hit = self._accept(m.lastgroup, at, m.end(), text) or self._other_rule(m.lastgroup, at, text)
+            if hit is None:
+                pos = at + 1
+                continue
+            hits.append(hit)
+            pos = hit.end
+
+    def _scan_around(self, text: str, anchor: str, chars: str, reach: int, rule: str, hits: list[Hit]) -> None:
+        """Tries ``rule`` once per run of ``chars`` that holds an ``anchor``, from the run's start
+        (a run reaching further than ``reach`` before the anchor cannot start a match)."""
+        run = _RUNS[chars]
+        done = 0
+        at = text.find(anchor)
+        while at != -1:
+            if at + 1 < len(text) and text[at + 1] in chars:
+                window = max(0, at - reach - 1)
+                start = window + len(text[window:at].rstrip(chars))
+                hit = self._try(rule, start, text) if start > window or window == 0 else None
+                if hit is None and rule == "ipv6" and at and text[at - 1].isalpha():
+                    hit = self._try(rule, at + 1, text)  # "IP:2001:db8::1", "note:fe80::1"
+                done = run.match(text, at + 1).end()  # later anchors in this run start at the same place
+                if hit is not None:
+                    hits.append(hit)
+                    done = max(done, hit.end)
+            at = text.find(anchor, max(at + 1, done))
+
+    def _scan_secrets(self, text: str, hits: list[Hit]) -> None:
+        match = self._secret.match
+        for needed, prefixes in _SECRET_PREFIXES:
+            if needed not in text:
+                continue
+            for prefix in prefixes:
+                at = text.find(prefix)
+                while at != -1:
+                    if (m := match(text, at)) is not None and (hit := self._accept(m.lastgroup, at, m.end(), text)):
+                        hits.append(hit)
+                    at = text.find(prefix, at + 1)
+
+    def _try(self, name: str, at: int, text: str) -> Hit | None:
+        m = self._single[name].match(text, at)
+        return None if m is None else self._accept(name, at, m.end(), text)
+
+    def _accept(self, name: str, start: int, end: int, text: str) -> Hit | None:
+        value = _CHECKS[name](text[start:end])
+        return None if value is None else Hit(start, end, self._kind_of[name], value)
+
+    def _other_rule(self, failed: str, at: int, text: str) -> Hit | None:
+        for name in self._numeric_names:
+            if name != failed and (hit := self._try(name, at, text)) is not None:
+                return hit
+        return None
+
+    def mask(self, text: str, placeholders: Placeholders | None = None) -> Masked:
+        if placeholders is None:
+            placeholders = Placeholders()
+            placeholders.reserve((text,))
+        counts: Counter[str] = Counter()
+        masked, _ = self.mask_part(text, placeholders, counts)
+        return Masked(masked, dict(placeholders.found), counts, placeholders)
+
+    def mask_messages(self, messages: Sequence[Message], placeholders: Placeholders | None = None) -> MaskedChat:
+        """Masks every message with one shared mapping; roles are kept."""
+        if placeholders is None:
+            placeholders = Placeholders()
+            placeholders.reserve(m.content for m in messages)
+        counts: Counter[str] = Counter()
+        out = tuple(m if not m.content else Message(m.role, self.mask_part(m.content, placeholders, counts)[0])
+                    for m in messages)
+        return MaskedChat(out, dict(placeholders.found), counts, placeholders)
+
+    def mask_part(self, text: str, placeholders: Placeholders, counts: Counter[str]) -> tuple[str, str | None]:
+        """Masks ``text`` into ``placeholders`` and ``counts``. Also returns the placeholder of a
+        match that runs to the very end of ``text`` (None if none), which a stream may continue."""
+        if _MAYBE_PII.search(text) is None:
+            return text, None
+        parts: list[str] = []
+        last, placeholder = 0, None
+        for hit in self.scan(text):
+            parts.append(text[last:hit.start])
+            placeholder = placeholders.assign(hit.kind, hit.value, text[hit.start:hit.end])
+            parts.append(placeholder)
+            counts[hit.kind.value] += 1
+            last = hit.end
+        if not parts:
+            return text, None
+        parts.append(text[last:])
+        return "".join(parts), placeholder if last == len(text) else None
+
+
+def restore(text: str, mapping: Mapping[str, str]) -> str:
+    """Puts the originals back for every placeholder in ``mapping``; other text is untouched."""
+    if not mapping or "[" not in text:
+        return text
+    return PLACEHOLDER.sub(lambda m: mapping.get(m[0], m[0]), text)

@@ -1,0 +1,1 @@
+"""Alembic migrations of the registry (run by db.upgrade at start)."""

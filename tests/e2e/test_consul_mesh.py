@@ -1,0 +1,138 @@
+"""A mesh on Consul discovery, against the agent STAND-IN (no Consul binary exists
+here; tests/integration/consul_standin.py reproduces the documented agent behaviours):
+every service registers with a gRPC check, serving goes on while the agent is killed
+and restarted, every service registers again, routing follows an engine joining and
+leaving, and a service with a watch in flight shuts down in under 2 s."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import grpc
+import pytest
+from openai import OpenAI
+
+from llmesh.testing import Mesh, Service, free_layout, wait_until
+from llmesh.v1 import scheduler_pb2, scheduler_pb2_grpc
+from tests.integration.consul_standin import ConsulStandin
+
+MSG = [{"role": "user", "content": "hi"}]
+SERVICES = ("gateway", "scheduler", "modelmgr", "cache")
+
+
+@pytest.fixture(scope="module")
+def consul_mesh(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("consulmesh")
+    agent = ConsulStandin()
+    agent.start()
+    env = {"LLMESH_DISCOVERY": "consul", "LLMESH_CONSUL_ADDRESS": agent.address, "LLMESH_CONFIG_BACKEND": "none",
+           "LLMESH_CONSUL_CHECK_INTERVAL_S": "0.5", "LLMESH_CONSUL_CHECK_TIMEOUT_S": "0.5",
+           "LLMESH_CONSUL_RESYNC_S": "1", "LLMESH_CONSUL_WAIT_S": "30",
+           "LLMESH_ENGINE_SIM_DECODE_MS_PER_TOKEN": "2", "LLMESH_ENGINE_SIM_OUTPUT_TOKENS": "8"}
+    mesh = Mesh(layout=free_layout(2), engines="sim,sim", model_dir=tmp / "models", log_dir=tmp / "logs", env=env)
+    mesh.start(timeout_s=60)
+    mesh.agent = agent
+    yield mesh
+    mesh.stop()
+    agent.stop()
+
+
+def passing(mesh: Mesh, service: str) -> list[str]:
+    status, _, body = mesh.agent.get(f"/v1/health/service/{service}?passing=1")
+    return sorted(f"{e['Service']['Address']}:{e['Service']['Port']}" for e in body) if status == 200 else []
+
+
+def all_registered(mesh: Mesh) -> bool:
+    return (all(passing(mesh, s) == [mesh.layout.address(s)] for s in SERVICES)
+            and passing(mesh, "engine") == sorted(mesh.layout.engine_address(i) for i in range(2)))
+
+
+def endpoints(mesh: Mesh) -> list:
+    with grpc.insecure_channel(mesh.layout.address("scheduler")) as ch:
+        return list(scheduler_pb2_grpc.SchedulerStub(ch).ListEndpoints(
+            scheduler_pb2.ListEndpointsRequest(), timeout=2).endpoints)
+
+
+def client(mesh: Mesh) -> OpenAI:
+    return OpenAI(base_url=mesh.layout.http_url + "/v1", api_key="unused", max_retries=0, timeout=30)
+
+
+def test_every_service_registers_with_a_passing_grpc_check(consul_mesh):
+    assert wait_until(lambda: all_registered(consul_mesh), 10), consul_mesh.logs()
+    _, _, entries = consul_mesh.agent.get("/v1/health/service/cache")
+    assert entries[0]["Checks"][1]["Definition"]["GRPC"].endswith("/llmesh.v1.Cache")
+
+
+def test_serving_goes_on_while_the_agent_is_killed_and_restarted(consul_mesh):
+    c = client(consul_mesh)
+    failures, done = [], 0
+    stop = threading.Event()
+
+    def load():
+        nonlocal done
+        while not stop.is_set():
+            try:
+                assert c.chat.completions.create(model="sim-small", messages=MSG).choices[0].message.content
+                done += 1
+            except Exception as exc:  # noqa: BLE001 - counted
+                failures.append(exc)
+
+    workers = [threading.Thread(target=load) for _ in range(4)]
+    for w in workers:
+        w.start()
+    try:
+        time.sleep(1)
+        consul_mesh.agent.kill()
+        before = done
+        time.sleep(3)
+        assert done > before  # served with the agent gone
+        consul_mesh.agent.start()  # a fresh agent: every registration lost
+        assert wait_until(lambda: all_registered(consul_mesh), 10), consul_mesh.logs()
+        time.sleep(1)
+    finally:
+        stop.set()
+        for w in workers:
+            w.join()
+    assert done > 20 and failures == []
+    assert "re-registered" in (consul_mesh.log_dir / "gateway.log").read_text()
+
+
+def test_routing_follows_an_engine_joining_and_leaving(consul_mesh, tmp_path):
+    c = client(consul_mesh)
+    address = free_layout(1).engine_address(0)
+    extra = Service("llmesh.engine", {
+        **consul_mesh.env, "LLMESH_ENGINE_BACKEND": "sim", "LLMESH_ENGINE_MODEL": "sim-small",
+        "LLMESH_ENGINE_ENDPOINT_ID": "joiner", "LLMESH_ENGINE_PORT": address.rsplit(":", 1)[1]},
+        tmp_path / "joiner.log")
+    extra.start()
+    try:
+        # Joins: registered with a passing check, and it finds the scheduler through Consul.
+        assert wait_until(lambda: address in passing(consul_mesh, "engine"), 15), extra.log_path.read_text()
+        assert wait_until(lambda: any(e.endpoint_id == "joiner" and e.healthy for e in endpoints(consul_mesh)), 10)
+        extra.proc.kill()
+        extra.proc.wait()
+        for _ in range(20):  # routed only to the live engines from now on
+            assert c.chat.completions.create(model="sim-small", messages=MSG).choices[0].message.content
+        # Leaves Consul's passing list within a few checks (not after the 60 s reaper).
+        assert wait_until(lambda: address not in passing(consul_mesh, "engine"), 5)
+    finally:
+        extra.stop()
+
+
+def test_shutdown_with_a_watch_in_flight_takes_under_2_s(consul_mesh, tmp_path):
+    layout = free_layout(0)
+    gateway = Service("llmesh.gateway", {
+        **consul_mesh.env, "LLMESH_GATEWAY_PORT": str(layout.port("gateway")),
+        "LLMESH_GATEWAY_HTTP_PORT": str(layout.http_port)}, tmp_path / "gateway2.log")
+    gateway.start()
+    try:
+        assert wait_until(lambda: layout.address("gateway") in passing(consul_mesh, "gateway"), 15), \
+            gateway.log_path.read_text()
+        time.sleep(1)  # its watches of scheduler, modelmgr and cache now block for up to 30 s
+        t0 = time.monotonic()
+        assert gateway.stop(signal.SIGTERM, timeout_s=10) == 0, gateway.log_path.read_text()
+        assert time.monotonic() - t0 < 2.0
+    finally:
+        gateway.stop()
