@@ -68,11 +68,6 @@ class Delta:
 
 
 @dataclass(frozen=True, slots=True)
-class CachedText(Delta):
-    """A whole answer replayed from the response cache (the fronts mark the response as a hit)."""
-
-
-@dataclass(frozen=True, slots=True)
 class Finish:
     """The end of a generation."""
     reason: FinishReason

@@ -9,7 +9,7 @@ from contextlib import aclosing
 from llmesh.convert import finish_to_pb, messages_from_pb, sampling_from_pb, usage_to_pb
 from llmesh.logs import request_id_var
 from llmesh.rpc.interceptor import REQUEST_ID_KEY
-from llmesh.types import CachedText, Delta, Prompt
+from llmesh.types import Delta, Prompt
 from llmesh.v1 import gateway_pb2, gateway_pb2_grpc
 from opentelemetry.trace import INVALID_SPAN
 
@@ -47,8 +47,6 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         async with aclosing(self._pipeline.run(req, ctx)) as items:
             async for item in items:
                 if isinstance(item, Delta):
-                    if isinstance(item, CachedText):  # a replayed answer says so in the trailers
-                        context.set_trailing_metadata(((REQUEST_ID_KEY, rid), ("x-llmesh-cache", "hit")))
                     if not item.text:
                         continue
                     msg = gateway_pb2.ChatResponse(id=chat_id, text=item.text)
