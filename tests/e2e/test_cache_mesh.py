@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import os
 import subprocess
 import sys
 import time
@@ -32,7 +33,9 @@ class CacheMesh:
         self.redis = RedisServer(root / "redis")
         self.http_b, self.grpc_b = free_ports(2)
         lay = self.layout
-        common = {"LLMESH_CONFIG_FILE": str(self.config), "LLMESH_DISCOVERY": "static"}
+        self.keys_file = root / "keys.json"
+        common = {"LLMESH_CONFIG_FILE": str(self.config), "LLMESH_DISCOVERY": "static",
+                  "LLMESH_STATE_DIR": str(root / "state"), "LLMESH_GATEWAY_KEYS_FILE": str(self.keys_file)}
         self.cache = Service("llmesh.cache", {
             **common, "LLMESH_CACHE_PORT": str(lay.port("cache")), "LLMESH_CACHE_BACKEND": "redis",
             "LLMESH_CACHE_EMBED_MODEL_DIR": str(minilm_dir), "LLMESH_CACHE_STORE_PAUSE_S": "0.5",
@@ -243,3 +246,25 @@ def test_a_grpc_hit_says_so_in_its_metadata(cmesh):
         call = gateway_pb2_grpc.GatewayStub(channel).Chat(req, timeout=10)
         list(call)
         assert "x-llmesh-cache" not in dict(call.initial_metadata())
+
+
+def test_zero_cross_tenant_hits_through_the_gateways(cmesh):
+    """Last in this module: the first API key ends the gateways' local mode."""
+    keys = {}
+    for tenant in ("acme", "globex"):
+        out = subprocess.run([sys.executable, "-m", "llmesh", "keys", "create", "--tenant", tenant,
+                              "--keys-file", str(cmesh.keys_file)], capture_output=True, text=True, timeout=30,
+                             env={**os.environ, "LLMESH_STATE_DIR": str(cmesh.root / "state")})
+        assert out.returncode == 0, out.stderr
+        keys[tenant] = out.stdout.strip().splitlines()[-1]
+    write_config(cmesh, "cache: {mode: semantic, semantic_threshold: 0.8}\n")
+    acme = OpenAI(base_url=cmesh.urls[0] + "/v1", api_key=keys["acme"], max_retries=0)
+    globex = OpenAI(base_url=cmesh.urls[1] + "/v1", api_key=keys["globex"], max_retries=0)
+    for question in ("What is our refund policy?", "How do I delete my account?"):
+        assert wait_until(lambda: ask(acme, question)[0] == "hit", 10), cmesh.logs()
+    assert ask(acme, "How can I delete my account?")[0] == "hit"  # semantic, within the tenant
+    assert ask(globex, "What is our refund policy?")[0] is None  # exact: not acme's entry
+    assert ask(globex, "How can I delete my account?")[0] is None  # semantic: not acme's either
+    stats = subprocess.run([sys.executable, "-m", "llmesh", "cache", "stats", "--json", "--tenant", "globex",
+                            "--base-port", str(cmesh.layout.base_port)], capture_output=True, text=True, timeout=30)
+    assert json.loads(stats.stdout)["tenants"]["globex"]["hits"] == 0
