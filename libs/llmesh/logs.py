@@ -58,4 +58,7 @@ def setup_logging(service: str, level: str = "info") -> None:
         lg.handlers[:] = []
         lg.propagate = True
     logging.getLogger("uvicorn.access").setLevel(logging.WARNING)
+    # watchfiles logs every batch of changes in the config file's folder at INFO: with a log
+    # file in that folder each line would report the last one, without end.
+    logging.getLogger("watchfiles").setLevel(logging.WARNING)
 
