@@ -19,7 +19,8 @@ class CacheApp:
         self.server = GrpcServer(settings.address, [ServiceBinding(
             "llmesh.v1.Cache", CacheServicer(self.store, CacheMetrics(platform.metrics if platform else CollectorRegistry())),
             cache_pb2_grpc.add_CacheServicer_to_server)],
-            tracer=platform.tracing.tracer if platform else None)
+            tracer=platform.tracing.tracer if platform else None,
+            identity=platform.identity if platform else None)
 
     @property
     def advertise_address(self) -> str:

@@ -71,6 +71,8 @@ def plan(spec: MeshSpec) -> list[Child]:
     lay = spec.layout
     base = dict(os.environ)
     base.setdefault("PYTHONUNBUFFERED", "1")
+    if not base.get("LLMESH_SERVICE_SECRET_FILE"):
+        base["LLMESH_LOCAL_TRUST"] = "1"  # everything listens on 127.0.0.1 (Layout.host)
     children: list[Child] = []
 
     def add(name: str, service: str, address: str, env: dict[str, str]) -> None:

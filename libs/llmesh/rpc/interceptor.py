@@ -14,6 +14,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Tracer
 
 from llmesh.logs import request_id_var
+from llmesh.rpc.identity import Identity
 from llmesh.telemetry import bind_trace_id, extract
 from llmesh.rpc.status import grpc_code, trailing_metadata
 
@@ -62,8 +63,9 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
     """Also opens the server span of each call, child of the caller's (W3C trace
     context in the metadata), current while the handler runs."""
 
-    def __init__(self, tracer: Tracer | None = None):
+    def __init__(self, tracer: Tracer | None = None, identity: Identity | None = None):
         self._tracer = tracer or trace.NoOpTracer()
+        self._identity = identity
 
     def _span(self, context: grpc.aio.ServicerContext, method: str):
         parent = extract(context.invocation_metadata())
@@ -80,6 +82,11 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         span_for = self._span
         parse = _parser(handler.request_deserializer)
         streamed_requests = bool(handler.stream_unary or handler.stream_stream)
+        identity = self._identity
+
+        def authorize(context) -> None:
+            if identity:
+                identity.authorize(method, context.invocation_metadata())
 
         def request(raw):
             return _parsed(raw, parse) if streamed_requests else parse(raw)
@@ -89,6 +96,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                 request_id_var.set(_request_id(context))
                 with trace.use_span(span_for(context, method), end_on_exit=True):
                     try:
+                        authorize(context)
                         return await inner(request(request_or_iterator), context)
                     except Exception as exc:  # noqa: BLE001 - mapped to a status below
                         await _abort(context, exc, method)
@@ -99,6 +107,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                 request_id_var.set(_request_id(context))
                 with trace.use_span(span_for(context, method), end_on_exit=True):
                     try:
+                        authorize(context)
                         async for item in inner(request(request_or_iterator), context):
                             yield item
                     except Exception as exc:  # noqa: BLE001
