@@ -8,6 +8,8 @@ import asyncio
 import json
 
 import random
+import socket
+import time
 
 import grpc
 import httpx
@@ -32,7 +34,8 @@ pytestmark = pytest.mark.e2e
 def mesh(tmp_path_factory):
     d = tmp_path_factory.mktemp("bad-input")
     mesh = Mesh(layout=free_layout(n_engines=1), engines="sim", model_dir=d / "models", log_dir=d / "logs",
-                env={"LLMESH_ENGINE_SIM_DECODE_MS_PER_TOKEN": "0", "LLMESH_ENGINE_SIM_OUTPUT_TOKENS": "3"})
+                env={"LLMESH_ENGINE_SIM_DECODE_MS_PER_TOKEN": "0", "LLMESH_ENGINE_SIM_OUTPUT_TOKENS": "3",
+                     "LLMESH_GATEWAY_BODY_TIMEOUT_S": "1"})
     mesh.start(timeout_s=60)
     yield mesh
     assert mesh.stop() == 0, mesh.logs()
@@ -126,6 +129,19 @@ def test_huge_body_is_400(gateway):
     resp = gateway.post("/v1/chat/completions", content=raw)
     assert resp.status_code == 400, resp.text
     assert "larger than" in resp.json()["error"]["message"]
+
+
+def test_a_slow_client_gets_408_and_the_gateway_serves_on(mesh, gateway):
+    head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 200\r\n\r\n{\"model\": ")
+    with socket.create_connection(("127.0.0.1", mesh.layout.http_port), timeout=10) as sock:
+        sock.sendall(head)  # ... and the rest never comes
+        started = time.monotonic()
+        reply = sock.recv(65536)
+    assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
+    assert 0.5 < time.monotonic() - started < 5
+    assert json.loads(reply.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "request_timeout"
+    check(gateway.post("/v1/chat/completions", content=json.dumps(base_chat)))
 
 
 def test_ten_thousand_messages_are_a_clear_4xx(gateway):
