@@ -1,11 +1,14 @@
 """Chaos: `llmesh up --engines sim:3` under 200 concurrent streaming clients while one
-engine is killed (SIGKILL) or terminated (SIGTERM). Each scenario prints completed /
-failed / broken streams and asserts the promise of docs/reliability.md:
+engine is killed (SIGKILL) or terminated (SIGTERM), or the scheduler is killed. Each
+scenario prints completed / failed / broken streams and asserts the promise of
+docs/reliability.md:
 
 - kill -9: no request that had not yet received a token fails (the gateway retries
   it on another engine); streams already under way on the dead engine break (there
   is no mid-stream failover yet), and are counted;
-- SIGTERM: nothing fails (the engine leaves the table first, then finishes its streams).
+- SIGTERM: nothing fails (the engine leaves the table first, then finishes its streams);
+- the scheduler killed: nothing fails (gateways route on their last table) and the
+  engines register again with the restarted scheduler.
 
 The supervisor restarts the engine meanwhile; the mesh never stops."""
 
@@ -86,7 +89,7 @@ async def _load(mesh: Mesh, fault) -> dict:
                 await _one(http, tally)
 
         async def injector() -> None:
-            # Strike while engine-1 is streaming to many clients, so the fault hits streams in flight.
+            # Strike while engine-1 is streaming to many clients, so a fault there hits streams in flight.
             await asyncio.sleep(FAULT_AT_S)
             deadline = time.monotonic() + 3
             while time.monotonic() < deadline:
@@ -126,3 +129,15 @@ def test_losing_one_engine_of_three_under_200_streams(mesh, sig):
     if sig == signal.SIGTERM:
         assert tally["broken"] == 0, tally["errors"][:5]
     assert wait_until(lambda: any("restarted engine-1" in line for line in mesh.output), 20)
+
+
+def test_losing_the_scheduler_under_200_streams(mesh):
+    """Gateways route on their last endpoint table while the scheduler is away; it is
+    restarted and the engines register with it again."""
+    pid = _engine_pid(mesh, "scheduler")
+    tally = asyncio.run(_load(mesh, lambda: os.kill(pid, signal.SIGKILL)))
+    _report("scheduler SIGKILL", tally)
+    assert mesh.proc.poll() is None, "the mesh stopped"
+    assert tally["completed"] > CLIENTS
+    assert tally["failed"] == 0 and tally["broken"] == 0, tally["errors"][:5]
+    assert wait_until(lambda: sum(e.healthy for e in endpoints(mesh)) == 3, 20)
