@@ -136,6 +136,7 @@ async def collect(layout: Layout, state_path: Path | None = None) -> dict:
     procs = supervised(state_path)
     for s in services:
         proc = procs.get(s["name"])
+        proc = proc if proc and proc["address"] == s["address"] else None  # another mesh's supervisor
         s["restarts"] = proc["restarts"] if proc else None
         s["last_exit_code"] = proc["last_exit_code"] if proc else None
     return {"gateway_http": layout.http_url, "services": services, "endpoints": endpoints, "models": models,

@@ -186,7 +186,7 @@ class GaveUp:
 def write_state(children: list[Child], path: Path) -> None:
     """What ``llmesh status`` shows about the processes: pid, restarts, last exit code."""
     state = {"supervisor_pid": os.getpid(), "children": [
-        {"name": c.name, "pid": c.proc.pid if c.proc else None, "alive": c.alive(),
+        {"name": c.name, "address": c.address, "pid": c.proc.pid if c.proc else None, "alive": c.alive(),
          "restarts": c.restarts, "last_exit_code": c.last_exit_code} for c in children]}
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(state))
