@@ -32,6 +32,7 @@ from llmesh.gateway.endpoints import EndpointPicker
 from llmesh.gateway.policy import apply_policy, route
 
 log = logging.getLogger("llmesh.gateway.access")
+CACHE_HEADER = "x-llmesh-cache"
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +123,7 @@ class EngineClient(Protocol):
 
 
 class ResponseCache(Protocol):
+    def applies(self, req: CompletionRequest) -> bool: ...
     async def lookup(self, req: CompletionRequest, parent: Span) -> tuple[str, Finish] | None: ...
     async def store(self, req: CompletionRequest, text: str, finish: Finish, parent: Span) -> None: ...
 
@@ -167,12 +169,13 @@ class Pipeline:
                 entered.append(stage)
                 await stage.admit(ctx)
             req = ctx.req
-            cacheable = self._cache is not None and req.sampling.deterministic
+            cacheable = self._cache is not None and self._cache.applies(req)
             if cacheable:
                 hit = await self._cache.lookup(req, span)
                 record["cache"] = "hit" if hit else "miss"
                 if hit is not None:
                     text, finish = hit
+                    ctx.headers[CACHE_HEADER] = "hit"  # HTTP header, gRPC metadata
                     record["ttft_ms"] = round((self._clock() - started) * 1000, 3)
                     self._count(record, finish)
                     yield Delta(text=_filtered(ctx.filters, text, last=True), tokens=finish.usage.completion_tokens)
