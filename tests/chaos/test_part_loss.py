@@ -115,7 +115,8 @@ def _engine_pid(mesh: Mesh, name: str) -> int:
 def _report(scenario: str, tally: dict) -> None:
     errors = sorted(set(tally["errors"]))[:5]
     print(json.dumps({"scenario": scenario, "clients": CLIENTS, "load_s": LOAD_S,
-                      **{k: tally[k] for k in ("running_at_fault", "completed", "failed", "broken")}, "sample_errors": errors}))
+                      **{k: tally[k] for k in ("running_at_fault", "completed", "failed", "broken")},
+                      "sample_errors": errors}))
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["kill-9", "sigterm"])

@@ -146,7 +146,8 @@ async def collect(layout: Layout, state_path: Path | None = None) -> dict:
 def render(report: dict, as_json: bool) -> str:
     if as_json:
         return orjson.dumps(report, option=orjson.OPT_INDENT_2).decode()
-    lines = [f"gateway HTTP  {report['gateway_http']}", "", "SERVICE            ADDRESS              HEALTH       RESTARTS"]
+    lines = [f"gateway HTTP  {report['gateway_http']}", "",
+             "SERVICE            ADDRESS              HEALTH       RESTARTS"]
     lines += [f"{s['name']:<18} {s['address']:<20} {s['health']:<12} "
               f"{'-' if s['restarts'] is None else s['restarts']}"
               + ("" if s["last_exit_code"] is None else f" (last exit {s['last_exit_code']})")
