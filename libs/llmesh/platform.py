@@ -13,6 +13,7 @@ from llmesh.discovery.base import Follower, Registry, Resolver, fixed
 from llmesh.discovery.static import StaticRegistry
 from llmesh.liveconfig.live import LiveConfig
 from llmesh.liveconfig.stores import ConfigStore, EtcdStore, FileStore
+from llmesh.rpc.identity import Identity, read_secret
 from llmesh.settings import MeshSettings
 from llmesh.telemetry import Tracing, build_tracer
 
@@ -24,6 +25,7 @@ class Platform:
     config: LiveConfig
     metrics: CollectorRegistry
     tracing: Tracing = field(default_factory=lambda: Tracing(NoOpTracer()))
+    identity: Identity = field(default_factory=lambda: Identity("test", local_trust=True))
     followers: list[Follower] = field(default_factory=list)
 
     def resolver(self, service: str, static_address: str) -> Resolver:
@@ -75,12 +77,17 @@ def build_platform(service: str, mesh: MeshSettings) -> Platform:
     # A file is its own durable copy; an etcd-backed service keeps a snapshot to start from.
     snapshot = mesh.state_dir / f"{service}-config.yaml" if mesh.config_backend == "etcd" else None
     config = LiveConfig(store, metrics, service, snapshot=snapshot)
-    return Platform(mesh, registry, config, metrics, build_tracer(service))
+    return Platform(mesh, registry, config, metrics, build_tracer(service), identity=service_identity(service, mesh))
+
+
+def service_identity(service: str, mesh: MeshSettings) -> Identity:
+    secret = read_secret(mesh.service_secret_file) if mesh.service_secret_file else None
+    return Identity(service, secret, local_trust=mesh.local_trust)
 
 
 def standalone_platform(service: str) -> Platform:
     """For an app built outside the runner (tests): static discovery, no live config."""
-    mesh = MeshSettings(discovery="static", config_backend="none")
+    mesh = MeshSettings(discovery="static", config_backend="none", local_trust=True)
     platform = build_platform(service, mesh)
     platform.tracing = Tracing(NoOpTracer())
     return platform

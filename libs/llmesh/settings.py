@@ -67,6 +67,11 @@ class MeshSettings(BaseSettings):
     config_prefix: str = "/llmesh/config"
     state_dir: Path = Field(default=Path("var/state"), description="config snapshots live here")
     redis_url: str | None = Field(default=None, description="shared limits, keys and usage; unset: in-process")
+    service_secret_file: Path | None = Field(
+        default=None, description="the mesh's shared secret (>= 32 bytes): internal calls carry a token signed "
+        "with it, and admin RPCs (model load/unload, registry writes, endpoint registration) require one")
+    local_trust: bool = Field(default=False, description="one-machine mode without a secret: admin RPCs are "
+                              "open to any caller; a service refuses to start in it unless it listens on loopback")
 
     @model_validator(mode="after")
     def _client_cert_pair(self) -> MeshSettings:

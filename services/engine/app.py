@@ -82,7 +82,8 @@ class EngineApp:
         self.server = GrpcServer(settings.address, [ServiceBinding(
             "llmesh.v1.Engine", EngineServicer(self.core, self.lifecycle, settings.endpoint_id),
             engine_pb2_grpc.add_EngineServicer_to_server)],
-            tracer=platform.tracing.tracer if platform else None)
+            tracer=platform.tracing.tracer if platform else None,
+            identity=platform.identity if platform else None)
         self._platform = platform
         self.hardware = scheduler_pb2.HardwareProfile()
         self.self_test = scheduler_pb2.SelfTest()
@@ -128,7 +129,8 @@ class EngineApp:
             await self._check()  # the first report already says what we run on and that we work
             self.reporter = Reporter(resolve, identity, lambda: load_pb(self.core), self.settings.report_interval_s,
                                      extra=lambda: (self.hardware, self.self_test),
-                                     kv=lambda: self.core.backend.kv_blocks)
+                                     kv=lambda: self.core.backend.kv_blocks,
+                                     caller=self._platform.identity if self._platform else None)
             self.reporter.start()
         self._checker = asyncio.create_task(self._check_loop(), name="self-test")
         log.info("engine ready", extra={"backend": self.backend.name, "model": self.backend.model,

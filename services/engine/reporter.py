@@ -13,6 +13,7 @@ import grpc
 from llmesh.discovery.base import Resolver
 from llmesh.errors import DiscoveryError
 from llmesh.rpc.channels import insecure_channel
+from llmesh.rpc.identity import Identity
 from llmesh.v1 import engine_pb2, scheduler_pb2, scheduler_pb2_grpc
 from llmesh.convert import kv_event_to_pb, kv_hash_to_pb
 from llmesh.engine.backends.base import KvEventSource
@@ -25,8 +26,9 @@ class Reporter:
                  load: Callable[[], engine_pb2.EngineLoad], interval_s: float = 1.0,
                  min_gap_s: float = 0.05,
                  extra: Callable[[], tuple[scheduler_pb2.HardwareProfile, scheduler_pb2.SelfTest]] | None = None,
-                 kv: Callable[[], KvEventSource] | None = None):
+                 kv: Callable[[], KvEventSource] | None = None, caller: Identity | None = None):
         self._resolve = scheduler
+        self._caller = caller  # the scheduler refuses a registration without the mesh's service token
         self._identity = identity
         self._load = load
         self._extra = extra
@@ -73,7 +75,7 @@ class Reporter:
             address = "?"
             try:
                 address = await self._resolve()  # anew on every (re)connect
-                async with insecure_channel(address) as channel:
+                async with insecure_channel(address, self._caller) as channel:
                     await scheduler_pb2_grpc.SchedulerStub(channel).Report(self._reports())
                 backoff = 0.2
             except (grpc.aio.AioRpcError, DiscoveryError, OSError) as exc:

@@ -94,7 +94,7 @@ class GatewayApp:
                                  tracer=tracer, stages=stages)
         self._draining = False
         self.http = HttpFront(self.pipeline, self.models_for, lambda: not self._draining,
-                              settings.request_timeout_s)
+                              settings.request_timeout_s, settings.body_timeout_s)
         self.grpc = GrpcServer(settings.address, [ServiceBinding(
             "llmesh.v1.Gateway", GatewayServicer(self.pipeline, self.models_for, settings.request_timeout_s),
             gateway_pb2_grpc.add_GatewayServicer_to_server)], tracer=platform.tracing.tracer)

@@ -90,11 +90,12 @@ async def _read_body(receive: Receive) -> bytes:
 
 class HttpFront:
     def __init__(self, pipeline: Pipeline, models: Callable[[str | None], Awaitable[list[str]]],
-                 ready: Callable[[], bool], default_timeout_s: float):
+                 ready: Callable[[], bool], default_timeout_s: float, body_timeout_s: float = 30.0):
         self._pipeline = pipeline
         self._models = models  # the models a credential may use
         self._ready = ready
         self._default_timeout = default_timeout_s
+        self._body_timeout = body_timeout_s
         self._started = int(time.time())
         self._routes = {
             "/v1/chat/completions": ("POST", lambda scope, receive, send: self._complete(scope, receive, send, ChatBody, CHAT)),
@@ -132,7 +133,16 @@ class HttpFront:
         rid = headers.get(REQUEST_ID) or uuid.uuid4().hex
         request_id_var.set(rid)
         try:
-            body = parse(body_cls, await _read_body(receive))
+            async with asyncio.timeout(self._body_timeout):
+                raw = await _read_body(receive)
+        except TimeoutError:
+            message = f"The request body did not arrive within {self._body_timeout:g} s."
+            return await _json(send, error_json(408, message, "request_timeout", None), 408, rid,
+                               {"connection": "close"})
+        except LlmeshError as exc:
+            return await _error(send, exc, rid)
+        try:
+            body = parse(body_cls, raw)
             prompt = body.prompt() if shape.chat else body.prompt_value()
             req = CompletionRequest(request_id=rid, tenant="", model=body.model, prompt=prompt,
                                     sampling=body.sampling_params(), timeout_s=self._timeout(headers),

@@ -164,7 +164,7 @@ class ChunkWriter:
         return dict(self._base, choices=[], usage=usage_json(usage))
 
 
-ERROR_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 403: "permission_error", 404: "invalid_request_error", 429: "rate_limit_error",
+ERROR_TYPES = {400: "invalid_request_error", 408: "invalid_request_error", 401: "invalid_request_error", 403: "permission_error", 404: "invalid_request_error", 429: "rate_limit_error",
                499: "cancelled", 500: "server_error", 503: "server_error", 504: "timeout_error"}
 
 

@@ -57,7 +57,7 @@ class ModelMgrApp:
         self.importer = Importer(self.registry, self.artifacts)
         resolve = platform.resolver("scheduler", settings.scheduler_address) if platform \
             else fixed(settings.scheduler_address)
-        self.mesh = GrpcMesh(resolve)
+        self.mesh = GrpcMesh(resolve, identity=platform.identity if platform else None)
         store, self._etcd = config_store(platform.settings if platform else MeshSettings(config_backend="none"))
         self.rollout = Rollout(
             self.registry, self.artifacts, self.mesh, ConfigSplits(store) if store else NoSplits(),
@@ -72,7 +72,8 @@ class ModelMgrApp:
         self.server = GrpcServer(settings.address, [ServiceBinding(
             "llmesh.v1.ModelManager", ModelManagerServicer(self.store, self.registry, self.importer, self.rollout),
             modelmgr_pb2_grpc.add_ModelManagerServicer_to_server)],
-            tracer=platform.tracing.tracer if platform else None)
+            tracer=platform.tracing.tracer if platform else None,
+            identity=platform.identity if platform else None)
 
     @property
     def advertise_address(self) -> str:

@@ -13,6 +13,7 @@ from llmesh.liveconfig.document import InvalidConfig, parse
 from llmesh.liveconfig.stores import ConfigStore
 from llmesh.modelmgr.placement import Engine
 from llmesh.rpc.channels import insecure_channel
+from llmesh.rpc.identity import Identity
 from llmesh.rpc.status import from_rpc_error
 from llmesh.errors import InvalidArgument, Unavailable
 from llmesh.v1 import common_pb2, engine_pb2, engine_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
@@ -25,15 +26,17 @@ def free_memory(hw: scheduler_pb2.HardwareProfile) -> int:
 
 
 class GrpcMesh:
-    def __init__(self, scheduler: Resolver, load_timeout_s: float = 300.0, call_timeout_s: float = 60.0):
+    def __init__(self, scheduler: Resolver, load_timeout_s: float = 300.0, call_timeout_s: float = 60.0,
+                 identity: Identity | None = None):
         self._scheduler = scheduler
+        self._identity = identity  # engines refuse LoadModel/UnloadModel without it
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._load_timeout = load_timeout_s
         self._timeout = call_timeout_s
 
     def _engine(self, address: str) -> engine_pb2_grpc.EngineStub:
         if address not in self._channels:
-            self._channels[address] = insecure_channel(address)
+            self._channels[address] = insecure_channel(address, self._identity)
         return engine_pb2_grpc.EngineStub(self._channels[address])
 
     async def engines(self) -> list[Engine]:

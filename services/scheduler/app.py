@@ -25,7 +25,8 @@ class SchedulerApp:
         self.server = GrpcServer(settings.address, [ServiceBinding(
             "llmesh.v1.Scheduler", SchedulerServicer(self.table, self.metrics.reports),
             scheduler_pb2_grpc.add_SchedulerServicer_to_server)],
-            tracer=platform.tracing.tracer if platform else None)
+            tracer=platform.tracing.tracer if platform else None,
+            identity=platform.identity if platform else None)
         self._expiry: asyncio.Task | None = None
 
     @property

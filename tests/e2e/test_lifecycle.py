@@ -1,10 +1,16 @@
 """Process lifecycle: `llmesh up` stops every child cleanly on Ctrl-C, leaves no
-orphans if it is killed, and an engine drains in-flight streams on SIGTERM."""
+orphans if it is killed, restarts a child that dies (giving up past its restart
+budget), and an engine drains in-flight streams on SIGTERM."""
 
 from __future__ import annotations
 
+import json
+import os
 import signal
+import subprocess
+import sys
 import threading
+import time
 
 import openai
 import pytest
@@ -79,3 +85,56 @@ def test_engine_drains_in_flight_stream_then_leaves_the_table(sim_mesh, tmp_path
         assert engine.proc.wait(timeout=10) == 0
     finally:
         engine.stop(signal.SIGKILL)
+
+
+def _engine_pid(mesh: Mesh, name: str) -> int:
+    state = json.loads((mesh.log_dir / "supervisor.json").read_text())
+    return next(c["pid"] for c in state["children"] if c["name"] == name)
+
+
+def _chat_ok(mesh: Mesh) -> bool:
+    client = OpenAI(base_url=mesh.layout.http_url + "/v1", api_key="unused", max_retries=0)
+    try:
+        return bool(client.chat.completions.create(model="sim-small", max_tokens=2,
+                                                   messages=[{"role": "user", "content": "x"}]).choices)
+    except openai.APIError:
+        return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_a_dead_engine_is_restarted_and_the_mesh_keeps_serving(sim_mesh, sig):
+    old = _engine_pid(sim_mesh, "engine-0")
+    os.kill(old, sig)
+    assert wait_until(lambda: any("restarted engine-0" in line for line in sim_mesh.output), 15)
+    assert sim_mesh.proc.poll() is None                     # the mesh did not stop
+    assert _engine_pid(sim_mesh, "engine-0") != old
+    assert wait_until(lambda: any(e.endpoint_id == "engine-0" and e.healthy for e in endpoints(sim_mesh)), 20)
+    assert _chat_ok(sim_mesh)
+    lay = sim_mesh.layout
+    out = subprocess.run([sys.executable, "-m", "llmesh", "status", "--json", "--base-port", str(lay.base_port),
+                          "--http-port", str(lay.http_port), "--log-dir", str(sim_mesh.log_dir)],
+                         capture_output=True, text=True, timeout=60)
+    services = {s["name"]: s for s in json.loads(out.stdout)["services"]}
+    assert services["engine-0"]["restarts"] == 1
+    assert services["engine-0"]["last_exit_code"] == (-9 if sig == signal.SIGKILL else 0)
+    assert services["gateway"]["restarts"] == 0
+    assert f"exited with code {-9 if sig == signal.SIGKILL else 0}; restarting" in "".join(sim_mesh.output)
+
+
+def test_a_child_failing_past_its_budget_stops_the_mesh_and_says_which(tmp_path):
+    mesh = Mesh(layout=free_layout(n_engines=1), engines="sim", model_dir=tmp_path / "models",
+                log_dir=tmp_path / "logs", args=["--max-restarts", "1", "--restart-window", "60"])
+    mesh.start(timeout_s=60)
+    try:
+        kids = children_of(mesh.proc.pid)
+        os.kill(_engine_pid(mesh, "engine-0"), signal.SIGKILL)
+        assert wait_until(lambda: any("restarted engine-0" in line for line in mesh.output), 15)
+        time.sleep(0.3)
+        os.kill(_engine_pid(mesh, "engine-0"), signal.SIGKILL)
+        assert mesh.proc.wait(timeout=30) == 1
+        out = "".join(mesh.output)
+        assert "engine-0 exited 2 times within 60s (last exit code -9), past its restart budget" in out
+        assert wait_until(lambda: not [k for k in children_of(mesh.proc.pid) + kids if pid_alive(k)], 15)
+        assert not (mesh.log_dir / "supervisor.json").exists()
+    finally:
+        mesh.stop(signal.SIGKILL)

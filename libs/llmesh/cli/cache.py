@@ -12,7 +12,10 @@ import sys
 
 import grpc
 
+from llmesh.platform import service_identity
 from llmesh.rpc.channels import insecure_channel
+from llmesh.rpc.identity import IdentityError
+from llmesh.settings import MeshSettings
 from llmesh.v1 import cache_pb2, cache_pb2_grpc
 
 
@@ -53,7 +56,12 @@ def render(stats: dict) -> str:
 
 
 async def run(args: argparse.Namespace, address: str) -> int:
-    async with insecure_channel(address) as channel:
+    try:
+        caller = service_identity("cli", MeshSettings())
+    except (OSError, IdentityError) as exc:
+        print(f"llmesh cache: cannot read the service secret: {exc}", file=sys.stderr)
+        return 2
+    async with insecure_channel(address, caller) as channel:  # Invalidate is an admin RPC
         stub = cache_pb2_grpc.CacheStub(channel)
         try:
             if args.verb == "stats":

@@ -49,7 +49,7 @@ def parse_engines(text: str) -> list[str]:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from llmesh.cli.up import MeshSpec, StartFailed, plan, start_all, stop_all, supervise
+    from llmesh.cli.up import MeshSpec, RestartPolicy, StartFailed, plan, start_all, stop_all, supervise
 
     layout = _layout(args)
     try:
@@ -63,6 +63,11 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(f"llmesh: no model '{spec.model}' in {spec.model_dir}; run 'make model' first", file=sys.stderr)
         return 2
     children = plan(spec)
+    if args.max_restarts < 0 or args.restart_window <= 0:
+        print("llmesh: --max-restarts must be >= 0 and --restart-window > 0", file=sys.stderr)
+        return 2
+    policy = RestartPolicy(max_restarts=args.max_restarts, window_s=args.restart_window)
+    state_path = spec.log_dir / "supervisor.json"
 
     async def main() -> int:
         loop = asyncio.get_running_loop()
@@ -76,17 +81,20 @@ def cmd_up(args: argparse.Namespace) -> int:
             print(f"llmesh: {exc}", file=sys.stderr, flush=True)
             return 1
         print(_banner(layout, spec), flush=True)
-        dead = await supervise(children, stop)
-        if dead:
-            print(f"llmesh: {dead} exited; stopping the mesh (see {spec.log_dir / dead}.log)",
-                  file=sys.stderr, flush=True)
-        return 1 if dead else 0
+        gave_up = await supervise(children, stop, policy, state_path,
+                                  say=lambda line: print(line, file=sys.stderr, flush=True))
+        if gave_up:
+            print(f"llmesh: {gave_up.name} exited {gave_up.exits} times within {gave_up.window_s:.0f}s "
+                  f"(last exit code {gave_up.last_exit_code}), past its restart budget; stopping the mesh "
+                  f"(see {spec.log_dir / gave_up.name}.log)", file=sys.stderr, flush=True)
+        return 1 if gave_up else 0
 
     try:
         code = asyncio.run(main())
     finally:
         print("llmesh: stopping…", flush=True)
         results = stop_all(children, spec.grace_s)
+        state_path.unlink(missing_ok=True)
         print("llmesh: stopped " + ", ".join(f"{n} ({rc})" for n, rc in results), flush=True)
     return code
 
@@ -111,7 +119,7 @@ Ctrl-C stops every service."""
 def cmd_status(args: argparse.Namespace) -> int:
     from llmesh.cli.status import collect, render
 
-    report = asyncio.run(collect(_layout(args)))
+    report = asyncio.run(collect(_layout(args), args.log_dir / "supervisor.json"))
     print(render(report, as_json=args.json))
     return 0 if all(s["health"] == "SERVING" for s in report["services"]) else 1
 
@@ -154,11 +162,17 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--log-dir", type=Path, default=Path("var/log"))
     up.add_argument("--no-cache", action="store_true", help="the gateway skips the response cache")
     up.add_argument("--grace", type=float, default=10.0, help="seconds in-flight work gets on stop")
+    up.add_argument("--max-restarts", type=int, default=5,
+                    help="a service that dies is restarted (backoff 0.5 s doubling to 10 s); more exits than "
+                         "this within --restart-window stops the mesh")
+    up.add_argument("--restart-window", type=float, default=60.0, help="seconds (see --max-restarts)")
     up.set_defaults(func=cmd_up)
 
     status = sub.add_parser("status", help="show services, endpoints and models")
     _add_layout_args(status)
     status.add_argument("--json", action="store_true")
+    status.add_argument("--log-dir", type=Path, default=Path("var/log"),
+                        help="where `llmesh up` keeps its logs and supervisor.json (restart counts)")
     status.set_defaults(func=cmd_status)
 
     chat = sub.add_parser("chat", help="stream a chat answer")

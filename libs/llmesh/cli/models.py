@@ -23,7 +23,10 @@ import sys
 
 import grpc
 
+from llmesh.platform import service_identity
 from llmesh.rpc.channels import insecure_channel
+from llmesh.rpc.identity import IdentityError
+from llmesh.settings import MeshSettings
 from llmesh.v1 import modelmgr_pb2, modelmgr_pb2_grpc
 
 
@@ -68,7 +71,12 @@ def _print_eval(e: modelmgr_pb2.EvalReport) -> None:
 
 
 async def run(args: argparse.Namespace, address: str) -> int:
-    async with insecure_channel(address) as channel:
+    try:
+        caller = service_identity("cli", MeshSettings())
+    except (OSError, IdentityError) as exc:
+        print(f"llmesh models: cannot read the service secret: {exc}", file=sys.stderr)
+        return 2
+    async with insecure_channel(address, caller) as channel:
         stub = modelmgr_pb2_grpc.ModelManagerStub(channel)
         try:
             return await _run(args, stub)

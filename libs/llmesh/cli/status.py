@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import os
 
 import math
+from pathlib import Path
 
 import grpc
 import httpx
@@ -105,13 +107,38 @@ async def live_figures(layout: Layout, endpoints: list[dict], window_s: float = 
             "engines": engines}
 
 
-async def collect(layout: Layout) -> dict:
+def supervised(state_path: Path | None) -> dict[str, dict]:
+    """Per process of a running ``llmesh up`` (its supervisor.json): pid, restarts, last exit code."""
+    try:
+        state = orjson.loads(state_path.read_bytes()) if state_path else None
+    except (OSError, orjson.JSONDecodeError):
+        return {}
+    if not state or not _pid_alive(state.get("supervisor_pid", 0)):
+        return {}
+    return {c["name"]: c for c in state["children"]}
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError, OverflowError):
+        return False
+    return pid > 0
+
+
+async def collect(layout: Layout, state_path: Path | None = None) -> dict:
     addresses = {s: layout.address(s) for s in SERVICES}
     health = await asyncio.gather(*(health_status(a) for a in addresses.values()))
     endpoints, models = await asyncio.gather(_endpoints(addresses["scheduler"]), _models(addresses["modelmgr"]))
     services = [{"name": s, "address": a, "health": h} for (s, a), h in zip(addresses.items(), health)]
     services += [{"name": e["endpoint_id"], "address": e["address"], "health": await health_status(e["address"])}
                  for e in endpoints]
+    procs = supervised(state_path)
+    for s in services:
+        proc = procs.get(s["name"])
+        proc = proc if proc and proc["address"] == s["address"] else None  # another mesh's supervisor
+        s["restarts"] = proc["restarts"] if proc else None
+        s["last_exit_code"] = proc["last_exit_code"] if proc else None
     return {"gateway_http": layout.http_url, "services": services, "endpoints": endpoints, "models": models,
             "live": await live_figures(layout, endpoints)}
 
@@ -119,8 +146,12 @@ async def collect(layout: Layout) -> dict:
 def render(report: dict, as_json: bool) -> str:
     if as_json:
         return orjson.dumps(report, option=orjson.OPT_INDENT_2).decode()
-    lines = [f"gateway HTTP  {report['gateway_http']}", "", "SERVICE            ADDRESS              HEALTH"]
-    lines += [f"{s['name']:<18} {s['address']:<20} {s['health']}" for s in report["services"]]
+    lines = [f"gateway HTTP  {report['gateway_http']}", "",
+             "SERVICE            ADDRESS              HEALTH       RESTARTS"]
+    lines += [f"{s['name']:<18} {s['address']:<20} {s['health']:<12} "
+              f"{'-' if s['restarts'] is None else s['restarts']}"
+              + ("" if s["last_exit_code"] is None else f" (last exit {s['last_exit_code']})")
+              for s in report["services"]]
     lines += ["", "ENDPOINT           BACKEND   MODELS                    RUNNING WAITING HEALTHY"]
     lines += [f"{e['endpoint_id']:<18} {e['backend']:<9} {','.join(e['models']):<25} "
               f"{e['running']:>7} {e['waiting']:>7} {'yes' if e['healthy'] else 'no'}" for e in report["endpoints"]]

@@ -2,18 +2,21 @@
 
 Children start in their own session (so a terminal's Ctrl-C reaches only us) and
 are told by the kernel to stop if we die (PR_SET_PDEATHSIG), so none is orphaned.
-We start them in dependency order, wait for each to report SERVING, and stop
-them in reverse order with SIGTERM, then SIGKILL after the grace period."""
+We start them in dependency order, wait for each to report SERVING, restart one
+that dies (exponential backoff, a budget of restarts per window), and stop them in
+reverse order with SIGTERM, then SIGKILL after the grace period."""
 
 from __future__ import annotations
 
 import asyncio
 import ctypes
 import os
+import json
 import signal
 import subprocess
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +39,8 @@ class Child:
     log_path: Path
     proc: subprocess.Popen | None = None
     extra: dict = field(default_factory=dict)
+    restarts: int = 0
+    last_exit_code: int | None = None
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -69,6 +74,8 @@ def plan(spec: MeshSpec) -> list[Child]:
     lay = spec.layout
     base = dict(os.environ)
     base.setdefault("PYTHONUNBUFFERED", "1")
+    if not base.get("LLMESH_SERVICE_SECRET_FILE"):
+        base["LLMESH_LOCAL_TRUST"] = "1"  # everything listens on 127.0.0.1 (Layout.host)
     children: list[Child] = []
 
     def add(name: str, service: str, address: str, env: dict[str, str]) -> None:
@@ -146,14 +153,83 @@ def stop_all(children: list[Child], grace_s: float) -> list[tuple[str, int]]:
     return [(c.name, c.proc.returncode) for c in children if c.proc is not None]
 
 
-async def supervise(children: list[Child], stop: asyncio.Event) -> str | None:
-    """Waits for a stop request or a child's death; returns the dead child's name."""
+@dataclass(frozen=True)
+class RestartPolicy:
+    """A dead child is restarted after ``backoff_initial_s``, doubling per restart up to
+    ``backoff_max_s``; more than ``max_restarts`` exits within ``window_s`` and we give up."""
+    max_restarts: int = 5
+    window_s: float = 60.0
+    backoff_initial_s: float = 0.5
+    backoff_max_s: float = 10.0
+
+
+@dataclass
+class RestartBudget:
+    policy: RestartPolicy
+    recent: deque = field(default_factory=deque)   # monotonic times of restarts inside the window
+
+    def next_delay(self, now: float) -> float | None:
+        """Seconds to wait before restarting a child that just died, or None: budget spent."""
+        while self.recent and now - self.recent[0] > self.policy.window_s:
+            self.recent.popleft()
+        if len(self.recent) >= self.policy.max_restarts:
+            return None
+        delay = min(self.policy.backoff_initial_s * 2 ** len(self.recent), self.policy.backoff_max_s)
+        self.recent.append(now)
+        return delay
+
+
+@dataclass
+class GaveUp:
+    name: str
+    exits: int
+    window_s: float
+    last_exit_code: int | None
+
+
+def write_state(children: list[Child], path: Path) -> None:
+    """What ``llmesh status`` shows about the processes: pid, restarts, last exit code."""
+    state = {"supervisor_pid": os.getpid(), "children": [
+        {"name": c.name, "address": c.address, "pid": c.proc.pid if c.proc else None, "alive": c.alive(),
+         "restarts": c.restarts, "last_exit_code": c.last_exit_code} for c in children]}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state))
+    tmp.replace(path)
+
+
+async def supervise(children: list[Child], stop: asyncio.Event, policy: RestartPolicy = RestartPolicy(),
+                    state_path: Path | None = None, say=print) -> GaveUp | None:
+    """Restarts children that die until a stop request (returns None) or until one
+    dies more often than the policy allows (returns which)."""
+    budgets = {c.name: RestartBudget(policy) for c in children}
+    due: dict[str, float] = {}   # child name -> monotonic time of its pending restart
+    if state_path:
+        write_state(children, state_path)
     while not stop.is_set():
+        now, changed = time.monotonic(), False
         for child in children:
-            if not child.alive():
-                return child.name
+            if child.name in due:
+                if now >= due[child.name]:
+                    del due[child.name]
+                    child.start()
+                    child.restarts += 1
+                    changed = True
+                    say(f"llmesh: restarted {child.name} (pid {child.proc.pid}, restart {child.restarts})")
+                continue
+            if child.alive():
+                continue
+            child.last_exit_code = child.proc.returncode
+            changed = True
+            delay = budgets[child.name].next_delay(now)
+            if delay is None:
+                return GaveUp(child.name, policy.max_restarts + 1, policy.window_s, child.last_exit_code)
+            due[child.name] = now + delay
+            say(f"llmesh: {child.name} exited with code {child.last_exit_code}; restarting in {delay:.1f}s "
+                f"(see {child.log_path})")
+        if changed and state_path:
+            write_state(children, state_path)
         try:
-            await asyncio.wait_for(stop.wait(), 0.5)
+            await asyncio.wait_for(stop.wait(), 0.2)
         except asyncio.TimeoutError:
             pass
     return None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import grpc
 
+from llmesh.rpc.identity import Identity, client_interceptors
+
 CHANNEL_OPTIONS = (
     ("grpc.keepalive_time_ms", 20_000),
     ("grpc.keepalive_timeout_ms", 10_000),
@@ -15,5 +17,6 @@ CHANNEL_OPTIONS = (
 )
 
 
-def insecure_channel(address: str) -> grpc.aio.Channel:
-    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+def insecure_channel(address: str, identity: Identity | None = None) -> grpc.aio.Channel:
+    """Every call on it carries ``identity``'s service token when the mesh has a secret."""
+    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS, interceptors=client_interceptors(identity))

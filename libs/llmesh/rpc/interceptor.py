@@ -7,12 +7,14 @@ import logging
 import uuid
 
 import grpc
+from google.protobuf.message import DecodeError
 
-from llmesh.errors import LlmeshError
+from llmesh.errors import InvalidArgument, LlmeshError
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Tracer
 
 from llmesh.logs import request_id_var
+from llmesh.rpc.identity import Identity
 from llmesh.telemetry import bind_trace_id, extract
 from llmesh.rpc.status import grpc_code, trailing_metadata
 
@@ -38,12 +40,32 @@ async def _abort(context: grpc.aio.ServicerContext, exc: BaseException, method: 
     await context.abort(grpc.StatusCode.INTERNAL, "internal error")
 
 
+def _parser(deserialize):
+    """Requests are parsed inside the call, so malformed bytes are INVALID_ARGUMENT
+    (grpc.aio answers UNKNOWN, naming the exception, when its deserializer raises)."""
+    if deserialize is None:
+        return lambda raw: raw
+
+    def parse(raw: bytes):
+        try:
+            return deserialize(raw)
+        except DecodeError as exc:
+            raise InvalidArgument(f"The request is not a valid protobuf message: {exc}") from None
+    return parse
+
+
+async def _parsed(raw_iterator, parse):
+    async for raw in raw_iterator:
+        yield parse(raw)
+
+
 class ErrorInterceptor(grpc.aio.ServerInterceptor):
     """Also opens the server span of each call, child of the caller's (W3C trace
     context in the metadata), current while the handler runs."""
 
-    def __init__(self, tracer: Tracer | None = None):
+    def __init__(self, tracer: Tracer | None = None, identity: Identity | None = None):
         self._tracer = tracer or trace.NoOpTracer()
+        self._identity = identity
 
     def _span(self, context: grpc.aio.ServicerContext, method: str):
         parent = extract(context.invocation_metadata())
@@ -58,13 +80,24 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             return None
         method = handler_call_details.method
         span_for = self._span
+        parse = _parser(handler.request_deserializer)
+        streamed_requests = bool(handler.stream_unary or handler.stream_stream)
+        identity = self._identity
+
+        def authorize(context) -> None:
+            if identity:
+                identity.authorize(method, context.invocation_metadata())
+
+        def request(raw):
+            return _parsed(raw, parse) if streamed_requests else parse(raw)
 
         def unary(inner):  # one response: unary-unary and stream-unary
             async def call(request_or_iterator, context):
                 request_id_var.set(_request_id(context))
                 with trace.use_span(span_for(context, method), end_on_exit=True):
                     try:
-                        return await inner(request_or_iterator, context)
+                        authorize(context)
+                        return await inner(request(request_or_iterator), context)
                     except Exception as exc:  # noqa: BLE001 - mapped to a status below
                         await _abort(context, exc, method)
             return call
@@ -74,13 +107,14 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                 request_id_var.set(_request_id(context))
                 with trace.use_span(span_for(context, method), end_on_exit=True):
                     try:
-                        async for item in inner(request_or_iterator, context):
+                        authorize(context)
+                        async for item in inner(request(request_or_iterator), context):
                             yield item
                     except Exception as exc:  # noqa: BLE001
                         await _abort(context, exc, method)
             return call
 
-        codec = (handler.request_deserializer, handler.response_serializer)
+        codec = (None, handler.response_serializer)  # requests arrive as bytes, parsed by request()
         if handler.unary_unary:
             return grpc.unary_unary_rpc_method_handler(unary(handler.unary_unary), *codec)
         if handler.stream_unary:

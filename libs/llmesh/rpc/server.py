@@ -13,6 +13,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from opentelemetry.trace import Tracer
 
+from llmesh.rpc.identity import Identity
 from llmesh.rpc.interceptor import ErrorInterceptor
 
 log = logging.getLogger("llmesh.rpc.server")
@@ -37,8 +38,11 @@ class ServiceBinding:
 
 
 class GrpcServer:
-    def __init__(self, address: str, bindings: Sequence[ServiceBinding], tracer: Tracer | None = None):
+    def __init__(self, address: str, bindings: Sequence[ServiceBinding], tracer: Tracer | None = None,
+                 identity: Identity | None = None):
+        """``identity`` decides who may call the admin RPCs (None: anyone, for in-process tests)."""
         self._address = address
+        self._identity = identity
         self._tracer = tracer
         self._bindings = bindings
         self._server: grpc.aio.Server | None = None
@@ -46,7 +50,10 @@ class GrpcServer:
         self.port: int | None = None
 
     async def start(self) -> None:
-        server = grpc.aio.server(interceptors=[ErrorInterceptor(self._tracer)], options=SERVER_OPTIONS)
+        if self._identity:
+            self._identity.check_bind(self._address)
+        server = grpc.aio.server(interceptors=[ErrorInterceptor(self._tracer, self._identity)],
+                                 options=SERVER_OPTIONS)
         for binding in self._bindings:
             binding.add_to_server(binding.servicer, server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
