@@ -22,7 +22,7 @@ from llmesh.rpc.status import from_rpc_error
 from llmesh.types import Delta, Finish
 from llmesh.v1 import (cache_pb2, cache_pb2_grpc, engine_pb2, engine_pb2_grpc, modelmgr_pb2,
                        modelmgr_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc)
-from llmesh.gateway.endpoints import Endpoint, EndpointPicker
+from llmesh.gateway.picking import Endpoint, EndpointPicker
 from llmesh.gateway.pipeline import CompletionRequest
 
 log = logging.getLogger("llmesh.gateway.upstreams")
@@ -161,6 +161,8 @@ class SchedulerFeed:
                     stub = scheduler_pb2_grpc.SchedulerStub(channel)
                     async for table in stub.WatchEndpoints(scheduler_pb2.WatchEndpointsRequest()):
                         self._picker.replace_all(endpoint_from_pb(e) for e in table.endpoints)
+                        for b in table.kv:
+                            self._picker.kv.apply(b.endpoint_id, b.resync, b.stored, b.removed)
                         backoff = 0.2
             except (grpc.aio.AioRpcError, DiscoveryError) as exc:
                 log.warning("scheduler stream broke; keeping the last endpoint table",

@@ -36,3 +36,7 @@ class KvIndex:
                 n += 1
             out[eid] = n
         return out
+
+    def held(self, endpoint_id: str) -> frozenset[int]:
+        """Every block the engine holds (a gateway's resync)."""
+        return frozenset(self._blocks.get(endpoint_id, ()))

@@ -9,6 +9,7 @@ from prometheus_client import Counter
 
 from llmesh.convert import kv_event_from_pb
 from llmesh.v1 import engine_pb2, scheduler_pb2, scheduler_pb2_grpc
+from llmesh.scheduler.kvfeed import KvChangeLog
 from llmesh.scheduler.kvindex import KvIndex
 from llmesh.scheduler.table import EndpointState, EndpointTable, Load
 
@@ -42,6 +43,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self._table = table
         self._reports = reports
         self.kv = kv if kv is not None else KvIndex()
+        self.kv_changes = KvChangeLog()
 
     async def Report(self, request_iterator, context):
         endpoint_id = None
@@ -51,21 +53,36 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                     endpoint_id = report.endpoint_id
                     log.info("engine registered", extra={"endpoint_id": endpoint_id, "address": report.address})
                 self._reports.inc()
-                if report.kv_events:
-                    self.kv.apply(endpoint_id, (kv_event_from_pb(e) for e in report.kv_events))
-                await self._table.upsert(state_from_report(report, time.monotonic()))
+                events = [kv_event_from_pb(e) for e in report.kv_events]
+                if events:
+                    self.kv.apply(endpoint_id, events)
+                    self.kv_changes.record(endpoint_id, events)
+                # KV changes alone are news too: gateways pick on them
+                await self._table.upsert(state_from_report(report, time.monotonic()), changed=bool(events))
         finally:
             if endpoint_id is not None:
                 self.kv.forget(endpoint_id)
+                self.kv_changes.forget(endpoint_id)
                 await self._table.remove(endpoint_id)
                 log.info("engine deregistered", extra={"endpoint_id": endpoint_id})
         return scheduler_pb2.ReportAck()
 
     async def WatchEndpoints(self, request, context):
-        version = -1
+        version, cursor = -1, None
         while True:
             version = await self._table.wait_for_change(version)
-            yield table_pb(self._table, time.monotonic(), self.kv)
+            msg = table_pb(self._table, time.monotonic(), self.kv)
+            changes = self.kv_changes.since(cursor) if cursor is not None else None
+            if changes is None:  # first message, or this watcher fell behind the log: everything
+                cursor = self.kv_changes.cursor
+                msg.kv.extend(scheduler_pb2.KvBlocks(endpoint_id=e.endpoint_id, resync=True,
+                                                     stored=self.kv.held(e.endpoint_id))
+                              for e in self._table.snapshot())
+            else:
+                deltas, cursor = changes
+                msg.kv.extend(scheduler_pb2.KvBlocks(endpoint_id=eid, resync=d.resync, stored=d.stored,
+                                                     removed=d.removed) for eid, d in deltas.items())
+            yield msg
 
     async def ListEndpoints(self, request, context):
         return table_pb(self._table, time.monotonic(), self.kv)

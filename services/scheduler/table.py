@@ -44,11 +44,12 @@ class EndpointTable:
     def snapshot(self) -> list[EndpointState]:
         return list(self._endpoints.values())
 
-    async def upsert(self, state: EndpointState) -> None:
+    async def upsert(self, state: EndpointState, changed: bool = False) -> None:
+        """``changed``: news beyond the state itself (KV blocks): wake watchers anyway."""
         old = self._endpoints.get(state.endpoint_id)
         state = replace(state, healthy=not state.draining and state.self_test_ok)
         self._endpoints[state.endpoint_id] = state
-        if old is None or replace(old, last_report=0.0, details=None) != replace(state, last_report=0.0,
+        if changed or old is None or replace(old, last_report=0.0, details=None) != replace(state, last_report=0.0,
                                                                                   details=None):
             await self._bump()
 

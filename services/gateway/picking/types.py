@@ -1,0 +1,57 @@
+"""The plain inputs every filter and scorer sees."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    endpoint_id: str
+    address: str
+    models: frozenset[str]
+    running: int = 0
+    waiting: int = 0
+    max_running: int = 1
+    healthy: bool = True
+    degraded: str = ""  # why the scheduler took the node out of routing; empty: it is fine
+
+
+@dataclass(slots=True)
+class PickInput:
+    """One request as the picker sees it. ``block_hashes`` is computed on first use,
+    so a policy without a prefix scorer never tokenizes the prompt."""
+    model: str
+    now: float
+    exclude: frozenset[str] = frozenset()
+    session: str | None = None
+    work_tokens: int = 0                       # estimated prefill + decode tokens of this request
+    hashes: Callable[[], Sequence[int]] = lambda: ()
+    _hashes: Sequence[int] | None = field(default=None, repr=False)
+
+    def block_hashes(self) -> Sequence[int]:
+        if self._hashes is None:
+            self._hashes = self.hashes()
+        return self._hashes
+
+
+@dataclass(slots=True)
+class LocalState:
+    """What this gateway knows that the scheduler's reports lag on: its own work in
+    flight per endpoint (requests and estimated tokens) and endpoints it saw refuse."""
+    inflight: dict[str, int] = field(default_factory=dict)
+    inflight_tokens: dict[str, int] = field(default_factory=dict)
+    down_until: dict[str, float] = field(default_factory=dict)
+
+    def load(self, e: Endpoint) -> float:
+        """Queued and running requests per slot: the larger of the engine's last report
+        (all gateways' work, up to one report old) and our exact in-flight count."""
+        return max(e.running + e.waiting, self.inflight.get(e.endpoint_id, 0)) / max(e.max_running, 1)
+
+
+def work_tokens(prompt, max_tokens: int | None, default_output: int = 256) -> int:
+    """A request's work before it is tokenized: ~1 token per 3 bytes of prompt, plus
+    the answer it may ask for."""
+    texts = [m.content for m in prompt.messages] if prompt.messages is not None else [prompt.text or ""]
+    return sum(len(t.encode()) for t in texts) // 3 + (max_tokens or default_output)
