@@ -137,6 +137,16 @@ def test_local_inflight_counts_before_the_next_report():
     assert p.local.inflight == {} and p.local.inflight_tokens == {}
 
 
+def test_a_stale_report_counting_our_finished_work_does_not_hide_new_work():
+    p = EndpointPicker(random.Random(0))
+    p.replace_all([ep("a", running=1), ep("b", running=1)])   # both reported our earlier requests...
+    p.acquire("a"), p.release("a"), p.acquire("b"), p.release("b")   # ...which have finished since
+    p.acquire("a")                                                    # a new one went to a
+    assert p.pick(req()).endpoint_id == "b"
+    p.replace_all([ep("a", running=2), ep("b", running=0)])          # a fresh report already counts it
+    assert p.local.since_report == {} and p.local.load(ep("a", running=2)) == 2
+
+
 def test_ties_are_spread():
     p = EndpointPicker(random.Random(1))
     p.replace_all([ep("a"), ep("b"), ep("c")])

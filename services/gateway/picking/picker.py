@@ -28,7 +28,11 @@ class EndpointPicker:
                                              RoundRobin())}
 
     def replace_all(self, endpoints: Iterable[Endpoint]) -> None:
-        self._endpoints = {e.endpoint_id: e for e in endpoints}
+        old, self._endpoints = self._endpoints, {e.endpoint_id: e for e in endpoints}
+        for eid, e in self._endpoints.items():
+            before = old.get(eid)
+            if before is None or (before.running, before.waiting) != (e.running, e.waiting):
+                self.local.since_report.pop(eid, None)  # a fresh report already counts our work
         for e in self._endpoints.values():
             self._seen_models |= e.models
         self.kv.keep_only(set(self._endpoints))
@@ -67,9 +71,11 @@ class EndpointPicker:
         loc = self.local
         loc.inflight[endpoint_id] = loc.inflight.get(endpoint_id, 0) + 1
         loc.inflight_tokens[endpoint_id] = loc.inflight_tokens.get(endpoint_id, 0) + tokens
+        loc.since_report[endpoint_id] = loc.since_report.get(endpoint_id, 0) + 1
 
     def release(self, endpoint_id: str, tokens: int = 0) -> None:
         loc = self.local
+        loc.since_report[endpoint_id] = loc.since_report.get(endpoint_id, 0) - 1
         for counts, n in ((loc.inflight, 1), (loc.inflight_tokens, tokens)):
             left = counts.get(endpoint_id, 0) - n
             if left > 0:

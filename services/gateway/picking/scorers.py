@@ -35,8 +35,7 @@ class TokenAware:
     def scores(self, cands: list[Endpoint], req: PickInput, local: LocalState) -> list[float]:
         work = []
         for e in cands:
-            ours = local.inflight.get(e.endpoint_id, 0)
-            others = max(e.running + e.waiting - ours, 0)
+            others = max(local.requests(e) - local.inflight.get(e.endpoint_id, 0), 0)
             work.append(local.inflight_tokens.get(e.endpoint_id, 0) + others * max(req.work_tokens, 1))
         return _spread(work)
 
@@ -75,7 +74,7 @@ class SessionAffinity:
         if req.session is None:
             return [0.0] * len(cands)
         ring = sorted((_point(f"{e.endpoint_id}#{i}"), n) for n, e in enumerate(cands) for i in range(self._replicas))
-        loads = [max(e.running + e.waiting, local.inflight.get(e.endpoint_id, 0)) for e in cands]
+        loads = [local.requests(e) for e in cands]
         bound = math.ceil(self._c * (sum(loads) + 1) / len(cands))  # this request included
         start = bisect.bisect(ring, (_point(req.session), -1))
         out = [0.0] * len(cands)

@@ -39,15 +39,23 @@ class PickInput:
 @dataclass(slots=True)
 class LocalState:
     """What this gateway knows that the scheduler's reports lag on: its own work in
-    flight per endpoint (requests and estimated tokens) and endpoints it saw refuse."""
+    flight per endpoint (requests and estimated tokens), the requests it started
+    (+1) and finished (-1) since the engine's last report changed, and endpoints it
+    saw refuse."""
     inflight: dict[str, int] = field(default_factory=dict)
     inflight_tokens: dict[str, int] = field(default_factory=dict)
+    since_report: dict[str, int] = field(default_factory=dict)
     down_until: dict[str, float] = field(default_factory=dict)
 
+    def requests(self, e: Endpoint) -> int:
+        """Running + waiting there now: the last report (all gateways' work) corrected by
+        what we started and finished since, and never less than our own in flight."""
+        return max(e.running + e.waiting + self.since_report.get(e.endpoint_id, 0),
+                   self.inflight.get(e.endpoint_id, 0), 0)
+
     def load(self, e: Endpoint) -> float:
-        """Queued and running requests per slot: the larger of the engine's last report
-        (all gateways' work, up to one report old) and our exact in-flight count."""
-        return max(e.running + e.waiting, self.inflight.get(e.endpoint_id, 0)) / max(e.max_running, 1)
+        """Requests per slot."""
+        return self.requests(e) / max(e.max_running, 1)
 
 
 def work_tokens(prompt, max_tokens: int | None, default_output: int = 256) -> int:
