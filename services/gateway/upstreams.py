@@ -140,7 +140,7 @@ def _why(exc: Exception) -> str:
 def endpoint_from_pb(e: scheduler_pb2.Endpoint) -> Endpoint:
     return Endpoint(endpoint_id=e.endpoint_id, address=e.address, models=frozenset(e.models),
                     running=e.load.running, waiting=e.load.waiting, max_running=e.load.max_running,
-                    healthy=e.healthy)
+                    healthy=e.healthy, degraded=e.degraded)
 
 
 class SchedulerFeed:

@@ -9,6 +9,7 @@ from prometheus_client import Counter
 
 from llmesh.convert import kv_event_from_pb
 from llmesh.v1 import engine_pb2, scheduler_pb2, scheduler_pb2_grpc
+from llmesh.scheduler.health import NodeSignals
 from llmesh.scheduler.kvfeed import KvChangeLog
 from llmesh.scheduler.kvindex import KvIndex
 from llmesh.scheduler.table import EndpointState, EndpointTable, Load
@@ -23,6 +24,9 @@ def state_from_report(r: scheduler_pb2.EngineReport, now: float) -> EndpointStat
                   max_running=r.load.max_running, max_waiting=r.load.max_waiting),
         draining=r.draining, last_report=now,
         self_test_ok=r.self_test.ok or not r.self_test.checked_unix,  # not run yet: no verdict
+        signals=NodeSignals(ecc_errors=sum(g.ecc_errors_corrected + g.ecc_errors_uncorrected for g in r.hardware.gpus),
+                            self_test_ok=r.self_test.ok or not r.self_test.checked_unix,
+                            self_test_detail=r.self_test.detail, latency_ms=r.self_test.latency_ms),
         details=(r.hardware, r.self_test))
 
 
@@ -32,7 +36,7 @@ def table_pb(table: EndpointTable, now: float, kv: KvIndex | None = None) -> sch
             endpoint_id=e.endpoint_id, address=e.address, backend=e.backend, models=list(e.models),
             load=engine_pb2.EngineLoad(running=e.load.running, waiting=e.load.waiting,
                                        max_running=e.load.max_running, max_waiting=e.load.max_waiting),
-            healthy=e.healthy, last_report_age_s=round(now - e.last_report, 3),
+            healthy=e.healthy, degraded=e.degraded, last_report_age_s=round(now - e.last_report, 3),
             hardware=e.details[0] if e.details else None, self_test=e.details[1] if e.details else None,
             kv_blocks=kv.count(e.endpoint_id) if kv is not None else 0)
         for e in table.snapshot()])
