@@ -178,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 BENCHES = {"engine": "bench.engine", "gateway": "bench.gateway", "governance": "bench.governance",
-           "guards": "bench.guards", "llamacpp": "bench.llamacpp"}
+           "guards": "bench.guards", "llamacpp": "bench.llamacpp", "routing": "bench.routing"}
 
 
 def main(argv: list[str] | None = None) -> None:
