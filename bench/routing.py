@@ -12,9 +12,13 @@ whose history grows by each answer, plus document Q&A over a few long shared
 documents; conversations start by a Poisson process, follow-up turns after a short
 think time. ``--no-sharing`` gives every request a prompt of its own (the control).
 
-Policies: round_robin, least_loaded, prefix_aware, and prefix_oracle (the same
-scorer reading every engine's cache exactly at each pick: the ceiling). The
-SGLang-style approximate radix-tree router is not built yet."""
+Policies: round_robin, least_loaded, sglang_approx (SGLang's cache-aware router as
+its docs describe it: per-worker prefix index of the request *text* it sent, no KV
+events; shortest queue when loads are imbalanced beyond both balance thresholds,
+else the best match above the cache threshold, else the worker with the smallest
+index; its index here is 64-character chained chunks rather than a character radix
+tree, so matches are rounded down to a chunk), prefix_aware, and prefix_oracle (the
+same scorer reading every engine's cache exactly at each pick: the ceiling)."""
 
 from __future__ import annotations
 
@@ -34,7 +38,8 @@ from llmesh.engine.backends.sim import SimBackend, SimProfile
 from bench.common import note, pct
 
 MODEL = "sim-bench"
-POLICIES = ("round_robin", "least_loaded", "prefix_aware", "prefix_oracle")
+POLICIES = ("round_robin", "least_loaded", "sglang_approx", "prefix_aware", "prefix_oracle")
+CHUNK = 64  # characters per node of the approximate router's per-worker prefix index
 
 
 def words(rng: random.Random, tag: str, n: int) -> str:
@@ -66,6 +71,46 @@ class Workload:
         return turns
 
 
+class SglangApprox:
+    """SGLang's approximate cache-aware choice (defaults of its gateway: cache threshold
+    0.3, balance thresholds 64 absolute and 1.5 relative)."""
+
+    def __init__(self, workers: list[str], cache_threshold=0.3, balance_abs=64, balance_rel=1.5,
+                 max_chunks: int = 1 << 18):
+        self._trees: dict[str, dict[int, None]] = {w: {} for w in workers}
+        self._cache, self._abs, self._rel, self._max = cache_threshold, balance_abs, balance_rel, max_chunks
+
+    @staticmethod
+    def chunks(text: str) -> list[int]:
+        out, parent = [], 0
+        for i in range(0, len(text) - CHUNK + 1, CHUNK):
+            parent = hash((parent, text[i:i + CHUNK]))
+            out.append(parent)
+        return out
+
+    def choose(self, text: str, loads: dict[str, int]) -> str:
+        lo, hi = min(loads.values()), max(loads.values())
+        chunks = self.chunks(text)
+        if hi - lo > self._abs and hi > lo * self._rel:
+            worker = min(loads, key=loads.get)
+        else:
+            def matched(w: str) -> int:
+                tree, n = self._trees[w], 0
+                while n < len(chunks) and chunks[n] in tree:
+                    n += 1
+                return n
+            best = max(self._trees, key=matched)
+            rate = matched(best) * CHUNK / max(len(text), 1)
+            worker = best if rate > self._cache else min(self._trees, key=lambda w: len(self._trees[w]))
+        tree = self._trees[worker]
+        for c in chunks:
+            tree.pop(c, None)
+            tree[c] = None  # most recently used last
+        while len(tree) > self._max:
+            del tree[next(iter(tree))]
+        return worker
+
+
 class Fleet:
     def __init__(self, n: int, profile: SimProfile, policy: str, report_s: float):
         self.engines = {f"engine-{i}": SimBackend(MODEL, 1 << 16, profile) for i in range(n)}
@@ -75,6 +120,7 @@ class Fleet:
         self.policy = policy
         self.report_s = report_s
         self.max_batch = profile.max_batch
+        self.sglang = SglangApprox(list(self.engines)) if policy == "sglang_approx" else None
         self._report()
 
     def _report(self) -> None:
@@ -104,8 +150,11 @@ class Fleet:
         routing = "prefix_aware" if self.policy == "prefix_oracle" else self.policy
         pick = PickInput(MODEL, time.monotonic(), work_tokens=len(tokens) + max_tokens,
                          hashes=lambda: chain_hashes(tokens))
-        endpoint = self.picker.pick(pick, routing)
-        eid = endpoint.endpoint_id
+        if self.sglang is not None:
+            text = "".join(f"{m.role}: {m.content}\n" for m in messages)
+            eid = self.sglang.choose(text, {e: self.inflight[e] for e in self.engines})
+        else:
+            eid = self.picker.pick(pick, routing).endpoint_id
         self.inflight[eid] += 1
         self.picker.acquire(eid, pick.work_tokens)
         started, ttft, parts = time.perf_counter(), None, []

@@ -23,3 +23,15 @@ def test_a_short_run_reports_every_figure():
                             SimProfile(prefill_ms_per_token=0.01, decode_ms_base=1, output_tokens=4)))
     assert r["requests"] > 0 and r["ttft_ms_p50"] > 0 and 0 < r["kv_hit_rate"] < 1
     assert set(r) >= {"ttft_ms_p99", "throughput_req_s", "output_tokens_s", "load_imbalance_max_over_mean"}
+
+
+def test_sglang_baseline_follows_its_published_rule():
+    from bench.routing import SglangApprox
+    r = SglangApprox(["a", "b"], cache_threshold=0.3, balance_abs=4, balance_rel=1.5)
+    doc = "x" * 640
+    first = r.choose(doc + "q1", {"a": 0, "b": 0})
+    assert r.choose(doc + "q2", {"a": 0, "b": 0}) == first                 # match above the threshold
+    other = "b" if first == "a" else "a"
+    assert r.choose("y" * 640, {"a": 0, "b": 0}) == other                  # no match: the smaller index
+    busy = {first: 10, other: 0}
+    assert r.choose(doc + "q3", busy) == other                              # imbalanced: shortest queue
