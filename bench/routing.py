@@ -31,7 +31,8 @@ from collections import Counter
 from pathlib import Path
 
 from llmesh.gateway.picking import Endpoint, EndpointPicker, PickInput
-from llmesh.prompt_tokens import chain_hashes, sim_tokenize
+from llmesh.kvhash import LLMESH_SCHEME, chain_hashes
+from llmesh.prompt_tokens import sim_tokenize
 from llmesh.types import Message, Prompt
 from llmesh.engine.backends.base import DecodeParams
 from llmesh.engine.backends.sim import SimBackend, SimProfile
@@ -126,7 +127,8 @@ class Fleet:
     def _report(self) -> None:
         """What the scheduler stream brings: every engine's load and its KV block changes."""
         self.picker.replace_all(Endpoint(eid, eid, frozenset({MODEL}), running=min(n, self.max_batch),
-                                         waiting=max(n - self.max_batch, 0), max_running=self.max_batch)
+                                         waiting=max(n - self.max_batch, 0), max_running=self.max_batch,
+                                         kv_hash=LLMESH_SCHEME)
                                 for eid in self.engines for n in (self.inflight[eid],))
         for eid, backend in self.engines.items():
             for ev in backend.kv_blocks.take_events():
@@ -149,7 +151,7 @@ class Fleet:
             self._report()  # the exact cache of every engine, right now
         routing = "prefix_aware" if self.policy == "prefix_oracle" else self.policy
         pick = PickInput(MODEL, time.monotonic(), work_tokens=len(tokens) + max_tokens,
-                         hashes=lambda: chain_hashes(tokens))
+                         tokens=lambda: tokens)
         if self.sglang is not None:
             text = "".join(f"{m.role}: {m.content}\n" for m in messages)
             eid = self.sglang.choose(text, {e: self.inflight[e] for e in self.engines})
@@ -241,12 +243,12 @@ def picking_costs(engines: int, blocks: int = 100_000, prompt_tokens: int = 2048
     t1 = time.perf_counter()
     picker = EndpointPicker()
     picker.kv.apply("engine-0", True, hashes, ())
-    picker.replace_all(Endpoint(f"engine-{e}", "", frozenset({MODEL})) for e in range(engines))
+    picker.replace_all(Endpoint(f"engine-{e}", "", frozenset({MODEL}), kv_hash=LLMESH_SCHEME) for e in range(engines))
     for e in range(engines):
         picker.kv.apply(f"engine-{e}", True, hashes[:e * 16], ())
     t2 = time.perf_counter()
     for _ in range(n):
-        picker.pick(PickInput(MODEL, 0.0, hashes=lambda: hashes), "prefix_aware")
+        picker.pick(PickInput(MODEL, 0.0, tokens=lambda: tokens), "prefix_aware")
     t3 = time.perf_counter()
     return {"kv_view_mb_per_engine_at_100k_blocks": round(mem / engines / 2**20, 1),
             f"block_hashes_us_per_{prompt_tokens}_token_prompt": round((t1 - t0) / n * 1e6, 1),
@@ -256,7 +258,7 @@ def picking_costs(engines: int, blocks: int = 100_000, prompt_tokens: int = 2048
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--engines", type=int, default=8)
-    ap.add_argument("--rates", default="2,4,6", help="conversations started per second, comma-separated")
+    ap.add_argument("--rates", default="2,4,6,8", help="conversations started per second, comma-separated")
     ap.add_argument("--duration-s", type=float, default=20.0, help="arrivals for this long, per run")
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--profile", type=Path, help="a sim profile from `llmesh bench engine --calibrate`")
@@ -269,7 +271,7 @@ def main() -> None:
     ap.add_argument("--costs-only", action="store_true", help="only the per-request and memory costs")
     args = ap.parse_args()
     profile = (SimProfile.load(args.profile) if args.profile else
-               SimProfile(prefill_ms_per_token=0.3, decode_ms_base=8.0, decode_ms_per_seq=0.4, kv_blocks=1024,
+               SimProfile(prefill_ms_per_token=1.0, decode_ms_base=10.0, decode_ms_per_seq=0.5, kv_blocks=1024,
                           max_batch=16, output_tokens=args.max_tokens))
     costs = picking_costs(args.engines)
     if args.costs_only:

@@ -1,33 +1,16 @@
-"""A prompt's token ids exactly as an engine sees them, and their KV block hashes,
-for a router that must name the blocks an engine would cache for a request without
-asking it. Engines and gateways share these functions, so the names agree.
+"""A prompt's token ids exactly as an engine sees them, for a router that must name
+the KV blocks an engine would cache for a request without asking it (the hashing
+itself: ``llmesh.kvhash``). Engines and gateways share these, so the names agree.
 
 - ``sim_tokenize``: the sim backend's tokenizer (one token per word of "role: content").
-- ``GgufChatTokenizer``: a GGUF's vocabulary and chat template, as llama.cpp applies them.
-- ``chain_hashes``: vLLM-style chained block hashes (same as the engine's ``kvblocks``)."""
+- ``GgufChatTokenizer``: a GGUF's vocabulary and chat template, as llama.cpp applies them."""
 
 from __future__ import annotations
 
 import hashlib
-from array import array
-from collections.abc import Sequence
-from hashlib import blake2b
 from pathlib import Path
 
 from llmesh.types import Prompt
-
-BLOCK_SIZE = 16
-
-
-def chain_hashes(tokens: Sequence[int], block_size: int = BLOCK_SIZE, parent: int = 0) -> list[int]:
-    """Hashes of the full blocks of ``tokens``; each covers its parent's hash."""
-    hashes = []
-    for start in range(0, len(tokens) - block_size + 1, block_size):
-        data = parent.to_bytes(8, "little") + array("q", tokens[start:start + block_size]).tobytes()
-        parent = int.from_bytes(blake2b(data, digest_size=8).digest(), "little")
-        hashes.append(parent)
-    return hashes
-
 
 def sim_token(word: str) -> int:
     return int.from_bytes(hashlib.blake2s(word.encode(), digest_size=2).digest(), "big")

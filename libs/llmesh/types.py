@@ -35,7 +35,8 @@ class Sampling:
 
     @property
     def deterministic(self) -> bool:
-        return self.temperature == 0.0
+        """Greedy (temperature 0), or sampling with a fixed seed: the same request gets the same answer."""
+        return self.temperature == 0.0 or self.seed is not None
 
 
 @dataclass(frozen=True, slots=True)

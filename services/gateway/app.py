@@ -18,7 +18,7 @@ from llmesh.rpc.server import GrpcServer, ServiceBinding
 from llmesh.v1 import gateway_pb2_grpc
 from llmesh.gateway.config import GatewaySettings
 from llmesh.gateway.picking import EndpointPicker
-from llmesh.gateway.prompt_hashes import PromptHasher
+from llmesh.gateway.prompt_tokens import PromptTokens
 from llmesh.gateway.http import HttpFront
 from llmesh.gateway.metrics import GatewayMetrics
 from llmesh.gateway.audit_stage import AuditStage
@@ -51,7 +51,8 @@ class GatewayApp:
         self.picker = EndpointPicker()
         tracer = platform.tracing.tracer
         self.engines = EngineClients(tracer)
-        self.cache = (CacheClient(platform.resolver("cache", settings.cache_address), tracer=tracer)
+        self.cache = (CacheClient(platform.resolver("cache", settings.cache_address), settings.cache_budget_s,
+                                  tracer=tracer, config=lambda: self.config.current)
                       if settings.cache_address else None)
         self.catalog = ModelCatalog(platform.resolver("modelmgr", settings.modelmgr_address)
                                     if settings.modelmgr_address else None,
@@ -91,7 +92,7 @@ class GatewayApp:
                              lease_s=settings.request_timeout_s),
                   GuardStage(current)]
         self.pipeline = Pipeline(self.picker, self.engines, self.catalog, self.cache, observe=self.metrics.observe,
-                                 tracer=tracer, stages=stages, block_hashes=PromptHasher(settings.model_dir))
+                                 tracer=tracer, stages=stages, prompt_tokens=PromptTokens(settings.model_dir))
         self._draining = False
         self.http = HttpFront(self.pipeline, self.models_for, lambda: not self._draining,
                               settings.request_timeout_s)

@@ -33,6 +33,7 @@ from llmesh.gateway.picking.types import work_tokens
 from llmesh.gateway.policy import apply_policy, route
 
 log = logging.getLogger("llmesh.gateway.access")
+CACHE_HEADER = "x-llmesh-cache"
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +124,7 @@ class EngineClient(Protocol):
 
 
 class ResponseCache(Protocol):
+    def applies(self, req: CompletionRequest) -> bool: ...
     async def lookup(self, req: CompletionRequest, parent: Span) -> tuple[str, Finish] | None: ...
     async def store(self, req: CompletionRequest, text: str, finish: Finish, parent: Span) -> None: ...
 
@@ -139,9 +141,9 @@ class Pipeline:
                  tracer: Tracer | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  stages: Sequence[Stage] | None = None,
-                 block_hashes: Callable[[str, Prompt], Sequence[int]] = lambda model, prompt: ()):
+                 prompt_tokens: Callable[[str, Prompt], Sequence[int]] = lambda model, prompt: ()):
         self._picker = picker
-        self._block_hashes = block_hashes
+        self._prompt_tokens = prompt_tokens
         self._engines = engines
         self._cache = cache
         self._stages = list(stages) if stages is not None else [ValidateStage(), RouteStage(catalog, config)]
@@ -170,12 +172,13 @@ class Pipeline:
                 entered.append(stage)
                 await stage.admit(ctx)
             req = ctx.req
-            cacheable = self._cache is not None and req.sampling.deterministic
+            cacheable = self._cache is not None and self._cache.applies(req)
             if cacheable:
                 hit = await self._cache.lookup(req, span)
                 record["cache"] = "hit" if hit else "miss"
                 if hit is not None:
                     text, finish = hit
+                    ctx.headers[CACHE_HEADER] = "hit"  # HTTP header, gRPC metadata
                     record["ttft_ms"] = round((self._clock() - started) * 1000, 3)
                     self._count(record, finish)
                     yield Delta(text=_filtered(ctx.filters, text, last=True), tokens=finish.usage.completion_tokens)
@@ -234,7 +237,7 @@ class Pipeline:
         last_error: LlmeshError | None = None
         work = work_tokens(req.prompt, req.sampling.max_tokens)
         pick = PickInput(model=req.model, now=0.0, session=req.user, work_tokens=work,
-                         hashes=lambda: self._block_hashes(req.model, req.prompt))
+                         tokens=lambda: self._prompt_tokens(req.model, req.prompt))
         for _ in range(policy.max_attempts):
             pick.now, pick.exclude = self._clock(), frozenset(tried)
             endpoint = self._picker.pick(pick, policy.routing, policy.scorers)

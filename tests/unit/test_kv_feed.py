@@ -2,9 +2,10 @@
 a cursor, a resync once the log has moved past a slow watcher; and the shared prompt
 hashing agreeing with the engines' own."""
 
-from llmesh.engine.kvblocks import chain_hashes as engine_chain_hashes
+from llmesh.engine.backends.sim import SimBackend
 from llmesh.gateway.picking.kvview import KvView
-from llmesh.prompt_tokens import chain_hashes, sim_tokenize
+from llmesh.kvhash import chain_hashes
+from llmesh.prompt_tokens import sim_tokenize
 from llmesh.scheduler.kvfeed import KvChangeLog
 from llmesh.types import Message, Prompt
 
@@ -45,10 +46,9 @@ def test_gateway_view_follows_the_deltas():
     assert view.count("a") == 1 and view.matched("a", [5]) == 1
 
 
-def test_shared_hashing_matches_the_engines_and_chains_prefixes():
-    tokens = list(range(100))
-    assert chain_hashes(tokens) == engine_chain_hashes(tokens)
+def test_the_gateways_sim_tokens_are_the_sim_engines_and_chain_prefixes():
     first = Prompt(messages=(Message("system", "policy " * 40), Message("user", "one")))
     follow = Prompt(messages=(*first.messages, Message("assistant", "alpha"), Message("user", "two")))
+    assert sim_tokenize(follow) == SimBackend("sim-x", 4096).tokenize(follow)
     a, b = chain_hashes(sim_tokenize(first)), chain_hashes(sim_tokenize(follow))
     assert len(a) == 2 and b[:2] == a

@@ -11,13 +11,20 @@ from llmesh.gateway.picking.filters import BreakerClosed, Healthy, NotDegraded, 
 from llmesh.gateway.picking.kvview import KvView
 from llmesh.gateway.picking.scorers import LeastLoad, PrefixAware, RoundRobin, SessionAffinity, TokenAware
 from llmesh.gateway.picking.types import LocalState, work_tokens
+from llmesh.kvhash import LLMESH_SCHEME, HashScheme
 from llmesh.liveconfig.schema import MeshConfig, ModelPolicy
 from llmesh.types import Message, Prompt
 
 
-def ep(eid: str, running=0, waiting=0, max_running=1, healthy=True, models=("m",), degraded="") -> Endpoint:
+def ep(eid: str, running=0, waiting=0, max_running=1, healthy=True, models=("m",), degraded="",
+       kv_hash=LLMESH_SCHEME) -> Endpoint:
     return Endpoint(endpoint_id=eid, address=f"127.0.0.1:{hash(eid) % 1000 + 1000}", models=frozenset(models),
-                    running=running, waiting=waiting, max_running=max_running, healthy=healthy, degraded=degraded)
+                    running=running, waiting=waiting, max_running=max_running, healthy=healthy, degraded=degraded,
+                    kv_hash=kv_hash)
+
+
+TOKENS = list(range(64))                       # 4 blocks of 16
+H = LLMESH_SCHEME.block_hashes(TOKENS)
 
 
 def req(model="m", now=0.0, **kw) -> PickInput:
@@ -55,15 +62,18 @@ def test_token_aware_weighs_queued_tokens_not_request_counts():
     assert s == [0.0, 1.0]
 
 
-def test_prefix_aware_scores_the_leading_run_of_cached_blocks():
+def test_prefix_aware_scores_the_leading_run_of_cached_tokens_in_each_engines_scheme():
     kv = KvView()
-    kv.apply("a", True, [1, 2, 3], [])
-    kv.apply("b", True, [1, 3, 4], [])   # holds block 3 but not 2: only the first counts
-    s = PrefixAware(kv).scores([ep("a"), ep("b"), ep("c")], req(hashes=lambda: [1, 2, 3, 4]), LocalState())
-    assert s == [0.75, 0.25, 0.0]
-    kv.apply("a", False, [], [1])        # an eviction of the first block ends a's run
-    assert PrefixAware(kv).scores([ep("a")], req(hashes=lambda: [1, 2]), LocalState()) == [0.0]
-    assert PrefixAware(kv).scores([ep("b")], req(hashes=lambda: []), LocalState()) == [0.0]
+    kv.apply("a", True, H[:3], [])
+    kv.apply("b", True, [H[0], H[2], H[3]], [])   # holds blocks 3 and 4 but not 2: only the first counts
+    vllm = HashScheme("vllm", 32, "sha256", "seed")
+    kv.apply("v", True, vllm.block_hashes(TOKENS)[:1], [])   # a vLLM engine: 32-token blocks, its own hashes
+    cands = [ep("a"), ep("b"), ep("c"), ep("v", kv_hash=vllm), ep("unknown", kv_hash=None)]
+    kv.apply("unknown", True, H, [])
+    assert PrefixAware(kv).scores(cands, req(tokens=lambda: TOKENS), LocalState()) == [0.75, 0.25, 0.0, 0.5, 0.0]
+    kv.apply("a", False, [], [H[0]])               # an eviction of the first block ends a's run
+    assert PrefixAware(kv).scores([ep("a")], req(tokens=lambda: TOKENS), LocalState()) == [0.0]
+    assert PrefixAware(kv).scores([ep("b")], req(tokens=lambda: []), LocalState()) == [0.0]
 
 
 def test_kv_view_resync_replaces_and_keep_only_forgets():
@@ -178,8 +188,8 @@ def test_random_policy_ignores_load():
 def test_prefix_aware_policy_weighs_the_cached_prefix_against_load():
     p = EndpointPicker(random.Random(0))
     p.replace_all([ep("warm", running=1, max_running=4), ep("cold")])
-    p.kv.apply("warm", True, [11, 12, 13, 14], [])
-    r = req(hashes=lambda: [11, 12, 13, 14])
+    p.kv.apply("warm", True, H, [])
+    r = req(tokens=lambda: TOKENS)
     assert p.pick(r, "least_loaded").endpoint_id == "cold"
     assert p.pick(r, "prefix_aware").endpoint_id == "warm"
     # far too busy: the load outweighs the cached prefix
@@ -191,9 +201,9 @@ def test_prompt_is_hashed_only_when_a_policy_needs_it():
     calls = []
     p = EndpointPicker()
     p.replace_all([ep("a"), ep("b")])
-    p.pick(req(hashes=lambda: calls.append(1) or [1]), "least_loaded")
+    p.pick(req(tokens=lambda: calls.append(1) or TOKENS), "least_loaded")
     assert calls == []
-    r = req(hashes=lambda: calls.append(1) or [1])
+    r = req(tokens=lambda: calls.append(1) or TOKENS)
     p.pick(r, "prefix_aware")
     p.pick(r, "prefix_aware")
     assert calls == [1]
@@ -202,8 +212,8 @@ def test_prompt_is_hashed_only_when_a_policy_needs_it():
 def test_weights_from_live_config_replace_the_preset():
     p = EndpointPicker(random.Random(0))
     p.replace_all([ep("warm", running=12), ep("cold")])
-    p.kv.apply("warm", True, [1, 2], [])
-    r = req(hashes=lambda: [1, 2])
+    p.kv.apply("warm", True, H, [])
+    r = req(tokens=lambda: TOKENS)
     policy = MeshConfig.model_validate({"models": {"m": {"routing": "prefix_aware",
                                                          "scorers": {"prefix_aware": 10, "least_load": 1}}}}).policy("m")
     assert p.pick(r, policy.routing, policy.scorers).endpoint_id == "warm"

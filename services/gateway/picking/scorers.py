@@ -41,18 +41,24 @@ class TokenAware:
 
 
 class PrefixAware:
-    """Precise prefix affinity: the share of the request's chained block hashes, from
-    the start, that each engine holds, as its KV events (via the scheduler) say."""
+    """Precise prefix affinity: the share of the request's tokens, from the start, that
+    each engine holds in its KV cache, as its KV events (via the scheduler) say; the
+    tokens are hashed with each engine's own scheme (an engine of unknown scheme: 0)."""
     name = "prefix_aware"
 
     def __init__(self, kv: KvView):
         self._kv = kv
 
     def scores(self, cands: list[Endpoint], req: PickInput, local: LocalState) -> list[float]:
-        hashes = req.block_hashes()
-        if not hashes:
+        n = len(req.prompt_tokens())
+        if not n:
             return [0.0] * len(cands)
-        return [self._kv.matched(e.endpoint_id, hashes) / len(hashes) for e in cands]
+        out = []
+        for e in cands:
+            s = e.kv_hash
+            out.append(0.0 if s is None else
+                       self._kv.matched(e.endpoint_id, req.block_hashes(s)) * s.block_size / n)
+        return out
 
 
 def _point(key: str) -> int:

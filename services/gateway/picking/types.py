@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from llmesh.kvhash import HashScheme
+
 
 @dataclass(frozen=True, slots=True)
 class Endpoint:
@@ -16,24 +18,32 @@ class Endpoint:
     max_running: int = 1
     healthy: bool = True
     degraded: str = ""  # why the scheduler took the node out of routing; empty: it is fine
+    kv_hash: HashScheme | None = None  # how the engine names its KV blocks; None: unknown
 
 
 @dataclass(slots=True)
 class PickInput:
-    """One request as the picker sees it. ``block_hashes`` is computed on first use,
-    so a policy without a prefix scorer never tokenizes the prompt."""
+    """One request as the picker sees it. Its tokens, and their block hashes under each
+    engine's scheme, are computed on first use: a policy without a prefix scorer never
+    tokenizes the prompt."""
     model: str
     now: float
     exclude: frozenset[str] = frozenset()
     session: str | None = None
     work_tokens: int = 0                       # estimated prefill + decode tokens of this request
-    hashes: Callable[[], Sequence[int]] = lambda: ()
-    _hashes: Sequence[int] | None = field(default=None, repr=False)
+    tokens: Callable[[], Sequence[int]] = lambda: ()
+    _tokens: Sequence[int] | None = field(default=None, repr=False)
+    _hashes: dict[HashScheme, list[int]] = field(default_factory=dict, repr=False)
 
-    def block_hashes(self) -> Sequence[int]:
-        if self._hashes is None:
-            self._hashes = self.hashes()
-        return self._hashes
+    def prompt_tokens(self) -> Sequence[int]:
+        if self._tokens is None:
+            self._tokens = self.tokens()
+        return self._tokens
+
+    def block_hashes(self, scheme: HashScheme) -> list[int]:
+        if scheme not in self._hashes:
+            self._hashes[scheme] = scheme.block_hashes(self.prompt_tokens())
+        return self._hashes[scheme]
 
 
 @dataclass(slots=True)

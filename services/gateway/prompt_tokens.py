@@ -1,8 +1,8 @@
-"""A request's KV block hashes, computed in the gateway exactly as the engine that
-would serve it computes them (same tokenizer, chat template and block chunking), so
-prefix-aware picking needs no hop to the scheduler. GGUF models in the gateway's
-model store use their own vocabulary; sim models the sim tokenizer; any other model
-gets no hashes (prefix scoring then has no opinion)."""
+"""A request's token ids, computed in the gateway exactly as the engine that would
+serve it tokenizes it (same tokenizer and chat template), so prefix-aware picking
+can hash them with each engine's scheme and needs no hop to the scheduler. GGUF
+models in the gateway's model store use their own vocabulary; sim models the sim
+tokenizer; any other model gets no tokens (prefix scoring then has no opinion)."""
 
 from __future__ import annotations
 
@@ -11,16 +11,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from llmesh.modelstore import ModelStore
-from llmesh.prompt_tokens import BLOCK_SIZE, GgufChatTokenizer, chain_hashes, sim_tokenize
+from llmesh.prompt_tokens import GgufChatTokenizer, sim_tokenize
 from llmesh.types import Prompt
 
-log = logging.getLogger("llmesh.gateway.prompt_hashes")
+log = logging.getLogger("llmesh.gateway.prompt_tokens")
 
 
-class PromptHasher:
-    def __init__(self, model_dir: Path | None, block_size: int = BLOCK_SIZE):
+class PromptTokens:
+    def __init__(self, model_dir: Path | None):
         self._store = ModelStore(model_dir) if model_dir else None
-        self._block_size = block_size
         self._tokenizers: dict[str, Callable[[Prompt], list[int]] | None] = {}
 
     def _tokenizer(self, model: str) -> Callable[[Prompt], list[int]] | None:
@@ -40,4 +39,4 @@ class PromptHasher:
 
     def __call__(self, model: str, prompt: Prompt) -> list[int]:
         tok = self._tokenizer(model)
-        return chain_hashes(tok(prompt), self._block_size) if tok is not None else []
+        return tok(prompt) if tok is not None else []
