@@ -11,6 +11,7 @@ from typing import Literal
 
 import numpy as np
 
+from llmesh.background import Background
 from llmesh.errors import InvalidArgument
 from llmesh.liveconfig.schema import CacheConfig
 from llmesh.cache.failopen import FailOpen
@@ -39,7 +40,7 @@ class ResponseCache:
         self._semantic = semantic
         self._config = config
         self._on_lookup = on_lookup
-        self._background: set[asyncio.Task] = set()
+        self._background = Background()
 
     @property
     def semantic_indexed(self) -> int:
@@ -63,7 +64,7 @@ class ResponseCache:
         self._on_lookup(outcome)
         counters = ["misses"] if hit is None else ["hits", "semantic_hits"] if hit.kind == "semantic" else ["hits"]
         for counter in counters:
-            self._spawn(self._store.call("count", lambda c=counter: self._store.store.count(req.tenant, c), None))
+            self._background.spawn(self._store.call("count", lambda c=counter: self._store.store.count(req.tenant, c), None))
         return hit
 
     async def _lookup(self, req: Request, policy) -> Hit | None:
@@ -165,11 +166,5 @@ class ResponseCache:
         e = stored.entry
         self._semantic.add(stored.name, e.scope, e.text, np.frombuffer(e.vector, dtype=np.float32), stored.ttl_left_s)
 
-    def _spawn(self, coro) -> None:
-        task = asyncio.create_task(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
     async def drain(self) -> None:
-        if self._background:
-            await asyncio.gather(*self._background, return_exceptions=True)
+        await self._background.drain()

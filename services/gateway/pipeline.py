@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from opentelemetry.trace import NoOpTracer, Span, SpanKind, Status, StatusCode, Tracer
 
+from llmesh.background import Background
 from llmesh.errors import DeadlineExceeded, LlmeshError, ModelNotFound, Overloaded, Unavailable
 from llmesh.liveconfig.schema import MeshConfig, ModelPolicy
 from llmesh.telemetry import bind_trace_id, extract
@@ -150,7 +151,7 @@ class Pipeline:
         self._observe = observe
         self._tracer = tracer or NoOpTracer()
         self._clock = clock
-        self._background: set[asyncio.Task] = set()
+        self._background = Background()
 
     async def run(self, req: CompletionRequest, ctx: Context | None = None) -> AsyncIterator[Delta | Finish]:
         """Yields text deltas then one Finish; raises a LlmeshError on failure.
@@ -199,7 +200,7 @@ class Pipeline:
                     else:
                         self._count(record, item)
                         if cacheable:
-                            self._spawn(self._cache.store(req, "".join(parts), item, span))
+                            self._background.spawn(self._cache.store(req, "".join(parts), item, span))
                         if filters:
                             tail = _filtered(filters, "", last=True)
                             if tail:
@@ -218,7 +219,7 @@ class Pipeline:
         finally:
             record["duration_ms"] = round((self._clock() - started) * 1000, 3)
             if entered:
-                self._spawn(self._finish(entered, ctx))
+                self._background.spawn(self._finish(entered, ctx))
             log.info("request", extra=record)
             self._observe(record)
             end_span(span, record)
@@ -277,14 +278,8 @@ class Pipeline:
         record["completion_tokens"] = finish.usage.completion_tokens
         record["finish_reason"] = finish.reason.value
 
-    def _spawn(self, coro) -> None:
-        task = asyncio.create_task(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
     async def drain(self) -> None:
-        if self._background:
-            await asyncio.gather(*self._background, return_exceptions=True)
+        await self._background.drain()
 
 
 
