@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import uuid
 from collections.abc import AsyncIterator
 
@@ -25,6 +24,7 @@ from llmesh.errors import InvalidArgument
 from llmesh.liveconfig.schema import MeshConfig
 from llmesh.logs import JsonFormatter
 from llmesh.platform import standalone_platform
+from llmesh.testing import free_ports
 from llmesh.types import Delta, Message, Priority, Prompt, Sampling
 from llmesh.cache.app import CacheApp
 from llmesh.cache.config import CacheSettings
@@ -78,9 +78,7 @@ class Catalog:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
 
 
 @pytest.fixture
