@@ -17,7 +17,8 @@ from llmesh.platform import Platform, standalone_platform
 from llmesh.rpc.server import GrpcServer, ServiceBinding
 from llmesh.v1 import gateway_pb2_grpc
 from llmesh.gateway.config import GatewaySettings
-from llmesh.gateway.endpoints import EndpointPicker
+from llmesh.gateway.picking import EndpointPicker
+from llmesh.gateway.prompt_tokens import PromptTokens
 from llmesh.gateway.http import HttpFront
 from llmesh.gateway.metrics import GatewayMetrics
 from llmesh.gateway.audit_stage import AuditStage
@@ -91,7 +92,7 @@ class GatewayApp:
                              lease_s=settings.request_timeout_s),
                   GuardStage(current)]
         self.pipeline = Pipeline(self.picker, self.engines, self.catalog, self.cache, observe=self.metrics.observe,
-                                 tracer=tracer, stages=stages)
+                                 tracer=tracer, stages=stages, prompt_tokens=PromptTokens(settings.model_dir))
         self._draining = False
         self.http = HttpFront(self.pipeline, self.models_for, lambda: not self._draining,
                               settings.request_timeout_s, settings.body_timeout_s)

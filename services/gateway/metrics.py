@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from llmesh.engine.metrics import LATENCY_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS
+from llmesh.buckets import LATENCY_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS
 
 
 class GatewayMetrics:

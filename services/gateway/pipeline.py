@@ -29,7 +29,8 @@ from llmesh.liveconfig.schema import MeshConfig, ModelPolicy
 from llmesh.telemetry import bind_trace_id, extract
 from llmesh.types import Delta, Finish, Priority, Prompt, Sampling
 from llmesh.validation import check_request
-from llmesh.gateway.endpoints import EndpointPicker
+from llmesh.gateway.picking import EndpointPicker, PickInput
+from llmesh.gateway.picking.types import work_tokens
 from llmesh.gateway.policy import apply_policy, route
 
 log = logging.getLogger("llmesh.gateway.access")
@@ -140,8 +141,10 @@ class Pipeline:
                  observe: Callable[[dict], None] = lambda record: None,
                  tracer: Tracer | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 stages: Sequence[Stage] | None = None):
+                 stages: Sequence[Stage] | None = None,
+                 prompt_tokens: Callable[[str, Prompt], Sequence[int]] = lambda model, prompt: ()):
         self._picker = picker
+        self._prompt_tokens = prompt_tokens
         self._engines = engines
         self._cache = cache
         self._stages = list(stages) if stages is not None else [ValidateStage(), RouteStage(catalog, config)]
@@ -233,8 +236,12 @@ class Pipeline:
                         span: Span) -> AsyncIterator[Delta | Finish]:
         tried: set[str] = set()
         last_error: LlmeshError | None = None
+        work = work_tokens(req.prompt, req.sampling.max_tokens)
+        pick = PickInput(model=req.model, now=0.0, session=req.user, work_tokens=work,
+                         tokens=lambda: self._prompt_tokens(req.model, req.prompt))
         for _ in range(policy.max_attempts):
-            endpoint = self._picker.pick(req.model, self._clock(), frozenset(tried), policy.routing)
+            pick.now, pick.exclude = self._clock(), frozenset(tried)
+            endpoint = self._picker.pick(pick, policy.routing, policy.scorers)
             if endpoint is None:
                 break
             if tried:
@@ -244,7 +251,7 @@ class Pipeline:
             if remaining <= 0:
                 raise DeadlineExceeded()
             record["endpoint"] = endpoint.endpoint_id
-            self._picker.acquire(endpoint.endpoint_id)
+            self._picker.acquire(endpoint.endpoint_id, work)
             streamed = False
             try:
                 async with aclosing(self._engines.generate(endpoint.address, req, remaining, span)) as items:
@@ -259,7 +266,7 @@ class Pipeline:
                     self._picker.mark_down(endpoint.endpoint_id, self._clock())
                 last_error = exc
             finally:
-                self._picker.release(endpoint.endpoint_id)
+                self._picker.release(endpoint.endpoint_id, work)
         if last_error is not None:
             raise last_error
         raise Unavailable(f"No healthy endpoint serves the model '{req.model}' right now.",

@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator, Callable
 
 import grpc
 
-from llmesh.convert import (finish_from_pb, finish_to_pb, priority_to_pb, prompt_fields, sampling_to_pb,
-                            usage_from_pb, usage_to_pb)
+from llmesh.convert import (finish_from_pb, finish_to_pb, kv_hash_from_pb, priority_to_pb, prompt_fields,
+                            sampling_to_pb, usage_from_pb, usage_to_pb)
 from opentelemetry.trace import NoOpTracer, Span, SpanKind, Status, StatusCode, Tracer
 
 from llmesh.discovery.base import NoInstance, Resolver
@@ -23,7 +23,7 @@ from llmesh.rpc.status import from_rpc_error
 from llmesh.types import Delta, Finish
 from llmesh.v1 import (cache_pb2, cache_pb2_grpc, engine_pb2, engine_pb2_grpc, modelmgr_pb2,
                        modelmgr_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc)
-from llmesh.gateway.endpoints import Endpoint, EndpointPicker
+from llmesh.gateway.picking import Endpoint, EndpointPicker
 from llmesh.gateway.pipeline import CompletionRequest
 
 log = logging.getLogger("llmesh.gateway.upstreams")
@@ -166,7 +166,8 @@ def _why(exc: Exception) -> str:
 def endpoint_from_pb(e: scheduler_pb2.Endpoint) -> Endpoint:
     return Endpoint(endpoint_id=e.endpoint_id, address=e.address, models=frozenset(e.models),
                     running=e.load.running, waiting=e.load.waiting, max_running=e.load.max_running,
-                    healthy=e.healthy)
+                    healthy=e.healthy, degraded=e.degraded,
+                    kv_hash=kv_hash_from_pb(e.kv_hash) if e.HasField("kv_hash") else None)
 
 
 class SchedulerFeed:
@@ -187,6 +188,8 @@ class SchedulerFeed:
                     stub = scheduler_pb2_grpc.SchedulerStub(channel)
                     async for table in stub.WatchEndpoints(scheduler_pb2.WatchEndpointsRequest()):
                         self._picker.replace_all(endpoint_from_pb(e) for e in table.endpoints)
+                        for b in table.kv:
+                            self._picker.kv.apply(b.endpoint_id, b.resync, b.stored, b.removed)
                         backoff = 0.2
             except (grpc.aio.AioRpcError, DiscoveryError) as exc:
                 log.warning("scheduler stream broke; keeping the last endpoint table",

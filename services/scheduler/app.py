@@ -12,6 +12,7 @@ from llmesh.v1 import scheduler_pb2_grpc
 from prometheus_client import CollectorRegistry
 
 from llmesh.scheduler.config import SchedulerSettings
+from llmesh.scheduler.health import HealthJudge
 from llmesh.scheduler.metrics import SchedulerMetrics
 from llmesh.scheduler.servicer import SchedulerServicer
 from llmesh.scheduler.table import EndpointTable
@@ -21,7 +22,9 @@ class SchedulerApp:
     def __init__(self, settings: SchedulerSettings, platform: Platform | None = None):
         self.settings = settings
         self.metrics = SchedulerMetrics(platform.metrics if platform else CollectorRegistry())
-        self.table = EndpointTable(stale_after_s=settings.stale_after_s, on_change=self.metrics.table_changed)
+        self.table = EndpointTable(stale_after_s=settings.stale_after_s, on_change=self.metrics.table_changed,
+                                   judge=HealthJudge(settings.ecc_quiet_s, settings.latency_drift_factor,
+                                                     settings.latency_drift_min_ms))
         self.server = GrpcServer(settings.address, [ServiceBinding(
             "llmesh.v1.Scheduler", SchedulerServicer(self.table, self.metrics.reports),
             scheduler_pb2_grpc.add_SchedulerServicer_to_server)],

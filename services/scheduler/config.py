@@ -13,3 +13,8 @@ class SchedulerSettings(ServiceSettings):
 
     port: int = DEFAULT_PORTS["scheduler"]
     stale_after_s: float = Field(default=3.0, gt=0, description="no report for this long: unhealthy")
+    ecc_quiet_s: float = Field(default=300.0, gt=0, description="a node whose ECC errors rose gets no new "
+                               "work until its count has stayed put this long")
+    latency_drift_factor: float = Field(default=3.0, gt=1, description="self-test latency this many times its "
+                                        "peers' median: degraded")
+    latency_drift_min_ms: float = Field(default=50.0, ge=0, description="... and at least this far above it")

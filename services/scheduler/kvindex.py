@@ -59,6 +59,10 @@ class KvIndex:
             out[eid] = _leading(memo[scheme], self._blocks.get(eid, ())) * scheme.block_size
         return out
 
+    def held(self, endpoint_id: str) -> frozenset[int]:
+        """Every block the engine holds (a gateway's resync)."""
+        return frozenset(self._blocks.get(endpoint_id, ()))
+
 
 def _leading(hashes: Sequence[int], blocks) -> int:
     n = 0

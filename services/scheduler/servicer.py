@@ -9,6 +9,8 @@ from prometheus_client import Counter
 
 from llmesh.convert import kv_event_from_pb, kv_hash_from_pb, kv_hash_to_pb
 from llmesh.v1 import engine_pb2, scheduler_pb2, scheduler_pb2_grpc
+from llmesh.scheduler.health import NodeSignals
+from llmesh.scheduler.kvfeed import KvChangeLog
 from llmesh.scheduler.kvindex import KvIndex
 from llmesh.scheduler.table import EndpointState, EndpointTable, Load
 
@@ -22,6 +24,9 @@ def state_from_report(r: scheduler_pb2.EngineReport, now: float) -> EndpointStat
                   max_running=r.load.max_running, max_waiting=r.load.max_waiting),
         draining=r.draining, last_report=now,
         self_test_ok=r.self_test.ok or not r.self_test.checked_unix,  # not run yet: no verdict
+        signals=NodeSignals(ecc_errors=sum(g.ecc_errors_corrected + g.ecc_errors_uncorrected for g in r.hardware.gpus),
+                            self_test_ok=r.self_test.ok or not r.self_test.checked_unix,
+                            self_test_detail=r.self_test.detail, latency_ms=r.self_test.latency_ms),
         details=(r.hardware, r.self_test))
 
 
@@ -31,7 +36,7 @@ def table_pb(table: EndpointTable, now: float, kv: KvIndex | None = None) -> sch
             endpoint_id=e.endpoint_id, address=e.address, backend=e.backend, models=list(e.models),
             load=engine_pb2.EngineLoad(running=e.load.running, waiting=e.load.waiting,
                                        max_running=e.load.max_running, max_waiting=e.load.max_waiting),
-            healthy=e.healthy, last_report_age_s=round(now - e.last_report, 3),
+            healthy=e.healthy, degraded=e.degraded, last_report_age_s=round(now - e.last_report, 3),
             hardware=e.details[0] if e.details else None, self_test=e.details[1] if e.details else None,
             kv_blocks=kv.count(e.endpoint_id) if kv is not None else 0,
             kv_hash=kv_hash_to_pb(kv.scheme(e.endpoint_id)) if kv is not None else None)
@@ -43,6 +48,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self._table = table
         self._reports = reports
         self.kv = kv if kv is not None else KvIndex()
+        self.kv_changes = KvChangeLog()
 
     async def Report(self, request_iterator, context):
         endpoint_id = None
@@ -54,21 +60,36 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 self._reports.inc()
                 if report.HasField("kv_hash"):
                     self.kv.set_scheme(endpoint_id, kv_hash_from_pb(report.kv_hash))
-                if report.kv_events:
-                    self.kv.apply(endpoint_id, (kv_event_from_pb(e) for e in report.kv_events))
-                await self._table.upsert(state_from_report(report, time.monotonic()))
+                events = [kv_event_from_pb(e) for e in report.kv_events]
+                if events:
+                    self.kv.apply(endpoint_id, events)
+                    self.kv_changes.record(endpoint_id, events)
+                # KV changes alone are news too: gateways pick on them
+                await self._table.upsert(state_from_report(report, time.monotonic()), changed=bool(events))
         finally:
             if endpoint_id is not None:
                 self.kv.forget(endpoint_id)
+                self.kv_changes.forget(endpoint_id)
                 await self._table.remove(endpoint_id)
                 log.info("engine deregistered", extra={"endpoint_id": endpoint_id})
         return scheduler_pb2.ReportAck()
 
     async def WatchEndpoints(self, request, context):
-        version = -1
+        version, cursor = -1, None
         while True:
             version = await self._table.wait_for_change(version)
-            yield table_pb(self._table, time.monotonic(), self.kv)
+            msg = table_pb(self._table, time.monotonic(), self.kv)
+            changes = self.kv_changes.since(cursor) if cursor is not None else None
+            if changes is None:  # first message, or this watcher fell behind the log: everything
+                cursor = self.kv_changes.cursor
+                msg.kv.extend(scheduler_pb2.KvBlocks(endpoint_id=e.endpoint_id, resync=True,
+                                                     stored=self.kv.held(e.endpoint_id))
+                              for e in self._table.snapshot())
+            else:
+                deltas, cursor = changes
+                msg.kv.extend(scheduler_pb2.KvBlocks(endpoint_id=eid, resync=d.resync, stored=d.stored,
+                                                     removed=d.removed) for eid, d in deltas.items())
+            yield msg
 
     async def ListEndpoints(self, request, context):
         return table_pb(self._table, time.monotonic(), self.kv)

@@ -7,6 +7,8 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from llmesh.scheduler.health import HealthJudge, NodeSignals
+
 
 @dataclass(frozen=True, slots=True)
 class Load:
@@ -27,6 +29,8 @@ class EndpointState:
     last_report: float = 0.0
     healthy: bool = True
     self_test_ok: bool = True
+    signals: NodeSignals = field(default_factory=NodeSignals)  # not part of change detection
+    degraded: str = ""  # why the node gets no new work (see health.py); "" when fine
     details: object = None  # hardware profile and self-test, as reported; not part of change detection
 
 
@@ -34,8 +38,10 @@ class EndpointTable:
     """Endpoints keyed by id. Every change bumps ``version`` and wakes watchers."""
 
     def __init__(self, stale_after_s: float = 3.0,
-                 on_change: Callable[[list[EndpointState]], None] = lambda endpoints: None):
+                 on_change: Callable[[list[EndpointState]], None] = lambda endpoints: None,
+                 judge: HealthJudge | None = None):
         self._on_change = on_change
+        self._judge = judge or HealthJudge()
         self._endpoints: dict[str, EndpointState] = {}
         self._stale_after = stale_after_s
         self.version = 0
@@ -44,15 +50,19 @@ class EndpointTable:
     def snapshot(self) -> list[EndpointState]:
         return list(self._endpoints.values())
 
-    async def upsert(self, state: EndpointState) -> None:
+    async def upsert(self, state: EndpointState, changed: bool = False) -> None:
+        """``changed``: news beyond the state itself (KV blocks): wake watchers anyway."""
         old = self._endpoints.get(state.endpoint_id)
-        state = replace(state, healthy=not state.draining and state.self_test_ok)
+        peers = [e.signals.latency_ms for e in self._endpoints.values()
+                 if e.endpoint_id != state.endpoint_id and e.backend == state.backend]
+        degraded = self._judge.judge(state.endpoint_id, state.signals, state.last_report, peers)
+        state = replace(state, healthy=not state.draining and state.self_test_ok, degraded=degraded)
         self._endpoints[state.endpoint_id] = state
-        if old is None or replace(old, last_report=0.0, details=None) != replace(state, last_report=0.0,
-                                                                                  details=None):
+        if changed or old is None or _news(old) != _news(state):
             await self._bump()
 
     async def remove(self, endpoint_id: str) -> None:
+        self._judge.forget(endpoint_id)
         if self._endpoints.pop(endpoint_id, None) is not None:
             await self._bump()
 
@@ -77,3 +87,8 @@ class EndpointTable:
         async with self._changed:
             self.version += 1
             self._changed.notify_all()
+
+
+def _news(s: EndpointState) -> EndpointState:
+    """What watchers need to hear about: not the report's time nor raw signals."""
+    return replace(s, last_report=0.0, details=None, signals=NodeSignals())

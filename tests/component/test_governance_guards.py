@@ -34,7 +34,7 @@ from llmesh.engine.backends.sim import SimBackend
 from llmesh.engine.config import EngineSettings
 from llmesh.gateway.audit_stage import AuditStage
 from llmesh.gateway.auth import AuthenticateStage, Authenticator
-from llmesh.gateway.endpoints import Endpoint, EndpointPicker
+from llmesh.gateway.picking import Endpoint, EndpointPicker
 from llmesh.gateway.grants import AuthorizeStage
 from llmesh.gateway.guard_stage import GuardStage
 from llmesh.gateway.pipeline import CompletionRequest, Pipeline, RouteStage, ValidateStage

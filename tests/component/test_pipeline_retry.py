@@ -12,7 +12,7 @@ from llmesh.testing import free_ports
 from llmesh.types import Delta, Finish, Message, Prompt, Sampling
 from llmesh.engine.app import EngineApp
 from llmesh.engine.config import EngineSettings
-from llmesh.gateway.endpoints import Endpoint, EndpointPicker
+from llmesh.gateway.picking import Endpoint, EndpointPicker, PickInput
 from llmesh.gateway.pipeline import CompletionRequest, Pipeline
 from llmesh.gateway.upstreams import EngineClients
 
@@ -79,7 +79,7 @@ async def test_dead_endpoint_is_retried_elsewhere_and_marked_down(engines):
             text, finish = await collect(pipeline, request())
             assert text and finish.usage.completion_tokens == 5
         # Once refused, the dead endpoint is skipped without another attempt.
-        assert picker.pick(MODEL, time.monotonic()).endpoint_id == "live"
+        assert picker.pick(PickInput(MODEL, time.monotonic())).endpoint_id == "live"
     finally:
         await clients.close()
 

@@ -15,7 +15,7 @@ from llmesh.discovery.base import Instance
 from llmesh.discovery.consul import ConsulRegistry
 from llmesh.engine.app import EngineApp
 from llmesh.engine.config import EngineSettings
-from llmesh.gateway.endpoints import EndpointPicker
+from llmesh.gateway.picking import EndpointPicker
 from llmesh.gateway.pipeline import CompletionRequest
 from llmesh.gateway.upstreams import CacheClient, ModelCatalog, SchedulerFeed
 from llmesh.platform import build_platform

@@ -202,7 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 BENCHES = {"cache": "bench.cache", "engine": "bench.engine", "gateway": "bench.gateway",
-           "governance": "bench.governance", "guards": "bench.guards", "llamacpp": "bench.llamacpp"}
+           "governance": "bench.governance", "guards": "bench.guards", "llamacpp": "bench.llamacpp",
+           "routing": "bench.routing"}
 
 
 def main(argv: list[str] | None = None) -> None:

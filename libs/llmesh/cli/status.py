@@ -29,7 +29,7 @@ async def _endpoints(address: str) -> list[dict]:
         except grpc.aio.AioRpcError:
             return []
     return [{"endpoint_id": e.endpoint_id, "address": e.address, "backend": e.backend,
-             "models": list(e.models), "healthy": e.healthy, "running": e.load.running,
+             "models": list(e.models), "healthy": e.healthy, "degraded": e.degraded, "running": e.load.running,
              "waiting": e.load.waiting, "max_running": e.load.max_running, "kv_blocks": e.kv_blocks,
              "last_report_age_s": e.last_report_age_s,
              "hardware": {"cpu_model": e.hardware.cpu_model, "cpu_cores": e.hardware.cpu_cores,
@@ -155,6 +155,8 @@ def render(report: dict, as_json: bool) -> str:
     lines += ["", "ENDPOINT           BACKEND   MODELS                    RUNNING WAITING HEALTHY"]
     lines += [f"{e['endpoint_id']:<18} {e['backend']:<9} {','.join(e['models']):<25} "
               f"{e['running']:>7} {e['waiting']:>7} {'yes' if e['healthy'] else 'no'}" for e in report["endpoints"]]
+    lines += [f"  {e['endpoint_id']:<16} DEGRADED, no new work: {e['degraded']}"
+              for e in report["endpoints"] if e["degraded"]]
     live = report["live"]
     fmt = lambda v, unit="": "-" if v is None else f"{v}{unit}"  # noqa: E731
     lines += ["", f"LIVE  {fmt(live['requests_per_s'])} req/s ({fmt(live['requests_total'])} total)  "

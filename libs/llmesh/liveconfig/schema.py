@@ -20,10 +20,21 @@ class GenerationDefaults(_Strict):
 
 
 class ModelPolicy(_Strict):
-    routing: Literal["least_loaded", "random"] = "least_loaded"
+    routing: Literal["least_loaded", "random", "round_robin", "token_aware", "prefix_aware",
+                     "session_affinity"] = Field(default="least_loaded", description="how an endpoint is picked")
+    scorers: dict[Literal["least_load", "token_aware", "prefix_aware", "session_affinity", "round_robin"],
+                  float] = Field(default={}, description="scorer weights (>= 0); set: replace the routing's own")
     max_attempts: int = Field(default=2, ge=1, le=10, description="engines tried before the first token")
     generation: GenerationDefaults = GenerationDefaults()
     system_prompt: str | None = Field(default=None, description="prepended when the request has none")
+
+
+    @model_validator(mode="after")
+    def _weights_are_not_negative(self) -> ModelPolicy:
+        bad = {k: w for k, w in self.scorers.items() if w < 0}
+        if bad:
+            raise ValueError(f"scorer weights must be >= 0: {bad}")
+        return self
 
 
 class SplitTarget(_Strict):

@@ -1,6 +1,6 @@
 """llama.cpp backend (CPU) through llama-cpp-python, with continuous batching.
 
-The tokenizer and chat template come from a vocab-only ``Llama``; the weights are
+The tokenizer and chat template come from a vocab-only ``Llama`` (``GgufChatTokenizer``); the weights are
 loaded once through the low-level API and decoded by a ``BatchRunner`` (see
 ``llamacpp_batch``), which serves up to ``n_slots`` sequences together."""
 
@@ -12,6 +12,7 @@ from pathlib import Path
 
 from llmesh.errors import Internal, ModelNotFound, NotFound
 from llmesh.modelstore import ModelStore, quiet_native_stderr
+from llmesh.prompt_tokens import GgufChatTokenizer
 from llmesh.types import Prompt
 from llmesh.engine.backends.base import DecodeParams
 from llmesh.engine.backends.llamacpp_batch import BatchRunner, Sequence
@@ -24,25 +25,19 @@ class LlamaCppBackend:
     def __init__(self, model_path: Path, model: str, *, n_ctx: int, n_threads: int, n_batch: int, n_slots: int,
                  unified_kv: bool = False):
         import llama_cpp
-        from llama_cpp import Llama
-        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
         self.model = model
         self.models = (model,)
         self.kv_blocks = BlockLedger()  # owners are KV slots: a slot's cached prefix stays until reused
+        self._tokenizer = GgufChatTokenizer(model_path)  # the gateway hashes prompts with the same one
+        self._vocab = self._tokenizer.vocab
         with quiet_native_stderr():
-            self._vocab = Llama(model_path=str(model_path), vocab_only=True, verbose=False)
             params = llama_cpp.llama_model_default_params()
             self._model_p = llama_cpp.llama_model_load_from_file(str(model_path).encode(), params)
         if not self._model_p:
             raise RuntimeError(f"llama.cpp could not load {model_path}")
         self.context_length = min(n_ctx, llama_cpp.llama_model_n_ctx_train(self._model_p))
         self.vocab_size = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(self._model_p))
-        template = self._vocab.metadata.get("tokenizer.chat_template")
-        if not template:
-            raise ValueError(f"{model}: the GGUF carries no chat template")
-        self._formatter = Jinja2ChatFormatter(template=template, eos_token=self._special_text(self._vocab.token_eos()),
-                                              bos_token=self._special_text(self._vocab.token_bos()))
         self._loop: asyncio.AbstractEventLoop | None = None
         with quiet_native_stderr():
             self._runner = BatchRunner(self._model_p, llama_cpp.llama_model_get_vocab(self._model_p),
@@ -63,9 +58,6 @@ class LlamaCppBackend:
         else:
             self.kv_blocks.grow(slot, tokens)
 
-    def _special_text(self, token: int) -> str:
-        return self._vocab.detokenize([token], special=True).decode("utf-8", "replace") if token >= 0 else ""
-
     def kv_usage(self) -> float:
         """Share of the KV cells that running sequences hold."""
         return self._runner.cells_in_use() / (self._runner.n_slots * self.context_length)
@@ -74,11 +66,7 @@ class LlamaCppBackend:
         return self._runner.prefix_queries, self._runner.prefix_hits
 
     def tokenize(self, prompt: Prompt) -> list[int]:
-        if prompt.messages is not None:
-            text = self._formatter(messages=[{"role": m.role, "content": m.content}
-                                             for m in prompt.messages]).prompt
-            return self._vocab.tokenize(text.encode("utf-8"), add_bos=False, special=True)
-        return self._vocab.tokenize((prompt.text or "").encode("utf-8"), add_bos=True, special=False)
+        return self._tokenizer(prompt)
 
     def _deliver(self, results) -> None:
         """Called on the decode thread once per step; one wake-up of the loop."""

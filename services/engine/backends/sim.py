@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import math
 import random
@@ -24,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from llmesh.errors import InvalidArgument, NotFound
+from llmesh.prompt_tokens import sim_token, sim_tokenize
 from llmesh.types import Prompt
 from llmesh.engine.backends.base import DecodeParams
 from llmesh.engine.kvblocks import BlockLedger
@@ -34,8 +34,7 @@ VOCAB_SIZE = 1 << 16
 _END = object()
 
 
-def _token(word: str) -> int:
-    return int.from_bytes(hashlib.blake2s(word.encode(), digest_size=2).digest(), "big")
+_token = sim_token
 
 
 @dataclass(frozen=True)
@@ -93,11 +92,7 @@ class SimBackend:
         self.prefix_hits = 0
 
     def tokenize(self, prompt: Prompt) -> list[int]:
-        if prompt.messages is not None:
-            text = " ".join(f"{m.role}: {m.content}" for m in prompt.messages)
-        else:
-            text = prompt.text or ""
-        return [_token(w) for w in text.split()]
+        return sim_tokenize(prompt)
 
     def kv_usage(self) -> float:
         bs = self.profile.block_size

@@ -1,0 +1,75 @@
+"""The plain inputs every filter and scorer sees."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from llmesh.kvhash import HashScheme
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    endpoint_id: str
+    address: str
+    models: frozenset[str]
+    running: int = 0
+    waiting: int = 0
+    max_running: int = 1
+    healthy: bool = True
+    degraded: str = ""  # why the scheduler took the node out of routing; empty: it is fine
+    kv_hash: HashScheme | None = None  # how the engine names its KV blocks; None: unknown
+
+
+@dataclass(slots=True)
+class PickInput:
+    """One request as the picker sees it. Its tokens, and their block hashes under each
+    engine's scheme, are computed on first use: a policy without a prefix scorer never
+    tokenizes the prompt."""
+    model: str
+    now: float
+    exclude: frozenset[str] = frozenset()
+    session: str | None = None
+    work_tokens: int = 0                       # estimated prefill + decode tokens of this request
+    tokens: Callable[[], Sequence[int]] = lambda: ()
+    _tokens: Sequence[int] | None = field(default=None, repr=False)
+    _hashes: dict[HashScheme, list[int]] = field(default_factory=dict, repr=False)
+
+    def prompt_tokens(self) -> Sequence[int]:
+        if self._tokens is None:
+            self._tokens = self.tokens()
+        return self._tokens
+
+    def block_hashes(self, scheme: HashScheme) -> list[int]:
+        if scheme not in self._hashes:
+            self._hashes[scheme] = scheme.block_hashes(self.prompt_tokens())
+        return self._hashes[scheme]
+
+
+@dataclass(slots=True)
+class LocalState:
+    """What this gateway knows that the scheduler's reports lag on: its own work in
+    flight per endpoint (requests and estimated tokens), the requests it started
+    (+1) and finished (-1) since the engine's last report changed, and endpoints it
+    saw refuse."""
+    inflight: dict[str, int] = field(default_factory=dict)
+    inflight_tokens: dict[str, int] = field(default_factory=dict)
+    since_report: dict[str, int] = field(default_factory=dict)
+    down_until: dict[str, float] = field(default_factory=dict)
+
+    def requests(self, e: Endpoint) -> int:
+        """Running + waiting there now: the last report (all gateways' work) corrected by
+        what we started and finished since, and never less than our own in flight."""
+        return max(e.running + e.waiting + self.since_report.get(e.endpoint_id, 0),
+                   self.inflight.get(e.endpoint_id, 0), 0)
+
+    def load(self, e: Endpoint) -> float:
+        """Requests per slot."""
+        return self.requests(e) / max(e.max_running, 1)
+
+
+def work_tokens(prompt, max_tokens: int | None, default_output: int = 256) -> int:
+    """A request's work before it is tokenized: ~1 token per 3 bytes of prompt, plus
+    the answer it may ask for."""
+    texts = [m.content for m in prompt.messages] if prompt.messages is not None else [prompt.text or ""]
+    return sum(len(t.encode()) for t in texts) // 3 + (max_tokens or default_output)
