@@ -83,16 +83,17 @@ class GatewayApp:
             limiter = FallbackLimiter(RedisLimiter(self.redis), limiter, errors=store_errors, retry_s=5.0,
                                       on_fallback=self.metrics.limits_fallback.inc)
         current = lambda: self.config.current  # noqa: E731
+        prompt_tokens = PromptTokens(settings.model_dir)  # one tokenizer per model for limits and picking
         self.audit = (AuditLog(settings.audit_file or mesh.state_dir / "audit.jsonl", fsync=settings.audit_fsync)
                       if settings.audit else None)
         stages = [*([AuditStage(self.audit)] if self.audit else []),
                   AuthenticateStage(self.authenticator), ValidateStage(), AuthorizeStage(current),
                   RouteStage(self.catalog, current),
-                  LimitStage(limiter, current, TokenCounter(settings.model_dir), settings.reserve_tokens,
+                  LimitStage(limiter, current, TokenCounter(prompt_tokens), settings.reserve_tokens,
                              lease_s=settings.request_timeout_s),
                   GuardStage(current)]
         self.pipeline = Pipeline(self.picker, self.engines, self.catalog, self.cache, observe=self.metrics.observe,
-                                 tracer=tracer, stages=stages, prompt_tokens=PromptTokens(settings.model_dir))
+                                 tracer=tracer, stages=stages, prompt_tokens=prompt_tokens)
         self._draining = False
         self.http = HttpFront(self.pipeline, self.models_for, lambda: not self._draining,
                               settings.request_timeout_s, settings.body_timeout_s)
