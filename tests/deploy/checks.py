@@ -432,6 +432,29 @@ def workload_problems(docs: list[dict], allowed_env: set[str]) -> list[str]:
     return problems
 
 
+def service_secret_problems(docs: list[dict]) -> list[str]:
+    """Each llmesh container reads LLMESH_SERVICE_SECRET_FILE from a mounted Secret volume
+    (without it the scheduler refuses every engine); a rendered Secret has that key."""
+    problems = []
+    secrets = {d["metadata"]["name"]: d for d in docs if d.get("kind") == "Secret"}
+    for name, pod in _pods(docs):
+        volumes = {v["name"]: v for v in pod["spec"].get("volumes", [])}
+        for c in pod["spec"]["containers"]:
+            where = f"Deployment/{name} container {c['name']}"
+            path = next((e.get("value") for e in c.get("env", []) if e["name"] == "LLMESH_SERVICE_SECRET_FILE"), None)
+            if not path:
+                problems.append(f"{where}: no LLMESH_SERVICE_SECRET_FILE")
+                continue
+            directory, _, key = path.rpartition("/")
+            mount = next((m for m in c.get("volumeMounts", []) if m["mountPath"] == directory), None)
+            secret = (volumes.get(mount["name"]) or {}).get("secret") if mount else None
+            if not secret:
+                problems.append(f"{where}: {path} is not in a mounted Secret volume")
+            elif secret["secretName"] in secrets and key not in (secrets[secret["secretName"]].get("data") or {}):
+                problems.append(f"{where}: Secret/{secret['secretName']} has no key {key}")
+    return problems
+
+
 def crd_problems(docs: list[dict]) -> list[str]:
     """KEDA and Prometheus Operator objects point at what the chart renders."""
     problems = []
@@ -473,7 +496,8 @@ def crd_problems(docs: list[dict]) -> list[str]:
 def chart_problems(chart: Path, values: list[Path], allowed_env: set[str]) -> list[str]:
     docs, problems = render(chart, values)
     if docs:
-        problems += kubernetes_problems(docs) + workload_problems(docs, allowed_env) + crd_problems(docs)
+        problems += (kubernetes_problems(docs) + workload_problems(docs, allowed_env) + crd_problems(docs)
+                     + service_secret_problems(docs))
         if not any(d.get("kind") == "Deployment" for d in docs):
             problems.append(f"{chart.name}: renders no Deployment")
     return problems

@@ -3,6 +3,7 @@ without Docker or a cluster; and proof that each check fails on a broken copy.""
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import shutil
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from llmesh.rpc import identity
 from tests.deploy import checks, values_schema
 
 CHARTS = (*checks.SERVICE_CHARTS, checks.UMBRELLA)
@@ -237,6 +239,8 @@ def test_external_consul_and_etcd_bind_services_to_the_pod_ip(helm_dir, allowed_
     ({"settings": {"n_ctx": "big"}}, "settings.n_ctx: Invalid type"),
     ({"settings": {"n_threads_typo": 2}}, "Additional property n_threads_typo is not allowed"),
     ({"mesh": {"discovery": "zookeeper"}}, "mesh.discovery"),
+    ({"mesh": {"service_secret_file": "/x"}}, "Additional property service_secret_file is not allowed"),
+    ({"serviceSecret": {"name": "Not_A_Name"}}, "serviceSecret.name"),
 ])
 def test_values_schema_rejects_a_wrong_value(values, message, helm_dir, tmp_path):
     path = tmp_path / "bad.yaml"
@@ -290,3 +294,90 @@ def test_chart_env_value_probe_and_grace_checks_fail_when_broken(scratch_charts,
     assert any("terminationGracePeriodSeconds 3 < preStop" in p for p in problems)
     assert any("livenessProbe is not a grpc.health.v1 probe" in p for p in problems)
     assert len(problems) == 4
+
+
+# --- the service secret --------------------------------------------------------------------
+
+def _values(tmp_path: Path, values: dict) -> list[Path]:
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    return [path]
+
+
+def _mounted_secrets(docs: list[dict]) -> dict[str, tuple[str, str]]:
+    """Deployment -> (the Secret its service secret file is in, that file's path)."""
+    out = {}
+    for deployment in (d for d in docs if d["kind"] == "Deployment"):
+        pod = deployment["spec"]["template"]["spec"]
+        container = pod["containers"][0]
+        path = next(e["value"] for e in container["env"] if e["name"] == "LLMESH_SERVICE_SECRET_FILE")
+        mount = next(m for m in container["volumeMounts"] if m["mountPath"] == path.rpartition("/")[0])
+        assert mount["readOnly"] is True
+        volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+        out[deployment["metadata"]["name"]] = (volume["secret"]["secretName"], path)
+    return out
+
+
+def _assert_generated_secret(secret: dict, name: str) -> None:
+    assert secret["metadata"]["name"] == name
+    assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    value = base64.b64decode(secret["data"]["secret"])
+    assert len(value) >= identity.MIN_SECRET_BYTES
+
+
+def test_umbrella_renders_one_service_secret_that_every_service_mounts(helm_dir):
+    docs, problems = checks.render(helm_dir / "llmesh", [], release="prod")
+    assert problems == [] and checks.service_secret_problems(docs) == []
+    secrets = [d for d in docs if d["kind"] == "Secret"]
+    assert len(secrets) == 1  # the umbrella's, not one per subchart
+    _assert_generated_secret(secrets[0], "llmesh-service-secret")
+    mounted = _mounted_secrets(docs)
+    assert set(mounted) == {f"prod-{s}" for s in checks.SERVICE_CHARTS}
+    assert set(mounted.values()) == {("llmesh-service-secret", "/etc/llmesh-secret/secret")}
+
+
+def test_umbrella_service_secret_name_and_an_existing_secret(helm_dir, tmp_path):
+    docs, problems = checks.render(helm_dir / "llmesh", _values(tmp_path, {"global": {"serviceSecret": {
+        "name": "prod-mesh-secret"}}}))
+    assert problems == []
+    secrets = [d for d in docs if d["kind"] == "Secret"]
+    assert len(secrets) == 1
+    _assert_generated_secret(secrets[0], "prod-mesh-secret")
+    assert {s for s, _ in _mounted_secrets(docs).values()} == {"prod-mesh-secret"}
+    docs, problems = checks.render(helm_dir / "llmesh", _values(tmp_path, {"global": {"serviceSecret": {
+        "name": "made-by-hand", "create": False}}}))
+    assert problems == []
+    assert [d for d in docs if d["kind"] == "Secret"] == []
+    assert {s for s, _ in _mounted_secrets(docs).values()} == {"made-by-hand"}
+
+
+def test_service_chart_renders_and_mounts_the_service_secret(helm_dir, tmp_path):
+    docs, problems = checks.render(helm_dir / "scheduler", [], release="llmesh-scheduler")
+    assert problems == [] and checks.service_secret_problems(docs) == []
+    secrets = [d for d in docs if d["kind"] == "Secret"]
+    assert len(secrets) == 1
+    _assert_generated_secret(secrets[0], "llmesh-service-secret")
+    assert _mounted_secrets(docs) == {"llmesh-scheduler": ("llmesh-service-secret", "/etc/llmesh-secret/secret")}
+    docs, problems = checks.render(helm_dir / "engine", _values(tmp_path, {"serviceSecret": {
+        "name": "shared", "create": False}}))
+    assert problems == []
+    assert [d for d in docs if d["kind"] == "Secret"] == []
+    assert _mounted_secrets(docs) == {"llmesh-engine": ("shared", "/etc/llmesh-secret/secret")}
+
+
+def test_service_secret_check_fails_without_the_mount_or_the_key(helm_dir):
+    docs, _ = checks.render(helm_dir / "llmesh", [], release="prod")
+    broken = copy.deepcopy(docs)
+    containers = {d["metadata"]["name"]: d["spec"]["template"]["spec"]["containers"][0]
+                  for d in broken if d["kind"] == "Deployment"}
+    gateway, engine = containers["prod-gateway"], containers["prod-engine"]
+    gateway["volumeMounts"] = [m for m in gateway["volumeMounts"] if m["name"] != "service-secret"]
+    engine["env"] = [e for e in engine["env"] if e["name"] != "LLMESH_SERVICE_SECRET_FILE"]
+    secret = next(d for d in broken if d["kind"] == "Secret")
+    secret["data"] = {"other": secret["data"]["secret"]}
+    problems = checks.service_secret_problems(broken)
+    assert "Deployment/prod-gateway container gateway: /etc/llmesh-secret/secret is not in a mounted Secret volume" \
+        in problems
+    assert "Deployment/prod-engine container engine: no LLMESH_SERVICE_SECRET_FILE" in problems
+    assert "Deployment/prod-scheduler container scheduler: Secret/llmesh-service-secret has no key secret" in problems
+    assert len(problems) == 5  # gateway, engine; scheduler, modelmgr and cache miss the key

@@ -29,7 +29,8 @@ UMBRELLA = "llmesh"
 # where a pod is reached is the pod's IP, never a value.
 COMMON_MANAGED = {"host", "port", "metrics_port", "grace_s", "advertise_address"}
 MANAGED = {"gateway": {"http_host", "http_port"}, "engine": {"endpoint_id"}}
-MESH_MANAGED = {"config_file", "state_dir"}  # the mounted ConfigMap and the pod's state volume
+# the mounted ConfigMap, the pod's state volume and the mounted service secret (serviceSecret)
+MESH_MANAGED = {"config_file", "state_dir", "service_secret_file"}
 
 _KEEP = {"type", "enum", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength",
          "maxLength", "description", "anyOf", "const"}
@@ -82,6 +83,14 @@ def _monitor() -> dict:
                  "labels": {"type": "object", "additionalProperties": {"type": "string"}}})
 
 
+def _service_secret() -> dict:
+    return _obj({"name": {"type": "string", "minLength": 1, "maxLength": 253,
+                          "pattern": "^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+                          "description": "the Secret (key `secret`) every service mounts"},
+                 "create": {"type": "boolean",
+                            "description": "render it with a random value unless it exists"}})
+
+
 def service_schema(service: str, cls: type[ServiceSettings]) -> dict:
     props = {
         "global": {"type": "object"},
@@ -102,6 +111,7 @@ def service_schema(service: str, cls: type[ServiceSettings]) -> dict:
         "mesh": settings_schema(MeshSettings, MESH_MANAGED),
         "liveConfig": {"type": "string"},
         "existingSecret": {"type": "string"},
+        "serviceSecret": _service_secret(),
         "tracing": _obj({"otlpEndpoint": {"type": "string"}}),
         "resources": _obj({"requests": {"type": "object"}, "limits": {"type": "object"}}),
         "podDisruptionBudget": _obj({"enabled": {"type": "boolean"},
@@ -130,7 +140,7 @@ def service_schema(service: str, cls: type[ServiceSettings]) -> dict:
             "query": {"type": "string"}})})
     return {"$schema": "http://json-schema.org/draft-07/schema#", "title": f"llmesh {service} chart values",
             "type": "object", "additionalProperties": False, "properties": props,
-            "required": ["image", "port", "metricsPort", "settings", "mesh"]}
+            "required": ["image", "port", "metricsPort", "settings", "mesh", "serviceSecret"]}
 
 
 def umbrella_schema(services: list[str]) -> dict:
@@ -140,8 +150,10 @@ def umbrella_schema(services: list[str]) -> dict:
         "liveConfig": {"type": "string"},
         "tracing": _obj({"otlpEndpoint": {"type": "string"}}),
         "existingSecret": {"type": "string"},
+        "serviceSecret": _service_secret(),
     })
-    props = {"global": glob}
+    props = {"global": glob,
+             "llmesh-common": {"type": "object", "description": "values of the library chart (none used)"}}
     props.update({name: {"type": "object", "properties": {"enabled": {"type": "boolean"}}} for name in services})
     return {"$schema": "http://json-schema.org/draft-07/schema#", "title": "llmesh umbrella chart values",
             "type": "object", "additionalProperties": False, "properties": props}

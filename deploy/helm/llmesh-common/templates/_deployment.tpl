@@ -113,6 +113,9 @@ spec:
               mountPath: /var/lib/llmesh/state
             - name: tmp
               mountPath: /tmp
+            - name: service-secret
+              mountPath: {{ include "llmesh.serviceSecretDir" . }}
+              readOnly: true
             {{- with .Values.extraVolumeMounts }}
             {{- toYaml . | nindent 12 }}
             {{- end }}
@@ -124,6 +127,10 @@ spec:
           emptyDir: {}
         - name: tmp
           emptyDir: {}
+        - name: service-secret
+          secret:
+            secretName: {{ include "llmesh.serviceSecretName" . }}
+            defaultMode: 0440
         {{- with .Values.extraVolumes }}
         {{- toYaml . | nindent 8 }}
         {{- end }}

@@ -60,6 +60,8 @@ registers there and what others dial. */}}
   value: /etc/llmesh/llmesh.yaml
 - name: LLMESH_STATE_DIR
   value: /var/lib/llmesh/state
+- name: LLMESH_SERVICE_SECRET_FILE
+  value: {{ printf "%s/secret" (include "llmesh.serviceSecretDir" .) | quote }}
 {{- $otlp := .Values.tracing.otlpEndpoint | default (((.Values.global).tracing).otlpEndpoint) }}
 {{- if $otlp }}
 - name: OTEL_EXPORTER_OTLP_ENDPOINT
