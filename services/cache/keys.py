@@ -11,7 +11,7 @@ from llmesh.types import Prompt, Sampling
 
 
 def cacheable(sampling: Sampling) -> bool:
-    return sampling.deterministic
+    return sampling.cacheable
 
 
 def exact_key(tenant: str, model: str, prompt: Prompt, sampling: Sampling) -> str:
@@ -24,5 +24,6 @@ def exact_key(tenant: str, model: str, prompt: Prompt, sampling: Sampling) -> st
         "p": prompt.text,
         "n": sampling.max_tokens,
         "s": list(sampling.stop),
+        "f": [sampling.response_format.type, sampling.response_format.schema] if sampling.response_format else None,
     }
     return hashlib.sha256(orjson.dumps(doc)).hexdigest()

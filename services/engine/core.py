@@ -12,7 +12,7 @@ from llmesh.errors import ContextLengthExceeded, InvalidArgument, ModelNotFound
 from llmesh.types import Delta, Finish, FinishReason, Priority, Prompt, Sampling, Usage
 from llmesh.validation import check_request
 from llmesh.engine.admission import Admission
-from llmesh.engine.backends.base import Backend, DecodeParams
+from llmesh.engine.backends.base import LOGPROBS, RESPONSE_FORMAT, Backend, DecodeParams, Token
 from llmesh.engine.metrics import EngineMetrics
 from llmesh.engine.stops import StopMatcher
 
@@ -89,6 +89,7 @@ class EngineCore:
         backend = self.backend  # one request, one backend, even if a model load swaps it meanwhile
         self._check_model(backend, model)
         check_request(model, prompt, sampling)
+        self._check_features(backend, sampling)
         tokens = backend.tokenize(prompt)
         if not tokens:
             raise InvalidArgument("The prompt is empty.", param="messages" if prompt.is_chat else "prompt")
@@ -119,9 +120,12 @@ class EngineCore:
         try:
             async for piece in pieces:
                 produced += 1
-                text = matcher.feed(piece)
-                if text or matcher.stopped:
-                    yield Delta(text=text, tokens=1)
+                if isinstance(piece, Token):
+                    text, logprobs = matcher.feed(piece.text), (piece.logprob,)
+                else:
+                    text, logprobs = matcher.feed(piece), ()
+                if text or logprobs or matcher.stopped:
+                    yield Delta(text=text, tokens=1, logprobs=logprobs)
                 if matcher.stopped:
                     break
         finally:
@@ -161,6 +165,16 @@ class EngineCore:
         if model not in backend.models:
             raise ModelNotFound(model)
 
+    @staticmethod
+    def _check_features(backend: Backend, sampling: Sampling) -> None:
+        """A request that needs what the backend cannot do is refused, never served without it."""
+        features = getattr(backend, "features", frozenset())
+        if sampling.logprobs is not None and LOGPROBS not in features:
+            raise InvalidArgument(f"The {backend.name} backend cannot report logprobs.", param="logprobs")
+        if sampling.response_format is not None and RESPONSE_FORMAT not in features:
+            raise InvalidArgument(f"The {backend.name} backend cannot enforce response_format.",
+                                  param="response_format")
+
     def _decode_params(self, backend: Backend, prompt_tokens: int, sampling: Sampling, adapter: str,
                        priority: Priority) -> DecodeParams:
         ctx = backend.context_length
@@ -173,4 +187,5 @@ class EngineCore:
         top_p = self.defaults.top_p if sampling.top_p is None else sampling.top_p
         return DecodeParams(max_new_tokens=sampling.max_tokens or room, temperature=temperature,
                             top_p=top_p, seed=sampling.seed, adapter=adapter if adapter != backend.model else None,
-                            priority=priority)
+                            priority=priority, logprobs=sampling.logprobs,
+                            response_format=sampling.response_format)

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from opentelemetry.trace import NoOpTracer, Span, SpanKind, Status, StatusCode, Tracer
 
-from llmesh.errors import DeadlineExceeded, LlmeshError, ModelNotFound, Overloaded, Unavailable
+from llmesh.errors import DeadlineExceeded, InvalidArgument, LlmeshError, ModelNotFound, Overloaded, Unavailable
 from llmesh.liveconfig.schema import MeshConfig, ModelPolicy
 from llmesh.telemetry import bind_trace_id, extract
 from llmesh.types import Delta, Finish, Priority, Prompt, Sampling
@@ -167,7 +167,11 @@ class Pipeline:
                 entered.append(stage)
                 await stage.admit(ctx)
             req = ctx.req
-            cacheable = self._cache is not None and req.sampling.deterministic
+            if ctx.filters and req.sampling.logprobs is not None:
+                # Token logprobs carry the raw text an output filter would rewrite.
+                raise InvalidArgument("logprobs cannot be reported where answers are masked (a guard policy).",
+                                      param="logprobs")
+            cacheable = self._cache is not None and req.sampling.cacheable
             if cacheable:
                 hit = await self._cache.lookup(req, span)
                 record["cache"] = "hit" if hit else "miss"

@@ -6,7 +6,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from contextlib import aclosing
 
-from llmesh.convert import finish_to_pb, messages_from_pb, sampling_from_pb, usage_to_pb
+from llmesh.convert import finish_to_pb, logprobs_to_pb, messages_from_pb, sampling_from_pb, usage_to_pb
 from llmesh.logs import request_id_var
 from llmesh.rpc.interceptor import REQUEST_ID_KEY
 from llmesh.types import Delta, Prompt
@@ -47,9 +47,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         async with aclosing(self._pipeline.run(req, ctx)) as items:
             async for item in items:
                 if isinstance(item, Delta):
-                    if not item.text:
+                    if not item.text and not item.logprobs:
                         continue
-                    msg = gateway_pb2.ChatResponse(id=chat_id, text=item.text)
+                    msg = gateway_pb2.ChatResponse(id=chat_id, text=item.text, logprobs=logprobs_to_pb(item.logprobs))
                 else:
                     msg = gateway_pb2.ChatResponse(id=chat_id, finish_reason=finish_to_pb(item.reason),
                                                    usage=usage_to_pb(item.usage))

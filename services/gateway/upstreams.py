@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from llmesh.convert import (finish_from_pb, finish_to_pb, priority_to_pb, prompt_fields, sampling_to_pb,
+from llmesh.convert import (finish_from_pb, finish_to_pb, logprobs_from_pb, priority_to_pb, prompt_fields, sampling_to_pb,
                             usage_from_pb, usage_to_pb)
 from opentelemetry.trace import NoOpTracer, Span, SpanKind, Status, StatusCode, Tracer
 
@@ -56,7 +56,7 @@ class EngineClients:
                 if resp.finish_reason:
                     yield Finish(reason=finish_from_pb(resp.finish_reason), usage=usage_from_pb(resp.usage))
                 else:
-                    yield Delta(text=resp.text, tokens=resp.token_count)
+                    yield Delta(text=resp.text, tokens=resp.token_count, logprobs=logprobs_from_pb(resp.logprobs))
         except grpc.aio.AioRpcError as exc:
             span.set_status(Status(StatusCode.ERROR, exc.code().name))
             raise from_rpc_error(exc) from None

@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from llmesh.errors import InvalidArgument, NotFound
-from llmesh.types import Prompt
-from llmesh.engine.backends.base import DecodeParams
+from llmesh.types import Prompt, TokenLogprob
+from llmesh.engine.backends.base import LOGPROBS, DecodeParams, Token
 from llmesh.engine.kvblocks import BlockLedger
 
 _WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel",
@@ -75,6 +75,7 @@ class _Seq:
 class SimBackend:
     name = "sim"
     vocab_size = VOCAB_SIZE
+    features = frozenset({LOGPROBS})  # words are drawn uniformly: each has probability 1/16
 
     def __init__(self, model: str, context_length: int, profile: SimProfile = SimProfile()):
         if not model.startswith("sim"):
@@ -180,7 +181,12 @@ class SimBackend:
                 self._leave(seq)
                 continue
             word = _WORDS[seq.rng.randrange(len(_WORDS))]
-            seq.out.put_nowait(word if seq.produced == 0 else " " + word)
+            text = word if seq.produced == 0 else " " + word
+            if seq.params.logprobs is not None:
+                lp = -math.log(len(_WORDS))
+                top = tuple((w if seq.produced == 0 else " " + w, lp) for w in _WORDS[:seq.params.logprobs])
+                text = Token(text, TokenLogprob(text, lp, top))
+            seq.out.put_nowait(text)
             seq.produced += 1
             seq.tokens.append(_token(word))  # the answer joins the sequence's KV, as in an engine
             self.kv_blocks.grow(seq, seq.tokens)
