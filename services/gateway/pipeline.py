@@ -23,12 +23,13 @@ from typing import Any, Protocol
 
 from opentelemetry.trace import NoOpTracer, Span, SpanKind, Status, StatusCode, Tracer
 
-from llmesh.errors import DeadlineExceeded, InvalidArgument, LlmeshError, ModelNotFound, Overloaded, Unavailable
+from llmesh.errors import DeadlineExceeded, LlmeshError, ModelNotFound, Overloaded, Unavailable
 from llmesh.liveconfig.schema import MeshConfig, ModelPolicy
 from llmesh.telemetry import bind_trace_id, extract
 from llmesh.types import Delta, Finish, Priority, Prompt, Sampling
 from llmesh.validation import check_request
 from llmesh.gateway.endpoints import EndpointPicker
+from llmesh.gateway.logprob_gate import LogprobGate
 from llmesh.gateway.policy import apply_policy, route
 
 log = logging.getLogger("llmesh.gateway.access")
@@ -167,10 +168,6 @@ class Pipeline:
                 entered.append(stage)
                 await stage.admit(ctx)
             req = ctx.req
-            if ctx.filters and req.sampling.logprobs is not None:
-                # Token logprobs carry the raw text an output filter would rewrite.
-                raise InvalidArgument("logprobs cannot be reported where answers are masked (a guard policy).",
-                                      param="logprobs")
             cacheable = self._cache is not None and req.sampling.cacheable
             if cacheable:
                 hit = await self._cache.lookup(req, span)
@@ -185,6 +182,7 @@ class Pipeline:
             parts: list[str] = []
             record["policy"] = ctx.policy.routing
             filters = ctx.filters
+            gate = LogprobGate() if filters and req.sampling.logprobs is not None else None
             async with aclosing(self._generate(req, started + req.timeout_s, ctx.policy, record, span)) as items:
                 async for item in items:
                     if record["ttft_ms"] is None:
@@ -193,15 +191,18 @@ class Pipeline:
                         if cacheable:
                             parts.append(item.text)
                         if filters:
-                            item = Delta(text=_filtered(filters, item.text), tokens=item.tokens)
+                            text = _filtered(filters, item.text)
+                            item = Delta(text=text, tokens=item.tokens,
+                                         logprobs=gate.feed(item.text, item.logprobs, text) if gate else ())
                     else:
                         self._count(record, item)
                         if cacheable:
                             self._spawn(self._cache.store(req, "".join(parts), item, span))
                         if filters:
                             tail = _filtered(filters, "", last=True)
-                            if tail:
-                                yield Delta(text=tail, tokens=0)
+                            rest = gate.feed("", (), tail, last=True) if gate else ()
+                            if tail or rest:
+                                yield Delta(text=tail, tokens=0, logprobs=rest)
                     yield item
         except LlmeshError as exc:
             record["status"] = exc.code.value

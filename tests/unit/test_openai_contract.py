@@ -167,3 +167,32 @@ async def test_merge_raises_the_first_failure_and_stops_the_others():
         async for _ in merge([slow(), _answer(["a"], 0.01, fail=True)]):
             pass
     assert closed.is_set()
+
+
+def _through_masker(pieces):
+    from llmesh.gateway.guards.pii import PiiMasker, Placeholders
+    from llmesh.gateway.guards.pii_stream import StreamMasker
+    from llmesh.gateway.logprob_gate import LogprobGate
+    masker, gate, sent, out = StreamMasker(PiiMasker(), Placeholders()), LogprobGate(), [], []
+    for piece in pieces:
+        text = masker.feed(piece)
+        sent.append(text)
+        out.extend(gate.feed(piece, (TokenLogprob(piece, -0.5, ((piece, -0.5),)),), text))
+    tail = masker.flush()
+    sent.append(tail)
+    out.extend(gate.feed("", (), tail, last=True))
+    return "".join(sent), out
+
+
+def test_logprobs_behind_a_clean_masked_answer_pass_unchanged():
+    text, entries = _through_masker(["The", " sky", " is", " blue", "."])
+    assert text == "The sky is blue."
+    assert "".join(e.token for e in entries) == text and len(entries) == 5
+
+
+def test_logprobs_never_leak_what_the_masker_hid():
+    text, entries = _through_masker(["Mail", " me", " at", " bob", "@", "example", ".com", " now"])
+    assert "bob@example.com" not in text
+    assert len(entries) == 8 and all(e.logprob == -0.5 for e in entries)
+    assert not any("bob" in e.token or "example" in e.token or any("example" in a for a, _ in e.top)
+                   for e in entries)
