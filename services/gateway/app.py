@@ -20,6 +20,7 @@ from llmesh.gateway.config import GatewaySettings
 from llmesh.gateway.endpoints import EndpointPicker
 from llmesh.gateway.http import HttpFront
 from llmesh.gateway.metrics import GatewayMetrics
+from llmesh.gateway.resilience import Breakers, RetryBudgetGate
 from llmesh.gateway.audit_stage import AuditStage
 from llmesh.gateway.auth import AuthenticateStage, Authenticator, JwtSettings, JwtVerifier
 from llmesh.gateway.grants import AuthorizeStage, access
@@ -89,8 +90,11 @@ class GatewayApp:
                   LimitStage(limiter, current, TokenCounter(settings.model_dir), settings.reserve_tokens,
                              lease_s=settings.request_timeout_s),
                   GuardStage(current)]
+        breakers = Breakers(lambda: self.config.current.circuit_breaker,
+                            on_state=lambda endpoint, state: self.metrics.breaker.labels(endpoint).set(int(state)))
         self.pipeline = Pipeline(self.picker, self.engines, self.catalog, self.cache, observe=self.metrics.observe,
-                                 tracer=tracer, stages=stages)
+                                 tracer=tracer, stages=stages, breakers=breakers,
+                                 budget=RetryBudgetGate(lambda: self.config.current.retry_budget))
         self._draining = False
         self.http = HttpFront(self.pipeline, self.models_for, lambda: not self._draining,
                               settings.request_timeout_s)

@@ -23,7 +23,8 @@ from typing import Any, Protocol
 
 from opentelemetry.trace import NoOpTracer, Span, SpanKind, Status, StatusCode, Tracer
 
-from llmesh.errors import DeadlineExceeded, LlmeshError, ModelNotFound, Overloaded, Unavailable
+from llmesh.errors import (DeadlineExceeded, Internal, InvalidArgument, LlmeshError, ModelNotFound, Overloaded,
+                           Unavailable)
 from llmesh.liveconfig.schema import MeshConfig, ModelPolicy
 from llmesh.telemetry import bind_trace_id, extract
 from llmesh.types import Delta, Finish, Priority, Prompt, Sampling
@@ -31,8 +32,12 @@ from llmesh.validation import check_request
 from llmesh.gateway.endpoints import EndpointPicker
 from llmesh.gateway.logprob_gate import LogprobGate
 from llmesh.gateway.policy import apply_policy, route
+from llmesh.gateway.resilience import Breakers, RetryBudgetGate
 
 log = logging.getLogger("llmesh.gateway.access")
+
+FALLBACK_HEADER = "x-llmesh-fallback"  # the model that answered, when it was a fallback
+ENDPOINT_FAILURES = (Unavailable, Internal, DeadlineExceeded)  # what counts against a breaker
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +143,9 @@ class Pipeline:
                  observe: Callable[[dict], None] = lambda record: None,
                  tracer: Tracer | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 stages: Sequence[Stage] | None = None):
+                 stages: Sequence[Stage] | None = None,
+                 breakers: Breakers | None = None,
+                 budget: RetryBudgetGate | None = None):
         self._picker = picker
         self._engines = engines
         self._cache = cache
@@ -147,6 +154,8 @@ class Pipeline:
         self._tracer = tracer or NoOpTracer()
         self._clock = clock
         self._background: set[asyncio.Task] = set()
+        self._breakers = breakers
+        self._budget = budget
 
     async def run(self, req: CompletionRequest, ctx: Context | None = None) -> AsyncIterator[Delta | Finish]:
         """Yields text deltas then one Finish; raises a LlmeshError on failure.
@@ -183,7 +192,7 @@ class Pipeline:
             record["policy"] = ctx.policy.routing
             filters = ctx.filters
             gate = LogprobGate() if filters and req.sampling.logprobs is not None else None
-            async with aclosing(self._generate(req, started + req.timeout_s, ctx.policy, record, span)) as items:
+            async with aclosing(self._generate(req, started + req.timeout_s, ctx.policy, ctx)) as items:
                 async for item in items:
                     if record["ttft_ms"] is None:
                         record["ttft_ms"] = round((self._clock() - started) * 1000, 3)
@@ -230,41 +239,75 @@ class Pipeline:
             except Exception:  # noqa: BLE001 - one stage's bookkeeping never stops the others'
                 log.exception("stage finish failed", extra={"stage": type(stage).__name__})
 
-    async def _generate(self, req: CompletionRequest, deadline: float, policy: ModelPolicy, record: dict,
-                        span: Span) -> AsyncIterator[Delta | Finish]:
-        tried: set[str] = set()
+    async def _generate(self, req: CompletionRequest, deadline: float, policy: ModelPolicy, ctx: Context
+                        ) -> AsyncIterator[Delta | Finish]:
+        """The model's endpoints, then each fallback model's, until one answers. Every
+        attempt after the first is a retry, paid from the retry budget; breakers keep
+        requests off endpoints that fail or stall."""
+        record, span = ctx.record, ctx.span
+        if self._budget is not None:
+            self._budget.deposit()
         last_error: LlmeshError | None = None
-        for _ in range(policy.max_attempts):
-            endpoint = self._picker.pick(req.model, self._clock(), frozenset(tried), policy.routing)
-            if endpoint is None:
-                break
-            if tried:
-                record["retries"] += 1
-            tried.add(endpoint.endpoint_id)
-            remaining = deadline - self._clock()
-            if remaining <= 0:
-                raise DeadlineExceeded()
-            record["endpoint"] = endpoint.endpoint_id
-            self._picker.acquire(endpoint.endpoint_id)
-            streamed = False
-            try:
-                async with aclosing(self._engines.generate(endpoint.address, req, remaining, span)) as items:
-                    async for item in items:
-                        streamed = True
-                        yield item
-                return
-            except (Unavailable, Overloaded) as exc:
-                if streamed:
-                    raise
-                if isinstance(exc, Unavailable):
-                    self._picker.mark_down(endpoint.endpoint_id, self._clock())
-                last_error = exc
-            finally:
-                self._picker.release(endpoint.endpoint_id)
+        attempts = 0
+        for model in (req.model, *policy.fallbacks):
+            target = req if model == req.model else replace(req, model=model)
+            tried: set[str] = set()
+            for _ in range(policy.max_attempts):
+                now = self._clock()
+                refusing = self._breakers.refusing(now) if self._breakers is not None else frozenset()
+                endpoint = self._picker.pick(model, now, frozenset(tried) | refusing, policy.routing)
+                if endpoint is None:
+                    break
+                if attempts:
+                    if self._budget is not None and not self._budget.spend():
+                        record["retry_budget"] = "exhausted"
+                        raise last_error or Unavailable("The retry budget is spent.", reason="retry_budget")
+                    record["retries"] += 1
+                attempts += 1
+                tried.add(endpoint.endpoint_id)
+                remaining = deadline - now
+                if remaining <= 0:
+                    raise DeadlineExceeded()
+                record["endpoint"] = endpoint.endpoint_id
+                if model != req.model:
+                    record["model"] = model
+                    record["fallback"] = model
+                    ctx.headers[FALLBACK_HEADER] = model
+                if self._breakers is not None:
+                    self._breakers.attempt(endpoint.endpoint_id, now)
+                self._picker.acquire(endpoint.endpoint_id)
+                streamed = False
+                try:
+                    async with aclosing(self._engines.generate(endpoint.address, target, remaining, span)) as items:
+                        async for item in items:
+                            if not streamed:
+                                streamed = True
+                                self._outcome(endpoint.endpoint_id, True, self._clock() - now)
+                            yield item
+                    return
+                except LlmeshError as exc:
+                    if isinstance(exc, ENDPOINT_FAILURES):
+                        self._outcome(endpoint.endpoint_id, False, None)
+                    if streamed:
+                        raise
+                    if isinstance(exc, InvalidArgument) and exc.reason == "context_length_exceeded":
+                        last_error = exc
+                        break  # the next model in the chain may have a larger context
+                    if not isinstance(exc, (Unavailable, Overloaded)):
+                        raise
+                    if isinstance(exc, Unavailable):
+                        self._picker.mark_down(endpoint.endpoint_id, self._clock())
+                    last_error = exc
+                finally:
+                    self._picker.release(endpoint.endpoint_id)
         if last_error is not None:
             raise last_error
         raise Unavailable(f"No healthy endpoint serves the model '{req.model}' right now.",
                           reason="no_healthy_endpoint")
+
+    def _outcome(self, endpoint: str, ok: bool, ttft_s: float | None) -> None:
+        if self._breakers is not None:
+            self._breakers.record(endpoint, ok, ttft_s, self._clock())
 
     @staticmethod
     def _count(record: dict, finish: Finish) -> None:

@@ -22,6 +22,8 @@ class GenerationDefaults(_Strict):
 class ModelPolicy(_Strict):
     routing: Literal["least_loaded", "random"] = "least_loaded"
     max_attempts: int = Field(default=2, ge=1, le=10, description="engines tried before the first token")
+    fallbacks: list[str] = Field(default=[], description="models tried in order when this one cannot answer "
+                                 "before the first token (no healthy endpoint, failures, prompt too long)")
     generation: GenerationDefaults = GenerationDefaults()
     system_prompt: str | None = Field(default=None, description="prepended when the request has none")
 
@@ -34,7 +36,6 @@ class SplitTarget(_Strict):
 class TrafficSplit(_Strict):
     """An alias clients call, spread over real models by weight (A/B, canary)."""
     targets: list[SplitTarget] = Field(min_length=1)
-    shadow: str | None = Field(default=None, description="also send a copy here; its answer is dropped")
 
 
 class RateLimit(_Strict):
@@ -86,8 +87,26 @@ class CacheConfig(_Strict):
 
 
 class CircuitBreaker(_Strict):
+    """Per endpoint: opens on ``failure_threshold`` failures in a row, or when the last
+    ``window_s`` seconds hold ``min_requests`` or more attempts and more than
+    ``error_rate`` of them failed or their p99 time to first token exceeds
+    ``latency_p99_s``. After ``reset_after_s`` one probe is let through (half-open):
+    its success closes the breaker, its failure opens it again."""
+    enabled: bool = True
     failure_threshold: int = Field(default=5, ge=1)
     reset_after_s: float = Field(default=10, gt=0)
+    window_s: float = Field(default=30, gt=0)
+    min_requests: int = Field(default=10, ge=1)
+    error_rate: float = Field(default=0.2, gt=0, le=1)
+    latency_p99_s: float = Field(default=5.0, gt=0)
+
+
+class RetryBudget(_Strict):
+    """Retries before the first token (on another endpoint or a fallback model) are
+    paid from a budget that each request adds ``ratio`` to, holding at most ``burst``:
+    a failing fleet sees at most ratio x requests + burst extra attempts."""
+    ratio: float = Field(default=0.2, ge=0, le=1)
+    burst: float = Field(default=10, ge=0)
 
 
 class MeshConfig(_Strict):
@@ -100,6 +119,7 @@ class MeshConfig(_Strict):
     prices: dict[str, Price] = Field(default={}, description="per model, for budgets and usage")
     cache: CacheConfig = CacheConfig()
     circuit_breaker: CircuitBreaker = CircuitBreaker()
+    retry_budget: RetryBudget = RetryBudget()
 
     @model_validator(mode="after")
     def _aliases_are_not_models(self) -> MeshConfig:
