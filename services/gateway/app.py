@@ -20,6 +20,7 @@ from llmesh.gateway.config import GatewaySettings
 from llmesh.gateway.endpoints import EndpointPicker
 from llmesh.gateway.http import HttpFront
 from llmesh.gateway.metrics import GatewayMetrics
+from llmesh.gateway.providers import ProviderClients
 from llmesh.gateway.resilience import Breakers, RetryBudgetGate
 from llmesh.gateway.audit_stage import AuditStage
 from llmesh.gateway.auth import AuthenticateStage, Authenticator, JwtSettings, JwtVerifier
@@ -51,6 +52,7 @@ class GatewayApp:
         self.picker = EndpointPicker()
         tracer = platform.tracing.tracer
         self.engines = EngineClients(tracer)
+        self.providers = ProviderClients()
         self.cache = (CacheClient(platform.resolver("cache", settings.cache_address), tracer=tracer)
                       if settings.cache_address else None)
         self.catalog = ModelCatalog(platform.resolver("modelmgr", settings.modelmgr_address)
@@ -94,7 +96,8 @@ class GatewayApp:
                             on_state=lambda endpoint, state: self.metrics.breaker.labels(endpoint).set(int(state)))
         self.pipeline = Pipeline(self.picker, self.engines, self.catalog, self.cache, observe=self.metrics.observe,
                                  tracer=tracer, stages=stages, breakers=breakers,
-                                 budget=RetryBudgetGate(lambda: self.config.current.retry_budget))
+                                 budget=RetryBudgetGate(lambda: self.config.current.retry_budget),
+                                 providers=self.providers, config=current)
         self._draining = False
         self.http = HttpFront(self.pipeline, self.models_for, lambda: not self._draining,
                               settings.request_timeout_s)
@@ -147,6 +150,7 @@ class GatewayApp:
         await asyncio.gather(*self._tasks[:-1], return_exceptions=True)
         await self.pipeline.drain()
         await self.engines.close()
+        await self.providers.close()
         if self.cache:
             await self.cache.close()
         if self.redis is not None:

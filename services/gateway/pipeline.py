@@ -25,7 +25,7 @@ from opentelemetry.trace import NoOpTracer, Span, SpanKind, Status, StatusCode, 
 
 from llmesh.errors import (DeadlineExceeded, Internal, InvalidArgument, LlmeshError, ModelNotFound, Overloaded,
                            Unavailable)
-from llmesh.liveconfig.schema import MeshConfig, ModelPolicy
+from llmesh.liveconfig.schema import MeshConfig, ModelPolicy, Provider
 from llmesh.telemetry import bind_trace_id, extract
 from llmesh.types import Delta, Finish, Priority, Prompt, Sampling
 from llmesh.validation import check_request
@@ -35,6 +35,15 @@ from llmesh.gateway.policy import apply_policy, route
 from llmesh.gateway.resilience import Breakers, RetryBudgetGate
 
 log = logging.getLogger("llmesh.gateway.access")
+
+@dataclass(slots=True)
+class _Attempts:
+    """One request's upstream attempts so far."""
+    count: int = 0
+    last_error: LlmeshError | None = None
+    done: bool = False
+    next_model: bool = False
+
 
 FALLBACK_HEADER = "x-llmesh-fallback"  # the model that answered, when it was a fallback
 ENDPOINT_FAILURES = (Unavailable, Internal, DeadlineExceeded)  # what counts against a breaker
@@ -110,8 +119,9 @@ class RouteStage:
 
     async def admit(self, ctx: Context) -> None:
         req = ctx.req
-        target, policy = route(req.model, self._config(), req.user or req.request_id)
-        if not self._catalog.known(target):
+        config = self._config()
+        target, policy = route(req.model, config, req.user or req.request_id)
+        if not self._catalog.known(target) and config.provider_for(target) is None:
             raise ModelNotFound(req.model)
         prompt, sampling = apply_policy(req.prompt, req.sampling, policy)
         ctx.req = replace(req, model=target, prompt=prompt, sampling=sampling)
@@ -124,6 +134,12 @@ class RouteStage:
 
 class EngineClient(Protocol):
     def generate(self, address: str, req: CompletionRequest, timeout_s: float, parent: Span
+                 ) -> AsyncIterator[Delta | Finish]: ...
+
+
+class ProviderPort(Protocol):
+    """External OpenAI-compatible APIs (the live config's ``providers``)."""
+    def generate(self, provider: Provider, remote_model: str, req: CompletionRequest, timeout_s: float
                  ) -> AsyncIterator[Delta | Finish]: ...
 
 
@@ -145,7 +161,8 @@ class Pipeline:
                  clock: Callable[[], float] = time.monotonic,
                  stages: Sequence[Stage] | None = None,
                  breakers: Breakers | None = None,
-                 budget: RetryBudgetGate | None = None):
+                 budget: RetryBudgetGate | None = None,
+                 providers: ProviderPort | None = None):
         self._picker = picker
         self._engines = engines
         self._cache = cache
@@ -156,6 +173,8 @@ class Pipeline:
         self._background: set[asyncio.Task] = set()
         self._breakers = breakers
         self._budget = budget
+        self._providers = providers
+        self._config = config
 
     async def run(self, req: CompletionRequest, ctx: Context | None = None) -> AsyncIterator[Delta | Finish]:
         """Yields text deltas then one Finish; raises a LlmeshError on failure.
@@ -241,69 +260,93 @@ class Pipeline:
 
     async def _generate(self, req: CompletionRequest, deadline: float, policy: ModelPolicy, ctx: Context
                         ) -> AsyncIterator[Delta | Finish]:
-        """The model's endpoints, then each fallback model's, until one answers. Every
-        attempt after the first is a retry, paid from the retry budget; breakers keep
-        requests off endpoints that fail or stall."""
-        record, span = ctx.record, ctx.span
+        """The model's endpoints (or its provider), then each fallback model's, until one
+        answers. Every attempt after the first is a retry, paid from the retry budget;
+        breakers keep requests off endpoints and providers that fail or stall."""
+        record = ctx.record
         if self._budget is not None:
             self._budget.deposit()
-        last_error: LlmeshError | None = None
-        attempts = 0
+        state = _Attempts()
+        config = self._config()
         for model in (req.model, *policy.fallbacks):
             target = req if model == req.model else replace(req, model=model)
+            provider = config.provider_for(model) if self._providers is not None else None
             tried: set[str] = set()
-            for _ in range(policy.max_attempts):
+            for _ in range(1 if provider is not None else policy.max_attempts):
                 now = self._clock()
                 refusing = self._breakers.refusing(now) if self._breakers is not None else frozenset()
-                endpoint = self._picker.pick(model, now, frozenset(tried) | refusing, policy.routing)
-                if endpoint is None:
-                    break
-                if attempts:
+                if provider is not None:
+                    key = f"provider:{provider[0]}"
+                    if key in refusing:
+                        break
+                    call = lambda t, remaining, p=provider[1], m=model: self._providers.generate(  # noqa: E731
+                        p, p.models[m], t, remaining)
+                else:
+                    endpoint = self._picker.pick(model, now, frozenset(tried) | refusing, policy.routing)
+                    if endpoint is None:
+                        break
+                    key = endpoint.endpoint_id
+                    call = lambda t, remaining, a=endpoint.address: self._engines.generate(  # noqa: E731
+                        a, t, remaining, ctx.span)
+                if state.count:
                     if self._budget is not None and not self._budget.spend():
                         record["retry_budget"] = "exhausted"
-                        raise last_error or Unavailable("The retry budget is spent.", reason="retry_budget")
+                        raise state.last_error or Unavailable("The retry budget is spent.", reason="retry_budget")
                     record["retries"] += 1
-                attempts += 1
-                tried.add(endpoint.endpoint_id)
+                state.count += 1
+                tried.add(key)
                 remaining = deadline - now
                 if remaining <= 0:
                     raise DeadlineExceeded()
-                record["endpoint"] = endpoint.endpoint_id
+                record["endpoint"] = key
                 if model != req.model:
                     record["model"] = model
                     record["fallback"] = model
                     ctx.headers[FALLBACK_HEADER] = model
-                if self._breakers is not None:
-                    self._breakers.attempt(endpoint.endpoint_id, now)
-                self._picker.acquire(endpoint.endpoint_id)
-                streamed = False
-                try:
-                    async with aclosing(self._engines.generate(endpoint.address, target, remaining, span)) as items:
-                        async for item in items:
-                            if not streamed:
-                                streamed = True
-                                self._outcome(endpoint.endpoint_id, True, self._clock() - now)
-                            yield item
+                async with aclosing(self._attempt(key, call(target, remaining), now, state)) as items:
+                    async for item in items:
+                        yield item
+                if state.done:
                     return
-                except LlmeshError as exc:
-                    if isinstance(exc, ENDPOINT_FAILURES):
-                        self._outcome(endpoint.endpoint_id, False, None)
-                    if streamed:
-                        raise
-                    if isinstance(exc, InvalidArgument) and exc.reason == "context_length_exceeded":
-                        last_error = exc
-                        break  # the next model in the chain may have a larger context
-                    if not isinstance(exc, (Unavailable, Overloaded)):
-                        raise
-                    if isinstance(exc, Unavailable):
-                        self._picker.mark_down(endpoint.endpoint_id, self._clock())
-                    last_error = exc
-                finally:
-                    self._picker.release(endpoint.endpoint_id)
-        if last_error is not None:
-            raise last_error
+                if state.next_model:
+                    break
+        if state.last_error is not None:
+            raise state.last_error
         raise Unavailable(f"No healthy endpoint serves the model '{req.model}' right now.",
                           reason="no_healthy_endpoint")
+
+    async def _attempt(self, key: str, items: AsyncIterator[Delta | Finish], started: float, state: _Attempts
+                       ) -> AsyncIterator[Delta | Finish]:
+        """One upstream call. Sets ``state.done`` when it answered; a failure before the
+        first token is kept in ``state`` for the caller to try elsewhere, others raise."""
+        if self._breakers is not None:
+            self._breakers.attempt(key, started)
+        self._picker.acquire(key)
+        streamed = False
+        state.next_model = False
+        try:
+            async with aclosing(items):
+                async for item in items:
+                    if not streamed:
+                        streamed = True
+                        self._outcome(key, True, self._clock() - started)
+                    yield item
+            state.done = True
+        except LlmeshError as exc:
+            if isinstance(exc, ENDPOINT_FAILURES):
+                self._outcome(key, False, None)
+            if streamed:
+                raise
+            if isinstance(exc, InvalidArgument) and exc.reason == "context_length_exceeded":
+                state.last_error, state.next_model = exc, True  # a larger context may come next
+                return
+            if not isinstance(exc, (Unavailable, Overloaded)):
+                raise
+            if isinstance(exc, Unavailable):
+                self._picker.mark_down(key, self._clock())
+            state.last_error = exc
+        finally:
+            self._picker.release(key)
 
     def _outcome(self, endpoint: str, ok: bool, ttft_s: float | None) -> None:
         if self._breakers is not None:

@@ -109,6 +109,15 @@ class RetryBudget(_Strict):
     burst: float = Field(default=10, ge=0)
 
 
+class Provider(_Strict):
+    """An external OpenAI-compatible HTTP API. Its key is never in the config: it is read
+    at call time from ``api_key_env`` or ``api_key_file`` (neither: no key sent)."""
+    base_url: str = Field(description="up to /v1, e.g. https://api.openai.com/v1")
+    api_key_env: str | None = None
+    api_key_file: str | None = None
+    models: dict[str, str] = Field(description="our model name -> the provider's model name")
+
+
 class MeshConfig(_Strict):
     default: ModelPolicy = ModelPolicy()
     models: dict[str, ModelPolicy] = {}
@@ -120,6 +129,8 @@ class MeshConfig(_Strict):
     cache: CacheConfig = CacheConfig()
     circuit_breaker: CircuitBreaker = CircuitBreaker()
     retry_budget: RetryBudget = RetryBudget()
+    providers: dict[str, Provider] = Field(default={}, description="external OpenAI-compatible upstreams; "
+                                           "a model they map is answered by them (directly or as a fallback)")
 
     @model_validator(mode="after")
     def _aliases_are_not_models(self) -> MeshConfig:
@@ -136,6 +147,12 @@ class MeshConfig(_Strict):
 
     def rate_limit(self, tenant: str) -> RateLimit | None:
         return self.rate_limits.get(tenant) or self.rate_limits.get("*")
+
+    def provider_for(self, model: str) -> tuple[str, Provider] | None:
+        for name, p in self.providers.items():
+            if model in p.models:
+                return name, p
+        return None
 
     def policy(self, model: str) -> ModelPolicy:
         return self.models.get(model, self.default)
