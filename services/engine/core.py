@@ -6,13 +6,13 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from llmesh.errors import ContextLengthExceeded, InvalidArgument, ModelNotFound
 from llmesh.types import Delta, Finish, FinishReason, Priority, Prompt, Sampling, Usage
 from llmesh.validation import check_request
 from llmesh.engine.admission import Admission
-from llmesh.engine.backends.base import LOGPROBS, RESPONSE_FORMAT, Backend, DecodeParams, Token
+from llmesh.engine.backends.base import CONTINUATION, LOGPROBS, RESPONSE_FORMAT, Backend, DecodeParams, Token
 from llmesh.engine.metrics import EngineMetrics
 from llmesh.engine.stops import StopMatcher
 
@@ -83,7 +83,7 @@ class EngineCore:
         return len(backend.tokenize(prompt))
 
     async def generate(self, model: str, prompt: Prompt, sampling: Sampling,
-                       priority: Priority = Priority.NORMAL) -> AsyncIterator[Delta | Finish]:
+                       priority: Priority = Priority.NORMAL, continuation: str = "") -> AsyncIterator[Delta | Finish]:
         """Yields Delta items, then exactly one Finish. Raises before the first
         item for a bad request, a full queue, or when shed for a higher priority."""
         backend = self.backend  # one request, one backend, even if a model load swaps it meanwhile
@@ -93,7 +93,12 @@ class EngineCore:
         tokens = backend.tokenize(prompt)
         if not tokens:
             raise InvalidArgument("The prompt is empty.", param="messages" if prompt.is_chat else "prompt")
-        params = self._decode_params(backend, len(tokens), sampling, model, priority)
+        if continuation:
+            if CONTINUATION not in getattr(backend, "features", frozenset()):
+                raise InvalidArgument(f"The {backend.name} backend cannot continue an answer.", param="continuation")
+            tokens = tokens + backend.tokenize_continuation(continuation)
+        params = replace(self._decode_params(backend, len(tokens), sampling, model, priority),
+                         continues=bool(continuation))
         arrived = time.monotonic()
         key = id(backend)
         self._active[key] = self._active.get(key, 0) + 1

@@ -21,7 +21,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
 
     async def Generate(self, request, context):
         items = self._core.generate(request.model, prompt_from_pb(request), sampling_from_pb(request.sampling),
-                                    priority_from_pb(request.priority))
+                                    priority_from_pb(request.priority), request.continuation)
         async with aclosing(items):
             async for item in items:
                 if isinstance(item, Delta):

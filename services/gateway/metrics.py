@@ -28,6 +28,8 @@ class GatewayMetrics:
                                ("model",), registry=registry)
         self.fallbacks = Counter("llmesh_fallbacks", "Requests served by a fallback model (the model label).",
                                  ("model",), registry=registry)
+        self.failovers = Counter("llmesh_stream_failovers", "Answers continued on another engine after the "
+                                 "one streaming them failed.", ("model",), registry=registry)
         self.retry_budget_exhausted = Counter("llmesh_retry_budget_exhausted",
                                               "Requests that failed because the retry budget was spent.",
                                               registry=registry)
@@ -51,6 +53,8 @@ class GatewayMetrics:
             self.rate_limited.labels(tenant).inc()
         if r.get("retries"):
             self.retries.labels(model).inc(r["retries"])
+        if r.get("failovers"):
+            self.failovers.labels(model).inc(r["failovers"])
         if r.get("retry_budget") == "exhausted":
             self.retry_budget_exhausted.inc()
         if r.get("fallback") and r["status"] == "ok":

@@ -27,7 +27,7 @@ from llmesh.errors import (DeadlineExceeded, Internal, InvalidArgument, LlmeshEr
                            Unavailable)
 from llmesh.liveconfig.schema import MeshConfig, ModelPolicy, Provider
 from llmesh.telemetry import bind_trace_id, extract
-from llmesh.types import Delta, Finish, Priority, Prompt, Sampling
+from llmesh.types import Delta, Finish, FinishReason, Priority, Prompt, Sampling, Usage
 from llmesh.validation import check_request
 from llmesh.gateway.endpoints import EndpointPicker
 from llmesh.gateway.logprob_gate import LogprobGate
@@ -43,9 +43,14 @@ class _Attempts:
     last_error: LlmeshError | None = None
     done: bool = False
     next_model: bool = False
+    can_continue: bool = False  # this upstream can pick up an answer another one started
+    mid_stream: LlmeshError | None = None  # the upstream died after tokens were sent
+    carried_tokens: int = 0  # tokens sent so far
+    carried_before_leg: int = 0  # tokens sent before the last failover
 
 
 FALLBACK_HEADER = "x-llmesh-fallback"  # the model that answered, when it was a fallback
+FAILOVER_HEADER = "x-llmesh-failover"  # how many times the answer moved to another engine mid-stream
 ENDPOINT_FAILURES = (Unavailable, Internal, DeadlineExceeded)  # what counts against a breaker
 
 
@@ -73,6 +78,7 @@ class CompletionRequest:
     credential: str | None = None  # the bearer token or API key the client sent
     caller: Caller = Caller()
     priority: Priority = Priority.NORMAL
+    continuation: str = ""  # answer text already sent, when a stream fails over to another engine
 
 
 class OutputFilter(Protocol):
@@ -268,7 +274,10 @@ class Pipeline:
             self._budget.deposit()
         state = _Attempts()
         config = self._config()
+        emitted: list[str] = []
         for model in (req.model, *policy.fallbacks):
+            if state.mid_stream is not None:
+                raise state.mid_stream  # an answer under way is finished by its own model only
             target = req if model == req.model else replace(req, model=model)
             provider = config.provider_for(model) if self._providers is not None else None
             tried: set[str] = set()
@@ -303,13 +312,35 @@ class Pipeline:
                     record["model"] = model
                     record["fallback"] = model
                     ctx.headers[FALLBACK_HEADER] = model
+                state.can_continue = provider is None
                 async with aclosing(self._attempt(key, call(target, remaining), now, state)) as items:
                     async for item in items:
+                        if isinstance(item, Delta):
+                            emitted.append(item.text)
+                            state.carried_tokens += item.tokens
+                        elif record.get("failovers"):  # usage over the whole answer, not the last leg
+                            before = state.carried_before_leg
+                            item = Finish(item.reason, Usage(max(0, item.usage.prompt_tokens - before),
+                                                             item.usage.completion_tokens + before))
                         yield item
                 if state.done:
                     return
+                if state.mid_stream is not None:
+                    # Continue on another engine from the prompt plus what the client already has.
+                    record["failovers"] = record.get("failovers", 0) + 1
+                    ctx.headers[FAILOVER_HEADER] = str(record["failovers"])
+                    state.carried_before_leg = state.carried_tokens
+                    left = None if req.sampling.max_tokens is None else req.sampling.max_tokens - state.carried_tokens
+                    if left is not None and left <= 0:  # it died between its last token and its finish
+                        yield Finish(FinishReason.LENGTH, Usage(0, state.carried_tokens))
+                        return
+                    target = replace(target, continuation="".join(emitted),
+                                     sampling=replace(target.sampling, max_tokens=left))
+                    continue
                 if state.next_model:
                     break
+        if state.mid_stream is not None:
+            raise state.mid_stream
         if state.last_error is not None:
             raise state.last_error
         raise Unavailable(f"No healthy endpoint serves the model '{req.model}' right now.",
@@ -324,6 +355,7 @@ class Pipeline:
         self._picker.acquire(key)
         streamed = False
         state.next_model = False
+        state.mid_stream = None
         try:
             async with aclosing(items):
                 async for item in items:
@@ -336,6 +368,11 @@ class Pipeline:
             if isinstance(exc, ENDPOINT_FAILURES):
                 self._outcome(key, False, None)
             if streamed:
+                if state.can_continue and isinstance(exc, (Unavailable, Internal)):
+                    if isinstance(exc, Unavailable):
+                        self._picker.mark_down(key, self._clock())
+                    state.mid_stream = state.last_error = exc
+                    return
                 raise
             if isinstance(exc, InvalidArgument) and exc.reason == "context_length_exceeded":
                 state.last_error, state.next_model = exc, True  # a larger context may come next

@@ -13,7 +13,7 @@ from llmesh.types import Delta, Prompt
 from llmesh.v1 import gateway_pb2, gateway_pb2_grpc
 from opentelemetry.trace import INVALID_SPAN
 
-from llmesh.gateway.pipeline import CompletionRequest, Context, Pipeline
+from llmesh.gateway.pipeline import FAILOVER_HEADER, CompletionRequest, Context, Pipeline
 
 
 def credential(context) -> str | None:
@@ -58,6 +58,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                     if ctx.headers:  # rate-limit facts, as the HTTP front's headers
                         await context.send_initial_metadata(tuple(ctx.headers.items()))
                 yield msg
+        if FAILOVER_HEADER in ctx.headers:  # the answer moved engines mid-stream: say so in the trailer
+            context.set_trailing_metadata(((REQUEST_ID_KEY, rid), (FAILOVER_HEADER, ctx.headers[FAILOVER_HEADER])))
 
     async def ListModels(self, request, context):
         return gateway_pb2.GatewayListModelsResponse(models=await self._model_names(credential(context)))

@@ -46,7 +46,8 @@ class EngineClients:
                        ) -> AsyncIterator[Delta | Finish]:
         request = engine_pb2.GenerateRequest(
             request_id=req.request_id, model=req.model, sampling=sampling_to_pb(req.sampling),
-            priority=priority_to_pb(req.priority), **prompt_fields(req.prompt, engine_pb2.ChatInput))
+            priority=priority_to_pb(req.priority), continuation=req.continuation,
+            **prompt_fields(req.prompt, engine_pb2.ChatInput))
         span = self._tracer.start_span("llmesh.v1.Engine/Generate", context=child_context(parent),
                                        kind=SpanKind.CLIENT, attributes={"server.address": address})
         call = self._stub(address).Generate(request, timeout=timeout_s,

@@ -27,12 +27,14 @@ class DecodeParams:
     priority: Priority = Priority.NORMAL  # a backend that queues internally serves higher classes first
     logprobs: int | None = None  # set: report log probabilities with this many alternatives
     response_format: ResponseFormat | None = None  # set: constrain decoding to this shape
+    continues: bool = False  # the prompt ends with answer text produced elsewhere
 
 
 # What a backend may support beyond plain sampling; it names them in ``features``
 # and the core refuses requests that need a missing one.
 LOGPROBS = "logprobs"
 RESPONSE_FORMAT = "response_format"
+CONTINUATION = "continuation"  # the backend has ``tokenize_continuation(text) -> list[int]``
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +51,7 @@ class Backend(Protocol):
     vocab_size: int      # valid token ids are 0 .. vocab_size - 1
     models: tuple[str, ...]  # what requests may name: the model, then any LoRA adapters
     kv_blocks: KvEventSource  # KV block events for the scheduler
-    features: frozenset[str]  # LOGPROBS, RESPONSE_FORMAT; a backend without the attribute has none
+    features: frozenset[str]  # LOGPROBS, RESPONSE_FORMAT, CONTINUATION; a backend without the attribute has none
 
     def tokenize(self, prompt: Prompt) -> list[int]:
         """Token ids of the prompt as the model will see it (chat template applied)."""

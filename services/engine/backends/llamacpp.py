@@ -13,7 +13,7 @@ from pathlib import Path
 from llmesh.errors import Internal, InvalidArgument, ModelNotFound, NotFound
 from llmesh.modelstore import ModelStore, quiet_native_stderr
 from llmesh.types import Prompt, ResponseFormat
-from llmesh.engine.backends.base import LOGPROBS, RESPONSE_FORMAT, DecodeParams
+from llmesh.engine.backends.base import CONTINUATION, LOGPROBS, RESPONSE_FORMAT, DecodeParams
 from llmesh.engine.backends.llamacpp_batch import BatchRunner, Sequence
 from llmesh.engine.kvblocks import BlockLedger
 
@@ -41,7 +41,7 @@ _JSON_CHAR = r'char ::= [^"\\\x7F\x00-\x1F] |'
 
 class LlamaCppBackend:
     name = "llamacpp"
-    features = frozenset({LOGPROBS, RESPONSE_FORMAT})
+    features = frozenset({LOGPROBS, RESPONSE_FORMAT, CONTINUATION})
 
     def __init__(self, model_path: Path, model: str, *, n_ctx: int, n_threads: int, n_batch: int, n_slots: int,
                  unified_kv: bool = False):
@@ -101,6 +101,10 @@ class LlamaCppBackend:
                                              for m in prompt.messages]).prompt
             return self._vocab.tokenize(text.encode("utf-8"), add_bos=False, special=True)
         return self._vocab.tokenize((prompt.text or "").encode("utf-8"), add_bos=True, special=False)
+
+    def tokenize_continuation(self, text: str) -> list[int]:
+        """Tokens of answer text already produced elsewhere (no BOS, no special tokens)."""
+        return self._vocab.tokenize(text.encode("utf-8"), add_bos=False, special=False)
 
     def _deliver(self, results) -> None:
         """Called on the decode thread once per step; one wake-up of the loop."""

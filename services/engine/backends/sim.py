@@ -25,7 +25,7 @@ from pathlib import Path
 
 from llmesh.errors import InvalidArgument, NotFound
 from llmesh.types import Prompt, TokenLogprob
-from llmesh.engine.backends.base import LOGPROBS, DecodeParams, Token
+from llmesh.engine.backends.base import CONTINUATION, LOGPROBS, DecodeParams, Token
 from llmesh.engine.kvblocks import BlockLedger
 
 _WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel",
@@ -75,7 +75,7 @@ class _Seq:
 class SimBackend:
     name = "sim"
     vocab_size = VOCAB_SIZE
-    features = frozenset({LOGPROBS})  # words are drawn uniformly: each has probability 1/16
+    features = frozenset({LOGPROBS, CONTINUATION})  # words are drawn uniformly: each has probability 1/16
 
     def __init__(self, model: str, context_length: int, profile: SimProfile = SimProfile()):
         if not model.startswith("sim"):
@@ -98,6 +98,9 @@ class SimBackend:
             text = " ".join(f"{m.role}: {m.content}" for m in prompt.messages)
         else:
             text = prompt.text or ""
+        return [_token(w) for w in text.split()]
+
+    def tokenize_continuation(self, text: str) -> list[int]:
         return [_token(w) for w in text.split()]
 
     def kv_usage(self) -> float:
@@ -181,10 +184,10 @@ class SimBackend:
                 self._leave(seq)
                 continue
             word = _WORDS[seq.rng.randrange(len(_WORDS))]
-            text = word if seq.produced == 0 else " " + word
+            text = word if seq.produced == 0 and not seq.params.continues else " " + word
             if seq.params.logprobs is not None:
                 lp = -math.log(len(_WORDS))
-                top = tuple((w if seq.produced == 0 else " " + w, lp) for w in _WORDS[:seq.params.logprobs])
+                top = tuple((w if text == word else " " + w, lp) for w in _WORDS[:seq.params.logprobs])
                 text = Token(text, TokenLogprob(text, lp, top))
             seq.out.put_nowait(text)
             seq.produced += 1
