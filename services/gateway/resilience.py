@@ -25,7 +25,9 @@ class BreakerState(enum.IntEnum):
 @dataclass
 class _Breaker:
     state: BreakerState = BreakerState.CLOSED
-    outcomes: deque = field(default_factory=deque)  # (time, ok, ttft_s or None)
+    outcomes: deque = field(default_factory=deque)  # (time, failed, slow) over the window
+    failures: int = 0  # in the window
+    slow: int = 0  # in the window: first token later than latency_p99_s
     streak: int = 0  # failures in a row
     opened_at: float = 0.0
     probing: bool = False
@@ -66,7 +68,7 @@ class Breakers:
         state = self.state(endpoint, now)
         if state is BreakerState.HALF_OPEN:
             b.probing = False
-            b.outcomes.clear()
+            _clear(b)
             b.streak = 0 if ok else 1
             if ok:
                 self._move(endpoint, b, BreakerState.CLOSED)
@@ -75,33 +77,38 @@ class Breakers:
             return
         if state is BreakerState.OPEN:
             return  # an answer that started before the breaker opened
-        b.outcomes.append((now, ok, ttft_s))
+        failed, slow = not ok, ok and ttft_s is not None and ttft_s > cfg.latency_p99_s
+        b.outcomes.append((now, failed, slow))
+        b.failures += failed
+        b.slow += slow
         while b.outcomes and b.outcomes[0][0] < now - cfg.window_s:
-            b.outcomes.popleft()
+            _, old_failed, old_slow = b.outcomes.popleft()
+            b.failures -= old_failed
+            b.slow -= old_slow
         b.streak = 0 if ok else b.streak + 1
         if cfg.enabled and (b.streak >= cfg.failure_threshold or self._unwell(b, cfg)):
             self._open(endpoint, b, now)
 
     @staticmethod
     def _unwell(b: _Breaker, cfg: CircuitBreaker) -> bool:
+        """O(1): the p99 is over the limit exactly when more than 1 % of the window is."""
         n = len(b.outcomes)
-        if n < cfg.min_requests:
-            return False
-        failures = sum(1 for _, ok, _ in b.outcomes if not ok)
-        if failures / n > cfg.error_rate:
-            return True
-        ttfts = sorted(t for _, ok, t in b.outcomes if ok and t is not None)
-        return bool(ttfts) and ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))] > cfg.latency_p99_s
+        return n >= cfg.min_requests and (b.failures / n > cfg.error_rate or b.slow / n > 0.01)
 
     def _open(self, endpoint: str, b: _Breaker, now: float) -> None:
         b.opened_at = now
-        b.outcomes.clear()
+        _clear(b)
         self._move(endpoint, b, BreakerState.OPEN)
 
     def _move(self, endpoint: str, b: _Breaker, state: BreakerState) -> None:
         if b.state is not state:
             b.state = state
             self._on_state(endpoint, state)
+
+
+def _clear(b: _Breaker) -> None:
+    b.outcomes.clear()
+    b.failures = b.slow = 0
 
 
 class RetryBudgetGate:
