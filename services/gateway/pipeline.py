@@ -51,7 +51,7 @@ class _Attempts:
 
 FALLBACK_HEADER = "x-llmesh-fallback"  # the model that answered, when it was a fallback
 FAILOVER_HEADER = "x-llmesh-failover"  # how many times the answer moved to another engine mid-stream
-ENDPOINT_FAILURES = (Unavailable, Internal, DeadlineExceeded)  # what counts against a breaker
+ENDPOINT_FAILURES = (Unavailable, Internal)  # what counts against a breaker as a failure
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,7 +275,9 @@ class Pipeline:
         state = _Attempts()
         config = self._config()
         emitted: list[str] = []
-        for model in (req.model, *policy.fallbacks):
+        chain = (req.model, *policy.fallbacks)
+        for model in chain:
+            last_model = model == chain[-1]
             if state.mid_stream is not None:
                 raise state.mid_stream  # an answer under way is finished by its own model only
             target = req if model == req.model else replace(req, model=model)
@@ -292,6 +294,12 @@ class Pipeline:
                         p, p.models[m], t, remaining)
                 else:
                     endpoint = self._picker.pick(model, now, frozenset(tried) | refusing, policy.routing)
+                    if endpoint is None and refusing and last_model:
+                        # Breakers move traffic elsewhere; with nowhere else to go they do not
+                        # refuse the last option (Envoy's panic mode).
+                        endpoint = self._picker.pick(model, now, frozenset(tried), policy.routing)
+                        if endpoint is not None:
+                            record["breaker_panic"] = True
                     if endpoint is None:
                         break
                     key = endpoint.endpoint_id
@@ -365,7 +373,10 @@ class Pipeline:
                     yield item
             state.done = True
         except LlmeshError as exc:
-            if isinstance(exc, ENDPOINT_FAILURES):
+            if isinstance(exc, DeadlineExceeded):
+                # The client's deadline, not necessarily the endpoint's fault: it counts as that slow.
+                self._outcome(key, True, self._clock() - started)
+            elif isinstance(exc, ENDPOINT_FAILURES):
                 self._outcome(key, False, None)
             if streamed:
                 if state.can_continue and isinstance(exc, (Unavailable, Internal)):

@@ -3,6 +3,8 @@ real sim engines served in-process over gRPC (a dead engine is a closed port).""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from llmesh.errors import Unavailable
@@ -52,33 +54,45 @@ def dead(endpoint_id: str, model: str, port: int | None = None) -> Endpoint:
 
 
 async def test_breaker_trips_on_a_failing_engine_and_recovers_half_open(engines):
+    live = await engines("b", "sim-b")
     picker = EndpointPicker(down_for_s=0)  # only the breaker keeps traffic away
-    picker.replace_all([dead("a", "sim-b")])
-    moves = []
+    picker.replace_all([dead("a", "sim-b"), live])
+    picker.acquire("b")  # b looks busier, so a is everyone's first choice
+    moves, records = [], []
     clock = [0.0]
     cfg = CircuitBreaker(failure_threshold=3, reset_after_s=5)
-    breakers = Breakers(lambda: cfg, on_state=lambda e, s: moves.append(s))
+    breakers = Breakers(lambda: cfg, on_state=lambda e, s: moves.append((e, s)))
     clients = EngineClients()
-    config = MeshConfig(default=ModelPolicy(max_attempts=1))
-    pipeline = Pipeline(picker, clients, Catalog(), config=lambda: config, breakers=breakers,
-                        clock=lambda: clock[0])
+    pipeline = Pipeline(picker, clients, Catalog(), config=MeshConfig, breakers=breakers,
+                        clock=lambda: clock[0], observe=records.append)
     try:
         for _ in range(3):
-            with pytest.raises(Unavailable) as info:
-                await collect(pipeline, request("sim-b"))
-            assert info.value.reason != "no_healthy_endpoint"  # the engine was tried
-        assert moves == [BreakerState.OPEN]
-        with pytest.raises(Unavailable) as info:  # open: not even tried
-            await collect(pipeline, request("sim-b"))
-        assert info.value.reason == "no_healthy_endpoint"
-        # The engine comes back (restarted elsewhere, as a pod gets a new address), same endpoint id.
-        picker.replace_all([await engines("a", "sim-b")])
+            text, _ = await collect(pipeline, request("sim-b"))
+            assert text and records[-1]["retries"] == 1 and records[-1]["endpoint"] == "b"  # a tried first
+        assert moves == [("a", BreakerState.OPEN)]
+        text, _ = await collect(pipeline, request("sim-b"))  # open: a is not even tried
+        assert text and records[-1]["retries"] == 0 and records[-1]["endpoint"] == "b"
+        # a comes back (restarted elsewhere, as a pod gets a new address), same endpoint id.
+        picker.replace_all([await engines("a", "sim-b"), live])
         clock[0] = 5.0
-        text, finish = await collect(pipeline, request("sim-b"))  # the half-open probe
-        assert text and finish.usage.completion_tokens == 3
-        assert moves == [BreakerState.OPEN, BreakerState.HALF_OPEN, BreakerState.CLOSED]
-        text, _ = await collect(pipeline, request("sim-b"))
-        assert text
+        text, _ = await collect(pipeline, request("sim-b"))  # the half-open probe goes to a
+        assert text and records[-1]["endpoint"] == "a" and records[-1]["retries"] == 0
+        assert moves == [("a", BreakerState.OPEN), ("a", BreakerState.HALF_OPEN), ("a", BreakerState.CLOSED)]
+    finally:
+        await clients.close()
+
+
+async def test_an_open_breaker_does_not_refuse_the_last_option():
+    picker = EndpointPicker(down_for_s=0)
+    picker.replace_all([dead("only", "sim-p")])
+    breakers = Breakers(lambda: CircuitBreaker(failure_threshold=1))
+    breakers.record("only", False, None, time.monotonic())
+    records, clients = [], EngineClients()
+    pipeline = Pipeline(picker, clients, Catalog(), config=MeshConfig, breakers=breakers, observe=records.append)
+    try:
+        with pytest.raises(Unavailable) as info:
+            await collect(pipeline, request("sim-p"))
+        assert info.value.reason != "no_healthy_endpoint" and records[-1]["breaker_panic"] is True
     finally:
         await clients.close()
 
