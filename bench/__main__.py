@@ -3,6 +3,6 @@
 import subprocess
 import sys
 
-for module in ("bench.gateway", "bench.governance", "bench.llamacpp", "bench.engine", "bench.guards"):
+for module in ("bench.gateway", "bench.governance", "bench.llamacpp", "bench.engine", "bench.guards", "bench.cache"):
     print(f"# {module}", file=sys.stderr, flush=True)
     subprocess.run([sys.executable, "-m", module, *sys.argv[1:]], check=True)

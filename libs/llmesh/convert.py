@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from llmesh.errors import InvalidArgument
+from llmesh.kvhash import HashScheme
 from llmesh.types import FinishReason, Message, Priority, Prompt, ResponseFormat, Sampling, TokenLogprob, Usage
 from llmesh.v1 import common_pb2, scheduler_pb2
 
@@ -32,6 +33,23 @@ def kv_event_to_pb(kind: str, hashes: tuple[int, ...], parent: int = 0) -> sched
 def kv_event_from_pb(pb: scheduler_pb2.KvEvent) -> tuple[str, tuple[int, ...]]:
     """(kind, hashes); an unknown kind comes back as "" and is ignored by the index."""
     return _KV_KIND_FROM_PB.get(pb.kind, ""), tuple(pb.block_hashes)
+
+
+def kv_hash_to_pb(scheme: HashScheme | None) -> scheduler_pb2.KvHashScheme | None:
+    if scheme is None:
+        return None
+    return scheduler_pb2.KvHashScheme(kind=scheme.kind, block_size=scheme.block_size, algo=scheme.algo,
+                                      seed=scheme.seed, hash_block_size=scheme.hash_block_size)
+
+
+def kv_hash_from_pb(pb: scheduler_pb2.KvHashScheme) -> HashScheme | None:
+    """None for an unset or unusable scheme: that engine's blocks then match no request."""
+    if not pb.kind:
+        return None
+    try:
+        return HashScheme(pb.kind, pb.block_size, pb.algo, pb.seed, pb.hash_block_size)
+    except ValueError:
+        return None
 
 
 def sampling_to_pb(s: Sampling) -> common_pb2.SamplingParams:

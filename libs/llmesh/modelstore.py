@@ -44,18 +44,23 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
 
 
 @contextlib.contextmanager
-def quiet_native_stderr() -> Iterator[None]:
-    """llama.cpp prints loader chatter straight to fd 2; our logs there are JSON only."""
-    sys.stderr.flush()
-    saved = os.dup(2)
+def quiet_native_fd(fd: int) -> Iterator[None]:
+    """llama.cpp prints straight to fd 1 or 2 (loader chatter, a line per quantized
+    tensor); our output there is JSON only."""
+    (sys.stdout if fd == 1 else sys.stderr).flush()
+    saved = os.dup(fd)
     devnull = os.open(os.devnull, os.O_WRONLY)
     try:
-        os.dup2(devnull, 2)
+        os.dup2(devnull, fd)
         yield
     finally:
-        os.dup2(saved, 2)
+        os.dup2(saved, fd)
         os.close(saved)
         os.close(devnull)
+
+
+def quiet_native_stderr() -> contextlib.AbstractContextManager[None]:
+    return quiet_native_fd(2)
 
 
 def gguf_context_length(path: Path) -> int:

@@ -31,7 +31,9 @@ def free_layout(n_engines: int = 4) -> Layout:
     """A base port whose service and engine ports are all free, and a free HTTP port."""
     rng = random.Random()
     for _ in range(200):
-        base = rng.randrange(20000, 40000)
+        # Below the kernel's ephemeral range (32768+ here): a port there can be taken by any
+        # outgoing connection between our check and the service's bind.
+        base = rng.randrange(10000, 32000)
         ports = ([base + i for i in range(4)] + [base + 20 + i for i in range(4)] + [base + 9]
                  + [base + off + i for off in (100, 200) for i in range(n_engines)])
         if all(_port_free(p) for p in ports):
@@ -184,14 +186,14 @@ def port_open(port: int) -> bool:
 
 
 def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+    """n distinct free ports below the ephemeral range (see free_layout)."""
+    rng = random.Random()
+    ports: list[int] = []
+    while len(ports) < n:
+        port = rng.randrange(10000, 32700)
+        if port not in ports and _port_free(port):
+            ports.append(port)
+    return ports
 
 
 @dataclass

@@ -47,12 +47,8 @@ class Sampling:
 
     @property
     def deterministic(self) -> bool:
-        return self.temperature == 0.0
-
-    @property
-    def cacheable(self) -> bool:
-        """A cached answer can stand in: greedy, and nothing asked beyond the text."""
-        return self.deterministic and self.logprobs is None
+        """Greedy (temperature 0), or sampling with a fixed seed: the same request gets the same answer."""
+        return self.temperature == 0.0 or self.seed is not None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,12 @@
-from llmesh.service import run
-from llmesh.cache.app import CacheApp
-from llmesh.cache.config import CacheSettings
+import os
+
+# One BLAS thread: the embedder's products are small, and on a shared machine
+# OpenBLAS's thread pool made one embedding 5x slower (measured under load).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+from llmesh.service import run  # noqa: E402
+from llmesh.cache.app import CacheApp  # noqa: E402
+from llmesh.cache.config import CacheSettings  # noqa: E402
 
 
 def main() -> None:

@@ -1,25 +1,62 @@
-"""Cache composition root."""
+"""Cache composition root: store (in-process or Redis) behind a fail-open guard,
+the semantic index (MiniLM + per-scope nearest neighbours), live config, gRPC."""
 
 from __future__ import annotations
 
-from llmesh.platform import Platform
+import asyncio
+import logging
+
+from llmesh.platform import Platform, standalone_platform
 from llmesh.rpc.server import GrpcServer, ServiceBinding
 from llmesh.v1 import cache_pb2_grpc
-from prometheus_client import CollectorRegistry
 
 from llmesh.cache.config import CacheSettings
+from llmesh.cache.failopen import FailOpen
+from llmesh.cache.memory import MemoryStore
 from llmesh.cache.metrics import CacheMetrics
-from llmesh.cache.memory import LruTtlStore
+from llmesh.cache.responses import ResponseCache
+from llmesh.cache.semantic import SemanticIndex
 from llmesh.cache.servicer import CacheServicer
+from llmesh.cache.store import Store
+
+log = logging.getLogger("llmesh.cache")
+
+
+def build_store(settings: CacheSettings) -> Store:
+    if settings.backend == "redis":
+        from llmesh.cache.redis_store import RedisStore
+        return RedisStore(settings.redis_url, settings.max_entries_per_tenant, settings.store_budget_s,
+                          settings.namespace)
+    return MemoryStore(settings.max_entries_per_tenant)
+
+
+def build_semantic(settings: CacheSettings, metrics: CacheMetrics) -> SemanticIndex | None:
+    if not (settings.embed_model_dir / "model.safetensors").is_file():
+        log.warning("no embedding model; semantic mode falls back to exact matches",
+                    extra={"model_dir": str(settings.embed_model_dir)})
+        return None
+    from llmesh.cache.embed import MiniLM
+    return SemanticIndex(MiniLM(settings.embed_model_dir), hnsw_min=settings.hnsw_min,
+                         on_refusal=lambda guard: metrics.guard_refusals.labels(guard).inc())
 
 
 class CacheApp:
     def __init__(self, settings: CacheSettings, platform: Platform | None = None):
-        self.store: LruTtlStore[bytes] = LruTtlStore(settings.max_entries, settings.ttl_s)
+        platform = platform or standalone_platform("cache")
+        live = platform.config
+        self.metrics = CacheMetrics(platform.metrics)
+        self.store = build_store(settings)
+        self.guarded = FailOpen(self.store, settings.store_budget_s, settings.store_pause_s,
+                                on_error=lambda op: self.metrics.store_errors.labels(op).inc())
+        self.semantic = build_semantic(settings, self.metrics)
+        self.cache = ResponseCache(self.guarded, self.semantic, lambda: live.current.cache,
+                                   on_lookup=lambda outcome: self.metrics.lookups.labels(outcome).inc())
         self.server = GrpcServer(settings.address, [ServiceBinding(
-            "llmesh.v1.Cache", CacheServicer(self.store, CacheMetrics(platform.metrics if platform else CollectorRegistry())),
+            "llmesh.v1.Cache",
+            CacheServicer(self.cache, self.metrics, self.store.backend, lambda: self.guarded.available),
             cache_pb2_grpc.add_CacheServicer_to_server)],
-            tracer=platform.tracing.tracer if platform else None)
+            tracer=platform.tracing.tracer)
+        self._tasks: list[asyncio.Task] = []
 
     @property
     def advertise_address(self) -> str:
@@ -31,6 +68,41 @@ class CacheApp:
 
     async def start(self) -> None:
         await self.server.start()
+        self._tasks = [asyncio.create_task(self._follow(), name="semantic-follow"),
+                       asyncio.create_task(self._sweep(), name="semantic-sweep")]
+
+    def _rebuilt(self, n: int) -> None:
+        self.metrics.indexed.set(self.cache.semantic_indexed)
+        log.info("semantic index rebuilt", extra={"entries": n, "backend": self.store.backend})
+
+    async def _follow(self) -> None:
+        """Index what the store holds and what any replica stores from now on; if the
+        store goes away, listen and rebuild again when it is back (lookups meanwhile
+        bypass it, and entries stored elsewhere in between are not missed)."""
+        backoff = 0.5
+        while True:
+            try:
+                await self.cache.follow(self._rebuilt)
+                return
+            except Exception as exc:  # noqa: BLE001 - the store is away; try again
+                log.warning("cannot follow the store's semantic entries; retrying",
+                            extra={"error": type(exc).__name__, "retry_in_s": backoff})
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 10.0)
+
+    async def _sweep(self, every_s: float = 30.0) -> None:
+        while True:
+            await asyncio.sleep(every_s)
+            if self.semantic is not None:
+                self.semantic.sweep()
+                self.metrics.indexed.set(self.cache.semantic_indexed)
 
     async def stop(self, grace: float) -> None:
         await self.server.stop(grace)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.cache.drain()
+        await self.store.close()
+
+

@@ -1,29 +1,78 @@
-"""Exact-match cache keys. Only deterministic requests (temperature 0) are cacheable:
-the same key must always mean the same answer."""
+"""Cache keys. An exact key is a digest of everything that changes an answer; a
+semantic scope is the same digest without the last user turn, so a semantic match
+never crosses a tenant, a model (version), a system prompt, earlier turns or the
+sampling parameters."""
 
 from __future__ import annotations
 
 import hashlib
+import re
+import unicodedata
+from dataclasses import dataclass
 
 import orjson
 
-from llmesh.types import Prompt, Sampling
+from llmesh.types import Message, Prompt, Sampling
+
+_SPACES = re.compile(r"\s+")
 
 
-def cacheable(sampling: Sampling) -> bool:
-    return sampling.cacheable
+def normalise(text: str) -> str:
+    """NFC, surrounding whitespace stripped, inner runs of whitespace as one space:
+    what a client's formatting changes without changing the question."""
+    return _SPACES.sub(" ", unicodedata.normalize("NFC", text)).strip()
 
 
-def exact_key(tenant: str, model: str, prompt: Prompt, sampling: Sampling) -> str:
-    """A digest of everything that shapes a greedy answer. The seed is left out: at
-    temperature 0 it changes nothing. The tenant is in: tenants never share entries."""
-    doc = {
-        "t": tenant,
-        "m": model,
-        "c": [[m.role, m.content] for m in prompt.messages] if prompt.messages is not None else None,
-        "p": prompt.text,
-        "n": sampling.max_tokens,
-        "s": list(sampling.stop),
-        "f": [sampling.response_format.type, sampling.response_format.schema] if sampling.response_format else None,
-    }
-    return hashlib.sha256(orjson.dumps(doc)).hexdigest()
+def _sampling_doc(sampling: Sampling) -> dict:
+    """The parameters that change the output. At temperature 0 the answer is greedy:
+    top_p and the seed change nothing, so they stay out and the entries are shared."""
+    doc: dict = {"n": sampling.max_tokens, "s": list(sampling.stop)}
+    if sampling.response_format is not None:
+        doc["f"] = [sampling.response_format.type, sampling.response_format.schema]
+    if sampling.temperature != 0.0:
+        doc.update(t=sampling.temperature, p=sampling.top_p, seed=sampling.seed)
+    return doc
+
+
+def _messages(messages: tuple[Message, ...]) -> list[list[str]]:
+    return [[m.role, normalise(m.content)] for m in messages]
+
+
+def _digest(doc: dict) -> str:
+    return hashlib.sha256(orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """What the cache is asked about: the tenant, the model (and its version when
+    known), the already PII-masked prompt and the sampling parameters."""
+    tenant: str
+    model: str
+    prompt: Prompt
+    sampling: Sampling
+    model_version: str = ""
+
+
+def exact_key(req: Request) -> str:
+    prompt = req.prompt
+    doc = {"t": req.tenant, "m": req.model, "v": req.model_version,
+           "c": _messages(prompt.messages) if prompt.messages is not None else None,
+           "p": normalise(prompt.text) if prompt.text is not None else None, **_sampling_doc(req.sampling)}
+    return _digest(doc)
+
+
+@dataclass(frozen=True, slots=True)
+class SemanticQuery:
+    scope: str   # digest of everything but the last user turn
+    text: str    # the last user turn, normalised
+
+
+def semantic_query(req: Request) -> SemanticQuery | None:
+    """Chats whose last message is the user's are open to semantic matching; the
+    scope fingerprints the system prompt and every earlier turn."""
+    messages = req.prompt.messages
+    if not messages or messages[-1].role != "user" or not messages[-1].content.strip():
+        return None
+    doc = {"t": req.tenant, "m": req.model, "v": req.model_version, "ctx": _messages(messages[:-1]),
+           **_sampling_doc(req.sampling)}
+    return SemanticQuery(scope=_digest(doc), text=normalise(messages[-1].content))

@@ -1,4 +1,5 @@
-"""Cache metrics: hit ratio (hits / lookups, in PromQL) and lookup latency."""
+"""Cache metrics: hit ratio (hits / lookups, in PromQL), lookup latency, store
+errors (each one a bypass), guard refusals and the semantic index's size."""
 
 from __future__ import annotations
 
@@ -7,10 +8,14 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 class CacheMetrics:
     def __init__(self, registry: CollectorRegistry):
-        self.lookups = Counter("llmesh_cache_lookups", "Lookups by result: hit, miss, uncacheable.", ("result",),
-                               registry=registry)
+        self.lookups = Counter("llmesh_cache_lookups", "Lookups by result: hit_exact, hit_semantic, miss, "
+                               "uncacheable, bypass (store unavailable).", ("result",), registry=registry)
         self.stores = Counter("llmesh_cache_stores", "Responses stored.", registry=registry)
         self.latency = Histogram("llmesh_cache_lookup_seconds", "Time to answer a lookup.",
-                                 buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1),
+                                 buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1),
                                  registry=registry)
-        self.entries = Gauge("llmesh_cache_entries", "Entries held.", registry=registry)
+        self.store_errors = Counter("llmesh_cache_store_errors", "Store calls that failed or ran over budget "
+                                    "(the request bypassed the cache).", ("op",), registry=registry)
+        self.guard_refusals = Counter("llmesh_cache_guard_refusals", "Semantic candidates above the threshold "
+                                      "that a guard refused.", ("guard",), registry=registry)
+        self.indexed = Gauge("llmesh_cache_semantic_entries", "Entries in the semantic index.", registry=registry)

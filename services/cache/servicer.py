@@ -1,40 +1,58 @@
-"""Cache gRPC servicer: protobuf <-> key derivation and store."""
+"""Cache gRPC servicer: protobuf <-> the ResponseCache domain."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from llmesh.convert import prompt_from_pb, sampling_from_pb
 from llmesh.v1 import cache_pb2, cache_pb2_grpc
-from llmesh.cache.keys import cacheable, exact_key
-from llmesh.cache.memory import LruTtlStore
+from llmesh.cache.keys import Request
 from llmesh.cache.metrics import CacheMetrics
+from llmesh.cache.responses import ResponseCache
+from llmesh.cache.store import Selector
+
+_KIND = {"exact": cache_pb2.HIT_KIND_EXACT, "semantic": cache_pb2.HIT_KIND_SEMANTIC}
+
+
+def request_from_pb(query: cache_pb2.CacheQuery) -> Request:
+    return Request(tenant=query.tenant, model=query.model, prompt=prompt_from_pb(query),
+                   sampling=sampling_from_pb(query.sampling), model_version=query.model_version)
 
 
 class CacheServicer(cache_pb2_grpc.CacheServicer):
-    def __init__(self, store: LruTtlStore[bytes], metrics: CacheMetrics):
-        self._store = store
+    def __init__(self, cache: ResponseCache, metrics: CacheMetrics, backend: str,
+                 available: Callable[[], bool] = lambda: True):
+        self._cache = cache
         self._metrics = metrics
-
-    @staticmethod
-    def _key(query: cache_pb2.CacheQuery) -> str | None:
-        sampling = sampling_from_pb(query.sampling)
-        if not cacheable(sampling):
-            return None
-        return exact_key(query.tenant, query.model, prompt_from_pb(query), sampling)
+        self._backend = backend
+        self._available = available
 
     async def Lookup(self, request, context):
         with self._metrics.latency.time():
-            key = self._key(request.query)
-            blob = self._store.get(key) if key else None
-        self._metrics.lookups.labels("uncacheable" if key is None else "miss" if blob is None else "hit").inc()
-        if blob is None:
+            hit = await self._cache.lookup(request_from_pb(request.query))
+        if hit is None:
             return cache_pb2.LookupResponse(hit=False)
-        return cache_pb2.LookupResponse(hit=True, response=cache_pb2.CachedResponse.FromString(blob))
+        return cache_pb2.LookupResponse(hit=True, response=cache_pb2.CachedResponse.FromString(hit.response),
+                                        kind=_KIND[hit.kind], similarity=hit.similarity, key=hit.key)
 
     async def Store(self, request, context):
-        key = self._key(request.query)
-        if key is None:
-            return cache_pb2.StoreResponse(stored=False)
-        self._store.put(key, request.response.SerializeToString())
-        self._metrics.stores.inc()
-        self._metrics.entries.set(len(self._store))
-        return cache_pb2.StoreResponse(stored=True)
+        stored = await self._cache.store(request_from_pb(request.query), request.response.SerializeToString())
+        if stored:
+            self._metrics.stores.inc()
+        self._metrics.indexed.set(self._cache.semantic_indexed)
+        return cache_pb2.StoreResponse(stored=stored)
+
+    async def Invalidate(self, request, context):
+        removed = await self._cache.invalidate(Selector(
+            tenant=request.tenant if request.HasField("tenant") else None,
+            model=request.model if request.HasField("model") else None, prefix=request.key_prefix), request.all)
+        self._metrics.indexed.set(self._cache.semantic_indexed)
+        return cache_pb2.InvalidateResponse(removed=removed)
+
+    async def Stats(self, request, context):
+        stats = await self._cache.stats(request.tenant if request.HasField("tenant") else None)
+        return cache_pb2.StatsResponse(
+            backend=self._backend, backend_available=self._available(), semantic_indexed=self._cache.semantic_indexed,
+            tenants=[cache_pb2.TenantStats(tenant=t, entries=s.entries, hits=s.hits, semantic_hits=s.semantic_hits,
+                                           misses=s.misses, stores=s.stores, evictions=s.evictions)
+                     for t, s in stats.items()])

@@ -18,7 +18,7 @@ from llmesh.engine.backends.base import Backend
 from llmesh.engine.config import EngineSettings
 from llmesh.engine.core import Defaults, EngineCore
 from llmesh.engine.hardware import Hardware, probe
-from llmesh.engine.lifecycle import ModelLifecycle
+from llmesh.engine.lifecycle import ModelLifecycle, Swapping
 from llmesh.engine.metrics import EngineMetrics
 from llmesh.engine.reporter import Reporter
 from llmesh.engine.servicer import EngineServicer, load_pb
@@ -40,15 +40,29 @@ def build_backend(settings: EngineSettings) -> Backend:
         return SimBackend(model=settings.model, context_length=settings.sim_context_length, profile=profile)
     if settings.backend == "vllm":
         from llmesh.engine.backends.vllm import VllmBackend
-        endpoint = f"tcp://127.0.0.1:{settings.vllm_kv_events_port}" if settings.vllm_kv_events_port else None
         return VllmBackend.create(settings.vllm_model_path or settings.model, served_name=settings.model,
                                   max_model_len=settings.vllm_max_model_len,
                                   gpu_memory_utilization=settings.vllm_gpu_memory_utilization,
-                                  kv_events_endpoint=endpoint)
+                                  enable_lora=settings.vllm_enable_lora, max_loras=settings.vllm_max_loras,
+                                  max_lora_rank=settings.vllm_max_lora_rank,
+                                  kv_events_endpoint=vllm_kv_events_endpoint(settings))
     from llmesh.engine.backends.llamacpp import LlamaCppBackend
     return LlamaCppBackend.from_store(settings.model_dir, settings.model, n_ctx=settings.n_ctx,
                                       n_threads=settings.n_threads, n_batch=settings.n_batch,
                                       n_slots=settings.max_running, unified_kv=settings.unified_kv)
+
+
+def vllm_kv_events_endpoint(settings: EngineSettings) -> str | None:
+    """Where vLLM's KV-event publisher binds (our subscriber connects there)."""
+    if not settings.vllm_kv_events:
+        return None
+    from llmesh.engine.backends.vllm import default_kv_events_endpoint
+    return settings.vllm_kv_events_endpoint or default_kv_events_endpoint(settings.endpoint_id)
+
+
+def gpu_memory_share(settings: EngineSettings) -> float:
+    """The GPU memory share a newly built backend will reserve."""
+    return settings.vllm_gpu_memory_utilization if settings.backend == "vllm" else 0.0
 
 
 class EngineApp:
@@ -63,7 +77,8 @@ class EngineApp:
                                Defaults(settings.default_temperature, settings.default_top_p), self.metrics)
         self.lifecycle = ModelLifecycle(
             self.core, lambda name: build_backend(settings.model_copy(update={"model": name})),
-            on_change=self._model_changed, drain_timeout_s=settings.grace_s)
+            on_change=self._model_changed, drain_timeout_s=settings.grace_s,
+            gpu_share=lambda name: gpu_memory_share(settings), out_of_routing=self._out_of_routing)
         self.server = GrpcServer(settings.address, [ServiceBinding(
             "llmesh.v1.Engine", EngineServicer(self.core, self.lifecycle, settings.endpoint_id),
             engine_pb2_grpc.add_EngineServicer_to_server)],
@@ -82,6 +97,10 @@ class EngineApp:
             self.metrics.use_model(backend.model)
         if self.reporter is not None:
             self.reporter.set_models(list(backend.models))
+
+    def _out_of_routing(self, out: bool) -> None:
+        if self.reporter is not None:
+            self.reporter.set_draining(out)
 
     def _load_changed(self) -> None:
         self.metrics.load(self.admission.running, self.admission.waiting, self.core.kv_usage())
@@ -119,6 +138,8 @@ class EngineApp:
         self.hardware = hardware_pb(await asyncio.to_thread(probe))
         if self.admission.running or self.admission.waiting:
             return  # serving is proof enough; don't queue a test behind real work
+        if isinstance(self.core.backend, Swapping):
+            return  # out of routing meanwhile; the new model's warmup is its test
         ok, detail, ms = await self.core.self_test()
         self.self_test = scheduler_pb2.SelfTest(ok=ok, detail=detail, checked_unix=time.time(), latency_ms=ms)
         if not ok:

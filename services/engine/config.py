@@ -6,7 +6,7 @@ import socket
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from llmesh.settings import DEFAULT_PORTS, ServiceSettings, default_address
@@ -44,8 +44,30 @@ class EngineSettings(ServiceSettings):
     # vllm (GPU; the optional `vllm` extra)
     vllm_model_path: str | None = Field(default=None, description="HF model directory or id; served as `model`")
     vllm_max_model_len: int = Field(default=4096, ge=16)
-    vllm_gpu_memory_utilization: float = Field(default=0.85, gt=0, le=1)
-    vllm_kv_events_port: int | None = Field(default=None, description="where vLLM publishes KV events (ZMQ)")
+    vllm_gpu_memory_utilization: float = Field(default=0.85, gt=0, le=1, description="the GPU memory share "
+                                               "vLLM reserves; a model swap that cannot fit two unloads first")
+    vllm_kv_events: bool = Field(default=True, description="relay vLLM's KV-cache events to the scheduler")
+    vllm_kv_events_endpoint: str | None = Field(default=None, description="where vLLM's publisher binds: "
+                                                "ipc://PATH, inproc://NAME or tcp://*:PORT (default: an IPC socket)")
+    vllm_enable_lora: bool = Field(default=True, description="serve LoRA adapters (LoadModel with adapter_path)")
+    vllm_max_lora_rank: int = Field(default=16, description="the highest adapter rank vLLM takes: "
+                                    "1, 8, 16, 32, 64, 128, 256, 320 or 512 (vLLM's choices)")
+    vllm_max_loras: int = Field(default=4, ge=1, description="adapters in one batch")
+
+    @field_validator("vllm_max_lora_rank")
+    @classmethod
+    def _lora_rank(cls, v: int) -> int:
+        if v not in (1, 8, 16, 32, 64, 128, 256, 320, 512):
+            raise ValueError("vLLM takes a max LoRA rank of 1, 8, 16, 32, 64, 128, 256, 320 or 512")
+        return v
+
+    @field_validator("vllm_kv_events_endpoint")
+    @classmethod
+    def _bindable(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("ipc://", "inproc://", "tcp://*:")):
+            raise ValueError("vLLM's KV-event publisher binds only ipc://PATH, inproc://NAME or tcp://*:PORT; "
+                             "at any other endpoint it and the subscriber both connect and no event arrives")
+        return v
 
     # sim
     sim_context_length: int = Field(default=4096, ge=16)

@@ -7,24 +7,14 @@ Pure and thread-safe: the llama.cpp decode thread and the event loop both call i
 from __future__ import annotations
 
 import threading
-from array import array
 from collections import Counter, OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from hashlib import blake2b
 
-BLOCK_SIZE = 16
+from llmesh.kvhash import LLMESH_BLOCK_SIZE as BLOCK_SIZE
+from llmesh.kvhash import HashScheme, chain_hashes
 
-
-def chain_hashes(tokens: Sequence[int], block_size: int = BLOCK_SIZE, parent: int = 0) -> list[int]:
-    """Hashes of the full blocks of ``tokens``; each covers its parent's hash, so two
-    sequences share a block hash only when they share every token before it."""
-    hashes = []
-    for start in range(0, len(tokens) - block_size + 1, block_size):
-        data = parent.to_bytes(8, "little") + array("q", tokens[start:start + block_size]).tobytes()
-        parent = int.from_bytes(blake2b(data, digest_size=8).digest(), "little")
-        hashes.append(parent)
-    return hashes
+__all__ = ["BLOCK_SIZE", "BlockLedger", "KvEvent", "KvEventLog", "chain_hashes"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +29,8 @@ class KvEventLog:
     ``max_pending`` unsent events (an engine with no scheduler, a long outage) they are
     dropped and the next ``take_events`` answers with a resync instead."""
 
-    def __init__(self, max_pending: int = 10_000):
+    def __init__(self, max_pending: int = 10_000, scheme: HashScheme | None = None):
+        self.scheme = scheme  # how the hashes are computed (the engine's, reported with them)
         self._present: dict[int, None] = {}
         self._events: list[KvEvent] = []
         self._max_pending = max_pending
@@ -102,7 +93,7 @@ class BlockLedger:
         self._owned: dict[Hashable, list[int]] = {}
         self._refs: Counter[int] = Counter()
         self._cached: OrderedDict[int, None] = OrderedDict()  # ref 0, still in the KV cache
-        self.log = KvEventLog()
+        self.log = KvEventLog(scheme=HashScheme("llmesh", block_size))
         self._lock = threading.Lock()
 
     def hold(self, owner: Hashable, tokens: Sequence[int]) -> int:
@@ -146,6 +137,10 @@ class BlockLedger:
             if gone:
                 self.log.removed(gone)
             return len(gone)
+
+    @property
+    def scheme(self) -> HashScheme | None:
+        return self.log.scheme
 
     @property
     def cached_blocks(self) -> int:

@@ -10,7 +10,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from llmesh.errors import Internal, InvalidArgument, LlmeshError, ModelNotFound, NotFound
+from llmesh.errors import Internal, InvalidArgument, LlmeshError, ModelNotFound, NotFound, Unavailable
 from llmesh.types import Prompt
 from llmesh.engine.backends.base import Backend, DecodeParams
 from llmesh.engine.core import EngineCore
@@ -33,6 +33,8 @@ class LoadResult:
     load_ms: float
     warmup_ms: float
     replaced: str
+    swap: str = ""  # "beside": loaded next to the old model, which then drained;
+                    # "unload_first": the two did not fit on the GPU: drained, unloaded, then loaded
 
 
 class LoadFailed(Internal):
@@ -69,13 +71,31 @@ class NoModel:
         pass
 
 
+class Swapping(NoModel):
+    """What an engine serves while it swaps models with the old one unloaded first:
+    requests for either model are UNAVAILABLE (the gateway tries another engine; the
+    scheduler already routes elsewhere, as the engine reports itself draining)."""
+
+    def __init__(self, name: str, old: str, new: str):
+        super().__init__(name)
+        self.models = tuple(m for m in (old, new) if m)
+
+    def tokenize(self, prompt: Prompt) -> list[int]:
+        raise Unavailable(f"this engine is swapping its model to {self.models[-1]!r}; retry in a few seconds "
+                          "or on another engine", reason="model_swap")
+
+
 class ModelLifecycle:
     def __init__(self, core: EngineCore, build: Callable[[str], Backend],
-                 on_change: Callable[[Backend], None] = lambda backend: None, drain_timeout_s: float = 60.0):
+                 on_change: Callable[[Backend], None] = lambda backend: None, drain_timeout_s: float = 60.0,
+                 gpu_share: Callable[[str], float] = lambda name: 0.0,
+                 out_of_routing: Callable[[bool], None] = lambda out: None):
         self._core = core
         self._build = build
         self._on_change = on_change
         self._drain_timeout = drain_timeout_s
+        self._gpu_share = gpu_share            # the GPU memory share a backend for this model reserves
+        self._out_of_routing = out_of_routing  # True: tell the scheduler to route elsewhere
         self._lock = asyncio.Lock()
 
     def list(self) -> list[LoadedModel]:
@@ -92,27 +112,58 @@ class ModelLifecycle:
             current = self._core.backend
             if name == current.model:
                 return LoadResult(self._describe(name), 0.0, 0.0, "")
-            started = time.monotonic()
-            try:
-                backend = await asyncio.to_thread(self._build, name)
-            except ModelNotFound:
-                raise
-            except Exception as exc:  # noqa: BLE001 - any failure is reported, the engine stays as it was
-                log.error("model load failed", extra={"model": name, "error": f"{type(exc).__name__}: {exc}"})
-                raise LoadFailed(f"loading {name!r} failed: {type(exc).__name__}: {exc}") from exc
-            load_ms = (time.monotonic() - started) * 1000
-            warmup_ms = 0.0
-            if warmup:
-                ok, why, warmup_ms = await self._core.self_test(backend)
-                if not ok:
-                    await backend.close()
-                    raise LoadFailed(f"{name!r} loaded but its warmup failed: {why}")
+            if getattr(current, "gpu_memory_share", 0.0) + self._gpu_share(name) > 1.0:
+                return await self._unload_first(name, current, warmup)
+            backend, load_ms, warmup_ms = await self._build_warm(name, warmup)
             self._core.backend = backend
             self._on_change(backend)
-            log.info("model loaded", extra={"model": name, "load_ms": round(load_ms, 1),
+            log.info("model loaded", extra={"model": name, "load_ms": round(load_ms, 1), "swap": "beside",
                                             "warmup_ms": round(warmup_ms, 1), "replaced": current.model})
             await self._retire(current)
-            return LoadResult(self._describe(name), load_ms, warmup_ms, current.model)
+            return LoadResult(self._describe(name), load_ms, warmup_ms, current.model,
+                              "beside" if current.model else "")
+
+    async def _build_warm(self, name: str, warmup: bool) -> tuple[Backend, float, float]:
+        started = time.monotonic()
+        try:
+            backend = await asyncio.to_thread(self._build, name)
+        except ModelNotFound:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any failure is reported, the engine stays as it was
+            log.error("model load failed", extra={"model": name, "error": f"{type(exc).__name__}: {exc}"})
+            raise LoadFailed(f"loading {name!r} failed: {type(exc).__name__}: {exc}") from exc
+        load_ms = (time.monotonic() - started) * 1000
+        warmup_ms = 0.0
+        if warmup:
+            ok, why, warmup_ms = await self._core.self_test(backend)
+            if not ok:
+                await backend.close()
+                raise LoadFailed(f"{name!r} loaded but its warmup failed: {why}")
+        return backend, load_ms, warmup_ms
+
+    async def _unload_first(self, name: str, current: Backend, warmup: bool) -> LoadResult:
+        """The new model does not fit on the GPU beside the old one (vLLM reserves its
+        share of GPU memory up front and refuses to start without it free): out of
+        routing, drain, unload, load, warm, back in. A failed load leaves no model."""
+        log.info("model swap: unloading first", extra={"model": name, "replaced": current.model})
+        self._out_of_routing(True)
+        self._core.backend = Swapping(current.name, current.model, name)
+        self._on_change(self._core.backend)
+        try:
+            await self._retire(current)
+            try:
+                backend, load_ms, warmup_ms = await self._build_warm(name, warmup)
+            except BaseException:
+                self._core.backend = NoModel(current.name)
+                self._on_change(self._core.backend)
+                raise
+            self._core.backend = backend
+            self._on_change(backend)
+        finally:
+            self._out_of_routing(False)
+        log.info("model loaded", extra={"model": name, "load_ms": round(load_ms, 1), "swap": "unload_first",
+                                        "warmup_ms": round(warmup_ms, 1), "replaced": current.model})
+        return LoadResult(self._describe(name), load_ms, warmup_ms, current.model, "unload_first")
 
     async def unload(self, name: str) -> None:
         async with self._lock:

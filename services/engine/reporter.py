@@ -14,7 +14,7 @@ from llmesh.discovery.base import Resolver
 from llmesh.errors import DiscoveryError
 from llmesh.rpc.channels import insecure_channel
 from llmesh.v1 import engine_pb2, scheduler_pb2, scheduler_pb2_grpc
-from llmesh.convert import kv_event_to_pb
+from llmesh.convert import kv_event_to_pb, kv_hash_to_pb
 from llmesh.engine.backends.base import KvEventSource
 
 log = logging.getLogger("llmesh.engine.reporter")
@@ -40,6 +40,11 @@ class Reporter:
 
     def notify(self) -> None:
         self._changed.set()
+
+    def set_draining(self, draining: bool) -> None:
+        """Out of routing (a model swap) or back in; the next report says so."""
+        self._draining = draining
+        self.notify()
 
     def set_models(self, models: list[str]) -> None:
         """After a model load or unload: the next report says what we serve now."""
@@ -94,6 +99,8 @@ class Reporter:
                 events = current.take_events() if current is source else current.resync()
                 source = current
                 report.kv_events.extend(kv_event_to_pb(e.kind, e.hashes, e.parent) for e in events)
+                # always set: an engine whose hashes match nothing (no model) says so too
+                report.kv_hash.CopyFrom(kv_hash_to_pb(current.scheme) or scheduler_pb2.KvHashScheme())
             yield report
             if self._done.is_set():
                 return

@@ -48,7 +48,8 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
     async def LoadModel(self, request, context):
         result = await self._lifecycle.load(request.name, request.adapter_path, request.warmup)
         return engine_pb2.LoadModelResponse(model=loaded_pb(result.model), load_ms=result.load_ms,
-                                            warmup_ms=result.warmup_ms, replaced=result.replaced)
+                                            warmup_ms=result.warmup_ms, replaced=result.replaced,
+                                            swap=result.swap)
 
     async def UnloadModel(self, request, context):
         await self._lifecycle.unload(request.name)

@@ -53,7 +53,8 @@ class GatewayApp:
         tracer = platform.tracing.tracer
         self.engines = EngineClients(tracer)
         self.providers = ProviderClients()
-        self.cache = (CacheClient(platform.resolver("cache", settings.cache_address), tracer=tracer)
+        self.cache = (CacheClient(platform.resolver("cache", settings.cache_address), settings.cache_budget_s,
+                                  tracer=tracer, config=lambda: self.config.current)
                       if settings.cache_address else None)
         self.catalog = ModelCatalog(platform.resolver("modelmgr", settings.modelmgr_address)
                                     if settings.modelmgr_address else None,

@@ -19,6 +19,7 @@ class GatewaySettings(ServiceSettings):
     scheduler_address: str = default_address("scheduler")
     modelmgr_address: str | None = default_address("modelmgr")
     cache_address: str | None = default_address("cache")
+    cache_budget_s: float = Field(default=0.02, gt=0, description="longest a cache lookup may take; then it is a miss")
     request_timeout_s: float = Field(default=600.0, gt=0, description="longest a request may take")
     catalog_refresh_s: float = Field(default=10.0, gt=0)
 

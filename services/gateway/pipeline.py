@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from opentelemetry.trace import NoOpTracer, Span, SpanKind, Status, StatusCode, Tracer
 
+from llmesh.background import Background
 from llmesh.errors import (DeadlineExceeded, Internal, InvalidArgument, LlmeshError, ModelNotFound, Overloaded,
                            Unavailable)
 from llmesh.liveconfig.schema import MeshConfig, ModelPolicy, Provider
@@ -35,6 +36,7 @@ from llmesh.gateway.policy import apply_policy, route
 from llmesh.gateway.resilience import Breakers, RetryBudgetGate
 
 log = logging.getLogger("llmesh.gateway.access")
+CACHE_HEADER = "x-llmesh-cache"
 
 @dataclass(slots=True)
 class _Attempts:
@@ -150,6 +152,7 @@ class ProviderPort(Protocol):
 
 
 class ResponseCache(Protocol):
+    def applies(self, req: CompletionRequest) -> bool: ...
     async def lookup(self, req: CompletionRequest, parent: Span) -> tuple[str, Finish] | None: ...
     async def store(self, req: CompletionRequest, text: str, finish: Finish, parent: Span) -> None: ...
 
@@ -176,7 +179,7 @@ class Pipeline:
         self._observe = observe
         self._tracer = tracer or NoOpTracer()
         self._clock = clock
-        self._background: set[asyncio.Task] = set()
+        self._background = Background()
         self._breakers = breakers
         self._budget = budget
         self._providers = providers
@@ -202,12 +205,13 @@ class Pipeline:
                 entered.append(stage)
                 await stage.admit(ctx)
             req = ctx.req
-            cacheable = self._cache is not None and req.sampling.cacheable
+            cacheable = self._cache is not None and self._cache.applies(req) and req.sampling.logprobs is None
             if cacheable:
                 hit = await self._cache.lookup(req, span)
                 record["cache"] = "hit" if hit else "miss"
                 if hit is not None:
                     text, finish = hit
+                    ctx.headers[CACHE_HEADER] = "hit"  # HTTP header, gRPC metadata
                     record["ttft_ms"] = round((self._clock() - started) * 1000, 3)
                     self._count(record, finish)
                     yield Delta(text=_filtered(ctx.filters, text, last=True), tokens=finish.usage.completion_tokens)
@@ -231,7 +235,7 @@ class Pipeline:
                     else:
                         self._count(record, item)
                         if cacheable:
-                            self._spawn(self._cache.store(req, "".join(parts), item, span))
+                            self._background.spawn(self._cache.store(req, "".join(parts), item, span))
                         if filters:
                             tail = _filtered(filters, "", last=True)
                             rest = gate.feed("", (), tail, last=True) if gate else ()
@@ -251,7 +255,7 @@ class Pipeline:
         finally:
             record["duration_ms"] = round((self._clock() - started) * 1000, 3)
             if entered:
-                self._spawn(self._finish(entered, ctx))
+                self._background.spawn(self._finish(entered, ctx))
             log.info("request", extra=record)
             self._observe(record)
             end_span(span, record)
@@ -406,14 +410,8 @@ class Pipeline:
         record["completion_tokens"] = finish.usage.completion_tokens
         record["finish_reason"] = finish.reason.value
 
-    def _spawn(self, coro) -> None:
-        task = asyncio.create_task(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
     async def drain(self) -> None:
-        if self._background:
-            await asyncio.gather(*self._background, return_exceptions=True)
+        await self._background.drain()
 
 
 

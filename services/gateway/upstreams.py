@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 
@@ -15,6 +15,7 @@ from opentelemetry.trace import NoOpTracer, Span, SpanKind, Status, StatusCode, 
 
 from llmesh.discovery.base import NoInstance, Resolver
 from llmesh.errors import DiscoveryError
+from llmesh.liveconfig.schema import MeshConfig
 from llmesh.telemetry import child_context, inject
 from llmesh.rpc.channels import insecure_channel
 from llmesh.rpc.interceptor import REQUEST_ID_KEY
@@ -73,14 +74,25 @@ class EngineClients:
 
 class CacheClient:
     """The response cache; a failing cache never fails a request, it only misses.
-    The cache's address is looked up when first needed and again after a failure."""
+    A lookup has ``budget_s`` (a slow cache is a miss, not a slower answer); stores
+    run after the answer, off the request path. The cache's address is looked up
+    when first needed and again after the cache was unreachable."""
 
-    def __init__(self, resolve: Resolver, timeout_s: float = 0.25, tracer: Tracer | None = None):
+    def __init__(self, resolve: Resolver, budget_s: float = 0.02, tracer: Tracer | None = None,
+                 store_timeout_s: float = 2.0, config: Callable[[], MeshConfig] = MeshConfig):
         self._resolve = resolve
+        self._config = config
         self._tracer = tracer or NoOpTracer()
         self._channel: grpc.aio.Channel | None = None
         self._stub: cache_pb2_grpc.CacheStub | None = None
-        self._timeout = timeout_s
+        self._timeout = budget_s
+        self._store_timeout = store_timeout_s
+        self._closing: set[asyncio.Task] = set()
+
+    def applies(self, req: CompletionRequest) -> bool:
+        """The live config's cache section: on for this tenant and model, and the
+        request deterministic (or the tenant caches sampled answers too)."""
+        return self._config().cache.applies(req.tenant, req.model, req.sampling.deterministic)
 
     async def _cache(self) -> cache_pb2_grpc.CacheStub:
         if self._stub is None:
@@ -91,6 +103,19 @@ class CacheClient:
             self._channel = insecure_channel(address)
             self._stub = cache_pb2_grpc.CacheStub(self._channel)
         return self._stub
+
+    async def _forget_if_gone(self, exc: Exception) -> None:
+        """A lookup over budget keeps its channel (reconnecting costs more); an
+        unreachable cache is looked up again next time."""
+        if isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return
+        channel, self._channel, self._stub = self._channel, None, None
+        if channel is not None:
+            # Closing at once would cancel the calls still on it (their requests would fail):
+            # they get until the store timeout to finish.
+            task = asyncio.create_task(channel.close(grace=self._store_timeout))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
 
     async def _forget(self) -> None:
         channel, self._channel, self._stub = self._channel, None, None
@@ -111,7 +136,7 @@ class CacheClient:
                                          metadata=((REQUEST_ID_KEY, req.request_id), *inject(span)))
             except (grpc.aio.AioRpcError, DiscoveryError) as exc:
                 log.warning("cache lookup failed", extra={"error": _why(exc)})
-                await self._forget()
+                await self._forget_if_gone(exc)
                 return None
             span.set_attribute("llmesh.cache.hit", resp.hit)
         if not resp.hit:
@@ -125,13 +150,14 @@ class CacheClient:
         try:
             stub = await self._cache()
             await stub.Store(cache_pb2.StoreRequest(query=self._query(req), response=response),
-                             timeout=self._timeout, metadata=((REQUEST_ID_KEY, req.request_id),))
+                             timeout=self._store_timeout, metadata=((REQUEST_ID_KEY, req.request_id),))
         except (grpc.aio.AioRpcError, DiscoveryError) as exc:
             log.warning("cache store failed", extra={"error": _why(exc)})
-            await self._forget()
+            await self._forget_if_gone(exc)
 
     async def close(self) -> None:
         await self._forget()
+        await asyncio.gather(*self._closing, return_exceptions=True)
 
 
 def _why(exc: Exception) -> str:

@@ -4,16 +4,13 @@ llama.cpp's own quantizer (llama_model_quantize)."""
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
-import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from llmesh.errors import Internal, InvalidArgument
-from llmesh.modelstore import quiet_native_stderr
+from llmesh.modelstore import quiet_native_fd, quiet_native_stderr
 
 
 def file_types() -> dict[str, int]:
@@ -57,21 +54,6 @@ def describe(path: Path) -> GgufInfo:
         llm.close()
 
 
-@contextlib.contextmanager
-def _quiet_stdout() -> Iterator[None]:
-    """llama.cpp's quantizer prints a line per tensor on fd 1; our output is JSON logs."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 1)
-        yield
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
-        os.close(devnull)
-
-
 def quantize(src: Path, dst: Path, quantization: str, threads: int = 0) -> None:
     """Writes ``src`` re-quantized to ``quantization`` (Q8_0, Q4_0, ...) at ``dst``."""
     import llama_cpp
@@ -84,7 +66,7 @@ def quantize(src: Path, dst: Path, quantization: str, threads: int = 0) -> None:
     params.ftype = types[quantization]
     params.allow_requantize = True  # the source may itself be quantized (SmolLM2 ships Q4_1)
     params.nthread = threads or (os.cpu_count() or 1)
-    with quiet_native_stderr(), _quiet_stdout():
+    with quiet_native_stderr(), quiet_native_fd(1):
         rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
     if rc != 0 or not dst.is_file():
         dst.unlink(missing_ok=True)

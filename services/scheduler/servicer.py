@@ -7,7 +7,7 @@ import time
 
 from prometheus_client import Counter
 
-from llmesh.convert import kv_event_from_pb
+from llmesh.convert import kv_event_from_pb, kv_hash_from_pb, kv_hash_to_pb
 from llmesh.v1 import engine_pb2, scheduler_pb2, scheduler_pb2_grpc
 from llmesh.scheduler.kvindex import KvIndex
 from llmesh.scheduler.table import EndpointState, EndpointTable, Load
@@ -33,7 +33,8 @@ def table_pb(table: EndpointTable, now: float, kv: KvIndex | None = None) -> sch
                                        max_running=e.load.max_running, max_waiting=e.load.max_waiting),
             healthy=e.healthy, last_report_age_s=round(now - e.last_report, 3),
             hardware=e.details[0] if e.details else None, self_test=e.details[1] if e.details else None,
-            kv_blocks=kv.count(e.endpoint_id) if kv is not None else 0)
+            kv_blocks=kv.count(e.endpoint_id) if kv is not None else 0,
+            kv_hash=kv_hash_to_pb(kv.scheme(e.endpoint_id)) if kv is not None else None)
         for e in table.snapshot()])
 
 
@@ -51,6 +52,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                     endpoint_id = report.endpoint_id
                     log.info("engine registered", extra={"endpoint_id": endpoint_id, "address": report.address})
                 self._reports.inc()
+                if report.HasField("kv_hash"):
+                    self.kv.set_scheme(endpoint_id, kv_hash_from_pb(report.kv_hash))
                 if report.kv_events:
                     self.kv.apply(endpoint_id, (kv_event_from_pb(e) for e in report.kv_events))
                 await self._table.upsert(state_from_report(report, time.monotonic()))

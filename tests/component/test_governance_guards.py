@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
+import uuid
 from collections.abc import AsyncIterator
 
 import pytest
+import redis
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -22,6 +23,8 @@ from llmesh.discovery.base import fixed
 from llmesh.errors import InvalidArgument
 from llmesh.liveconfig.schema import MeshConfig
 from llmesh.logs import JsonFormatter
+from llmesh.platform import standalone_platform
+from llmesh.testing import free_ports
 from llmesh.types import Delta, Message, Priority, Prompt, Sampling
 from llmesh.cache.app import CacheApp
 from llmesh.cache.config import CacheSettings
@@ -75,17 +78,21 @@ class Catalog:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
 
 
 @pytest.fixture
-async def world(tmp_path):
+async def world(tmp_path, redis_server, minilm_dir):
     backend = EchoBackend()
     engine = EngineApp(EngineSettings(backend="sim", model=MODEL, port=free_port(), endpoint_id="e",
                                       scheduler_address=None), backend=backend)
-    cache = CacheApp(CacheSettings(port=free_port()))
+    # The cache on a real Redis in semantic mode: it keeps the (masked) last user turn too.
+    cache_platform = standalone_platform("cache")
+    cache_platform.config.current = MeshConfig.model_validate({"cache": {"mode": "semantic"}})
+    namespace = f"pii-{uuid.uuid4().hex}"
+    cache = CacheApp(CacheSettings(port=free_port(), backend="redis", redis_url=redis_server.url,
+                                   namespace=namespace, embed_model_dir=minilm_dir, store_budget_s=1.0),
+                     cache_platform)
     await engine.start()
     await cache.start()
     exporter = InMemorySpanExporter()
@@ -103,7 +110,7 @@ async def world(tmp_path):
               RouteStage(Catalog(), current), GuardStage(current)]
     pipeline = Pipeline(picker, engines, Catalog(), cache_client, tracer=tracer, stages=stages)
     yield {"pipeline": pipeline, "backend": backend, "cache": cache, "spans": exporter, "config": config,
-           "audit": audit, "audit_path": tmp_path / "audit.jsonl"}
+           "audit": audit, "audit_path": tmp_path / "audit.jsonl", "redis": redis_server, "namespace": namespace}
     await pipeline.drain()
     await engines.close()
     await cache_client.close()
@@ -138,8 +145,14 @@ async def test_planted_pii_reaches_no_engine_cache_log_or_span(world, caplog):
     assert "[EMAIL_1]" in seen and "[PHONE_1]" in seen and "[CARD_1]" in seen
     assert text == seen
     # Nowhere downstream: the cache's entries, the spans, the log lines, the audit record.
-    entries = list(world["cache"].store._data.items())
-    assert entries, "the deterministic answer was stored"
+    client = redis.Redis.from_url(world["redis"].url)
+    try:  # everything the cache wrote to Redis: keys, and every field of every entry
+        keys = client.keys(f"{world['namespace']}:*")
+        entries = [(k, client.hgetall(k)) for k in keys if client.type(k) == b"hash"]
+    finally:
+        client.close()
+    assert any(b":s:" in k for k, _ in entries), "the answer and its (masked) question were stored"
+    assert any(b"[EMAIL_1]" in fields.get(b"q", b"") for _, fields in entries)
     stored = repr(entries)
     spans = repr([(s.name, dict(s.attributes), [e.attributes for e in s.events]) for s in world["spans"].get_finished_spans()])
     logs = "\n".join(JsonFormatter("gateway").format(r) for r in caplog.records)

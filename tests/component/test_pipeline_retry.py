@@ -3,12 +3,12 @@ choice, retry elsewhere before the first token, and the errors that surface."""
 
 from __future__ import annotations
 
-import socket
 import time
 
 import pytest
 
 from llmesh.errors import Overloaded, Unavailable
+from llmesh.testing import free_ports
 from llmesh.types import Delta, Finish, Message, Prompt, Sampling
 from llmesh.engine.app import EngineApp
 from llmesh.engine.config import EngineSettings
@@ -20,9 +20,7 @@ MODEL = "sim-retry"
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
 
 
 class StaticCatalog:

@@ -242,6 +242,7 @@ def test_three_gateways_share_one_tokens_per_minute_limit(gov):
     reserved_each = {TPM - int(h["x-ratelimit-remaining-tokens"]) for h in admitted}
     per_request = min(reserved_each)
     used = len(admitted) * per_request
+    print(f"admitted {len(admitted)} x {per_request} reserved tokens = {used} of {TPM}; refused {len(refused)}")
     assert used <= TPM and used >= 0.99 * TPM, (len(admitted), per_request)
     assert all(int(h["retry-after"]) >= 1 and h["x-ratelimit-limit-tokens"] == str(TPM) for h in refused)
     r = redis.Redis.from_url(gov["redis"].url)

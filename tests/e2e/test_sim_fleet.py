@@ -68,3 +68,5 @@ def test_sixteen_sim_engines_serve_one_model(fleet):
     # Every engine that served holds the shared prompt's blocks, and said so to the scheduler.
     assert wait_until(lambda: sum(e.kv_blocks >= 2 for e in endpoints(fleet.layout)) >= served, 5), \
         [(e.endpoint_id, e.kv_blocks) for e in endpoints(fleet.layout)]
+    # ... with how they name them, so a router can hash a request the same way
+    assert {(e.kv_hash.kind, e.kv_hash.block_size) for e in endpoints(fleet.layout)} == {("llmesh", 16)}

@@ -96,11 +96,6 @@ def test_sampling_round_trips_through_protobuf():
     assert back[0].logprob == pytest.approx(-0.5) and back[0].top[1][1] == pytest.approx(-1.5)
 
 
-def test_logprobs_are_never_served_from_the_text_cache():
-    assert Sampling(temperature=0.0).cacheable
-    assert not Sampling(temperature=0.0, logprobs=0).cacheable
-
-
 def test_completion_json_has_every_choice_with_logprobs():
     lp = [TokenLogprob("Hi", -0.1, (("Hi", -0.1), ("Hey", -2.0))), TokenLogprob("!", -0.3)]
     out = completion_json(CHAT, "r", "m", [Choice("Hi!", FinishReason.STOP, lp), Choice("Yo", FinishReason.LENGTH, [])],

@@ -8,7 +8,8 @@
     llmesh usage    tokens and cost per tenant, model and day
     llmesh audit    check the audit log's hash chain
     llmesh models   model registry: import, deploy, promote, rollback, history, eval
-    llmesh bench    run a benchmark from bench/ (engine, gateway, guards, llamacpp)
+    llmesh cache    response cache: stats, invalidate
+    llmesh bench    run a benchmark from bench/ (cache, engine, gateway, guards, llamacpp)
 """
 
 from __future__ import annotations
@@ -134,6 +135,12 @@ def cmd_models(args: argparse.Namespace) -> int:
     return asyncio.run(run(args, args.address or _layout(args).address("modelmgr")))
 
 
+def cmd_cache(args: argparse.Namespace) -> int:
+    from llmesh.cli.cache import run
+
+    return asyncio.run(run(args, _layout(args).address("cache")))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llmesh", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -174,11 +181,14 @@ def build_parser() -> argparse.ArgumentParser:
     models = add_models(sub)
     _add_layout_args(models)
     models.set_defaults(func=cmd_models)
+    from llmesh.cli import cache
+    cache.add_parser(sub, _add_layout_args)
+    sub.choices["cache"].set_defaults(func=cmd_cache)
     return parser
 
 
-BENCHES = {"engine": "bench.engine", "gateway": "bench.gateway", "governance": "bench.governance",
-           "guards": "bench.guards", "llamacpp": "bench.llamacpp"}
+BENCHES = {"cache": "bench.cache", "engine": "bench.engine", "gateway": "bench.gateway",
+           "governance": "bench.governance", "guards": "bench.guards", "llamacpp": "bench.llamacpp"}
 
 
 def main(argv: list[str] | None = None) -> None:

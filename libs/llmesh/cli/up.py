@@ -49,6 +49,9 @@ class Child:
         return self.proc is not None and self.proc.poll() is None
 
 
+EMBED_MODEL = "all-minilm-l6-v2"  # the cache's sentence embedder, extracted by `make model`
+
+
 @dataclass
 class MeshSpec:
     layout: Layout
@@ -81,6 +84,7 @@ def plan(spec: MeshSpec) -> list[Child]:
         "LLMESH_MODELMGR_SCHEDULER_ADDRESS": lay.address("scheduler"),
         **metrics("modelmgr", "MODELMGR")})
     add("cache", "cache", lay.address("cache"), {"LLMESH_CACHE_PORT": str(lay.port("cache")),
+                                                 "LLMESH_CACHE_EMBED_MODEL_DIR": str(spec.model_dir / EMBED_MODEL),
                                                  **metrics("cache", "CACHE")})
     for i, backend in enumerate(spec.engines):
         address = lay.engine_address(i)

@@ -83,7 +83,47 @@ class Price(_Strict):
 class CacheConfig(_Strict):
     enabled: bool = True
     ttl_s: float = Field(default=3600, gt=0)
-    semantic_threshold: float = Field(default=0.95, gt=0, le=1)
+    semantic_threshold: float = Field(default=0.85, gt=0, le=1, description="cosine; the guards apply on top")
+    mode: Literal["exact", "semantic"] = Field(default="exact", description="semantic: exact first, then nearest")
+    cache_sampled: bool = Field(default=False, description="also cache sampling requests (temperature > 0, no seed)")
+    models: dict[str, CacheRule] = Field(default={}, description="per model (the route a request takes)")
+    tenants: dict[str, CacheRule] = Field(default={}, description="per tenant; wins over the model's rule")
+
+    def policy(self, tenant: str, model: str) -> CachePolicy:
+        """The default, then the model's rule, then the tenant's."""
+        fields = {name: getattr(self, name) for name in CachePolicy.model_fields}
+        for rule in (self.models.get(model), self.tenants.get(tenant)):
+            if rule is not None:
+                fields.update(rule.model_dump(exclude_none=True))
+        return CachePolicy.model_construct(**fields)  # every value was validated already
+
+    def applies(self, tenant: str, model: str, deterministic: bool) -> bool:
+        """Whether a request of this tenant for this model goes through the cache
+        (on the gateway's request path: no model built)."""
+        enabled, sampled = self.enabled, self.cache_sampled
+        for rule in (self.models.get(model), self.tenants.get(tenant)):
+            if rule is not None:
+                enabled = enabled if rule.enabled is None else rule.enabled
+                sampled = sampled if rule.cache_sampled is None else rule.cache_sampled
+        return enabled and (deterministic or sampled)
+
+
+class CacheRule(_Strict):
+    """A model's or a tenant's cache overrides; unset fields keep the level below."""
+    enabled: bool | None = None
+    ttl_s: float | None = Field(default=None, gt=0)
+    semantic_threshold: float | None = Field(default=None, gt=0, le=1)
+    mode: Literal["exact", "semantic"] | None = None
+    cache_sampled: bool | None = None
+
+
+class CachePolicy(_Strict):
+    """What applies to one (tenant, model)."""
+    enabled: bool
+    ttl_s: float
+    semantic_threshold: float
+    mode: Literal["exact", "semantic"]
+    cache_sampled: bool
 
 
 class CircuitBreaker(_Strict):

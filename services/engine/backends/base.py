@@ -7,11 +7,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
 
+from llmesh.kvhash import HashScheme
 from llmesh.types import Priority, Prompt, ResponseFormat, TokenLogprob
 from llmesh.engine.kvblocks import KvEvent
 
 
 class KvEventSource(Protocol):
+    scheme: HashScheme | None  # how the hashes in its events are computed; None: unknown
     def take_events(self) -> list[KvEvent]: ...
     def resync(self) -> list[KvEvent]: ...
 

@@ -4,35 +4,45 @@ vLLM does the batching, paged KV cache and prefix caching; this adapter streams
 token deltas, aborts a request whose stream is closed, serves LoRA adapters (loaded
 at run time, chosen per request by model name, as vLLM's own server does), reads the
 engine's stats for the KV-cache use we report, and relays vLLM's KV-cache events
-(BlockStored / BlockRemoved / AllBlocksCleared over ZMQ) to the scheduler.
+(BlockStored / BlockRemoved / AllBlocksCleared over ZMQ) to the scheduler, with the
+hash scheme vLLM names its blocks by (libs/llmesh/kvhash.py).
 
-vLLM is imported only by ``VllmBackend.create``: it is the optional ``vllm`` extra
-and never installed in CI. Everything else takes the engine and vLLM's few request
-types as arguments, so the shared backend contract tests can drive this adapter
-with a fake AsyncLLM."""
+vLLM is imported only by ``VllmBackend.create`` (the optional ``vllm`` extra, GPU
+machines). Everything else takes the engine and vLLM's few request types as
+arguments, so the contract tests drive this adapter with vLLM's own modules
+(``make vllm-modules``) around a fake of the GPU engine."""
 
 from __future__ import annotations
 
 import itertools
 import logging
+import os
+import tempfile
 import threading
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from types import SimpleNamespace
 
+import msgspec
+
 from llmesh.errors import InvalidArgument, NotFound
+from llmesh.kvhash import VLLM_ALGOS, HashScheme, hash64
 from llmesh.types import Prompt
 from llmesh.engine.backends.base import DecodeParams
 from llmesh.engine.kvblocks import KvEventLog
 
 log = logging.getLogger("llmesh.engine.vllm")
 
+KV_TOPIC = "kv"
+
 
 class VllmBackend:
     name = "vllm"
 
     def __init__(self, engine, tokenizer, model: str, context_length: int, api: SimpleNamespace,
-                 kv_events: KvEventLog | None = None):
+                 kv_events: KvEventLog | None = None, *, enable_lora: bool = True, max_lora_rank: int = 16,
+                 gpu_memory_share: float = 0.0):
         self._engine = engine
         self._tokenizer = tokenizer
         self._api = api  # SamplingParams, RequestOutputKind, LoRARequest
@@ -40,6 +50,9 @@ class VllmBackend:
         self.context_length = context_length
         self.vocab_size = len(tokenizer)
         self.kv_blocks = kv_events or KvEventLog()
+        self.enable_lora = enable_lora
+        self.max_lora_rank = max_lora_rank
+        self.gpu_memory_share = gpu_memory_share  # of the GPU's memory this engine holds (vLLM reserves it)
         self._adapters: dict[str, object] = {}
         self._lora_ids = itertools.count(1)
         self._kv_usage = 0.0
@@ -48,8 +61,8 @@ class VllmBackend:
 
     @classmethod
     def create(cls, model: str, *, max_model_len: int, gpu_memory_utilization: float = 0.85,
-               max_loras: int = 4, kv_events_endpoint: str | None = None, served_name: str | None = None
-               ) -> VllmBackend:
+               enable_lora: bool = True, max_loras: int = 4, max_lora_rank: int = 16,
+               kv_events_endpoint: str | None = None, served_name: str | None = None) -> VllmBackend:
         from transformers import AutoTokenizer
         from vllm import SamplingParams
         from vllm.config import KVEventsConfig
@@ -59,21 +72,21 @@ class VllmBackend:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         holder: dict[str, VllmBackend] = {}
-        events = None
-        if kv_events_endpoint:
-            events = KVEventsConfig(enable_kv_cache_events=True, publisher="zmq", endpoint=kv_events_endpoint,
-                                    topic="kv")
-        args = AsyncEngineArgs(model=model, served_model_name=served_name or model, max_model_len=max_model_len,
-                               gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=True,
-                               enable_lora=True, max_loras=max_loras, kv_events_config=events)
-        engine = AsyncLLM.from_engine_args(args, stat_loggers=[_stats_logger_factory(holder)])
+        subscriber_endpoint = kv_events_endpoints(kv_events_endpoint)[1] if kv_events_endpoint else None
+        args = AsyncEngineArgs(**engine_args(
+            model, served_name=served_name, max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization,
+            enable_lora=enable_lora, max_loras=max_loras, max_lora_rank=max_lora_rank,
+            kv_events_endpoint=kv_events_endpoint, kv_events_config=KVEventsConfig))
+        engine = AsyncLLM.from_engine_args(args, stat_loggers=[stats_logger_factory(holder)])
         backend = cls(engine, AutoTokenizer.from_pretrained(model), served_name or model, max_model_len,
                       SimpleNamespace(SamplingParams=SamplingParams, RequestOutputKind=RequestOutputKind,
-                                      LoRARequest=LoRARequest))
+                                      LoRARequest=LoRARequest),
+                      KvEventLog(scheme=vllm_hash_scheme(engine.vllm_config.cache_config)),
+                      enable_lora=enable_lora, max_lora_rank=max_lora_rank,
+                      gpu_memory_share=gpu_memory_utilization)
         holder["backend"] = backend
-        if kv_events_endpoint:
-            backend._subscriber = KvEventSubscriber(kv_events_endpoint.replace("*", "127.0.0.1"), "kv",
-                                                    backend.kv_blocks)
+        if subscriber_endpoint:
+            backend._subscriber = KvEventSubscriber(subscriber_endpoint, KV_TOPIC, backend.kv_blocks)
         return backend
 
     @property
@@ -87,23 +100,26 @@ class VllmBackend:
         return self._prefix
 
     def record_stats(self, scheduler_stats) -> None:
-        """From vLLM's stat logger: KV-cache use (``kv_cache_usage``; older vLLM
-        ``gpu_cache_usage``) and the step's prefix-cache queries and hits."""
-        usage = getattr(scheduler_stats, "kv_cache_usage", None)
-        if usage is None:
-            usage = getattr(scheduler_stats, "gpu_cache_usage", 0.0)
-        self._kv_usage = float(usage)
-        prefix = getattr(scheduler_stats, "prefix_cache_stats", None)
+        """From vLLM's stat logger: KV-cache use and the step's prefix-cache queries and hits."""
+        self._kv_usage = float(scheduler_stats.kv_cache_usage)
+        prefix = scheduler_stats.prefix_cache_stats
         if prefix is not None:
             self._prefix = (self._prefix[0] + prefix.queries, self._prefix[1] + prefix.hits)
 
     async def load_adapter(self, name: str, path: str) -> None:
         """Loads a LoRA adapter at run time; requests then choose it by model name."""
+        if not self.enable_lora:
+            raise InvalidArgument("LoRA adapters are off on this engine (LLMESH_ENGINE_VLLM_ENABLE_LORA=false)",
+                                  param="adapter_path")
         if name in self.models:
             raise InvalidArgument(f"a model or adapter named {name!r} is already loaded", param="name")
         request = self._api.LoRARequest(name, next(self._lora_ids), path)
-        if not await self._engine.add_lora(request):
-            raise InvalidArgument(f"vLLM could not load the adapter at {path}", param="path")
+        try:
+            loaded = await self._engine.add_lora(request)
+        except Exception as exc:  # noqa: BLE001 - vLLM reports every adapter failure as a bare Exception
+            raise InvalidArgument(lora_failure(str(exc), path, self.max_lora_rank), param="adapter_path") from exc
+        if not loaded:
+            raise InvalidArgument(f"vLLM could not load the adapter at {path}", param="adapter_path")
         self._adapters[name] = request
 
     async def unload_adapter(self, name: str) -> None:
@@ -150,63 +166,145 @@ class VllmBackend:
         if self._subscriber is not None:
             self._subscriber.stop()
         self._engine.shutdown()
+        if self._subscriber is not None and self._subscriber.endpoint.startswith("ipc://"):
+            Path(self._subscriber.endpoint.removeprefix("ipc://")).unlink(missing_ok=True)  # ZMQ leaves it
 
 
-def _stats_logger_factory(holder: dict):
-    """A vLLM stat logger that hands each scheduler snapshot to the backend."""
-    from vllm.v1.metrics.loggers import StatLoggerBase
-
-    class _Relay(StatLoggerBase):
-        def __init__(self, vllm_config, engine_index: int = 0):
-            pass
-
-        def record(self, scheduler_stats, iteration_stats, *args, **kwargs) -> None:
-            backend = holder.get("backend")
-            if backend is not None and scheduler_stats is not None:
-                backend.record_stats(scheduler_stats)
-
-        def log_engine_initialized(self) -> None:
-            pass
-
-    return _Relay
+def engine_args(model: str, *, served_name: str | None, max_model_len: int, gpu_memory_utilization: float,
+                enable_lora: bool, max_loras: int, max_lora_rank: int, kv_events_endpoint: str | None,
+                kv_events_config) -> dict:
+    """Keyword arguments of vLLM's AsyncEngineArgs for this engine (``kv_events_config``:
+    vLLM's KVEventsConfig class)."""
+    events = None
+    if kv_events_endpoint:
+        events = kv_events_config(enable_kv_cache_events=True, publisher="zmq", topic=KV_TOPIC,
+                                  endpoint=kv_events_endpoints(kv_events_endpoint)[0])
+    lora = {"enable_lora": True, "max_loras": max_loras, "max_lora_rank": max_lora_rank} if enable_lora else {}
+    return dict(model=model, served_model_name=served_name or model, max_model_len=max_model_len,
+                gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=True,
+                kv_events_config=events, **lora)
 
 
-def block_hash(value) -> int:
-    """vLLM's block hashes are ints or (newer) sha256 bytes; we carry 64 bits."""
-    if isinstance(value, (bytes, bytearray)):
-        return int.from_bytes(bytes(value)[:8], "little")
-    return int(value) & (2**64 - 1)
+def lora_failure(message: str, path: str, max_lora_rank: int) -> str:
+    """A clear message for vLLM's ``add_lora`` failure (its engine core wraps the
+    worker's error as "Call to add_lora method failed: ...")."""
+    detail = message.removeprefix("Call to add_lora method failed: ")
+    if "No adapter found" in detail:
+        return f"no LoRA adapter at {path} (vLLM: {detail})"
+    if "max_lora_rank" in detail:
+        return (f"the adapter at {path} is of a higher rank than this engine takes ({max_lora_rank}; "
+                f"LLMESH_ENGINE_VLLM_MAX_LORA_RANK) (vLLM: {detail})")
+    return f"vLLM could not load the adapter at {path}: {detail}"
+
+
+def vllm_hash_scheme(cache_config) -> HashScheme | None:
+    """How a vLLM engine with this CacheConfig names its blocks; None where a router
+    cannot reproduce it (xxhash seeds are random per process). A block size the
+    attention backend has yet to choose starts at vLLM's usual 16; the events correct it."""
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core.kv_cache_utils import resolve_none_hash_seed
+
+    algo = cache_config.prefix_caching_hash_algo
+    if algo not in VLLM_ALGOS:
+        log.warning("vLLM's block hashes cannot be matched by routers", extra={"algo": algo})
+        return None
+    return HashScheme("vllm", cache_config.block_size or 16, algo, resolve_none_hash_seed(get_hash_fn_by_name(algo)),
+                      getattr(cache_config, "hash_block_size", None) or 0)
+
+
+def default_kv_events_endpoint(endpoint_id: str) -> str:
+    """A local IPC socket, one per model load (a swap may run two engines at once):
+    vLLM's publisher binds it (it binds ipc://, inproc:// and wildcard endpoints and
+    connects to any other), nothing off this host can reach it."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in endpoint_id)
+    return f"ipc://{tempfile.gettempdir()}/llmesh-kv-{safe}-{os.getpid()}-{uuid.uuid4().hex[:8]}.sock"
+
+
+def kv_events_endpoints(endpoint: str) -> tuple[str, str]:
+    """(where vLLM's publisher binds, where our subscriber connects) for ``endpoint``.
+    Both vLLM's publisher and our subscriber would connect to any other endpoint, and
+    then no event ever arrives: refused here."""
+    if endpoint.startswith(("ipc://", "inproc://")):
+        return endpoint, endpoint
+    if endpoint.startswith("tcp://*:"):
+        return endpoint, endpoint.replace("*", "127.0.0.1", 1)
+    raise ValueError(f"vLLM's KV-event publisher binds only ipc://, inproc:// or tcp://*:PORT endpoints, "
+                     f"not {endpoint!r}")
+
+
+# vLLM's KV-event wire format (vllm/distributed/kv_events.py, 0.33): a batch is an array
+# [ts, events, data_parallel_rank]; each event a map tagged by its class name in "type".
+# Fields we do not read are ignored, so newer fields decode too.
+
+class BlockStored(msgspec.Struct, tag=True):
+    block_hashes: list[bytes | int]
+    parent_block_hash: bytes | int | None = None
+    token_ids: list[int] = []
+    block_size: int = 0
+    lora_name: str | None = None
+
+
+class BlockRemoved(msgspec.Struct, tag=True):
+    block_hashes: list[bytes | int]
+
+
+class AllBlocksCleared(msgspec.Struct, tag=True):
+    pass
+
+
+class EventBatch(msgspec.Struct, array_like=True):
+    ts: float
+    events: list[msgspec.Raw]
+    data_parallel_rank: int | None = None
+
+
+_batch = msgspec.msgpack.Decoder(EventBatch)
+_event = msgspec.msgpack.Decoder(BlockStored | BlockRemoved | AllBlocksCleared)
 
 
 def apply_vllm_events(payload: bytes, sink: KvEventLog) -> int:
-    """Decodes one of vLLM's ``KVEventBatch`` messages (msgpack: [ts, [event, ...]],
-    each event an array tagged with its class name) into ``sink``; returns the count."""
-    import msgspec
-
-    _ts, events = msgspec.msgpack.decode(payload)
-    for event in events:
-        tag, fields = event[0], event[1:]
-        if tag == "BlockStored":
-            hashes, parent = fields[0], fields[1] if len(fields) > 1 else None
-            sink.stored([block_hash(h) for h in hashes], block_hash(parent) if parent is not None else 0)
-        elif tag == "BlockRemoved":
-            sink.removed([block_hash(h) for h in fields[0]])
-        elif tag == "AllBlocksCleared":
-            sink.cleared()
+    """Decodes one of vLLM's ``KVEventBatch`` messages into ``sink``; returns how many
+    events it applied (an event of a kind this relay does not know is skipped)."""
+    applied = 0
+    for raw in _batch.decode(payload).events:
+        try:
+            event = _event.decode(raw)
+        except msgspec.ValidationError as exc:
+            log.warning("unknown vLLM KV event", extra={"error": str(exc)})
+            continue
+        if isinstance(event, BlockStored):
+            _learn_block_size(sink, event)
+            parent = hash64(event.parent_block_hash) if event.parent_block_hash is not None else 0
+            sink.stored([hash64(h) for h in event.block_hashes], parent)
+        elif isinstance(event, BlockRemoved):
+            sink.removed([hash64(h) for h in event.block_hashes])
         else:
-            log.warning("unknown vLLM KV event", extra={"tag": str(tag)})
-    return len(events)
+            sink.cleared()
+        applied += 1
+    return applied
+
+
+def _learn_block_size(sink: KvEventLog, event: BlockStored) -> None:
+    """vLLM's attention backend may choose another block size than its config said:
+    the events carry the one in use."""
+    scheme = sink.scheme
+    if (scheme is not None and event.block_size and event.block_size != scheme.block_size
+            and len(event.token_ids) == event.block_size * len(event.block_hashes)):
+        log.info("vLLM's KV block size learned from its events", extra={"block_size": event.block_size})
+        hash_bs = scheme.hash_block_size if event.block_size % (scheme.hash_block_size or 1) == 0 else 0
+        sink.scheme = HashScheme(scheme.kind, event.block_size, scheme.algo, scheme.seed, hash_bs)
 
 
 class KvEventSubscriber:
     """A thread on a ZMQ SUB socket at vLLM's KV-event endpoint: multipart messages
-    [topic, sequence number, payload]. A gap in sequence numbers means events were
-    lost; we then say 'cleared' and rebuild from what comes next."""
+    [topic, sequence number, payload]. A gap in sequence numbers (lost messages, or a
+    restarted publisher counting from 0 again) resyncs: 'cleared', then what comes next."""
 
     def __init__(self, endpoint: str, topic: str, sink: KvEventLog):
         import zmq
 
         self._sink = sink
+        self.endpoint = endpoint
         self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.SUB)
         self._sock.setsockopt(zmq.RCVTIMEO, 200)
@@ -214,6 +312,7 @@ class KvEventSubscriber:
         self._sock.connect(endpoint)
         self._stop = threading.Event()
         self._last_seq: int | None = None
+        self.received = 0
         self._thread = threading.Thread(target=self._run, name="vllm-kv-events", daemon=True)
         self._thread.start()
 
@@ -225,18 +324,39 @@ class KvEventSubscriber:
                 _topic, seq_bytes, payload = self._sock.recv_multipart()
             except zmq.Again:
                 continue
-            seq = int.from_bytes(seq_bytes, "big", signed=True)
-            if self._last_seq is not None and seq != self._last_seq + 1:
-                log.warning("vLLM KV events lost; resetting", extra={"expected": self._last_seq + 1, "got": seq})
-                self._sink.cleared()
-            self._last_seq = seq
-            try:
-                apply_vllm_events(payload, self._sink)
-            except Exception:  # noqa: BLE001 - one bad message must not stop the relay
-                log.exception("undecodable vLLM KV event batch")
+            self.on_message(int.from_bytes(seq_bytes, "big", signed=True), payload)
+
+    def on_message(self, seq: int, payload: bytes) -> None:
+        if self._last_seq is not None and seq != self._last_seq + 1:
+            log.warning("vLLM KV events lost; resyncing", extra={"expected": self._last_seq + 1, "got": seq})
+            self._sink.cleared()
+        self._last_seq = seq
+        self.received += 1
+        try:
+            apply_vllm_events(payload, self._sink)
+        except Exception:  # noqa: BLE001 - one bad message must not stop the relay
+            log.exception("undecodable vLLM KV event batch")
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=2)
         self._sock.close(linger=0)
 
+
+def stats_logger_factory(holder: dict):
+    """A vLLM stat logger that hands each scheduler snapshot to the backend."""
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class _Relay(StatLoggerBase):
+        def __init__(self, vllm_config, engine_index: int = 0):
+            pass
+
+        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0) -> None:
+            backend = holder.get("backend")
+            if backend is not None and scheduler_stats is not None:
+                backend.record_stats(scheduler_stats)
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    return _Relay

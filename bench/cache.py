@@ -1,0 +1,280 @@
+"""The response cache: what a hit costs, how fast a semantic lookup is at scale, and
+how often the semantic cache answers the wrong question.
+
+    llmesh bench cache [--json] [--hits 200] [--sizes 10000,100000] [--skip-mesh]
+
+- exact hit end to end: the mesh (`llmesh up`, the llama.cpp engine, the cache on a
+  real redis-server) answers one greedy question many times over HTTP; next to the
+  same question asked of the engine directly over gRPC (what a miss costs at least);
+- semantic lookup at 10k and 100k entries in one scope, embedding included (the
+  real MiniLM on the query; the stored entries are random unit vectors: embedding
+  100k real sentences here would take most of an hour, and the search does not care);
+- quality on bench/data/cache_pairs_*.tsv (labelled pairs, English and Chinese):
+  precision, recall and false-hit rate at the configured threshold, with and without
+  the guards, and a threshold sweep.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as the cache service runs (before numpy loads)
+
+import httpx  # noqa: E402
+import numpy as np  # noqa: E402
+
+from llmesh.cache.embed import MiniLM  # noqa: E402
+from llmesh.cache.failopen import FailOpen  # noqa: E402
+from llmesh.cache.guards import extract, refusal  # noqa: E402
+from llmesh.cache.keys import Request, semantic_query  # noqa: E402
+from llmesh.cache.memory import MemoryStore  # noqa: E402
+from llmesh.cache.responses import ResponseCache  # noqa: E402
+from llmesh.cache.semantic import SemanticIndex  # noqa: E402
+from llmesh.cache.store import Entry, Name  # noqa: E402
+from llmesh.liveconfig.schema import MeshConfig  # noqa: E402
+from llmesh.types import Message, Prompt, Sampling  # noqa: E402
+from bench.common import note, pct  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = Path(__file__).resolve().parent / "data"
+SMOL = "smollm2-135m-instruct"
+QUESTION = "Name three planets of the solar system."
+
+
+def _ms(values: list[float]) -> dict:
+    ms = [v * 1000 for v in values]
+    return {"n": len(ms), "p50_ms": round(pct(ms, 50), 3), "p99_ms": round(pct(ms, 99), 3),
+            "mean_ms": round(statistics.fmean(ms), 3)}
+
+
+# --- exact hits through the mesh ------------------------------------------------------------
+async def _engine_direct(address: str, runs: int, model: str) -> dict:
+    from llmesh.rpc.channels import insecure_channel
+    from llmesh.v1 import common_pb2, engine_pb2, engine_pb2_grpc
+
+    req = engine_pb2.GenerateRequest(model=model, sampling=common_pb2.SamplingParams(temperature=0.0, max_tokens=32),
+                                     chat=engine_pb2.ChatInput(messages=[common_pb2.ChatMessage(
+                                         role="user", content=QUESTION)]))
+    times, tokens = [], 0
+    async with insecure_channel(address) as channel:
+        stub = engine_pb2_grpc.EngineStub(channel)
+        for _ in range(runs):
+            start = time.perf_counter()
+            async for resp in stub.Generate(req, timeout=120):
+                if resp.finish_reason:
+                    tokens = resp.usage.completion_tokens
+            times.append(time.perf_counter() - start)
+    return {**_ms(times), "completion_tokens": tokens}
+
+
+def _gateway(url: str, hits: int, model: str) -> dict:
+    body = {"model": model, "messages": [{"role": "user", "content": QUESTION}], "temperature": 0, "max_tokens": 32}
+    with httpx.Client(base_url=url, timeout=120) as client:
+        deadline = time.monotonic() + 120
+        while True:  # the engine may still be registering after `up` returns (503)
+            start = time.perf_counter()
+            first = client.post("/v1/chat/completions", json=body)
+            miss_s = time.perf_counter() - start
+            if first.status_code != 503 or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        first.raise_for_status()
+        deadline = time.monotonic() + 10
+        while client.post("/v1/chat/completions", json=body).headers.get("x-llmesh-cache") != "hit":
+            if time.monotonic() > deadline:
+                raise RuntimeError("the answer never came from the cache")
+            time.sleep(0.05)
+        times, marked = [], 0
+        for _ in range(hits):
+            start = time.perf_counter()
+            resp = client.post("/v1/chat/completions", json=body)
+            times.append(time.perf_counter() - start)
+            marked += resp.headers.get("x-llmesh-cache") == "hit"
+        stream_times = []
+        for _ in range(max(20, hits // 5)):
+            start = time.perf_counter()
+            with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as resp:
+                for _ in resp.iter_bytes():
+                    pass
+            stream_times.append(time.perf_counter() - start)
+    return {"first_answer_miss_ms": round(miss_s * 1000, 1), "hit": {**_ms(times), "marked_hit": marked},
+            "hit_streamed": _ms(stream_times)}
+
+
+def bench_exact(hits: int, engine_runs: int, engine: str, keep_logs: Path | None = None) -> dict:
+    from llmesh.testing import Mesh, RedisServer, free_layout
+
+    with tempfile.TemporaryDirectory() as tmp:
+        redis = RedisServer(Path(tmp) / "redis")
+        redis.start()
+        model = SMOL if engine == "llamacpp" else "sim-small"
+        mesh = Mesh(layout=free_layout(1), engines=engine, model_dir=(ROOT / "var" / "models").resolve(),
+                    log_dir=Path(tmp) / "logs",
+                    env={"LLMESH_CACHE_BACKEND": "redis", "LLMESH_CACHE_REDIS_URL": redis.url,
+                         "LLMESH_CONFIG_FILE": str(Path(tmp) / "llmesh.yaml"),
+                         # the sim answers like a small GPU model: 25 ms a token
+                         "LLMESH_ENGINE_SIM_DECODE_MS_PER_TOKEN": "25", "LLMESH_ENGINE_SIM_OUTPUT_TOKENS": "32"})
+        try:
+            note(f"exact: starting the mesh ({engine} engine, cache on redis-server)")
+            mesh.start()
+            gateway = _gateway(mesh.layout.http_url, hits, model)
+            engine_result = asyncio.run(_engine_direct(mesh.layout.engine_address(0), engine_runs, model))
+        finally:
+            mesh.stop()
+            redis.stop()
+            if keep_logs is not None:
+                import shutil
+                shutil.copytree(Path(tmp) / "logs", keep_logs, dirs_exist_ok=True)
+    return {"engine": engine, "model": model, "question": QUESTION, "max_tokens": 32,
+            "engine_direct_grpc": engine_result, "through_gateway_http": gateway,
+            "hit_vs_engine_p50": round(engine_result["p50_ms"] / gateway["hit"]["p50_ms"], 1)}
+
+
+# --- semantic lookup at scale ---------------------------------------------------------------
+QUERIES = ["How can I reset my password?", "What's the capital of France?", "How do I cancel my subscription?",
+           "Why does the sky look blue?", "How can I sort a list in Python?", "What is the boiling point of water?",
+           "如何重置我的密码？", "怎么联系客服？"]
+
+
+def bench_semantic(embedder: MiniLM, sizes: list[int], lookups: int) -> dict:
+    embed_times, embed_cpu = [], []
+    for i in range(lookups):
+        text = QUERIES[i % len(QUERIES)] + f" ({i})"
+        start, cpu = time.perf_counter(), time.process_time()
+        embedder.encode(text)
+        embed_times.append(time.perf_counter() - start)
+        embed_cpu.append(time.process_time() - cpu)
+    out: dict = {"embed_only": _ms(embed_times), "embed_only_cpu": _ms(embed_cpu),
+                 "stored_entries": "random unit vectors in one scope"}
+    rng = np.random.default_rng(7)
+    for size in sizes:
+        for mode, hnsw_min in (("numpy", size + 1), ("hnsw", 2000)):
+            if mode == "numpy" and size > 100_000:
+                continue
+            note(f"semantic: {size} entries, {mode}")
+            result = asyncio.run(_lookups(embedder, rng, size, hnsw_min, lookups))
+            out[f"{size}_{mode}"] = result
+    return out
+
+
+async def _lookups(embedder: MiniLM, rng, size: int, hnsw_min: int, lookups: int) -> dict:
+    index = SemanticIndex(embedder, hnsw_min=hnsw_min, memo=1)
+    config = MeshConfig.model_validate({"cache": {"mode": "semantic"}})
+    store = MemoryStore(size + 100)
+    cache = ResponseCache(FailOpen(store, 1.0), index, lambda: config.cache)
+    system = Message("system", "You are a helpful assistant.")
+    scope = semantic_query(Request("bench", "m", Prompt(messages=(system, Message("user", "x"))),
+                                   Sampling(temperature=0.0))).scope
+    started = time.perf_counter()
+    vectors = rng.normal(size=(size, 384)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    batch = []
+    for i, v in enumerate(vectors):
+        name = Name("bench", "m", "s", f"{i:064x}")
+        batch.append((name, scope, f"filler question {i}", v, 3600.0))
+        await store.put(name, Entry(b"", v.tobytes(), "", scope), ttl_s=3600)
+        if len(batch) == 1000:  # as a rebuild from Redis adds them
+            index.add_many(batch)
+            batch = []
+    index.add_many(batch)
+    fill_s = time.perf_counter() - started
+    times, search_times, cpu_times = [], [], []
+    for i in range(lookups):
+        text = QUERIES[i % len(QUERIES)] + f" ({i})"  # distinct: no embedding memo
+        req = Request("bench", "m", Prompt(messages=(system, Message("user", text))), Sampling(temperature=0.0))
+        start, cpu = time.perf_counter(), time.process_time()
+        await cache.lookup(req)
+        times.append(time.perf_counter() - start)
+        cpu_times.append(time.process_time() - cpu)
+        vector = embedder.encode(text)
+        start = time.perf_counter()
+        index.search(scope, text, vector, 0.85)
+        search_times.append(time.perf_counter() - start)
+    return {"lookup_with_embedding": _ms(times), "lookup_with_embedding_cpu": _ms(cpu_times),
+            "search_only": _ms(search_times), "fill_s": round(fill_s, 1)}
+
+
+# --- quality on the labelled pairs ----------------------------------------------------------
+def load_pairs() -> list[dict]:
+    rows = []
+    for path in sorted(DATA.glob("cache_pairs_*.tsv")):
+        lang = path.stem.rsplit("_", 1)[1]
+        for line in path.read_text().splitlines():
+            if line.startswith("#") or not line.strip():
+                continue
+            label, kind, a, b = line.split("\t")
+            rows.append({"hit": label == "hit", "kind": kind, "lang": lang, "a": a, "b": b})
+    return rows
+
+
+def _score(rows: list[dict], threshold: float, guards: bool) -> dict:
+    pos = [r for r in rows if r["hit"]]
+    neg = [r for r in rows if not r["hit"]]
+
+    def says_hit(r):
+        return r["sim"] >= threshold and (not guards or r["guard"] is None)
+
+    tp = sum(map(says_hit, pos))
+    fp = sum(map(says_hit, neg))
+    return {"pairs": len(rows), "should_hit": len(pos), "must_not_hit": len(neg),
+            "recall": round(tp / len(pos), 3) if pos else None,
+            "false_hit_rate": round(fp / len(neg), 3) if neg else None,
+            "precision": round(tp / (tp + fp), 3) if tp + fp else None}
+
+
+def bench_quality(embedder: MiniLM, threshold: float) -> dict:
+    rows = load_pairs()
+    for r in rows:
+        r["sim"] = float(embedder.encode(r["a"]) @ embedder.encode(r["b"]))
+        r["guard"] = refusal(extract(r["a"]), extract(r["b"]))
+    out: dict = {"threshold": threshold}
+    for lang in ("en", "zh", "all"):
+        part = [r for r in rows if lang == "all" or r["lang"] == lang]
+        out[lang] = {"guards": _score(part, threshold, True), "cosine_only": _score(part, threshold, False)}
+    out["false_hits_by_kind_cosine_only"] = {
+        kind: sum(1 for r in rows if r["kind"] == kind and r["sim"] >= threshold)
+        for kind in sorted({r["kind"] for r in rows if not r["hit"]})}
+    out["refusals_by_guard"] = {g: sum(1 for r in rows if r["guard"] == g and not r["hit"])
+                                for g in sorted({r["guard"] for r in rows if r["guard"]})}
+    out["sweep_all_with_guards"] = {f"{t:.2f}": _score(rows, t, True) for t in (0.7, 0.75, 0.8, 0.85, 0.9, 0.95)}
+    out["sweep_all_cosine_only"] = {f"{t:.2f}": _score(rows, t, False) for t in (0.8, 0.85, 0.9, 0.95)}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print only the JSON result")
+    parser.add_argument("--hits", type=int, default=200)
+    parser.add_argument("--engine-runs", type=int, default=10)
+    parser.add_argument("--sizes", default="10000,100000")
+    parser.add_argument("--lookups", type=int, default=100)
+    parser.add_argument("--parts", default="quality,semantic,exact", help="which parts to run")
+    parser.add_argument("--keep-logs", type=Path, help="copy the mesh's logs here")
+    parser.add_argument("--engine", choices=("llamacpp", "sim"), default="llamacpp",
+                        help="the engine behind the gateway for the exact-hit part")
+    parser.add_argument("--model-dir", type=Path, default=ROOT / "var" / "models" / "all-minilm-l6-v2")
+    args = parser.parse_args()
+    embedder = MiniLM(args.model_dir)
+    threshold = MeshConfig().cache.semantic_threshold
+    result: dict = {"bench": "cache", "load_average": os.getloadavg(), "cpus": os.cpu_count()}
+    parts = args.parts.split(",")
+    if "quality" in parts:
+        note("quality: labelled pairs")
+        result["quality"] = bench_quality(embedder, threshold)
+    if "semantic" in parts:
+        result["semantic_lookup"] = bench_semantic(embedder, [int(s) for s in args.sizes.split(",")], args.lookups)
+    if "exact" in parts:
+        result["exact_hit"] = bench_exact(args.hits, args.engine_runs, args.engine, args.keep_logs)
+    result["load_average_end"] = os.getloadavg()
+    print(json.dumps(result, indent=None if args.json else 2))
+
+
+if __name__ == "__main__":
+    main()

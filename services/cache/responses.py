@@ -1,0 +1,171 @@
+"""The response cache's domain: what is cacheable (live config), exact then semantic
+lookup, store, invalidation and stats over a fail-open store. No gRPC here."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from llmesh.background import Background
+from llmesh.errors import InvalidArgument
+from llmesh.liveconfig.schema import CacheConfig
+from llmesh.cache.failopen import FailOpen
+from llmesh.cache.keys import Request, exact_key, semantic_query
+from llmesh.cache.semantic import SemanticIndex
+from llmesh.cache.store import Entry, Name, Selector, TenantStats
+
+log = logging.getLogger("llmesh.cache")
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    response: bytes
+    kind: Literal["exact", "semantic"]
+    key: str
+    similarity: float = 1.0
+
+
+Outcome = Literal["hit_exact", "hit_semantic", "miss", "uncacheable", "bypass"]
+
+
+class ResponseCache:
+    def __init__(self, store: FailOpen, semantic: SemanticIndex | None, config: Callable[[], CacheConfig],
+                 on_lookup: Callable[[Outcome], None] = lambda outcome: None):
+        self._store = store
+        self._semantic = semantic
+        self._config = config
+        self._on_lookup = on_lookup
+        self._background = Background()
+
+    @property
+    def semantic_indexed(self) -> int:
+        return len(self._semantic) if self._semantic is not None else 0
+
+    def _policy(self, req: Request):
+        policy = self._config().policy(req.tenant, req.model)
+        cacheable = (policy.enabled and (req.sampling.deterministic or policy.cache_sampled)
+                     and req.sampling.logprobs is None)  # the cache keeps text only
+        return policy if cacheable else None
+
+    async def lookup(self, req: Request) -> Hit | None:
+        policy = self._policy(req)
+        if policy is None:
+            self._on_lookup("uncacheable")
+            return None
+        if not self._store.available:
+            self._on_lookup("bypass")
+            return None
+        hit = await self._lookup(req, policy)
+        outcome: Outcome = "miss" if hit is None else "hit_exact" if hit.kind == "exact" else "hit_semantic"
+        self._on_lookup(outcome)
+        counters = ["misses"] if hit is None else ["hits", "semantic_hits"] if hit.kind == "semantic" else ["hits"]
+        for counter in counters:
+            self._background.spawn(self._store.call("count", lambda c=counter: self._store.store.count(req.tenant, c), None))
+        return hit
+
+    async def _lookup(self, req: Request, policy) -> Hit | None:
+        key = exact_key(req)
+        name = Name(req.tenant, req.model, "x", key)
+        entry = await self._store.call("get", lambda: self._store.store.get(name), None)
+        if entry is not None:
+            return Hit(entry.response, "exact", key)
+        if policy.mode != "semantic" or self._semantic is None or not self._store.available:
+            return None
+        query = semantic_query(req)
+        if query is None:
+            return None
+        vector = await self._embed(query.text)
+        for candidate in self._semantic.search(query.scope, query.text, vector, policy.semantic_threshold):
+            entry = await self._store.call("get", lambda c=candidate: self._store.store.get(c.name), None)
+            if entry is not None:
+                return Hit(entry.response, "semantic", candidate.name.digest, candidate.similarity)
+            if self._store.available:  # gone from the store (expired, evicted, invalidated elsewhere)
+                self._semantic.remove(candidate.name)
+        return None
+
+    async def _embed(self, text: str) -> np.ndarray:
+        """The embedding, computed on a worker thread (the loop keeps answering exact
+        lookups); the memo is only touched here, on the loop."""
+        vector = self._semantic.remembered(text)
+        if vector is None:
+            vector = await asyncio.to_thread(self._semantic.encode, text)
+            self._semantic.remember(text, vector)
+        return vector
+
+    async def store(self, req: Request, response: bytes) -> bool:
+        policy = self._policy(req)
+        if policy is None or not self._store.available:
+            return False
+        name = Name(req.tenant, req.model, "x", exact_key(req))
+        evicted = await self._store.call("put", lambda: self._store.store.put(name, Entry(response), policy.ttl_s),
+                                         None)
+        if evicted is None:
+            return False
+        query = semantic_query(req) if policy.mode == "semantic" and self._semantic is not None else None
+        if query is not None:
+            vector = await self._embed(query.text)
+            sname = Name(req.tenant, req.model, "s", name.digest)  # one digest: invalidated together
+            entry = Entry(response, vector.tobytes(), query.text, query.scope)
+            more = await self._store.call("put", lambda: self._store.store.put(sname, entry, policy.ttl_s), None)
+            if more is not None:
+                self._semantic.add(sname, query.scope, query.text, vector, policy.ttl_s)
+                evicted += more
+        for gone in evicted:
+            if self._semantic is not None:
+                self._semantic.remove(gone)
+        return True
+
+    async def invalidate(self, selector: Selector, everything: bool = False) -> int:
+        if selector.tenant is None and selector.model is None and not selector.prefix and not everything:
+            raise InvalidArgument("Name a tenant, a model or a key prefix to invalidate, or ask for all.",
+                                  param="tenant")
+        if selector.prefix and any(c not in "0123456789abcdef" for c in selector.prefix):
+            raise InvalidArgument("A key prefix is lower-case hex (the start of a key digest).", param="key_prefix")
+        removed = await self._store.store.invalidate(selector)  # an admin call: errors surface, no bypass
+        if self._semantic is not None:
+            self._semantic.remove_matching(selector)
+        log.info("cache invalidated", extra={"tenant": selector.tenant, "model": selector.model,
+                                             "prefix": selector.prefix, "removed": len(removed)})
+        return len(removed)
+
+    async def stats(self, tenant: str | None = None) -> dict[str, TenantStats]:
+        return await self._store.store.stats(tenant)
+
+    async def rebuild(self) -> int:
+        """Index every semantic entry the store holds (at start: a restart loses nothing)."""
+        if self._semantic is None:
+            return 0
+        n, batch = 0, []
+        async for stored in self._store.store.semantic_entries():
+            e = stored.entry
+            batch.append((stored.name, e.scope, e.text, np.frombuffer(e.vector, dtype=np.float32), stored.ttl_left_s))
+            if len(batch) >= 1000:
+                n += len(batch)
+                self._semantic.add_many(batch)
+                batch = []
+        self._semantic.add_many(batch)
+        return n + len(batch)
+
+    async def follow(self, on_rebuilt: Callable[[int], None] = lambda n: None) -> None:
+        """Keep the index current with what every replica stores: listen, read what the
+        store already holds, then add each new entry as it is announced. Returns when
+        the store has nothing more to announce; raises if the store goes away."""
+        if self._semantic is None:
+            return
+        async for stored in self._store.store.watch_semantic():
+            if stored is None:
+                on_rebuilt(await self.rebuild())
+            elif stored.name not in self._semantic:
+                self._index(stored)
+
+    def _index(self, stored) -> None:
+        e = stored.entry
+        self._semantic.add(stored.name, e.scope, e.text, np.frombuffer(e.vector, dtype=np.float32), stored.ttl_left_s)
+
+    async def drain(self) -> None:
+        await self._background.drain()

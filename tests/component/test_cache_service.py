@@ -1,0 +1,196 @@
+"""The cache service in process over real gRPC, on a real redis-server, with the real
+MiniLM: hits shared by two cache instances and kept across a restart, no hit across
+tenants or system prompts, live config read per request, fail-open when Redis stops."""
+
+import asyncio
+import time
+import uuid
+
+import grpc
+import pytest
+
+from llmesh.cache.app import CacheApp
+from llmesh.cache.config import CacheSettings
+from llmesh.liveconfig.schema import MeshConfig
+from llmesh.platform import standalone_platform
+from llmesh.rpc.channels import insecure_channel
+from llmesh.testing import RedisServer
+from llmesh.v1 import cache_pb2, cache_pb2_grpc, common_pb2
+
+SEMANTIC = MeshConfig.model_validate({"cache": {"mode": "semantic", "semantic_threshold": 0.8}})
+
+
+def query(text: str, tenant: str = "acme", system: str | None = "You are terse.", model: str = "m"):
+    messages = ([common_pb2.ChatMessage(role="system", content=system)] if system else []) + [
+        common_pb2.ChatMessage(role="user", content=text)]
+    return cache_pb2.CacheQuery(tenant=tenant, model=model, chat=cache_pb2.CachedChat(messages=messages),
+                                sampling=common_pb2.SamplingParams(temperature=0.0, max_tokens=32))
+
+
+def answer(text: str) -> cache_pb2.CachedResponse:
+    return cache_pb2.CachedResponse(text=text, finish_reason=common_pb2.FINISH_REASON_STOP,
+                                    usage=common_pb2.Usage(prompt_tokens=9, completion_tokens=3))
+
+
+class Running:
+    def __init__(self, app: CacheApp):
+        self.app = app
+        self.channel = insecure_channel(app.advertise_address)
+        self.stub = cache_pb2_grpc.CacheStub(self.channel)
+        self.stopped = False
+
+    def config(self, config: MeshConfig) -> None:
+        self.app_platform.config.current = config
+
+    async def lookup(self, q) -> cache_pb2.LookupResponse:
+        return await self.stub.Lookup(cache_pb2.LookupRequest(query=q), timeout=5)
+
+    async def store(self, q, text: str) -> bool:
+        return (await self.stub.Store(cache_pb2.StoreRequest(query=q, response=answer(text)), timeout=10)).stored
+
+    async def stop(self) -> None:
+        if not self.stopped:
+            self.stopped = True
+            await self.channel.close()
+            await self.app.stop(1)
+
+
+@pytest.fixture
+async def start(redis_server, minilm_dir):
+    namespace = f"test:{uuid.uuid4().hex}"
+    running: list[Running] = []
+
+    async def start(config: MeshConfig = SEMANTIC, url: str | None = None, **overrides) -> Running:
+        platform = standalone_platform("cache")
+        platform.config.current = config
+        # a generous store budget: this machine is shared, and a call over budget is (rightly) a miss
+        settings = CacheSettings(port=0, backend="redis", redis_url=url or redis_server.url, namespace=namespace,
+                                 embed_model_dir=minilm_dir, **{"store_budget_s": 1.0, **overrides})
+        app = CacheApp(settings, platform)
+        await app.start()
+        r = Running(app)
+        r.app_platform = platform
+        running.append(r)
+        return r
+
+    yield start
+    for r in running:
+        await r.stop()
+
+
+async def _rebuilt(r: Running, n: int) -> None:
+    deadline = time.monotonic() + 10
+    while r.app.cache.semantic_indexed < n and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+
+
+async def test_exact_and_semantic_hits_are_shared_and_survive_a_restart(start):
+    a, b = await start(), await start()
+    try:
+        assert await a.store(query("How do I reset my password?"), "Use the reset link.")
+        exact = await b.lookup(query("How do I reset my password?"))
+        assert exact.hit and exact.kind == cache_pb2.HIT_KIND_EXACT and exact.response.text == "Use the reset link."
+        await _rebuilt(b, 1)  # b heard of a's semantic entry as it was stored
+        shared = await b.lookup(query("How can I reset my password?"))
+        assert shared.hit and shared.kind == cache_pb2.HIT_KIND_SEMANTIC
+        await b.stop()  # a restart indexes what Redis holds
+        c = await start()
+        await _rebuilt(c, 1)
+        semantic = await c.lookup(query("How can I reset my password?"))
+        assert semantic.hit and semantic.kind == cache_pb2.HIT_KIND_SEMANTIC
+        assert semantic.response.text == "Use the reset link." and 0.8 <= semantic.similarity < 1
+        assert semantic.key and len(semantic.key) == 64
+        assert c.app.metrics.lookups.labels("hit_semantic")._value.get() == 1
+        await c.stop()
+    finally:
+        await a.stop()
+
+
+async def test_no_hit_across_tenants_system_prompts_or_near_misses(start):
+    a = await start()
+    try:
+        assert await a.store(query("How do I reset my password?"), "secret answer")
+        for q in (query("How do I reset my password?", tenant="globex"),
+                  query("How can I reset my password?", tenant="globex"),
+                  query("How do I reset my password?", system="You are a pirate."),
+                  query("How can I reset my password?", system=None),
+                  query("How do I reset my password?", model="other"),
+                  query("How do I not reset my password?")):
+            assert not (await a.lookup(q)).hit, q
+        refused = a.app.metrics.guard_refusals.labels("negation")._value.get()
+        assert refused == 1
+    finally:
+        await a.stop()
+
+
+async def test_live_config_applies_on_the_next_request(start):
+    a = await start(MeshConfig())  # exact only
+    try:
+        await a.store(query("How do I reset my password?"), "x")
+        assert not (await a.lookup(query("How can I reset my password?"))).hit
+        a.config(SEMANTIC)  # semantic from now; stored entries get an embedding from now on
+        await a.store(query("How do I reset my password?"), "x")
+        assert (await a.lookup(query("How can I reset my password?"))).hit
+        a.config(MeshConfig.model_validate({"cache": {"mode": "semantic", "tenants": {"acme": {"enabled": False}}}}))
+        assert not (await a.lookup(query("How do I reset my password?"))).hit
+        assert not await a.store(query("Another question?"), "y")
+        a.config(MeshConfig.model_validate({"cache": {"mode": "semantic", "semantic_threshold": 0.999}}))
+        assert not (await a.lookup(query("How can I reset my password?"))).hit
+        sampled = query("Pick a number")
+        sampled.sampling.temperature = 0.9
+        assert not await a.store(sampled, "7")  # sampling: not cached unless the tenant opts in
+        a.config(MeshConfig.model_validate({"cache": {"tenants": {"acme": {"cache_sampled": True}}}}))
+        assert await a.store(sampled, "7") and (await a.lookup(sampled)).hit
+    finally:
+        await a.stop()
+
+
+async def test_invalidate_and_stats_over_grpc(start):
+    a = await start()
+    try:
+        await a.store(query("How do I reset my password?"), "x")
+        await a.store(query("What is the capital of France?", tenant="globex"), "Paris")
+        hit = await a.lookup(query("How do I reset my password?"))
+        await a.lookup(query("Unknown question?"))
+        stats = await a.stub.Stats(cache_pb2.StatsRequest(), timeout=5)
+        by = {t.tenant: t for t in stats.tenants}
+        assert stats.backend == "redis" and stats.backend_available and stats.semantic_indexed == 2
+        assert (by["acme"].entries, by["acme"].hits, by["acme"].misses, by["acme"].stores) == (2, 1, 1, 2)
+        removed = await a.stub.Invalidate(cache_pb2.InvalidateRequest(tenant="acme", key_prefix=hit.key[:8]),
+                                          timeout=5)
+        assert removed.removed == 2  # the exact entry and its semantic twin share the key
+        assert not (await a.lookup(query("How do I reset my password?"))).hit
+        assert (await a.stub.Invalidate(cache_pb2.InvalidateRequest(model="m"), timeout=5)).removed == 2
+        assert (await a.stub.Stats(cache_pb2.StatsRequest(), timeout=5)).semantic_indexed == 0
+        for bad in (cache_pb2.InvalidateRequest(), cache_pb2.InvalidateRequest(key_prefix="XYZ")):
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await a.stub.Invalidate(bad, timeout=5)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    finally:
+        await a.stop()
+
+
+async def test_fails_open_when_redis_stops_and_recovers_when_it_returns(start, tmp_path):
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    a = await start(url=server.url, store_pause_s=0.2, store_budget_s=0.2)
+    try:
+        await a.store(query("How do I reset my password?"), "x")
+        assert (await a.lookup(query("How do I reset my password?"))).hit
+        server.stop()
+        for _ in range(5):
+            started = time.perf_counter()
+            assert not (await a.lookup(query("How can I reset my password?"))).hit
+            assert time.perf_counter() - started < 0.5
+        assert not await a.store(query("New question?"), "y")
+        stats_errors = a.app.metrics.store_errors.labels("get")._value.get()
+        assert stats_errors >= 1
+        server.start()  # same port; nothing persisted
+        await asyncio.sleep(0.3)
+        deadline = time.monotonic() + 5
+        while not await a.store(query("Back again?"), "z") and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert (await a.lookup(query("Back again?"))).hit
+    finally:
+        await a.stop()
+        server.stop()
