@@ -3,6 +3,7 @@
 import subprocess
 import sys
 
-for module in ("bench.gateway", "bench.governance", "bench.llamacpp", "bench.engine", "bench.guards", "bench.cache"):
+for module in ("bench.gateway", "bench.governance", "bench.llamacpp", "bench.engine", "bench.guards", "bench.cache",
+               "bench.provider"):
     print(f"# {module}", file=sys.stderr, flush=True)
     subprocess.run([sys.executable, "-m", module, *sys.argv[1:]], check=True)
