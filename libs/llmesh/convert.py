@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from llmesh.errors import InvalidArgument
 from llmesh.kvhash import HashScheme
-from llmesh.types import FinishReason, Message, Priority, Prompt, Sampling, Usage
+from llmesh.types import FinishReason, Message, Priority, Prompt, ResponseFormat, Sampling, TokenLogprob, Usage
 from llmesh.v1 import common_pb2, scheduler_pb2
 
 _FINISH_TO_PB = {
@@ -62,6 +62,11 @@ def sampling_to_pb(s: Sampling) -> common_pb2.SamplingParams:
         pb.top_p = s.top_p
     if s.seed is not None:
         pb.seed = s.seed
+    if s.logprobs is not None:
+        pb.logprobs = s.logprobs
+    if s.response_format is not None:
+        pb.response_format.type = s.response_format.type
+        pb.response_format.json_schema = s.response_format.schema or ""
     return pb
 
 
@@ -72,7 +77,20 @@ def sampling_from_pb(pb: common_pb2.SamplingParams) -> Sampling:
         top_p=pb.top_p if pb.HasField("top_p") else None,
         stop=tuple(pb.stop),
         seed=pb.seed if pb.HasField("seed") else None,
+        logprobs=pb.logprobs if pb.HasField("logprobs") else None,
+        response_format=(ResponseFormat(pb.response_format.type, pb.response_format.json_schema or None)
+                         if pb.HasField("response_format") else None),
     )
+
+
+def logprobs_to_pb(items: tuple[TokenLogprob, ...]) -> list[common_pb2.TokenLogprob]:
+    return [common_pb2.TokenLogprob(token=t.token, logprob=t.logprob,
+                                    top=[common_pb2.TokenLogprob.Alternative(token=a, logprob=lp) for a, lp in t.top])
+            for t in items]
+
+
+def logprobs_from_pb(pbs) -> tuple[TokenLogprob, ...]:
+    return tuple(TokenLogprob(t.token, t.logprob, tuple((a.token, a.logprob) for a in t.top)) for t in pbs)
 
 
 def messages_to_pb(messages: tuple[Message, ...]) -> list[common_pb2.ChatMessage]:

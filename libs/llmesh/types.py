@@ -25,13 +25,25 @@ class Message:
 
 
 @dataclass(frozen=True, slots=True)
+class ResponseFormat:
+    """Constrains the answer's shape: ``json_object`` (any JSON object) or
+    ``json_schema`` (JSON matching ``schema``, a JSON Schema as JSON text)."""
+    type: str
+    schema: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Sampling:
-    """Sampling controls; None means the serving default."""
+    """Sampling controls; None means the serving default. ``logprobs`` is the number
+    of most likely alternatives to report per token (0: only the chosen token's);
+    None asks for no log probabilities."""
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    logprobs: int | None = None
+    response_format: ResponseFormat | None = None
 
     @property
     def deterministic(self) -> bool:
@@ -61,10 +73,21 @@ class Usage:
 
 
 @dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One generated token and its log probability under the model, with the most
+    likely alternatives at that position (``top``: (token, logprob), best first)."""
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Delta:
-    """Generated text that became final, and the number of tokens behind it."""
+    """Generated text that became final, and the number of tokens behind it; with
+    ``logprobs`` requested, one entry per token behind it."""
     text: str
     tokens: int = 0
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,14 +3,18 @@ routing, the engine again before decoding (gRPC clients may call it directly).""
 
 from __future__ import annotations
 
+import json
+
 from llmesh.errors import InvalidArgument
-from llmesh.types import Message, Prompt, Sampling
+from llmesh.types import Message, Prompt, ResponseFormat, Sampling
 
 MAX_STOP_SEQUENCES = 4
 # The wire types of SamplingParams (common.proto): max_tokens is a uint32, seed an int64.
 UINT32_MAX = 2**32 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_MESSAGES = 2048  # OpenAI's own limit on a conversation's length
+MAX_TOP_LOGPROBS = 20
+RESPONSE_FORMATS = frozenset({"json_object", "json_schema"})
 CHAT_ROLES = frozenset({"system", "user", "assistant"})
 
 
@@ -31,6 +35,32 @@ def check_sampling(s: Sampling) -> None:
                               param="stop")
     if any(not seq for seq in s.stop):
         raise InvalidArgument("stop sequences must not be empty.", param="stop")
+    if s.logprobs is not None and not 0 <= s.logprobs <= MAX_TOP_LOGPROBS:
+        raise InvalidArgument(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {s.logprobs}.",
+                              param="top_logprobs")
+    if s.response_format is not None:
+        check_response_format(s.response_format)
+
+
+def check_response_format(f: ResponseFormat) -> None:
+    if f.type not in RESPONSE_FORMATS:
+        raise InvalidArgument(f"response_format.type must be one of {sorted(RESPONSE_FORMATS)}, got '{f.type}'.",
+                              param="response_format.type")
+    if f.type != "json_schema":
+        if f.schema is not None:
+            raise InvalidArgument(f"response_format of type '{f.type}' takes no schema.",
+                                  param="response_format")
+        return
+    if not f.schema:
+        raise InvalidArgument("response_format json_schema needs a schema.", param="response_format.json_schema")
+    try:
+        schema = json.loads(f.schema)
+    except ValueError:
+        raise InvalidArgument("response_format.json_schema.schema is not valid JSON.",
+                              param="response_format.json_schema.schema") from None
+    if not isinstance(schema, dict):
+        raise InvalidArgument("response_format.json_schema.schema must be a JSON object.",
+                              param="response_format.json_schema.schema")
 
 
 def check_messages(messages: tuple[Message, ...]) -> None:

@@ -27,6 +27,8 @@ def _sampling_doc(sampling: Sampling) -> dict:
     """The parameters that change the output. At temperature 0 the answer is greedy:
     top_p and the seed change nothing, so they stay out and the entries are shared."""
     doc: dict = {"n": sampling.max_tokens, "s": list(sampling.stop)}
+    if sampling.response_format is not None:
+        doc["f"] = [sampling.response_format.type, sampling.response_format.schema]
     if sampling.temperature != 0.0:
         doc.update(t=sampling.temperature, p=sampling.top_p, seed=sampling.seed)
     return doc

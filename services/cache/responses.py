@@ -48,7 +48,8 @@ class ResponseCache:
 
     def _policy(self, req: Request):
         policy = self._config().policy(req.tenant, req.model)
-        cacheable = policy.enabled and (req.sampling.deterministic or policy.cache_sampled)
+        cacheable = (policy.enabled and (req.sampling.deterministic or policy.cache_sampled)
+                     and req.sampling.logprobs is None)  # the cache keeps text only
         return policy if cacheable else None
 
     async def lookup(self, req: Request) -> Hit | None:

@@ -6,13 +6,13 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from llmesh.errors import ContextLengthExceeded, InvalidArgument, ModelNotFound
 from llmesh.types import Delta, Finish, FinishReason, Priority, Prompt, Sampling, Usage
 from llmesh.validation import check_request
 from llmesh.engine.admission import Admission
-from llmesh.engine.backends.base import Backend, DecodeParams
+from llmesh.engine.backends.base import CONTINUATION, LOGPROBS, RESPONSE_FORMAT, Backend, DecodeParams, Token
 from llmesh.engine.metrics import EngineMetrics
 from llmesh.engine.stops import StopMatcher
 
@@ -83,16 +83,22 @@ class EngineCore:
         return len(backend.tokenize(prompt))
 
     async def generate(self, model: str, prompt: Prompt, sampling: Sampling,
-                       priority: Priority = Priority.NORMAL) -> AsyncIterator[Delta | Finish]:
+                       priority: Priority = Priority.NORMAL, continuation: str = "") -> AsyncIterator[Delta | Finish]:
         """Yields Delta items, then exactly one Finish. Raises before the first
         item for a bad request, a full queue, or when shed for a higher priority."""
         backend = self.backend  # one request, one backend, even if a model load swaps it meanwhile
         self._check_model(backend, model)
         check_request(model, prompt, sampling)
+        self._check_features(backend, sampling)
         tokens = backend.tokenize(prompt)
         if not tokens:
             raise InvalidArgument("The prompt is empty.", param="messages" if prompt.is_chat else "prompt")
-        params = self._decode_params(backend, len(tokens), sampling, model, priority)
+        if continuation:
+            if CONTINUATION not in getattr(backend, "features", frozenset()):
+                raise InvalidArgument(f"The {backend.name} backend cannot continue an answer.", param="continuation")
+            tokens = tokens + backend.tokenize_continuation(continuation)
+        params = replace(self._decode_params(backend, len(tokens), sampling, model, priority),
+                         continues=bool(continuation))
         arrived = time.monotonic()
         key = id(backend)
         self._active[key] = self._active.get(key, 0) + 1
@@ -119,9 +125,12 @@ class EngineCore:
         try:
             async for piece in pieces:
                 produced += 1
-                text = matcher.feed(piece)
-                if text or matcher.stopped:
-                    yield Delta(text=text, tokens=1)
+                if isinstance(piece, Token):
+                    text, logprobs = matcher.feed(piece.text), (piece.logprob,)
+                else:
+                    text, logprobs = matcher.feed(piece), ()
+                if text or logprobs or matcher.stopped:
+                    yield Delta(text=text, tokens=1, logprobs=logprobs)
                 if matcher.stopped:
                     break
         finally:
@@ -161,6 +170,16 @@ class EngineCore:
         if model not in backend.models:
             raise ModelNotFound(model)
 
+    @staticmethod
+    def _check_features(backend: Backend, sampling: Sampling) -> None:
+        """A request that needs what the backend cannot do is refused, never served without it."""
+        features = getattr(backend, "features", frozenset())
+        if sampling.logprobs is not None and LOGPROBS not in features:
+            raise InvalidArgument(f"The {backend.name} backend cannot report logprobs.", param="logprobs")
+        if sampling.response_format is not None and RESPONSE_FORMAT not in features:
+            raise InvalidArgument(f"The {backend.name} backend cannot enforce response_format.",
+                                  param="response_format")
+
     def _decode_params(self, backend: Backend, prompt_tokens: int, sampling: Sampling, adapter: str,
                        priority: Priority) -> DecodeParams:
         ctx = backend.context_length
@@ -173,4 +192,5 @@ class EngineCore:
         top_p = self.defaults.top_p if sampling.top_p is None else sampling.top_p
         return DecodeParams(max_new_tokens=sampling.max_tokens or room, temperature=temperature,
                             top_p=top_p, seed=sampling.seed, adapter=adapter if adapter != backend.model else None,
-                            priority=priority)
+                            priority=priority, logprobs=sampling.logprobs,
+                            response_format=sampling.response_format)

@@ -6,7 +6,7 @@ from contextlib import aclosing
 
 from opentelemetry import trace
 
-from llmesh.convert import finish_to_pb, priority_from_pb, prompt_from_pb, sampling_from_pb, usage_to_pb
+from llmesh.convert import finish_to_pb, logprobs_to_pb, priority_from_pb, prompt_from_pb, sampling_from_pb, usage_to_pb
 from llmesh.types import Delta
 from llmesh.v1 import engine_pb2, engine_pb2_grpc
 from llmesh.engine.core import EngineCore
@@ -21,11 +21,12 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
 
     async def Generate(self, request, context):
         items = self._core.generate(request.model, prompt_from_pb(request), sampling_from_pb(request.sampling),
-                                    priority_from_pb(request.priority))
+                                    priority_from_pb(request.priority), request.continuation)
         async with aclosing(items):
             async for item in items:
                 if isinstance(item, Delta):
-                    yield engine_pb2.GenerateResponse(text=item.text, token_count=item.tokens)
+                    yield engine_pb2.GenerateResponse(text=item.text, token_count=item.tokens,
+                                                      logprobs=logprobs_to_pb(item.logprobs))
                 else:
                     span = trace.get_current_span()  # the interceptor's server span
                     span.set_attribute("gen_ai.request.model", request.model)

@@ -21,6 +21,8 @@ from llmesh.gateway.picking import EndpointPicker
 from llmesh.gateway.prompt_tokens import PromptTokens
 from llmesh.gateway.http import HttpFront
 from llmesh.gateway.metrics import GatewayMetrics
+from llmesh.gateway.providers import ProviderClients
+from llmesh.gateway.resilience import Breakers, RetryBudgetGate
 from llmesh.gateway.audit_stage import AuditStage
 from llmesh.gateway.auth import AuthenticateStage, Authenticator, JwtSettings, JwtVerifier
 from llmesh.gateway.grants import AuthorizeStage, access
@@ -51,6 +53,7 @@ class GatewayApp:
         self.picker = EndpointPicker()
         tracer = platform.tracing.tracer
         self.engines = EngineClients(tracer)
+        self.providers = ProviderClients()
         self.cache = (CacheClient(platform.resolver("cache", settings.cache_address), settings.cache_budget_s,
                                   tracer=tracer, config=lambda: self.config.current)
                       if settings.cache_address else None)
@@ -92,8 +95,12 @@ class GatewayApp:
                   LimitStage(limiter, current, TokenCounter(prompt_tokens), settings.reserve_tokens,
                              lease_s=settings.request_timeout_s),
                   GuardStage(current)]
+        breakers = Breakers(lambda: self.config.current.circuit_breaker,
+                            on_state=lambda endpoint, state: self.metrics.breaker.labels(endpoint).set(int(state)))
         self.pipeline = Pipeline(self.picker, self.engines, self.catalog, self.cache, observe=self.metrics.observe,
-                                 tracer=tracer, stages=stages, prompt_tokens=prompt_tokens)
+                                 tracer=tracer, stages=stages, prompt_tokens=prompt_tokens, breakers=breakers,
+                                 budget=RetryBudgetGate(lambda: self.config.current.retry_budget),
+                                 providers=self.providers, config=current)
         self._draining = False
         self.http = HttpFront(self.pipeline, self.models_for, lambda: not self._draining,
                               settings.request_timeout_s, settings.body_timeout_s)
@@ -146,6 +153,7 @@ class GatewayApp:
         await asyncio.gather(*self._tasks[:-1], return_exceptions=True)
         await self.pipeline.drain()
         await self.engines.close()
+        await self.providers.close()
         if self.cache:
             await self.cache.close()
         if self.redis is not None:

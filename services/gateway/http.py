@@ -22,7 +22,8 @@ from opentelemetry.trace import INVALID_SPAN
 from llmesh.errors import ErrorCode, InvalidArgument, LlmeshError
 from llmesh.logs import request_id_var
 from llmesh.types import Delta, Finish
-from llmesh.gateway.openai_api import (CHAT, TEXT, ChatBody, ChunkWriter, CompletionBody, Shape,
+from llmesh.gateway.choices import UsageSum, choice_requests, merge
+from llmesh.gateway.openai_api import (CHAT, TEXT, ChatBody, Choice, ChunkWriter, CompletionBody, Shape,
                                        completion_json, error_json, parse)
 from llmesh.gateway.pipeline import CompletionRequest, Context, Pipeline
 
@@ -144,32 +145,43 @@ class HttpFront:
         try:
             body = parse(body_cls, raw)
             prompt = body.prompt() if shape.chat else body.prompt_value()
+            sampling = body.sampling_params()
+            n = body.choices
             req = CompletionRequest(request_id=rid, tenant="", model=body.model, prompt=prompt,
-                                    sampling=body.sampling_params(), timeout_s=self._timeout(headers),
+                                    sampling=sampling, timeout_s=self._timeout(headers),
                                     user=body.user, trace_headers=headers,
                                     operation="chat" if shape.chat else "text_completion",
                                     credential=bearer(headers))
-            ctx = Context(req, {}, INVALID_SPAN)
-            items = self._pipeline.run(req, ctx)
+            ctxs = [Context(r, {}, INVALID_SPAN) for r in choice_requests(req, n)]
+            items = merge([self._pipeline.run(c.req, c) for c in ctxs])
+            want_logprobs = sampling.logprobs is not None
             if body.stream:
                 # Wait for the first item so an early failure still gets its status code.
                 first = await anext(items)
-                writer = ChunkWriter(shape, rid, body.model, body.include_usage)
-                return await self._stream(receive, send, rid, writer, first, items, ctx.headers)
+                writer = ChunkWriter(shape, rid, body.model, body.include_usage, logprobs=want_logprobs)
+                return await self._stream(receive, send, rid, writer, first, items, ctxs[0].headers)
+            texts: list[list[str]] = [[] for _ in range(n)]
+            logprobs = [[] if want_logprobs else None for _ in range(n)]
+            finishes: list[Finish | None] = [None] * n
+            total = UsageSum()
             async with aclosing(items):
-                parts, finish = [], None
-                async for item in items:
+                async for i, item in items:
                     if isinstance(item, Delta):
-                        parts.append(item.text)
+                        texts[i].append(item.text)
+                        if want_logprobs:
+                            logprobs[i].extend(item.logprobs)
                     else:
-                        finish = item
-            await _json(send, completion_json(shape, rid, body.model, "".join(parts), finish.reason, finish.usage),
-                        rid=rid, extra=ctx.headers)
+                        finishes[i] = item
+                        total.add(item)
+            choices = [Choice("".join(texts[i]), finishes[i].reason, logprobs[i]) for i in range(n)]
+            await _json(send, completion_json(shape, rid, body.model, choices, total.usage),
+                        rid=rid, extra=ctxs[0].headers)
         except LlmeshError as exc:
             await _error(send, exc, rid)
 
-    async def _stream(self, receive: Receive, send: Send, rid: str, writer: ChunkWriter, first: Delta | Finish,
-                      items: AsyncIterator[Delta | Finish], extra: dict[str, str]) -> None:
+    async def _stream(self, receive: Receive, send: Send, rid: str, writer: ChunkWriter,
+                      first: tuple[int, Delta | Finish], items: AsyncIterator[tuple[int, Delta | Finish]],
+                      extra: dict[str, str]) -> None:
         """SSE; a client that goes away cancels the stream, which cancels the engine call."""
         await send({"type": "http.response.start", "status": 200, "headers": [
             (b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
@@ -194,24 +206,33 @@ class HttpFront:
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
 
-    async def _events(self, writer: ChunkWriter, first: Delta | Finish,
-                      items: AsyncIterator[Delta | Finish]) -> AsyncIterator[bytes]:
+    async def _events(self, writer: ChunkWriter, first: tuple[int, Delta | Finish],
+                      items: AsyncIterator[tuple[int, Delta | Finish]]) -> AsyncIterator[bytes]:
         async with aclosing(items):
             try:
-                # The role chunk rides with the first text: one write before the first token.
-                role = writer.role()
-                head = _sse(role) if role is not None else b""
-                item = first
+                # A choice's role chunk rides with its first text: one write before the first token.
+                started: set[int] = set()
+                total = UsageSum()
+                i, item = first
                 while True:
-                    if isinstance(item, Delta):
-                        if item.text:
-                            yield head + _sse(writer.delta(item.text))
-                            head = b""
-                    else:
-                        usage = writer.usage(item.usage)
-                        yield head + _sse(writer.finish(item.reason)) + (_sse(usage) if usage is not None else b"")
+                    if isinstance(item, Finish) or item.text or item.logprobs:
+                        head = b""
+                        if i not in started:
+                            started.add(i)
+                            role = writer.role(i)
+                            head = _sse(role) if role is not None else b""
+                        if isinstance(item, Delta):
+                            yield head + _sse(writer.delta(item.text, i, item.logprobs))
+                        else:
+                            total.add(item)
+                            yield head + _sse(writer.finish(item.reason, i))
+                    nxt = await anext(items, None)
+                    if nxt is None:
                         break
-                    item = await anext(items)
+                    i, item = nxt
+                usage = writer.usage(total.usage)
+                if usage is not None:
+                    yield _sse(usage)
             except LlmeshError as exc:
                 # Headers are gone; OpenAI's convention is an error object in the stream.
                 yield _sse(error_json(HTTP_STATUS[exc.code], exc.message, exc.reason, exc.param))

@@ -26,8 +26,13 @@ class GatewayMetrics:
                                     ("tenant",), registry=registry)
         self.retries = Counter("llmesh_retries", "Attempts on another engine before the first token.",
                                ("model",), registry=registry)
-        self.fallbacks = Counter("llmesh_fallbacks", "Requests served by a fallback model.", ("model",),
-                                 registry=registry)
+        self.fallbacks = Counter("llmesh_fallbacks", "Requests served by a fallback model (the model label).",
+                                 ("model",), registry=registry)
+        self.failovers = Counter("llmesh_stream_failovers", "Answers continued on another engine after the "
+                                 "one streaming them failed.", ("model",), registry=registry)
+        self.retry_budget_exhausted = Counter("llmesh_retry_budget_exhausted",
+                                              "Requests that failed because the retry budget was spent.",
+                                              registry=registry)
         self.breaker = Gauge("llmesh_circuit_breaker_state", "0 closed, 1 open, 2 half-open.", ("endpoint",),
                              registry=registry)
         self.limits_fallback = Counter("llmesh_limits_fallback", "Admissions decided by this replica's local "
@@ -48,6 +53,12 @@ class GatewayMetrics:
             self.rate_limited.labels(tenant).inc()
         if r.get("retries"):
             self.retries.labels(model).inc(r["retries"])
+        if r.get("failovers"):
+            self.failovers.labels(model).inc(r["failovers"])
+        if r.get("retry_budget") == "exhausted":
+            self.retry_budget_exhausted.inc()
+        if r.get("fallback") and r["status"] == "ok":
+            self.fallbacks.labels(r["fallback"]).inc()
         if r["status"] != "ok":
             return
         self.prompt_tokens.labels(model, tenant).inc(r["prompt_tokens"])

@@ -5,18 +5,52 @@ HTTP and gRPC fronts enforce the same ones."""
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from llmesh.errors import InvalidArgument
-from llmesh.types import FinishReason, Message, Prompt, Sampling, Usage
+from llmesh.types import FinishReason, Message, Prompt, ResponseFormat, Sampling, TokenLogprob, Usage
+
+MAX_CHOICES = 16
+# Fields we do not act on but that change nothing about the answer; any other field
+# we do not know is refused (400 naming it) unless it holds the value that means "off".
+HARMLESS = frozenset({"store", "metadata", "service_tier"})
+OFF_VALUES: dict[str, tuple[Any, ...]] = {
+    "presence_penalty": (0, None), "frequency_penalty": (0, None), "logit_bias": ({}, None),
+    "tools": ([], None), "tool_choice": ("none", None), "parallel_tool_calls": (None, True, False),
+    "functions": ([], None), "function_call": ("none", None), "echo": (False, None), "best_of": (1, None),
+    "suffix": (None, ""),
+}
+
+
+class _JsonSchema(BaseModel):
+    name: str = "response"
+    description: str | None = None
+    schema_: dict | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class _ResponseFormat(BaseModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: _JsonSchema | None = None
+
+    def to_domain(self) -> ResponseFormat | None:
+        if self.type == "text":
+            return None
+        if self.type == "json_object":
+            return ResponseFormat("json_object")
+        if self.json_schema is None or self.json_schema.schema_ is None:
+            raise InvalidArgument("response_format of type 'json_schema' needs json_schema.schema.",
+                                  param="response_format.json_schema")
+        return ResponseFormat("json_schema", json.dumps(self.json_schema.schema_))
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")  # unknown OpenAI fields are accepted and unused
+    model_config = ConfigDict(extra="allow")  # checked in ``refuse_unsupported``: never silently dropped
 
     model: str
     max_tokens: int | None = None
@@ -27,18 +61,36 @@ class _Body(BaseModel):
     user: str | None = None
     n: int | None = None
     stream: bool | None = False
+    response_format: _ResponseFormat | None = None
 
     class StreamOptions(BaseModel):
         include_usage: bool = False
 
     stream_options: StreamOptions | None = None
 
+    def refuse_unsupported(self) -> None:
+        for name, value in (self.model_extra or {}).items():
+            if name in HARMLESS or value in OFF_VALUES.get(name, (None,)):
+                continue
+            raise InvalidArgument(f"The parameter '{name}' is not supported by this gateway.", param=name)
+
+    @property
+    def choices(self) -> int:
+        n = 1 if self.n is None else self.n
+        if not 1 <= n <= MAX_CHOICES:
+            raise InvalidArgument(f"n must be between 1 and {MAX_CHOICES}, got {n}.", param="n")
+        return n
+
+    def wanted_logprobs(self) -> int | None:
+        """How many alternatives per token (0: the chosen token only); None: no logprobs."""
+        return None
+
     def sampling(self, max_tokens: int | None) -> Sampling:
-        if self.n not in (None, 1):
-            raise InvalidArgument("Only n=1 is supported.", param="n")
+        self.refuse_unsupported()
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         return Sampling(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
-                        stop=stop, seed=self.seed)
+                        stop=stop, seed=self.seed, logprobs=self.wanted_logprobs(),
+                        response_format=self.response_format.to_domain() if self.response_format else None)
 
     @property
     def include_usage(self) -> bool:
@@ -62,6 +114,15 @@ class _MessageIn(BaseModel):
 class ChatBody(_Body):
     messages: list[_MessageIn]
     max_completion_tokens: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+
+    def wanted_logprobs(self) -> int | None:
+        if not self.logprobs:
+            if self.top_logprobs is not None:
+                raise InvalidArgument("top_logprobs needs logprobs set to true.", param="top_logprobs")
+            return None
+        return self.top_logprobs or 0
 
     def prompt(self) -> Prompt:
         return Prompt(messages=tuple(m.to_domain() for m in self.messages))
@@ -73,6 +134,10 @@ class ChatBody(_Body):
 
 class CompletionBody(_Body):
     prompt: str | list[str]
+    logprobs: int | None = None  # the legacy API's number of alternatives per token
+
+    def wanted_logprobs(self) -> int | None:
+        return self.logprobs
 
     def prompt_value(self) -> Prompt:
         if isinstance(self.prompt, list):
@@ -116,25 +181,58 @@ def usage_json(u: Usage) -> dict:
             "total_tokens": u.total_tokens}
 
 
-def completion_json(shape: Shape, rid: str, model: str, text: str, finish: FinishReason,
-                    usage: Usage) -> dict:
+@dataclass(slots=True)
+class Choice:
+    """One finished answer of a (possibly n > 1) request."""
+    text: str
+    finish: FinishReason
+    logprobs: list[TokenLogprob] | None  # None: not asked for
+
+
+def _alt(token: str, logprob: float) -> dict:
+    return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+
+
+def logprobs_json(shape: Shape, items: list[TokenLogprob] | tuple[TokenLogprob, ...] | None,
+                  offset: int = 0) -> dict | None:
+    """Chat: ``{"content": [...]}``; text completions: the legacy parallel lists
+    (``text_offset`` counts characters from ``offset``)."""
+    if items is None:
+        return None
     if shape.chat:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                  "finish_reason": finish.value, "logprobs": None}
-    else:
-        choice = {"index": 0, "text": text, "finish_reason": finish.value, "logprobs": None}
+        return {"content": [dict(_alt(t.token, t.logprob), top_logprobs=[_alt(a, lp) for a, lp in t.top])
+                            for t in items], "refusal": None}
+    offsets, at = [], offset
+    for t in items:
+        offsets.append(at)
+        at += len(t.token)
+    return {"tokens": [t.token for t in items], "token_logprobs": [t.logprob for t in items],
+            "top_logprobs": [dict(t.top) for t in items], "text_offset": offsets}
+
+
+def completion_json(shape: Shape, rid: str, model: str, choices: list[Choice], usage: Usage) -> dict:
+    out = []
+    for i, c in enumerate(choices):
+        lp = logprobs_json(shape, c.logprobs)
+        if shape.chat:
+            out.append({"index": i, "message": {"role": "assistant", "content": c.text},
+                        "finish_reason": c.finish.value, "logprobs": lp})
+        else:
+            out.append({"index": i, "text": c.text, "finish_reason": c.finish.value, "logprobs": lp})
     return {"id": shape.id_prefix + rid, "object": shape.object, "created": int(time.time()),
-            "model": model, "choices": [choice], "usage": usage_json(usage)}
+            "model": model, "choices": out, "usage": usage_json(usage)}
 
 
 class ChunkWriter:
     """Builds the SSE events of one streamed response."""
 
-    def __init__(self, shape: Shape, rid: str, model: str, include_usage: bool):
+    def __init__(self, shape: Shape, rid: str, model: str, include_usage: bool, logprobs: bool = False):
         self._shape = shape
         self._base = {"id": shape.id_prefix + rid, "object": shape.chunk_object,
                       "created": int(time.time()), "model": model}
         self._include_usage = include_usage
+        self._logprobs = logprobs
+        self._offsets: dict[int, int] = {}
 
     def _chunk(self, choice: dict) -> dict:
         out = dict(self._base, choices=[choice])
@@ -142,21 +240,26 @@ class ChunkWriter:
             out["usage"] = None
         return out
 
-    def role(self) -> dict | None:
+    def role(self, index: int = 0) -> dict | None:
         if not self._shape.chat:
             return None
-        return self._chunk({"index": 0, "delta": {"role": "assistant", "content": ""},
+        return self._chunk({"index": index, "delta": {"role": "assistant", "content": ""},
                             "finish_reason": None, "logprobs": None})
 
-    def delta(self, text: str) -> dict:
+    def delta(self, text: str, index: int = 0, logprobs: tuple[TokenLogprob, ...] = ()) -> dict:
+        lp = None
+        if self._logprobs:
+            at = self._offsets.get(index, 0)
+            lp = logprobs_json(self._shape, logprobs, at)
+            self._offsets[index] = at + sum(len(t.token) for t in logprobs)
         if self._shape.chat:
-            return self._chunk({"index": 0, "delta": {"content": text}, "finish_reason": None, "logprobs": None})
-        return self._chunk({"index": 0, "text": text, "finish_reason": None, "logprobs": None})
+            return self._chunk({"index": index, "delta": {"content": text}, "finish_reason": None, "logprobs": lp})
+        return self._chunk({"index": index, "text": text, "finish_reason": None, "logprobs": lp})
 
-    def finish(self, reason: FinishReason) -> dict:
+    def finish(self, reason: FinishReason, index: int = 0) -> dict:
         if self._shape.chat:
-            return self._chunk({"index": 0, "delta": {}, "finish_reason": reason.value, "logprobs": None})
-        return self._chunk({"index": 0, "text": "", "finish_reason": reason.value, "logprobs": None})
+            return self._chunk({"index": index, "delta": {}, "finish_reason": reason.value, "logprobs": None})
+        return self._chunk({"index": index, "text": "", "finish_reason": reason.value, "logprobs": None})
 
     def usage(self, usage: Usage) -> dict | None:
         if not self._include_usage:

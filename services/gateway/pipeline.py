@@ -24,17 +24,37 @@ from typing import Any, Protocol
 from opentelemetry.trace import NoOpTracer, Span, SpanKind, Status, StatusCode, Tracer
 
 from llmesh.background import Background
-from llmesh.errors import DeadlineExceeded, LlmeshError, ModelNotFound, Overloaded, Unavailable
-from llmesh.liveconfig.schema import MeshConfig, ModelPolicy
+from llmesh.errors import (DeadlineExceeded, Internal, InvalidArgument, LlmeshError, ModelNotFound, Overloaded,
+                           Unavailable)
+from llmesh.liveconfig.schema import MeshConfig, ModelPolicy, Provider
 from llmesh.telemetry import bind_trace_id, extract
-from llmesh.types import Delta, Finish, Priority, Prompt, Sampling
+from llmesh.types import Delta, Finish, FinishReason, Priority, Prompt, Sampling, Usage
 from llmesh.validation import check_request
+from llmesh.gateway.logprob_gate import LogprobGate
 from llmesh.gateway.picking import EndpointPicker, PickInput
 from llmesh.gateway.picking.types import work_tokens
 from llmesh.gateway.policy import apply_policy, route
+from llmesh.gateway.resilience import Breakers, RetryBudgetGate
 
 log = logging.getLogger("llmesh.gateway.access")
 CACHE_HEADER = "x-llmesh-cache"
+
+@dataclass(slots=True)
+class _Attempts:
+    """One request's upstream attempts so far."""
+    count: int = 0
+    last_error: LlmeshError | None = None
+    done: bool = False
+    next_model: bool = False
+    can_continue: bool = False  # this upstream can pick up an answer another one started
+    mid_stream: LlmeshError | None = None  # the upstream died after tokens were sent
+    carried_tokens: int = 0  # tokens sent so far
+    carried_before_leg: int = 0  # tokens sent before the last failover
+
+
+FALLBACK_HEADER = "x-llmesh-fallback"  # the model that answered, when it was a fallback
+FAILOVER_HEADER = "x-llmesh-failover"  # how many times the answer moved to another engine mid-stream
+ENDPOINT_FAILURES = (Unavailable, Internal)  # what counts against a breaker as a failure
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +81,7 @@ class CompletionRequest:
     credential: str | None = None  # the bearer token or API key the client sent
     caller: Caller = Caller()
     priority: Priority = Priority.NORMAL
+    continuation: str = ""  # answer text already sent, when a stream fails over to another engine
 
 
 class OutputFilter(Protocol):
@@ -107,8 +128,9 @@ class RouteStage:
 
     async def admit(self, ctx: Context) -> None:
         req = ctx.req
-        target, policy = route(req.model, self._config(), req.user or req.request_id)
-        if not self._catalog.known(target):
+        config = self._config()
+        target, policy = route(req.model, config, req.user or req.request_id)
+        if not self._catalog.known(target) and config.provider_for(target) is None:
             raise ModelNotFound(req.model)
         prompt, sampling = apply_policy(req.prompt, req.sampling, policy)
         ctx.req = replace(req, model=target, prompt=prompt, sampling=sampling)
@@ -121,6 +143,12 @@ class RouteStage:
 
 class EngineClient(Protocol):
     def generate(self, address: str, req: CompletionRequest, timeout_s: float, parent: Span
+                 ) -> AsyncIterator[Delta | Finish]: ...
+
+
+class ProviderPort(Protocol):
+    """External OpenAI-compatible APIs (the live config's ``providers``)."""
+    def generate(self, provider: Provider, remote_model: str, req: CompletionRequest, timeout_s: float
                  ) -> AsyncIterator[Delta | Finish]: ...
 
 
@@ -142,7 +170,10 @@ class Pipeline:
                  tracer: Tracer | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  stages: Sequence[Stage] | None = None,
-                 prompt_tokens: Callable[[str, Prompt], Sequence[int]] = lambda model, prompt: ()):
+                 prompt_tokens: Callable[[str, Prompt], Sequence[int]] = lambda model, prompt: (),
+                 breakers: Breakers | None = None,
+                 budget: RetryBudgetGate | None = None,
+                 providers: ProviderPort | None = None):
         self._picker = picker
         self._prompt_tokens = prompt_tokens
         self._engines = engines
@@ -152,6 +183,10 @@ class Pipeline:
         self._tracer = tracer or NoOpTracer()
         self._clock = clock
         self._background = Background()
+        self._breakers = breakers
+        self._budget = budget
+        self._providers = providers
+        self._config = config
 
     async def run(self, req: CompletionRequest, ctx: Context | None = None) -> AsyncIterator[Delta | Finish]:
         """Yields text deltas then one Finish; raises a LlmeshError on failure.
@@ -173,7 +208,7 @@ class Pipeline:
                 entered.append(stage)
                 await stage.admit(ctx)
             req = ctx.req
-            cacheable = self._cache is not None and self._cache.applies(req)
+            cacheable = self._cache is not None and self._cache.applies(req) and req.sampling.logprobs is None
             if cacheable:
                 hit = await self._cache.lookup(req, span)
                 record["cache"] = "hit" if hit else "miss"
@@ -188,7 +223,8 @@ class Pipeline:
             parts: list[str] = []
             record["policy"] = ctx.policy.routing
             filters = ctx.filters
-            async with aclosing(self._generate(req, started + req.timeout_s, ctx.policy, record, span)) as items:
+            gate = LogprobGate() if filters and req.sampling.logprobs is not None else None
+            async with aclosing(self._generate(req, started + req.timeout_s, ctx.policy, ctx)) as items:
                 async for item in items:
                     if record["ttft_ms"] is None:
                         record["ttft_ms"] = round((self._clock() - started) * 1000, 3)
@@ -196,15 +232,18 @@ class Pipeline:
                         if cacheable:
                             parts.append(item.text)
                         if filters:
-                            item = Delta(text=_filtered(filters, item.text), tokens=item.tokens)
+                            text = _filtered(filters, item.text)
+                            item = Delta(text=text, tokens=item.tokens,
+                                         logprobs=gate.feed(item.text, item.logprobs, text) if gate else ())
                     else:
                         self._count(record, item)
                         if cacheable:
                             self._background.spawn(self._cache.store(req, "".join(parts), item, span))
                         if filters:
                             tail = _filtered(filters, "", last=True)
-                            if tail:
-                                yield Delta(text=tail, tokens=0)
+                            rest = gate.feed("", (), tail, last=True) if gate else ()
+                            if tail or rest:
+                                yield Delta(text=tail, tokens=0, logprobs=rest)
                     yield item
         except LlmeshError as exc:
             record["status"] = exc.code.value
@@ -232,45 +271,145 @@ class Pipeline:
             except Exception:  # noqa: BLE001 - one stage's bookkeeping never stops the others'
                 log.exception("stage finish failed", extra={"stage": type(stage).__name__})
 
-    async def _generate(self, req: CompletionRequest, deadline: float, policy: ModelPolicy, record: dict,
-                        span: Span) -> AsyncIterator[Delta | Finish]:
-        tried: set[str] = set()
-        last_error: LlmeshError | None = None
-        work = work_tokens(req.prompt, req.sampling.max_tokens)
-        pick = PickInput(model=req.model, now=0.0, session=req.user, work_tokens=work,
-                         tokens=lambda: self._prompt_tokens(req.model, req.prompt))
-        for _ in range(policy.max_attempts):
-            pick.now, pick.exclude = self._clock(), frozenset(tried)
-            endpoint = self._picker.pick(pick, policy.routing, policy.scorers)
-            if endpoint is None:
-                break
-            if tried:
-                record["retries"] += 1
-            tried.add(endpoint.endpoint_id)
-            remaining = deadline - self._clock()
-            if remaining <= 0:
-                raise DeadlineExceeded()
-            record["endpoint"] = endpoint.endpoint_id
-            self._picker.acquire(endpoint.endpoint_id, work)
-            streamed = False
-            try:
-                async with aclosing(self._engines.generate(endpoint.address, req, remaining, span)) as items:
+    async def _generate(self, req: CompletionRequest, deadline: float, policy: ModelPolicy, ctx: Context
+                        ) -> AsyncIterator[Delta | Finish]:
+        """The model's endpoints (or its provider), then each fallback model's, until one
+        answers. Every attempt after the first is a retry, paid from the retry budget;
+        breakers keep requests off endpoints and providers that fail or stall."""
+        record = ctx.record
+        if self._budget is not None:
+            self._budget.deposit()
+        state = _Attempts()
+        config = self._config()
+        emitted: list[str] = []
+        work = work_tokens(req.prompt, req.sampling.max_tokens)  # what an engine's queue gains from it
+        chain = (req.model, *policy.fallbacks)
+        for model in chain:
+            last_model = model == chain[-1]
+            if state.mid_stream is not None:
+                raise state.mid_stream  # an answer under way is finished by its own model only
+            target = req if model == req.model else replace(req, model=model)
+            provider = config.provider_for(model) if self._providers is not None else None
+            tried: set[str] = set()
+            for _ in range(1 if provider is not None else policy.max_attempts):
+                now = self._clock()
+                refusing = self._breakers.refusing(now) if self._breakers is not None else frozenset()
+                if provider is not None:
+                    key = f"provider:{provider[0]}"
+                    if key in refusing:
+                        break
+                    call = lambda t, remaining, p=provider[1], m=model: self._providers.generate(  # noqa: E731
+                        p, p.models[m], t, remaining)
+                else:
+                    pick = PickInput(model=model, now=now, exclude=frozenset(tried) | refusing, session=req.user,
+                                     work_tokens=work, tokens=lambda m=model, t=target: self._prompt_tokens(m, t.prompt))
+                    endpoint = self._picker.pick(pick, policy.routing, policy.scorers)
+                    if endpoint is None and refusing and last_model:
+                        # Breakers move traffic elsewhere; with nowhere else to go they do not
+                        # refuse the last option (Envoy's panic mode).
+                        pick.exclude = frozenset(tried)
+                        endpoint = self._picker.pick(pick, policy.routing, policy.scorers)
+                        if endpoint is not None:
+                            record["breaker_panic"] = True
+                    if endpoint is None:
+                        break
+                    key = endpoint.endpoint_id
+                    call = lambda t, remaining, a=endpoint.address: self._engines.generate(  # noqa: E731
+                        a, t, remaining, ctx.span)
+                if state.count:
+                    if self._budget is not None and not self._budget.spend():
+                        record["retry_budget"] = "exhausted"
+                        raise state.last_error or Unavailable("The retry budget is spent.", reason="retry_budget")
+                    record["retries"] += 1
+                state.count += 1
+                tried.add(key)
+                remaining = deadline - now
+                if remaining <= 0:
+                    raise DeadlineExceeded()
+                record["endpoint"] = key
+                if model != req.model:
+                    record["model"] = model
+                    record["fallback"] = model
+                    ctx.headers[FALLBACK_HEADER] = model
+                state.can_continue = provider is None
+                async with aclosing(self._attempt(key, call(target, remaining), now, state, work)) as items:
                     async for item in items:
-                        streamed = True
+                        if isinstance(item, Delta):
+                            emitted.append(item.text)
+                            state.carried_tokens += item.tokens
+                        elif record.get("failovers"):  # usage over the whole answer, not the last leg
+                            before = state.carried_before_leg
+                            item = Finish(item.reason, Usage(max(0, item.usage.prompt_tokens - before),
+                                                             item.usage.completion_tokens + before))
                         yield item
-                return
-            except (Unavailable, Overloaded) as exc:
-                if streamed:
-                    raise
-                if isinstance(exc, Unavailable):
-                    self._picker.mark_down(endpoint.endpoint_id, self._clock())
-                last_error = exc
-            finally:
-                self._picker.release(endpoint.endpoint_id, work)
-        if last_error is not None:
-            raise last_error
+                if state.done:
+                    return
+                if state.mid_stream is not None:
+                    # Continue on another engine from the prompt plus what the client already has.
+                    record["failovers"] = record.get("failovers", 0) + 1
+                    ctx.headers[FAILOVER_HEADER] = str(record["failovers"])
+                    state.carried_before_leg = state.carried_tokens
+                    left = None if req.sampling.max_tokens is None else req.sampling.max_tokens - state.carried_tokens
+                    if left is not None and left <= 0:  # it died between its last token and its finish
+                        yield Finish(FinishReason.LENGTH, Usage(0, state.carried_tokens))
+                        return
+                    target = replace(target, continuation="".join(emitted),
+                                     sampling=replace(target.sampling, max_tokens=left))
+                    continue
+                if state.next_model:
+                    break
+        if state.mid_stream is not None:
+            raise state.mid_stream
+        if state.last_error is not None:
+            raise state.last_error
         raise Unavailable(f"No healthy endpoint serves the model '{req.model}' right now.",
                           reason="no_healthy_endpoint")
+
+    async def _attempt(self, key: str, items: AsyncIterator[Delta | Finish], started: float, state: _Attempts,
+                       work: int = 0) -> AsyncIterator[Delta | Finish]:
+        """One upstream call. Sets ``state.done`` when it answered; a failure before the
+        first token is kept in ``state`` for the caller to try elsewhere, others raise."""
+        if self._breakers is not None:
+            self._breakers.attempt(key, started)
+        self._picker.acquire(key, work)
+        streamed = False
+        state.next_model = False
+        state.mid_stream = None
+        try:
+            async with aclosing(items):
+                async for item in items:
+                    if not streamed:
+                        streamed = True
+                        self._outcome(key, True, self._clock() - started)
+                    yield item
+            state.done = True
+        except LlmeshError as exc:
+            if isinstance(exc, DeadlineExceeded):
+                # The client's deadline, not necessarily the endpoint's fault: it counts as that slow.
+                self._outcome(key, True, self._clock() - started)
+            elif isinstance(exc, ENDPOINT_FAILURES):
+                self._outcome(key, False, None)
+            if streamed:
+                if state.can_continue and isinstance(exc, (Unavailable, Internal)):
+                    if isinstance(exc, Unavailable):
+                        self._picker.mark_down(key, self._clock())
+                    state.mid_stream = state.last_error = exc
+                    return
+                raise
+            if isinstance(exc, InvalidArgument) and exc.reason == "context_length_exceeded":
+                state.last_error, state.next_model = exc, True  # a larger context may come next
+                return
+            if not isinstance(exc, (Unavailable, Overloaded)):
+                raise
+            if isinstance(exc, Unavailable):
+                self._picker.mark_down(key, self._clock())
+            state.last_error = exc
+        finally:
+            self._picker.release(key, work)
+
+    def _outcome(self, endpoint: str, ok: bool, ttft_s: float | None) -> None:
+        if self._breakers is not None:
+            self._breakers.record(endpoint, ok, ttft_s, self._clock())
 
     @staticmethod
     def _count(record: dict, finish: Finish) -> None:

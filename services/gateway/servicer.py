@@ -6,14 +6,14 @@ import uuid
 from collections.abc import Awaitable, Callable
 from contextlib import aclosing
 
-from llmesh.convert import finish_to_pb, messages_from_pb, sampling_from_pb, usage_to_pb
+from llmesh.convert import finish_to_pb, logprobs_to_pb, messages_from_pb, sampling_from_pb, usage_to_pb
 from llmesh.logs import request_id_var
 from llmesh.rpc.interceptor import REQUEST_ID_KEY
 from llmesh.types import Delta, Prompt
 from llmesh.v1 import gateway_pb2, gateway_pb2_grpc
 from opentelemetry.trace import INVALID_SPAN
 
-from llmesh.gateway.pipeline import CompletionRequest, Context, Pipeline
+from llmesh.gateway.pipeline import FAILOVER_HEADER, CompletionRequest, Context, Pipeline
 
 
 def credential(context) -> str | None:
@@ -47,9 +47,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         async with aclosing(self._pipeline.run(req, ctx)) as items:
             async for item in items:
                 if isinstance(item, Delta):
-                    if not item.text:
+                    if not item.text and not item.logprobs:
                         continue
-                    msg = gateway_pb2.ChatResponse(id=chat_id, text=item.text)
+                    msg = gateway_pb2.ChatResponse(id=chat_id, text=item.text, logprobs=logprobs_to_pb(item.logprobs))
                 else:
                     msg = gateway_pb2.ChatResponse(id=chat_id, finish_reason=finish_to_pb(item.reason),
                                                    usage=usage_to_pb(item.usage))
@@ -58,6 +58,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                     if ctx.headers:  # rate-limit facts, as the HTTP front's headers
                         await context.send_initial_metadata(tuple(ctx.headers.items()))
                 yield msg
+        if FAILOVER_HEADER in ctx.headers:  # the answer moved engines mid-stream: say so in the trailer
+            context.set_trailing_metadata(((REQUEST_ID_KEY, rid), (FAILOVER_HEADER, ctx.headers[FAILOVER_HEADER])))
 
     async def ListModels(self, request, context):
         return gateway_pb2.GatewayListModelsResponse(models=await self._model_names(credential(context)))

@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator, Callable
 
 import grpc
 
-from llmesh.convert import (finish_from_pb, finish_to_pb, kv_hash_from_pb, priority_to_pb, prompt_fields,
-                            sampling_to_pb, usage_from_pb, usage_to_pb)
+from llmesh.convert import (finish_from_pb, finish_to_pb, kv_hash_from_pb, logprobs_from_pb, priority_to_pb,
+                            prompt_fields, sampling_to_pb, usage_from_pb, usage_to_pb)
 from opentelemetry.trace import NoOpTracer, Span, SpanKind, Status, StatusCode, Tracer
 
 from llmesh.discovery.base import NoInstance, Resolver
@@ -47,7 +47,8 @@ class EngineClients:
                        ) -> AsyncIterator[Delta | Finish]:
         request = engine_pb2.GenerateRequest(
             request_id=req.request_id, model=req.model, sampling=sampling_to_pb(req.sampling),
-            priority=priority_to_pb(req.priority), **prompt_fields(req.prompt, engine_pb2.ChatInput))
+            priority=priority_to_pb(req.priority), continuation=req.continuation,
+            **prompt_fields(req.prompt, engine_pb2.ChatInput))
         span = self._tracer.start_span("llmesh.v1.Engine/Generate", context=child_context(parent),
                                        kind=SpanKind.CLIENT, attributes={"server.address": address})
         call = self._stub(address).Generate(request, timeout=timeout_s,
@@ -57,7 +58,7 @@ class EngineClients:
                 if resp.finish_reason:
                     yield Finish(reason=finish_from_pb(resp.finish_reason), usage=usage_from_pb(resp.usage))
                 else:
-                    yield Delta(text=resp.text, tokens=resp.token_count)
+                    yield Delta(text=resp.text, tokens=resp.token_count, logprobs=logprobs_from_pb(resp.logprobs))
         except grpc.aio.AioRpcError as exc:
             span.set_status(Status(StatusCode.ERROR, exc.code().name))
             raise from_rpc_error(exc) from None

@@ -104,3 +104,12 @@ def test_cache_stats_table_shows_the_hit_ratio_and_an_unavailable_backend():
     acme, idle = out.splitlines()[2:]
     assert acme.split()[:7] == ["acme", "5", "3", "1", "1", "75.0", "6"]
     assert idle.split()[5] == "-"
+
+
+def test_response_format_is_part_of_the_key():
+    from llmesh.types import ResponseFormat
+    plain = key()
+    as_json = key(sampling=Sampling(temperature=0.0, max_tokens=10, response_format=ResponseFormat("json_object")))
+    schema = key(sampling=Sampling(temperature=0.0, max_tokens=10,
+                                   response_format=ResponseFormat("json_schema", '{"type": "object"}')))
+    assert len({plain, as_json, schema}) == 3

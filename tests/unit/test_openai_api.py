@@ -62,10 +62,16 @@ def test_value_rules_name_the_field(fields, param):
     assert info.value.param == param
 
 
-def test_n_other_than_one_is_rejected():
+@pytest.mark.parametrize("n", [0, 17])
+def test_n_out_of_range_is_rejected(n):
     with pytest.raises(InvalidArgument) as info:
-        parse(ChatBody, chat(n=2)).sampling_params()
+        parse(ChatBody, chat(n=n)).choices
     assert info.value.param == "n"
+
+
+def test_n_counts_choices():
+    assert parse(ChatBody, chat(n=3)).choices == 3
+    assert parse(ChatBody, chat()).choices == 1
 
 
 def test_chunks_follow_openai_stream_shape():

@@ -25,6 +25,8 @@ class ModelPolicy(_Strict):
     scorers: dict[Literal["least_load", "token_aware", "prefix_aware", "session_affinity", "round_robin"],
                   float] = Field(default={}, description="scorer weights (>= 0); set: replace the routing's own")
     max_attempts: int = Field(default=2, ge=1, le=10, description="engines tried before the first token")
+    fallbacks: list[str] = Field(default=[], description="models tried in order when this one cannot answer "
+                                 "before the first token (no healthy endpoint, failures, prompt too long)")
     generation: GenerationDefaults = GenerationDefaults()
     system_prompt: str | None = Field(default=None, description="prepended when the request has none")
 
@@ -45,7 +47,6 @@ class SplitTarget(_Strict):
 class TrafficSplit(_Strict):
     """An alias clients call, spread over real models by weight (A/B, canary)."""
     targets: list[SplitTarget] = Field(min_length=1)
-    shadow: str | None = Field(default=None, description="also send a copy here; its answer is dropped")
 
 
 class RateLimit(_Strict):
@@ -137,8 +138,35 @@ class CachePolicy(_Strict):
 
 
 class CircuitBreaker(_Strict):
+    """Per endpoint: opens on ``failure_threshold`` failures in a row, or when the last
+    ``window_s`` seconds hold ``min_requests`` or more attempts and more than
+    ``error_rate`` of them failed or their p99 time to first token exceeds
+    ``latency_p99_s``. After ``reset_after_s`` one probe is let through (half-open):
+    its success closes the breaker, its failure opens it again."""
+    enabled: bool = True
     failure_threshold: int = Field(default=5, ge=1)
     reset_after_s: float = Field(default=10, gt=0)
+    window_s: float = Field(default=30, gt=0)
+    min_requests: int = Field(default=10, ge=1)
+    error_rate: float = Field(default=0.2, gt=0, le=1)
+    latency_p99_s: float = Field(default=5.0, gt=0)
+
+
+class RetryBudget(_Strict):
+    """Retries before the first token (on another endpoint or a fallback model) are
+    paid from a budget that each request adds ``ratio`` to, holding at most ``burst``:
+    a failing fleet sees at most ratio x requests + burst extra attempts."""
+    ratio: float = Field(default=0.2, ge=0, le=1)
+    burst: float = Field(default=10, ge=0)
+
+
+class Provider(_Strict):
+    """An external OpenAI-compatible HTTP API. Its key is never in the config: it is read
+    at call time from ``api_key_env`` or ``api_key_file`` (neither: no key sent)."""
+    base_url: str = Field(description="up to /v1, e.g. https://api.openai.com/v1")
+    api_key_env: str | None = None
+    api_key_file: str | None = None
+    models: dict[str, str] = Field(description="our model name -> the provider's model name")
 
 
 class MeshConfig(_Strict):
@@ -151,6 +179,9 @@ class MeshConfig(_Strict):
     prices: dict[str, Price] = Field(default={}, description="per model, for budgets and usage")
     cache: CacheConfig = CacheConfig()
     circuit_breaker: CircuitBreaker = CircuitBreaker()
+    retry_budget: RetryBudget = RetryBudget()
+    providers: dict[str, Provider] = Field(default={}, description="external OpenAI-compatible upstreams; "
+                                           "a model they map is answered by them (directly or as a fallback)")
 
     @model_validator(mode="after")
     def _aliases_are_not_models(self) -> MeshConfig:
@@ -167,6 +198,12 @@ class MeshConfig(_Strict):
 
     def rate_limit(self, tenant: str) -> RateLimit | None:
         return self.rate_limits.get(tenant) or self.rate_limits.get("*")
+
+    def provider_for(self, model: str) -> tuple[str, Provider] | None:
+        for name, p in self.providers.items():
+            if model in p.models:
+                return name, p
+        return None
 
     def policy(self, model: str) -> ModelPolicy:
         return self.models.get(model, self.default)

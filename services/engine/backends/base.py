@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from llmesh.kvhash import HashScheme
-from llmesh.types import Priority, Prompt
+from llmesh.types import Priority, Prompt, ResponseFormat, TokenLogprob
 from llmesh.engine.kvblocks import KvEvent
 
 
@@ -27,6 +27,23 @@ class DecodeParams:
     seed: int | None
     adapter: str | None = None  # a LoRA adapter the backend has loaded, by name
     priority: Priority = Priority.NORMAL  # a backend that queues internally serves higher classes first
+    logprobs: int | None = None  # set: report log probabilities with this many alternatives
+    response_format: ResponseFormat | None = None  # set: constrain decoding to this shape
+    continues: bool = False  # the prompt ends with answer text produced elsewhere
+
+
+# What a backend may support beyond plain sampling; it names them in ``features``
+# and the core refuses requests that need a missing one.
+LOGPROBS = "logprobs"
+RESPONSE_FORMAT = "response_format"
+CONTINUATION = "continuation"  # the backend has ``tokenize_continuation(text) -> list[int]``
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    """A generated token's text with its log probabilities (backends that report them)."""
+    text: str
+    logprob: TokenLogprob
 
 
 class Backend(Protocol):
@@ -36,6 +53,7 @@ class Backend(Protocol):
     vocab_size: int      # valid token ids are 0 .. vocab_size - 1
     models: tuple[str, ...]  # what requests may name: the model, then any LoRA adapters
     kv_blocks: KvEventSource  # KV block events for the scheduler
+    features: frozenset[str]  # LOGPROBS, RESPONSE_FORMAT, CONTINUATION; a backend without the attribute has none
 
     def tokenize(self, prompt: Prompt) -> list[int]:
         """Token ids of the prompt as the model will see it (chat template applied)."""
@@ -43,7 +61,7 @@ class Backend(Protocol):
 
     def stream(self, tokens: list[int], params: DecodeParams) -> AsyncIterator[str]:
         """Yields the text of each generated token (possibly "" while a multi-byte
-        character is incomplete); ends at end-of-sequence or ``max_new_tokens``.
+        character is incomplete), or a ``Token`` when ``params.logprobs`` is set; ends at end-of-sequence or ``max_new_tokens``.
         Closing the iterator early must stop the decoding and free its resources."""
         ...
 

@@ -10,17 +10,39 @@ import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from llmesh.errors import Internal, ModelNotFound, NotFound
+from llmesh.errors import Internal, InvalidArgument, ModelNotFound, NotFound
 from llmesh.modelstore import ModelStore, quiet_native_stderr
 from llmesh.prompt_tokens import GgufChatTokenizer
-from llmesh.types import Prompt
-from llmesh.engine.backends.base import DecodeParams
+from llmesh.types import Prompt, ResponseFormat
+from llmesh.engine.backends.base import CONTINUATION, LOGPROBS, RESPONSE_FORMAT, DecodeParams
 from llmesh.engine.backends.llamacpp_batch import BatchRunner, Sequence
 from llmesh.engine.kvblocks import BlockLedger
 
 
+def grammar_for(fmt: ResponseFormat) -> str:
+    """GBNF for a response format, with llama-cpp-python's JSON grammar and its
+    JSON-Schema converter."""
+    from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
+
+    if fmt.type == "json_object":
+        return JSON_GBNF
+    try:
+        grammar = json_schema_to_gbnf(fmt.schema or "{}")
+    except Exception as exc:  # noqa: BLE001 - the converter raises plain errors for schemas it cannot express
+        raise InvalidArgument(f"The JSON schema cannot be enforced: {exc}.",
+                              param="response_format.json_schema.schema") from None
+    # The converter's string characters admit raw control characters, which JSON
+    # forbids inside strings (its own JSON_GBNF excludes them): exclude them here too.
+    return grammar.replace(_LAX_CHAR, _JSON_CHAR)
+
+
+_LAX_CHAR = r'char ::= [^"\\] |'
+_JSON_CHAR = r'char ::= [^"\\\x7F\x00-\x1F] |'
+
+
 class LlamaCppBackend:
     name = "llamacpp"
+    features = frozenset({LOGPROBS, RESPONSE_FORMAT, CONTINUATION})
 
     def __init__(self, model_path: Path, model: str, *, n_ctx: int, n_threads: int, n_batch: int, n_slots: int,
                  unified_kv: bool = False):
@@ -68,6 +90,10 @@ class LlamaCppBackend:
     def tokenize(self, prompt: Prompt) -> list[int]:
         return self._tokenizer(prompt)
 
+    def tokenize_continuation(self, text: str) -> list[int]:
+        """Tokens of answer text already produced elsewhere (no BOS, no special tokens)."""
+        return self._vocab.tokenize(text.encode("utf-8"), add_bos=False, special=False)
+
     def _deliver(self, results) -> None:
         """Called on the decode thread once per step; one wake-up of the loop."""
         if self._loop is not None:
@@ -78,7 +104,8 @@ class LlamaCppBackend:
             raise NotFound(f"the llamacpp backend serves no adapters; {params.adapter!r} is not loaded")
         self._loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
-        seq = Sequence(prompt=list(tokens), params=params, sink=queue)
+        grammar = grammar_for(params.response_format) if params.response_format is not None else None
+        seq = Sequence(prompt=list(tokens), params=params, sink=queue, grammar=grammar)
         self._runner.submit(seq)
         done = False
         try:

@@ -14,6 +14,11 @@ the rest. A longer prefix held by a *busy* slot is copied in with
 ``unified_kv``: the cells are shared); a request whose prefix another sequence is
 still prefilling waits for it, so a burst with one system prompt computes it once.
 
+A request with a grammar (GBNF, for ``response_format``) gets a grammar sampler at
+the head of its chain, so only tokens the grammar allows can be drawn. A request
+asking for logprobs gets each token's log-softmax over the raw logits, with the
+most likely alternatives.
+
 The thread hands results to the event loop once per step (one wake-up per step,
 not per token)."""
 
@@ -28,7 +33,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from llmesh.engine.backends.base import DecodeParams
+from llmesh.types import TokenLogprob
+from llmesh.engine.backends.base import DecodeParams, Token
 
 log = logging.getLogger("llmesh.engine.llamacpp")
 
@@ -57,6 +63,7 @@ class Sequence:
     prompt: list[int]
     params: DecodeParams
     sink: object
+    grammar: str | None = None  # GBNF the answer must match, root rule "root"
     cancelled: bool = False
     slot: _Slot | None = None
     pending: list[int] = field(default_factory=list)  # tokens to feed at the next steps
@@ -113,6 +120,7 @@ class BatchRunner:
         self._cond = threading.Condition()
         self._stopping = False
         self._piece = ctypes.create_string_buffer(256)
+        self._n_vocab = lc.llama_vocab_n_tokens(vocab_p)
         # Counters for tests and metrics: decode calls, prompt tokens looked up in
         # the cache and found there.
         self.steps = 0
@@ -189,7 +197,12 @@ class BatchRunner:
             if not free or self._prefix_coming(seq):
                 still.append(seq)
                 continue
-            self._place(seq, free)
+            try:
+                self._place(seq, free)
+            except ValueError as exc:
+                self._deliver([(seq, [], exc, True)])
+                self._release(seq)
+                continue
             self._active.append(seq)
         self._incoming = still
 
@@ -232,11 +245,17 @@ class BatchRunner:
         self.prefix_queries += len(prompt)
         self.prefix_hits += keep
         seq.pending = prompt[keep:]
-        seq.sampler = self._sampler(seq.params)
+        seq.sampler = self._sampler(seq.params, seq.grammar)
 
-    def _sampler(self, p: DecodeParams):
+    def _sampler(self, p: DecodeParams, grammar: str | None):
         lc = self._lc
         chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
+        if grammar is not None:
+            constrain = lc.llama_sampler_init_grammar(self._vocab, grammar.encode(), b"root")
+            if not constrain:
+                lc.llama_sampler_free(chain)
+                raise ValueError("llama.cpp could not parse the grammar")
+            lc.llama_sampler_chain_add(chain, constrain)
         if p.temperature <= 0:
             lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_greedy())
         else:
@@ -309,9 +328,30 @@ class BatchRunner:
             seq.produced += 1
             seq.pending.append(tok)
             done = seq.produced >= seq.params.max_new_tokens
-            out.append((seq, [self._text(seq, tok)], None, done))
+            piece = self._text(seq, tok)
+            if seq.params.logprobs is not None:
+                piece = Token(piece, self._logprob(idx, tok, seq.params.logprobs))
+            out.append((seq, [piece], None, done))
             if done:
                 self._release(seq)
+
+    def _logprob(self, idx: int, tok: int, top: int) -> TokenLogprob:
+        """Log-softmax of the raw logits at ``idx``: the chosen token's and the ``top`` best."""
+        import numpy as np
+
+        logits = np.ctypeslib.as_array(self._lc.llama_get_logits_ith(self._ctx, idx), shape=(self._n_vocab,))
+        peak = float(logits.max())
+        lse = peak + float(np.log(np.exp(logits - peak).sum()))
+        best: tuple[tuple[str, float], ...] = ()
+        if top:
+            ids = np.argpartition(logits, -top)[-top:]
+            ids = ids[np.argsort(-logits[ids])]
+            best = tuple((self._token_text(int(i)), float(logits[i]) - lse) for i in ids)
+        return TokenLogprob(self._token_text(tok), float(logits[tok]) - lse, best)
+
+    def _token_text(self, tok: int) -> str:
+        n = self._lc.llama_token_to_piece(self._vocab, tok, self._piece, len(self._piece), 0, False)
+        return self._piece.raw[:max(n, 0)].decode("utf-8", "replace")
 
     def _text(self, seq: Sequence, tok: int) -> str:
         n = self._lc.llama_token_to_piece(self._vocab, tok, self._piece, len(self._piece), 0, False)

@@ -24,17 +24,14 @@ from pathlib import Path
 
 from llmesh.errors import InvalidArgument, NotFound
 from llmesh.prompt_tokens import sim_token, sim_tokenize
-from llmesh.types import Prompt
-from llmesh.engine.backends.base import DecodeParams
+from llmesh.types import Prompt, TokenLogprob
+from llmesh.engine.backends.base import CONTINUATION, LOGPROBS, DecodeParams, Token
 from llmesh.engine.kvblocks import BlockLedger
 
 _WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel",
           "india", "juliet", "kilo", "lima", "mike", "november", "oscar", "papa")
 VOCAB_SIZE = 1 << 16
 _END = object()
-
-
-_token = sim_token
 
 
 @dataclass(frozen=True)
@@ -74,6 +71,7 @@ class _Seq:
 class SimBackend:
     name = "sim"
     vocab_size = VOCAB_SIZE
+    features = frozenset({LOGPROBS, CONTINUATION})  # words are drawn uniformly: each has probability 1/16
 
     def __init__(self, model: str, context_length: int, profile: SimProfile = SimProfile()):
         if not model.startswith("sim"):
@@ -93,6 +91,9 @@ class SimBackend:
 
     def tokenize(self, prompt: Prompt) -> list[int]:
         return sim_tokenize(prompt)
+
+    def tokenize_continuation(self, text: str) -> list[int]:
+        return [sim_token(w) for w in text.split()]
 
     def kv_usage(self) -> float:
         bs = self.profile.block_size
@@ -175,9 +176,14 @@ class SimBackend:
                 self._leave(seq)
                 continue
             word = _WORDS[seq.rng.randrange(len(_WORDS))]
-            seq.out.put_nowait(word if seq.produced == 0 else " " + word)
+            text = word if seq.produced == 0 and not seq.params.continues else " " + word
+            if seq.params.logprobs is not None:
+                lp = -math.log(len(_WORDS))
+                top = tuple((w if text == word else " " + w, lp) for w in _WORDS[:seq.params.logprobs])
+                text = Token(text, TokenLogprob(text, lp, top))
+            seq.out.put_nowait(text)
             seq.produced += 1
-            seq.tokens.append(_token(word))  # the answer joins the sequence's KV, as in an engine
+            seq.tokens.append(sim_token(word))  # the answer joins the sequence's KV, as in an engine
             self.kv_blocks.grow(seq, seq.tokens)
             if seq.produced >= min(seq.params.max_new_tokens, self.profile.output_tokens):
                 seq.out.put_nowait(_END)

@@ -1,0 +1,62 @@
+"""An OpenAI-compatible server that answers at once, for bench.provider: chat
+completions, non-streamed or streamed in ``--chunks`` chunks (the last with usage).
+
+    python -m bench.instant_openai --port 9000 --chunks 32
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import orjson
+import uvicorn
+
+
+def app_for(chunks: int):
+    words = [f" w{i}" for i in range(chunks)]
+
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        body = b""
+        while True:
+            msg = await receive()
+            body += msg.get("body", b"")
+            if not msg.get("more_body"):
+                break
+        req = orjson.loads(body or b"{}")
+        model = req.get("model", "instant")
+        usage = {"prompt_tokens": 12, "completion_tokens": chunks, "total_tokens": 12 + chunks}
+        if not req.get("stream"):
+            out = orjson.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": model, "usage": usage,
+                                "choices": [{"index": 0, "finish_reason": "length", "logprobs": None,
+                                             "message": {"role": "assistant", "content": "".join(words)}}]})
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"application/json")]})
+            await send({"type": "http.response.body", "body": out})
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+        base = {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": model}
+        parts = []
+        for i, w in enumerate(words):
+            parts.append(b"data: " + orjson.dumps(dict(base, choices=[{
+                "index": 0, "delta": {"content": w}, "logprobs": None,
+                "finish_reason": "length" if i == chunks - 1 else None}])) + b"\n\n")
+        parts.append(b"data: " + orjson.dumps(dict(base, choices=[], usage=usage)) + b"\n\ndata: [DONE]\n\n")
+        for p in parts:
+            await send({"type": "http.response.body", "body": p, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+    return app
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--chunks", type=int, default=32)
+    args = parser.parse_args()
+    uvicorn.run(app_for(args.chunks), host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
+
+
+if __name__ == "__main__":
+    main()

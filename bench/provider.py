@@ -1,0 +1,130 @@
+"""The gateway in front of any OpenAI-compatible server: the same chat requests sent
+straight to an instant server (bench.instant_openai) and through the gateway, which
+has it as a provider upstream; non-streamed and streamed (32 chunks), at 1 and 32
+connections: requests/s, added p50 latency, gateway CPU per request. Then the hot
+path with circuit breakers and the retry budget on vs off (live config).
+
+    python -m bench.provider [--requests 300] [--chunks 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import orjson
+
+from llmesh.testing import Mesh, free_layout, free_ports, port_open, terminate, wait_until
+from bench.common import Sample, child_pid, cpu_seconds, drive, note
+
+MODEL = "hosted"
+
+
+def config(base_url: str, resilience: bool) -> str:
+    doc = {"providers": {"instant": {"base_url": base_url, "models": {MODEL: "instant"}}},
+           "circuit_breaker": {"enabled": resilience},
+           "retry_budget": {"ratio": 0.2 if resilience else 0.0, "burst": 10 if resilience else 0}}
+    return json.dumps(doc)  # JSON is YAML
+
+
+async def call(client: httpx.AsyncClient, url: str, stream: bool) -> Sample:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 64, "stream": stream}
+    start = time.perf_counter()
+    if not stream:
+        resp = await client.post(url, json=body)
+        resp.raise_for_status()
+        total = time.perf_counter() - start
+        return Sample(total, total, resp.json()["usage"]["completion_tokens"])
+    ttft, n = None, 0
+    async with client.stream("POST", url, json=body) as resp:
+        resp.raise_for_status()
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = orjson.loads(line[6:])
+            if ttft is None and chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+                ttft = time.perf_counter() - start
+            n += 1
+    return Sample(ttft or 0.0, time.perf_counter() - start, n)
+
+
+async def measure(direct: str, gateway: str, gw_pid: int, requests: int, levels: list[int]) -> dict:
+    out = {}
+    async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=256)) as client:
+        for stream in (False, True):
+            for level in levels:
+                row = {}
+                for name, url in (("direct", direct), ("gateway", gateway)):
+                    await drive(lambda i: call(client, url, stream), level, 20)  # warm
+                    cpu0 = cpu_seconds(gw_pid)
+                    r = await drive(lambda i: call(client, url, stream), level, requests)
+                    r["requests_per_s"] = round(r["requests"] / r["wall_s"], 1)
+                    r["gateway_cpu_ms_per_request"] = round((cpu_seconds(gw_pid) - cpu0) * 1000 / max(r["requests"], 1), 3)
+                    row[name] = r
+                row["gateway"]["added_ms_p50"] = round(row["gateway"]["ttft_ms_p50"] - row["direct"]["ttft_ms_p50"], 3)
+                key = f"{'stream' if stream else 'plain'}_c{level}"
+                out[key] = row
+                note(f"{key:<10} direct {row['direct']['requests_per_s']:.0f} req/s, gateway "
+                     f"{row['gateway']['requests_per_s']:.0f} req/s, added p50 {row['gateway']['added_ms_p50']:.2f} ms, "
+                     f"gateway CPU {row['gateway']['gateway_cpu_ms_per_request']:.2f} ms/req")
+    return out
+
+
+async def overhead(gateway: str, gw_pid: int, requests: int, cfg_path: Path, base_url: str) -> dict:
+    out = {}
+    async with httpx.AsyncClient(timeout=60) as client:
+        for on in (False, True, False, True):  # alternated, twice, against drift
+            cfg_path.write_text(config(base_url, on))
+            await asyncio.sleep(2.0)  # the live config applies within a second
+            cpu0 = cpu_seconds(gw_pid)
+            r = await drive(lambda i: call(client, gateway, True), 1, requests)
+            r["gateway_cpu_ms_per_request"] = round((cpu_seconds(gw_pid) - cpu0) * 1000 / max(r["requests"], 1), 3)
+            out.setdefault("on" if on else "off", []).append(
+                {k: r[k] for k in ("ttft_ms_p50", "ttft_ms_p99", "gateway_cpu_ms_per_request", "errors")})
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=300)
+    parser.add_argument("--chunks", type=int, default=32)
+    parser.add_argument("--levels", default="1,32")
+    args = parser.parse_args()
+    port = free_ports(1)[0]
+    server = subprocess.Popen([sys.executable, "-m", "bench.instant_openai", "--port", str(port),
+                               "--chunks", str(args.chunks)])
+    base_url = f"http://127.0.0.1:{port}/v1"
+    try:
+        assert wait_until(lambda: port_open(port), 20), "the instant server did not start"
+        with tempfile.TemporaryDirectory() as tmp:
+            cfg = Path(tmp) / "llmesh.yaml"
+            cfg.write_text(config(base_url, True))
+            mesh = Mesh(layout=free_layout(1), engines="sim", model_dir=Path(tmp) / "models",
+                        log_dir=Path(tmp) / "logs",
+                        env={"LLMESH_CONFIG_FILE": str(cfg), "LLMESH_GATEWAY_LOG_LEVEL": "warning",
+                             "LLMESH_ENGINE_LOG_LEVEL": "warning"})
+            mesh.start(timeout_s=60)
+            try:
+                gw_pid = child_pid(mesh.proc.pid, "llmesh.gateway")
+                gateway = mesh.layout.http_url + "/v1/chat/completions"
+                levels = [int(x) for x in args.levels.split(",")]
+                results = asyncio.run(measure(base_url + "/chat/completions", gateway, gw_pid, args.requests, levels))
+                results["resilience_on_vs_off_stream_c1"] = asyncio.run(
+                    overhead(gateway, gw_pid, args.requests, cfg, base_url))
+            finally:
+                mesh.stop(signal.SIGINT)
+    finally:
+        terminate(server, signal.SIGTERM, 10.0)
+    print(json.dumps({"bench": "provider", "chunks": args.chunks, "results": results}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

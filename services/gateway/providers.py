@@ -1,0 +1,138 @@
+"""External OpenAI-compatible HTTP providers as upstreams: our request in their wire
+format (their model name), their SSE stream back as Delta/Finish, their errors as ours.
+The API key is read when a call is made, from the environment or a secret file."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import orjson
+
+from llmesh.errors import DeadlineExceeded, Internal, InvalidArgument, LlmeshError, Overloaded, Unavailable
+from llmesh.liveconfig.schema import Provider
+from llmesh.types import Delta, Finish, FinishReason, TokenLogprob, Usage
+from llmesh.gateway.pipeline import CompletionRequest
+
+
+def api_key(p: Provider) -> str | None:
+    if p.api_key_env:
+        key = os.environ.get(p.api_key_env)
+        if not key:
+            raise Unavailable(f"The provider key variable {p.api_key_env} is not set.", reason="provider_auth")
+        return key
+    if p.api_key_file:
+        try:
+            return Path(p.api_key_file).read_text().strip()
+        except OSError as exc:
+            raise Unavailable(f"The provider key file cannot be read: {exc.strerror}.",
+                              reason="provider_auth") from None
+    return None
+
+
+def request_body(req: CompletionRequest, remote_model: str) -> tuple[str, dict]:
+    """(path, JSON body) for the provider."""
+    s = req.sampling
+    body: dict = {"model": remote_model, "stream": True, "stream_options": {"include_usage": True}}
+    for name, value in (("max_tokens", s.max_tokens), ("temperature", s.temperature), ("top_p", s.top_p),
+                        ("seed", s.seed)):
+        if value is not None:
+            body[name] = value
+    if s.stop:
+        body["stop"] = list(s.stop)
+    if req.prompt.messages is not None:
+        body["messages"] = [{"role": m.role, "content": m.content} for m in req.prompt.messages]
+        if s.logprobs is not None:
+            body["logprobs"] = True
+            body["top_logprobs"] = s.logprobs
+        path = "/chat/completions"
+    else:
+        body["prompt"] = req.prompt.text or ""
+        if s.logprobs is not None:
+            body["logprobs"] = s.logprobs
+        path = "/completions"
+    if s.response_format is not None:
+        fmt: dict = {"type": s.response_format.type}
+        if s.response_format.schema is not None:
+            fmt["json_schema"] = {"name": "response", "schema": orjson.loads(s.response_format.schema)}
+        body["response_format"] = fmt
+    return path, body
+
+
+def error_for_status(status: int, body: bytes) -> LlmeshError:
+    try:
+        err = orjson.loads(body).get("error") or {}
+        message = err.get("message") if isinstance(err, dict) else str(err)
+    except (orjson.JSONDecodeError, AttributeError):
+        message = None
+    message = f"The provider answered {status}: {message or 'no detail'}"
+    if status == 429:
+        return Overloaded(message, reason="provider_rate_limited")
+    if status in (401, 403):
+        return Unavailable(message, reason="provider_auth")
+    if 400 <= status < 500:
+        return InvalidArgument(message, reason="provider_rejected")
+    return Unavailable(message, reason="provider_error")
+
+
+def _logprobs(choice: dict) -> tuple[TokenLogprob, ...]:
+    lp = choice.get("logprobs") or {}
+    if "content" in lp:
+        return tuple(TokenLogprob(t["token"], t["logprob"], tuple((a["token"], a["logprob"])
+                                                                  for a in t.get("top_logprobs") or ()))
+                     for t in lp["content"] or ())
+    if "tokens" in lp:
+        tops = lp.get("top_logprobs") or [{}] * len(lp["tokens"])
+        return tuple(TokenLogprob(t, v, tuple((top or {}).items()))
+                     for t, v, top in zip(lp["tokens"], lp["token_logprobs"], tops))
+    return ()
+
+
+class ProviderClients:
+    def __init__(self) -> None:
+        self._http = httpx.AsyncClient(http2=False, timeout=None)
+
+    async def generate(self, provider: Provider, remote_model: str, req: CompletionRequest, timeout_s: float
+                       ) -> AsyncIterator[Delta | Finish]:
+        path, body = request_body(req, remote_model)
+        headers = {"content-type": "application/json"}
+        key = api_key(provider)
+        if key:
+            headers["authorization"] = f"Bearer {key}"
+        reason, usage, produced = FinishReason.STOP, None, 0
+        try:
+            async with self._http.stream("POST", provider.base_url.rstrip("/") + path, content=orjson.dumps(body),
+                                         headers=headers, timeout=timeout_s) as resp:
+                if resp.status_code != 200:
+                    raise error_for_status(resp.status_code, await resp.aread())
+                async for line in resp.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        break
+                    chunk = orjson.loads(data)
+                    if "error" in chunk:
+                        raise Unavailable(f"The provider failed mid-answer: {chunk['error']}", reason="provider_error")
+                    if chunk.get("usage"):
+                        usage = Usage(chunk["usage"].get("prompt_tokens", 0), chunk["usage"].get("completion_tokens", 0))
+                    for choice in chunk.get("choices") or ():
+                        text = (choice.get("delta") or {}).get("content") or choice.get("text") or ""
+                        logprobs = _logprobs(choice)
+                        if text or logprobs:
+                            produced += 1
+                            yield Delta(text=text, tokens=max(1, len(logprobs)), logprobs=logprobs)
+                        if choice.get("finish_reason"):
+                            reason = FinishReason.LENGTH if choice["finish_reason"] == "length" else FinishReason.STOP
+        except httpx.TimeoutException:
+            raise DeadlineExceeded() from None
+        except httpx.HTTPError as exc:
+            raise Unavailable(f"The provider cannot be reached: {type(exc).__name__}.", reason="provider_error") from None
+        except orjson.JSONDecodeError:
+            raise Internal("The provider sent a malformed stream.", reason="provider_error") from None
+        yield Finish(reason=reason, usage=usage or Usage(0, produced))
+
+    async def close(self) -> None:
+        await self._http.aclose()

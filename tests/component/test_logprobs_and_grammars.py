@@ -1,0 +1,114 @@
+"""Log probabilities and constrained decoding in the engine: the real llama.cpp
+backend (SmolLM2) and the sim, through the engine core."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from contextlib import aclosing
+
+import jsonschema
+import pytest
+
+from llmesh.errors import InvalidArgument
+from llmesh.types import Delta, Finish, Message, Prompt, ResponseFormat, Sampling
+from llmesh.engine.admission import Admission
+from llmesh.engine.backends.llamacpp import LlamaCppBackend
+from llmesh.engine.backends.sim import SimBackend, SimProfile
+from llmesh.engine.core import EngineCore
+
+MODEL = "smollm2-135m-instruct"
+PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
+          "properties": {"name": {"type": "string", "maxLength": 24}, "age": {"type": "integer"}}}
+
+
+@pytest.fixture(scope="module")
+async def llama(real_model_dir):
+    b = LlamaCppBackend.from_store(real_model_dir, MODEL, n_ctx=1024, n_threads=2, n_batch=256, n_slots=4)
+    yield b
+    await b.close()
+
+
+def ask(text: str) -> Prompt:
+    return Prompt(messages=(Message("user", text),))
+
+
+async def run(core: EngineCore, model: str, prompt: Prompt, sampling: Sampling) -> tuple[str, list, Finish]:
+    text, logprobs, finish = [], [], None
+    async with aclosing(core.generate(model, prompt, sampling)) as items:
+        async for item in items:
+            if isinstance(item, Delta):
+                text.append(item.text)
+                logprobs.extend(item.logprobs)
+            else:
+                finish = item
+    return "".join(text), logprobs, finish
+
+
+def core_for(backend) -> EngineCore:
+    return EngineCore(backend, Admission(max_running=4, max_waiting=8))
+
+
+async def test_llamacpp_logprobs_are_sane(llama):
+    core = core_for(llama)
+    text, lps, finish = await run(core, MODEL, ask("What color is the sky?"),
+                                  Sampling(max_tokens=8, temperature=0.0, logprobs=3))
+    assert len(lps) == finish.usage.completion_tokens == 8
+    assert "".join(t.token for t in lps) == text
+    for t in lps:
+        assert t.logprob <= 0.0 and len(t.top) == 3
+        assert [lp for _, lp in t.top] == sorted((lp for _, lp in t.top), reverse=True)
+        # Greedy: the chosen token is the most likely one.
+        assert t.top[0][0] == t.token and t.top[0][1] == pytest.approx(t.logprob, abs=1e-5)
+        assert sum(math.exp(lp) for _, lp in t.top) <= 1.0 + 1e-4
+    # Sampled tokens are not always the best, but their logprob is never above it.
+    _, sampled, _ = await run(core, MODEL, ask("Tell me a word."), Sampling(max_tokens=8, temperature=1.5,
+                                                                            seed=3, logprobs=1))
+    assert all(t.logprob <= t.top[0][1] + 1e-5 for t in sampled)
+
+
+async def test_llamacpp_json_object_is_always_json(llama):
+    """Sampled with several seeds at once: every finished answer parses."""
+    core = core_for(llama)
+    answers = await asyncio.gather(*(
+        run(core, MODEL, ask('Output this JSON exactly: {"color": "blue"}'),
+            Sampling(max_tokens=64, temperature=0.3, seed=seed, response_format=ResponseFormat("json_object")))
+        for seed in (1, 2, 3)))
+    for text, _, finish in answers:
+        assert text.startswith("{"), text
+        if finish.reason.value == "stop":
+            assert isinstance(json.loads(text), dict)
+
+
+async def test_llamacpp_json_schema_is_always_matched(llama):
+    core = core_for(llama)
+    answers = await asyncio.gather(*(
+        run(core, MODEL, ask("Invent a person."),
+            Sampling(max_tokens=64, temperature=1.0, seed=seed,
+                     response_format=ResponseFormat("json_schema", json.dumps(PERSON))))
+        for seed in (1, 2, 3, 4)))
+    for text, _, finish in answers:
+        assert finish.reason.value == "stop", text
+        jsonschema.validate(json.loads(text), PERSON)
+
+
+async def test_llamacpp_refuses_a_schema_it_cannot_express(llama):
+    with pytest.raises(InvalidArgument) as info:
+        await run(core_for(llama), MODEL, ask("x"), Sampling(max_tokens=5, response_format=ResponseFormat(
+            "json_schema", json.dumps({"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}))))
+    assert info.value.param == "response_format.json_schema.schema"
+
+
+async def test_sim_reports_its_uniform_logprobs_and_refuses_response_format():
+    sim = SimBackend("sim-lp", 512, SimProfile(decode_ms_base=1.0, output_tokens=5))
+    try:
+        core = core_for(sim)
+        text, lps, finish = await run(core, "sim-lp", Prompt(text="a b c"), Sampling(max_tokens=5, logprobs=2))
+        assert len(lps) == 5 and "".join(t.token for t in lps) == text
+        assert all(t.logprob == pytest.approx(-math.log(16)) and len(t.top) == 2 for t in lps)
+        with pytest.raises(InvalidArgument) as info:
+            await run(core, "sim-lp", Prompt(text="a"), Sampling(response_format=ResponseFormat("json_object")))
+        assert info.value.param == "response_format"
+    finally:
+        await sim.close()

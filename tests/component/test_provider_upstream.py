@@ -1,0 +1,104 @@
+"""An external OpenAI-compatible provider as an upstream: llama-cpp-python's own
+OpenAI-compatible server (a real, separate HTTP server with the real model) stands in
+for a hosted API. The gateway pipeline falls back to it when every engine is down,
+passes its stream through, maps its errors, and reads its key from a file."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from llmesh.errors import Unavailable
+from llmesh.liveconfig.schema import MeshConfig, ModelPolicy, Provider
+from llmesh.testing import free_ports, port_open, terminate, wait_until
+from llmesh.types import Delta, Finish, Message, Prompt, Sampling
+from llmesh.gateway.picking import Endpoint, EndpointPicker
+from llmesh.gateway.pipeline import FALLBACK_HEADER, CompletionRequest, Context, Pipeline
+from llmesh.gateway.providers import ProviderClients
+from llmesh.gateway.upstreams import EngineClients
+from opentelemetry.trace import INVALID_SPAN
+
+REMOTE = "smol-remote"
+
+
+@pytest.fixture(scope="module")
+def openai_server(real_model_dir, tmp_path_factory):
+    gguf = next((real_model_dir / "smollm2-135m-instruct").glob("*.gguf"))
+    port = free_ports(1)[0]
+    log = (tmp_path_factory.mktemp("provider") / "server.log").open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", REMOTE,
+                             "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "1024", "--n_threads", "2"],
+                            stdout=log, stderr=subprocess.STDOUT)
+    try:
+        assert wait_until(lambda: port_open(port), 60), "llama_cpp.server did not start"
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        terminate(proc, 15, 15.0)
+        log.close()
+
+
+class Catalog:
+    def known(self, model: str) -> bool:
+        return True
+
+
+def request(model: str, **sampling) -> CompletionRequest:
+    return CompletionRequest(request_id="r", tenant="t", model=model, timeout_s=60,
+                             prompt=Prompt(messages=(Message("user", "What color is the sky?"),)),
+                             sampling=Sampling(max_tokens=8, temperature=0.0, **sampling))
+
+
+def pipeline_for(base_url: str, key_file=None) -> tuple[Pipeline, EndpointPicker, ProviderClients, list]:
+    picker = EndpointPicker()
+    # The self-hosted pool: its only engine is down (a closed port).
+    picker.replace_all([Endpoint("e0", f"127.0.0.1:{free_ports(1)[0]}", frozenset({"pool-model"}))])
+    config = MeshConfig(models={"pool-model": ModelPolicy(fallbacks=["hosted"])},
+                        providers={"local": Provider(base_url=base_url, models={"hosted": REMOTE},
+                                                     api_key_file=str(key_file) if key_file else None)})
+    providers, records = ProviderClients(), []
+    return (Pipeline(picker, EngineClients(), Catalog(), config=lambda: config, providers=providers,
+                     observe=records.append), picker, providers, records)
+
+
+async def run(pipeline: Pipeline, req: CompletionRequest) -> tuple[list[Delta], Finish, Context]:
+    ctx = Context(req, {}, INVALID_SPAN)
+    deltas, finish = [], None
+    async for item in pipeline.run(req, ctx):
+        if isinstance(item, Delta):
+            deltas.append(item)
+        else:
+            finish = item
+    return deltas, finish, ctx
+
+
+async def test_falls_back_to_the_provider_when_every_engine_is_down(openai_server, tmp_path):
+    key = tmp_path / "key"
+    key.write_text("sk-local-test\n")
+    pipeline, _, providers, records = pipeline_for(openai_server, key)
+    try:
+        deltas, finish, ctx = await run(pipeline, request("pool-model", logprobs=1))
+        text = "".join(d.text for d in deltas)
+        assert text and len(deltas) > 1  # streamed through, not buffered
+        # This server sends no usage in streams: completion tokens are counted from its chunks.
+        assert finish.usage.completion_tokens == 8 and finish.reason.value == "length"
+        assert ctx.headers[FALLBACK_HEADER] == "hosted"
+        assert records[-1]["endpoint"] == "provider:local" and records[-1]["fallback"] == "hosted"
+        lps = [t for d in deltas for t in d.logprobs]
+        assert lps and all(t.logprob <= 0 for t in lps)
+        # The same greedy question asked of the provider directly gives the same text.
+        direct, _, _ = await run(pipeline, request("hosted"))
+        assert "".join(d.text for d in direct) == text
+    finally:
+        await providers.close()
+
+
+async def test_an_unreachable_provider_is_unavailable():
+    dead, _, providers, _ = pipeline_for(f"http://127.0.0.1:{free_ports(1)[0]}/v1")
+    try:
+        with pytest.raises(Unavailable) as info:
+            await run(dead, request("hosted"))
+        assert info.value.reason == "provider_error"
+    finally:
+        await providers.close()

@@ -1,0 +1,59 @@
+"""Fallback to an external OpenAI-compatible provider when no engine can serve the
+model, through the real gateway with the official openai client. The provider is a
+local OpenAI-compatible server (bench.instant_openai) in its own process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import openai
+import pytest
+
+from llmesh.testing import free_ports, port_open, terminate, wait_until
+
+CHUNKS = 8
+EXPECTED = "".join(f" w{i}" for i in range(CHUNKS))
+
+
+@pytest.fixture
+def provider_config(mesh, config_file):
+    port = free_ports(1)[0]
+    server = subprocess.Popen([sys.executable, "-m", "bench.instant_openai", "--port", str(port),
+                               "--chunks", str(CHUNKS)])
+    before = config_file.read_text()
+    try:
+        assert wait_until(lambda: port_open(port), 20)
+        config_file.write_text(json.dumps({
+            "default": {"max_attempts": 2},
+            "models": {"unserved-model": {"fallbacks": ["hosted"]}},
+            "providers": {"local": {"base_url": f"http://127.0.0.1:{port}/v1", "models": {"hosted": "instant"}}},
+        }))
+        yield
+    finally:
+        config_file.write_text(before)
+        terminate(server, 15, 10.0)
+        time.sleep(1.5)  # the restored config is live again before the next test
+
+
+def test_no_engine_falls_back_to_the_provider(client, provider_config):
+    deadline = time.monotonic() + 10
+    while True:  # the live config applies within a second or so
+        try:
+            raw = client.chat.completions.with_raw_response.create(
+                model="unserved-model", messages=[{"role": "user", "content": "hi"}], max_tokens=8)
+            break
+        except openai.APIStatusError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.3)
+    resp = raw.parse()
+    assert raw.headers["x-llmesh-fallback"] == "hosted"
+    assert resp.choices[0].message.content == EXPECTED
+    assert resp.usage.completion_tokens == CHUNKS
+    chunks = list(client.chat.completions.create(model="unserved-model", stream=True, max_tokens=8,
+                                                 messages=[{"role": "user", "content": "hi"}]))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == EXPECTED
+    assert chunks[-1].choices[0].finish_reason == "length"

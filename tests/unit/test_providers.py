@@ -1,0 +1,50 @@
+"""The provider adapter's pure parts: our request in OpenAI's wire format, their
+errors as ours, their key from the environment or a file."""
+
+import json
+
+import pytest
+
+from llmesh.errors import InvalidArgument, Overloaded, Unavailable
+from llmesh.liveconfig.schema import Provider
+from llmesh.types import Message, Prompt, ResponseFormat, Sampling
+from llmesh.gateway.pipeline import CompletionRequest
+from llmesh.gateway.providers import api_key, error_for_status, request_body
+
+
+def req(prompt: Prompt, **sampling) -> CompletionRequest:
+    return CompletionRequest("r", "t", "ours", prompt, Sampling(**sampling), 5.0)
+
+
+def test_chat_body_uses_their_model_name_and_streams_with_usage():
+    path, body = request_body(req(Prompt(messages=(Message("user", "hi"),)), max_tokens=3, temperature=0.0,
+                                  stop=("x",), logprobs=2,
+                                  response_format=ResponseFormat("json_schema", json.dumps({"type": "object"}))),
+                              "gpt-x")
+    assert path == "/chat/completions"
+    assert body["model"] == "gpt-x" and body["stream"] and body["stream_options"] == {"include_usage": True}
+    assert (body["max_tokens"], body["temperature"], body["stop"]) == (3, 0.0, ["x"])
+    assert (body["logprobs"], body["top_logprobs"]) == (True, 2)
+    assert body["response_format"]["json_schema"]["schema"] == {"type": "object"}
+    path, body = request_body(req(Prompt(text="once"), logprobs=1), "m")
+    assert path == "/completions" and body["prompt"] == "once" and body["logprobs"] == 1
+
+
+@pytest.mark.parametrize("status, cls, reason", [
+    (429, Overloaded, "provider_rate_limited"), (401, Unavailable, "provider_auth"),
+    (400, InvalidArgument, "provider_rejected"), (503, Unavailable, "provider_error"),
+])
+def test_their_errors_map_to_ours(status, cls, reason):
+    exc = error_for_status(status, b'{"error": {"message": "nope"}}')
+    assert isinstance(exc, cls) and exc.reason == reason and "nope" in exc.message
+
+
+def test_key_from_env_or_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("LLMESH_TEST_PROVIDER_KEY", "sk-env")
+    assert api_key(Provider(base_url="u", models={}, api_key_env="LLMESH_TEST_PROVIDER_KEY")) == "sk-env"
+    f = tmp_path / "k"
+    f.write_text("sk-file\n")
+    assert api_key(Provider(base_url="u", models={}, api_key_file=str(f))) == "sk-file"
+    with pytest.raises(Unavailable):
+        api_key(Provider(base_url="u", models={}, api_key_env="LLMESH_TEST_PROVIDER_UNSET"))
+    assert api_key(Provider(base_url="u", models={})) is None
