@@ -276,9 +276,19 @@ class Pipeline:
         """The model's endpoints (or its provider), then each fallback model's, until one
         answers. Every attempt after the first is a retry, paid from the retry budget;
         breakers keep requests off endpoints and providers that fail or stall."""
-        record = ctx.record
         if self._budget is not None:
             self._budget.deposit()
+        try:
+            async with aclosing(self._attempts(req, deadline, policy, ctx)) as items:
+                async for item in items:
+                    yield item
+        finally:
+            if self._budget is not None:
+                self._budget.leave()
+
+    async def _attempts(self, req: CompletionRequest, deadline: float, policy: ModelPolicy, ctx: Context
+                        ) -> AsyncIterator[Delta | Finish]:
+        record = ctx.record
         state = _Attempts()
         config = self._config()
         emitted: list[str] = []
@@ -317,7 +327,8 @@ class Pipeline:
                     call = lambda t, remaining, a=endpoint.address: self._engines.generate(  # noqa: E731
                         a, t, remaining, ctx.span)
                 if state.count:
-                    if self._budget is not None and not self._budget.spend():
+                    # A continuation after a mid-stream failure is no retry: the answer is half given.
+                    if self._budget is not None and not target.continuation and not self._budget.spend():
                         record["retry_budget"] = "exhausted"
                         raise state.last_error or Unavailable("The retry budget is spent.", reason="retry_budget")
                     record["retries"] += 1

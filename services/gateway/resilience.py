@@ -112,15 +112,26 @@ def _clear(b: _Breaker) -> None:
 
 
 class RetryBudgetGate:
-    """Each request deposits ``ratio``; a retry spends 1 (denied below 1)."""
+    """Each request deposits ``ratio``; a retry spends 1 (denied below 1). The balance
+    holds at most ``burst`` or ``ratio`` x the requests in flight, whichever is more
+    (Envoy's budget is a share of the active requests too): a fleet that fails every
+    request gets ``ratio`` more attempts, while one engine dying under many streams
+    can still send each of its requests elsewhere once."""
 
     def __init__(self, config: Callable[[], RetryBudget]):
         self._config = config
         self._balance: float | None = None
+        self.active = 0
 
     def deposit(self) -> None:
+        """A request starts; ``leave`` when it ends."""
         cfg = self._config()
-        self._balance = min(cfg.burst, (cfg.burst if self._balance is None else self._balance) + cfg.ratio)
+        self.active += 1
+        cap = max(cfg.burst, cfg.ratio * self.active)
+        self._balance = min(cap, (cfg.burst if self._balance is None else self._balance) + cfg.ratio)
+
+    def leave(self) -> None:
+        self.active -= 1
 
     def spend(self) -> bool:
         cfg = self._config()

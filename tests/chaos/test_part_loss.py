@@ -129,9 +129,8 @@ def test_losing_one_engine_of_three_under_200_streams(mesh, sig):
     _report(f"engine-1 {signal.Signals(sig).name}", tally)
     assert mesh.proc.poll() is None, "the mesh stopped"
     assert tally["completed"] > CLIENTS and tally["running_at_fault"] >= 10
-    assert tally["failed"] == 0, tally["errors"][:5]
-    if sig == signal.SIGTERM:
-        assert tally["broken"] == 0, tally["errors"][:5]
+    # Mid-stream failover continues a dying engine's answers elsewhere: no stream breaks either.
+    assert tally["failed"] == 0 and tally["broken"] == 0, tally["errors"][:5]
     assert wait_until(lambda: any("restarted engine-1" in line for line in mesh.output), 20)
 
 
