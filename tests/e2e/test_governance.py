@@ -69,11 +69,14 @@ def gov(tmp_path_factory, signer, real_model_dir):
     replicas = []
     urls = [layout.http_url]
     grpc_addresses = [layout.address("gateway")]
+    metrics_urls = [f"http://127.0.0.1:{layout.metrics_port('gateway')}/metrics"]
     try:
         for i in range(2):
-            grpc_port, http_port = free_ports(2)
+            grpc_port, http_port, metrics_port = free_ports(3)
+            metrics_urls.append(f"http://127.0.0.1:{metrics_port}/metrics")
             svc = Service("llmesh.gateway", {
                 **env, "LLMESH_GATEWAY_PORT": str(grpc_port), "LLMESH_GATEWAY_HTTP_PORT": str(http_port),
+                "LLMESH_GATEWAY_METRICS_PORT": str(metrics_port),
                 "LLMESH_GATEWAY_SCHEDULER_ADDRESS": layout.address("scheduler"),
                 "LLMESH_GATEWAY_MODELMGR_ADDRESS": layout.address("modelmgr"),
                 "LLMESH_GATEWAY_CACHE_ADDRESS": "", "LLMESH_GATEWAY_AUDIT_FILE": str(root / f"audit-{i}.jsonl")},
@@ -84,7 +87,8 @@ def gov(tmp_path_factory, signer, real_model_dir):
             grpc_addresses.append(f"127.0.0.1:{grpc_port}")
         for url in urls:
             assert wait_until(lambda: _ready(url), 30), "a gateway replica did not start"
-        yield {"urls": urls, "grpc": grpc_addresses, "redis": server, "root": root, "mesh": mesh}
+        yield {"urls": urls, "grpc": grpc_addresses, "redis": server, "root": root, "mesh": mesh,
+               "metrics": metrics_urls}
     finally:
         for svc in replicas:
             svc.stop()
@@ -247,10 +251,12 @@ def test_three_gateways_share_one_tokens_per_minute_limit(gov):
     assert all(int(h["retry-after"]) >= 1 and h["x-ratelimit-limit-tokens"] == str(TPM) for h in refused)
     r = redis.Redis.from_url(gov["redis"].url)
     assert int(r.get("llmesh:rl:{burst}:tok:sum")) <= TPM
-    metrics = httpx.get(f"http://127.0.0.1:{gov['mesh'].layout.metrics_port('gateway')}/metrics").text
-    counted = [line for line in metrics.splitlines()
-               if line.startswith('llmesh_rate_limited_requests_total{tenant="burst"}')]
-    assert counted and float(counted[0].split()[-1]) > 0
+    counted = 0.0  # the refusals, as the three replicas' metrics count them
+    for url in gov["metrics"]:
+        for line in httpx.get(url).text.splitlines():
+            if line.startswith('llmesh_rate_limited_requests_total{tenant="burst"}'):
+                counted += float(line.split()[-1])
+    assert counted == len(refused)
 
 
 def test_budget_stops_at_most_one_request_past_its_line(gov):
