@@ -9,6 +9,7 @@ thresholds come from the live config on every call, so changes apply at once."""
 from __future__ import annotations
 
 import enum
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -113,25 +114,36 @@ def _clear(b: _Breaker) -> None:
 
 class RetryBudgetGate:
     """Each request deposits ``ratio``; a retry spends 1 (denied below 1). The balance
-    holds at most ``burst`` or ``ratio`` x the requests in flight, whichever is more
-    (Envoy's budget is a share of the active requests too): a fleet that fails every
-    request gets ``ratio`` more attempts, while one engine dying under many streams
-    can still send each of its requests elsewhere once."""
+    holds at most ``burst`` or ``ratio`` x the requests of the last ``window_s`` seconds,
+    whichever is more: over any window retries add at most ``ratio`` to the load (a
+    failing fleet is not hit twice), yet one engine of three dying, which sends a third
+    of the requests in flight elsewhere at once, is paid from what the window saved."""
 
-    def __init__(self, config: Callable[[], RetryBudget]):
+    def __init__(self, config: Callable[[], RetryBudget], window_s: int = 10,
+                 clock: Callable[[], float] = time.monotonic):
         self._config = config
+        self._clock = clock
         self._balance: float | None = None
-        self.active = 0
+        self._counts = [0] * window_s  # requests per second, a ring over the window
+        self._second = int(clock())
+
+    def _seen(self) -> int:
+        now = int(self._clock())
+        if now != self._second:
+            for s in range(self._second + 1, min(now, self._second + len(self._counts)) + 1):
+                self._counts[s % len(self._counts)] = 0
+            self._second = now
+        self._counts[now % len(self._counts)] += 1
+        return sum(self._counts)
 
     def deposit(self) -> None:
-        """A request starts; ``leave`` when it ends."""
+        """A request starts."""
         cfg = self._config()
-        self.active += 1
-        cap = max(cfg.burst, cfg.ratio * self.active)
+        cap = max(cfg.burst, cfg.ratio * self._seen())
         self._balance = min(cap, (cfg.burst if self._balance is None else self._balance) + cfg.ratio)
 
     def leave(self) -> None:
-        self.active -= 1
+        """A request ends (nothing to undo: the window forgets it on its own)."""
 
     def spend(self) -> bool:
         cfg = self._config()

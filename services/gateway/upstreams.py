@@ -14,7 +14,7 @@ from llmesh.convert import (finish_from_pb, finish_to_pb, kv_hash_from_pb, logpr
 from opentelemetry.trace import NoOpTracer, Span, SpanKind, Status, StatusCode, Tracer
 
 from llmesh.discovery.base import NoInstance, Resolver
-from llmesh.errors import DiscoveryError
+from llmesh.errors import DiscoveryError, Unavailable
 from llmesh.liveconfig.schema import MeshConfig
 from llmesh.telemetry import child_context, inject
 from llmesh.rpc.channels import insecure_channel
@@ -61,6 +61,10 @@ class EngineClients:
                     yield Delta(text=resp.text, tokens=resp.token_count, logprobs=logprobs_from_pb(resp.logprobs))
         except grpc.aio.AioRpcError as exc:
             span.set_status(Status(StatusCode.ERROR, exc.code().name))
+            if exc.code() == grpc.StatusCode.CANCELLED:
+                # Our own cancel arrives as asyncio.CancelledError; this one is the engine's (a server
+                # stopping cancels what it still holds): the engine is going away, try another.
+                raise Unavailable(f"The engine at {address} cancelled the call.", reason="engine_cancelled") from None
             raise from_rpc_error(exc) from None
         finally:
             call.cancel()  # no-op once finished; frees the engine's slot if we stop early

@@ -76,6 +76,23 @@ def test_retry_budget_caps_retries_at_the_ratio_plus_burst():
     assert 20 <= granted <= 23
 
 
+def test_retry_budget_pays_a_burst_from_what_the_window_saved_then_forgets():
+    now = [0.0]
+    gate = RetryBudgetGate(lambda: RetryBudget(ratio=0.2, burst=10), clock=lambda: now[0])
+    for i in range(500):  # 5 s of steady traffic, 100 requests a second
+        now[0] = i / 100
+        gate.deposit()
+    # One engine of three dies: a third of the requests in flight need another engine at once.
+    assert sum(gate.spend() for _ in range(60)) == 60
+    now[0] = 30.0  # long after: the window forgot that traffic, and a failing fleet gets burst + ratio
+    granted = 0
+    for _ in range(50):
+        gate.deposit()
+        while gate.spend():
+            granted += 1
+    assert granted <= 10 + 0.2 * 50 + 1
+
+
 def test_metrics_follow_breakers_fallbacks_and_the_budget():
     from prometheus_client import CollectorRegistry
     from llmesh.gateway.metrics import GatewayMetrics
