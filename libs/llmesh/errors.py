@@ -67,6 +67,11 @@ class Overloaded(LlmeshError):
         super().__init__(message, reason=reason)
 
 
+class ResourceExhausted(LlmeshError):
+    """Not enough of a resource (memory, GPUs) for the operation now; it may fit later."""
+    code = ErrorCode.RESOURCE_EXHAUSTED
+
+
 class Unavailable(LlmeshError):
     code = ErrorCode.UNAVAILABLE
 

@@ -11,18 +11,12 @@ import yaml
 from llmesh.discovery.base import Resolver
 from llmesh.liveconfig.document import InvalidConfig, parse
 from llmesh.liveconfig.stores import ConfigStore
-from llmesh.modelmgr.placement import Engine
+from llmesh.modelmgr.placement import Engine, Target
 from llmesh.rpc.channels import insecure_channel
 from llmesh.rpc.identity import Identity
 from llmesh.rpc.status import from_rpc_error
 from llmesh.errors import InvalidArgument, Unavailable
 from llmesh.v1 import common_pb2, engine_pb2, engine_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
-
-
-def free_memory(hw: scheduler_pb2.HardwareProfile) -> int:
-    if hw.gpus:
-        return sum(max(g.memory_total_bytes - g.memory_used_bytes, 0) for g in hw.gpus)
-    return hw.memory_available_bytes
 
 
 class GrpcMesh:
@@ -39,18 +33,29 @@ class GrpcMesh:
             self._channels[address] = insecure_channel(address, self._identity)
         return engine_pb2_grpc.EngineStub(self._channels[address])
 
-    async def engines(self) -> list[Engine]:
+    async def _scheduler_call(self, method: str, request):
         try:
             address = await self._scheduler()
             async with insecure_channel(address) as ch:
-                table = await scheduler_pb2_grpc.SchedulerStub(ch).ListEndpoints(
-                    scheduler_pb2.ListEndpointsRequest(), timeout=10)
+                return await getattr(scheduler_pb2_grpc.SchedulerStub(ch), method)(request, timeout=10)
         except grpc.aio.AioRpcError as exc:
-            raise Unavailable(f"the scheduler is unreachable ({exc.code().name})") from None
+            if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                raise Unavailable(f"the scheduler is unreachable ({exc.code().name})") from None
+            raise from_rpc_error(exc) from None
         except LookupError as exc:
             raise Unavailable(f"the scheduler is not registered ({exc})") from None
+
+    async def engines(self) -> list[Engine]:
+        table = await self._scheduler_call("ListEndpoints", scheduler_pb2.ListEndpointsRequest())
         return [Engine(e.endpoint_id, e.address, e.backend, tuple(e.models), e.healthy,
-                       e.load.running + e.load.waiting, free_memory(e.hardware)) for e in table.endpoints]
+                       e.load.running + e.load.waiting) for e in table.endpoints]
+
+    async def place(self, model: str, replicas: int, memory_bytes: int, backends: tuple[str, ...], gpus: int,
+                    avoid_models: set[str]) -> list[Target]:
+        resp = await self._scheduler_call("Place", scheduler_pb2.PlaceRequest(
+            model=model, replicas=replicas, memory_bytes=memory_bytes, gpus_per_replica=gpus,
+            backends=backends, avoid_models=sorted(avoid_models)))
+        return [Target(p.endpoint_id, p.address, p.already_serving) for p in resp.placements]
 
     async def load(self, address: str, model: str) -> tuple[float, float]:
         try:

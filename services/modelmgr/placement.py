@@ -1,19 +1,22 @@
-"""Where a version's replicas go and which variant they run: pure functions over
-the scheduler's endpoint list (each engine's backend, models, load and hardware).
-
-Variant choice (seed 003): the best variant whose memory need fits 85 % of the
-target's free memory; "best" is the one with the most bits per weight, i.e. the
-largest file. The need is the weights plus a margin for the KV cache and buffers."""
+"""Which variant a version's replicas run and where: the scheduler plans the places
+(it bin-packs replicas onto engines by memory need, see its Place RPC); here, the
+variant. Seed 003: the best variant whose memory need fits a share (the budget) of
+the target's free memory; "best" is the one with the most bits per weight, i.e. the
+largest file. The need is the weights plus a margin for the KV cache and buffers, so
+the largest variant the scheduler can place wins."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
-from llmesh.errors import FailedPrecondition, Unavailable
+from llmesh.errors import ErrorCode, LlmeshError, ResourceExhausted
 from llmesh.modelmgr.registry import Artifact
 
 BACKENDS_FOR_FORMAT = {"gguf": ("llamacpp",)}  # safetensors (vllm) loads from the engine's own path today
+# Replicas of these formats run in CPU memory on their backends (llama.cpp here offloads no layers).
+GPUS_FOR_FORMAT = {"gguf": 0}
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,34 +27,38 @@ class Engine:
     models: tuple[str, ...]
     healthy: bool
     load: int                 # running + waiting
-    free_memory_bytes: int    # GPU memory free if it has GPUs, else available RAM
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where the scheduler placed one replica."""
+    endpoint_id: str
+    address: str
+    already_serving: bool = False
 
 
 def memory_need(artifact: Artifact, overhead: float) -> int:
     return int(artifact.size_bytes * (1.0 + overhead))
 
 
-def choose_variant(artifacts: Iterable[Artifact], free_memory_bytes: int, budget_fraction: float = 0.85,
-                   overhead: float = 0.25) -> Artifact:
-    budget = free_memory_bytes * budget_fraction
-    fitting = [a for a in artifacts if memory_need(a, overhead) <= budget]
-    if not fitting:
-        sizes = ", ".join(f"{a.variant} {memory_need(a, overhead) / 2**20:.0f} MiB" for a in artifacts)
-        raise FailedPrecondition(f"no variant fits {budget_fraction:.0%} of {free_memory_bytes / 2**20:.0f} MiB "
-                                 f"free ({sizes})")
-    return max(fitting, key=lambda a: (a.size_bytes, a.variant))
+def memory_to_ask(artifact: Artifact, budget_fraction: float, overhead: float) -> int:
+    """What a replica of ``artifact`` asks the scheduler for: its need, over the budget
+    fraction (so the need fits that share of the free memory)."""
+    return math.ceil(memory_need(artifact, overhead) / budget_fraction)
 
 
-def place(engines: Iterable[Engine], fmt: str, replicas: int, served: str, busy: set[str]) -> list[Engine]:
-    """``replicas`` engines for a version served as ``served``: healthy engines of a
-    backend that loads ``fmt``, not serving a model an alias routes to (``busy``:
-    loading there would take it from its traffic), those already serving it first,
-    then idle ones (no model), then the least loaded."""
-    backends = BACKENDS_FOR_FORMAT.get(fmt, ())
-    candidates = [e for e in engines if e.healthy and e.backend in backends
-                  and (served in e.models or not (set(e.models) & busy))]
-    if len(candidates) < replicas:
-        raise Unavailable(f"{replicas} replica(s) of {served} need {replicas} healthy {'/'.join(backends) or fmt} "
-                          f"engine(s) not serving traffic for an alias; {len(candidates)} found")
-    candidates.sort(key=lambda e: (served not in e.models, bool(e.models), e.load, e.endpoint_id))
-    return candidates[:replicas]
+async def place_variant(artifacts: Iterable[Artifact], place: Callable[[int], Awaitable[list[Target]]],
+                        budget_fraction: float = 0.85, overhead: float = 0.25) -> tuple[Artifact, list[Target]]:
+    """The largest variant the scheduler can place (``place(memory_bytes)``), and its
+    places. A refusal for memory tries the next smaller variant; any other refusal
+    (too few engines, say) ends the search: a smaller variant would not change it."""
+    tried = []
+    for a in sorted(artifacts, key=lambda a: (a.size_bytes, a.variant), reverse=True):
+        try:
+            return a, await place(memory_to_ask(a, budget_fraction, overhead))
+        except LlmeshError as exc:
+            if exc.code is not ErrorCode.RESOURCE_EXHAUSTED:
+                raise
+            tried.append(f"{a.variant} ({memory_need(a, overhead) / 2**20:.0f} MiB): {exc.message}")
+    raise ResourceExhausted(f"no variant fits {budget_fraction:.0%} of any engine's free memory: "
+                            + " | ".join(tried), reason="insufficient_memory")

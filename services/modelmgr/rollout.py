@@ -16,7 +16,7 @@ from typing import Protocol
 from llmesh.errors import FailedPrecondition, InvalidArgument, LlmeshError
 from llmesh.modelmgr.artifacts import ArtifactStore
 from llmesh.modelmgr.evaluation import GoldenCase, evaluate
-from llmesh.modelmgr.placement import Engine, choose_variant, place
+from llmesh.modelmgr.placement import BACKENDS_FOR_FORMAT, GPUS_FOR_FORMAT, Engine, Target, place_variant
 from llmesh.modelmgr.registry import Alias, EvalReport, Registry, Version, check_name, parse_ref
 
 log = logging.getLogger("llmesh.modelmgr.rollout")
@@ -27,6 +27,9 @@ WARMUP_PROMPTS = ("Hello!", "What is 2 + 2?", "Name a color.", "Say something sh
 
 class MeshPort(Protocol):
     async def engines(self) -> list[Engine]: ...
+    # The scheduler's plan (its Place RPC): where ``replicas`` replicas needing ``memory_bytes`` each go.
+    async def place(self, model: str, replicas: int, memory_bytes: int, backends: tuple[str, ...], gpus: int,
+                    avoid_models: set[str]) -> list[Target]: ...
     async def load(self, address: str, model: str) -> tuple[float, float]: ...   # (load_ms, warmup_ms)
     async def generate(self, address: str, model: str, prompt: str, max_tokens: int) -> str: ...
     async def in_flight(self, address: str) -> int: ...
@@ -75,20 +78,25 @@ class Rollout:
             v = await self._db(self._registry.get, name, number)
             if v.state in ("registered", "archived"):
                 raise FailedPrecondition(f"{v.ref} is {v.state}; only a validated version can be deployed")
-            engines = await self._mesh.engines()
             busy = await self._splits.targets()
             live = {r.variant for r in v.replicas if r.state in ("loading", "warming", "ready")}
             artifacts = [a for a in v.artifacts if a.format == v.artifacts[0].format]
-            targets = place(engines, artifacts[0].format, replicas, v.served_name, busy - {v.served_name})
+            fmt = artifacts[0].format
+            if fmt not in BACKENDS_FOR_FORMAT:
+                raise FailedPrecondition(f"no engine backend loads {fmt} artifacts through the model manager")
             if variant:
-                chosen = v.artifact(variant)
+                artifacts = [v.artifact(variant)]
             elif live:
-                chosen = v.artifact(sorted(live)[0])  # every replica of a version runs one variant
-            else:
-                chosen = choose_variant(artifacts, min(t.free_memory_bytes for t in targets),
-                                        self.policy.memory_budget, self.policy.memory_overhead)
-            if live and chosen.variant not in live:
+                artifacts = [v.artifact(sorted(live)[0])]  # every replica of a version runs one variant
+            if live and artifacts[0].variant not in live:
                 raise FailedPrecondition(f"{v.ref} already runs as {sorted(live)[0]}; undeploy it to switch variant")
+
+            async def place(memory_bytes: int) -> list[Target]:
+                return await self._mesh.place(v.served_name, replicas, memory_bytes, BACKENDS_FOR_FORMAT[fmt],
+                                              GPUS_FOR_FORMAT[fmt], busy - {v.served_name})
+
+            chosen, targets = await place_variant(artifacts, place, self.policy.memory_budget,
+                                                  self.policy.memory_overhead)
             await self._db(self._store.publish, v.served_name, chosen.sha256, f"{chosen.variant}.{chosen.format}",
                            {"source": v.source, "version": v.ref, "variant": chosen.variant,
                             "sha256": chosen.sha256, "quantization": chosen.quantization,
@@ -97,7 +105,7 @@ class Rollout:
                            detail={"replicas": replicas, "variant": chosen.variant,
                                    "engines": [t.endpoint_id for t in targets]})
             for engine in targets:
-                if v.served_name in engine.models and any(
+                if engine.already_serving and any(
                         r.endpoint_id == engine.endpoint_id and r.state == "ready" for r in v.replicas):
                     continue
                 await self._deploy_one(v, chosen.variant, engine)
@@ -105,7 +113,7 @@ class Rollout:
                 await self._db(self._registry.set_state, name, number, "staged")
             return await self._db(self._registry.get, name, number)
 
-    async def _deploy_one(self, v: Version, variant: str, engine: Engine) -> None:
+    async def _deploy_one(self, v: Version, variant: str, engine: Target) -> None:
         """loading -> warming -> ready: the replica is ready (promotable) only after
         the engine loaded and warmed it and our own warmup generations passed."""
         previous = await self._db(self._registry.replicas_on, engine.endpoint_id)

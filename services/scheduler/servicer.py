@@ -12,7 +12,8 @@ from llmesh.v1 import engine_pb2, scheduler_pb2, scheduler_pb2_grpc
 from llmesh.scheduler.health import NodeSignals
 from llmesh.scheduler.kvfeed import KvChangeLog
 from llmesh.scheduler.kvindex import KvIndex
-from llmesh.scheduler.table import EndpointState, EndpointTable, Load
+from llmesh.scheduler.placement import Ask, Node, plan
+from llmesh.scheduler.table import EndpointState, EndpointTable, Load, Served
 
 log = logging.getLogger("llmesh.scheduler")
 
@@ -27,7 +28,23 @@ def state_from_report(r: scheduler_pb2.EngineReport, now: float) -> EndpointStat
         signals=NodeSignals(ecc_errors=sum(g.ecc_errors_corrected + g.ecc_errors_uncorrected for g in r.hardware.gpus),
                             self_test_ok=r.self_test.ok or not r.self_test.checked_unix,
                             self_test_detail=r.self_test.detail, latency_ms=r.self_test.latency_ms),
-        details=(r.hardware, r.self_test))
+        details=(r.hardware, r.self_test),
+        served=tuple(Served(m.name, m.context_length, m.base_model, m.in_flight) for m in r.served))
+
+
+def served_pb(s: Served) -> scheduler_pb2.ServedModel:
+    return scheduler_pb2.ServedModel(name=s.name, context_length=s.context_length, base_model=s.base_model,
+                                     in_flight=s.in_flight)
+
+
+def node_of(e: EndpointState) -> Node | None:
+    """An engine that may take new work, as a placement node; None otherwise."""
+    if not e.healthy or e.degraded or e.details is None:
+        return None
+    hw = e.details[0]
+    return Node(e.endpoint_id, e.address, e.backend, e.models,
+                tuple(max(g.memory_total_bytes - g.memory_used_bytes, 0) for g in hw.gpus),
+                hw.memory_available_bytes, e.load.running + e.load.waiting)
 
 
 def table_pb(table: EndpointTable, now: float, kv: KvIndex | None = None) -> scheduler_pb2.EndpointTable:
@@ -39,7 +56,8 @@ def table_pb(table: EndpointTable, now: float, kv: KvIndex | None = None) -> sch
             healthy=e.healthy, degraded=e.degraded, last_report_age_s=round(now - e.last_report, 3),
             hardware=e.details[0] if e.details else None, self_test=e.details[1] if e.details else None,
             kv_blocks=kv.count(e.endpoint_id) if kv is not None else 0,
-            kv_hash=kv_hash_to_pb(kv.scheme(e.endpoint_id)) if kv is not None else None)
+            kv_hash=kv_hash_to_pb(kv.scheme(e.endpoint_id)) if kv is not None else None,
+            served=[served_pb(s) for s in e.served])
         for e in table.snapshot()])
 
 
@@ -93,3 +111,12 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     async def ListEndpoints(self, request, context):
         return table_pb(self._table, time.monotonic(), self.kv)
+
+    async def Place(self, request, context):
+        ask = Ask(model=request.model, replicas=request.replicas, memory_bytes=request.memory_bytes,
+                  gpus=request.gpus_per_replica, backends=frozenset(request.backends),
+                  avoid_models=frozenset(request.avoid_models))
+        nodes = [n for n in map(node_of, self._table.snapshot()) if n is not None]
+        return scheduler_pb2.PlaceResponse(placements=[
+            scheduler_pb2.Placement(endpoint_id=s.node.endpoint_id, address=s.node.address, gpu_indices=s.gpus,
+                                    already_serving=s.already_serving) for s in plan(nodes, ask)])

@@ -19,6 +19,15 @@ class Load:
 
 
 @dataclass(frozen=True, slots=True)
+class Served:
+    """A model or LoRA adapter an engine serves (see scheduler.proto ServedModel)."""
+    name: str
+    context_length: int = 0
+    base_model: str = ""
+    in_flight: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class EndpointState:
     endpoint_id: str
     address: str
@@ -32,6 +41,7 @@ class EndpointState:
     signals: NodeSignals = field(default_factory=NodeSignals)  # not part of change detection
     degraded: str = ""  # why the node gets no new work (see health.py); "" when fine
     details: object = None  # hardware profile and self-test, as reported; not part of change detection
+    served: tuple[Served, ...] = ()
 
 
 class EndpointTable:
