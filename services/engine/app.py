@@ -130,11 +130,18 @@ class EngineApp:
             self.reporter = Reporter(resolve, identity, lambda: load_pb(self.core), self.settings.report_interval_s,
                                      extra=lambda: (self.hardware, self.self_test),
                                      kv=lambda: self.core.backend.kv_blocks,
-                                     caller=self._platform.identity if self._platform else None)
+                                     caller=self._platform.identity if self._platform else None,
+                                     served=self._served)
             self.reporter.start()
         self._checker = asyncio.create_task(self._check_loop(), name="self-test")
         log.info("engine ready", extra={"backend": self.backend.name, "model": self.backend.model,
                                         "context_length": self.backend.context_length})
+
+    def _served(self) -> list[scheduler_pb2.ServedModel]:
+        """What requests may name here now (the model, then its LoRA adapters), each with its
+        context length and the requests naming it in flight."""
+        return [scheduler_pb2.ServedModel(name=m.name, context_length=m.context_length, base_model=m.base_model,
+                                          in_flight=self.core.in_flight(m.name)) for m in self.lifecycle.list()]
 
     async def _check(self) -> None:
         self.hardware = hardware_pb(await asyncio.to_thread(probe))

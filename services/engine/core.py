@@ -73,9 +73,14 @@ class EngineCore:
         self.defaults = defaults
         self.metrics = metrics
         self._active: dict[int, int] = {}  # id(backend) -> requests using it
+        self._by_name: dict[str, int] = {}  # model or adapter name -> requests naming it, running or queued
 
     def active(self, backend: Backend) -> int:
         return self._active.get(id(backend), 0)
+
+    def in_flight(self, name: str) -> int:
+        """Requests naming this model or LoRA adapter, running or queued here now."""
+        return self._by_name.get(name, 0)
 
     def count_tokens(self, model: str, prompt: Prompt) -> int:
         backend = self.backend
@@ -102,6 +107,7 @@ class EngineCore:
         arrived = time.monotonic()
         key = id(backend)
         self._active[key] = self._active.get(key, 0) + 1
+        self._by_name[model] = self._by_name.get(model, 0) + 1
         try:
             async with (self.admission.slot(priority),
                         aclosing(self._decode(backend, tokens, params, sampling.stop)) as items):
@@ -116,6 +122,9 @@ class EngineCore:
             self._active[key] -= 1
             if not self._active[key]:
                 del self._active[key]
+            self._by_name[model] -= 1
+            if not self._by_name[model]:
+                del self._by_name[model]
 
     async def _decode(self, backend: Backend, tokens: list[int], params: DecodeParams, stop: tuple[str, ...]
                       ) -> AsyncIterator[Delta | Finish]:

@@ -26,13 +26,15 @@ class Reporter:
                  load: Callable[[], engine_pb2.EngineLoad], interval_s: float = 1.0,
                  min_gap_s: float = 0.05,
                  extra: Callable[[], tuple[scheduler_pb2.HardwareProfile, scheduler_pb2.SelfTest]] | None = None,
-                 kv: Callable[[], KvEventSource] | None = None, caller: Identity | None = None):
+                 kv: Callable[[], KvEventSource] | None = None, caller: Identity | None = None,
+                 served: Callable[[], list[scheduler_pb2.ServedModel]] | None = None):
         self._resolve = scheduler
         self._caller = caller  # the scheduler refuses a registration without the mesh's service token
         self._identity = identity
         self._load = load
         self._extra = extra
         self._kv = kv
+        self._served = served
         self._interval = interval_s
         self._min_gap = min_gap_s
         self._changed = asyncio.Event()
@@ -96,6 +98,8 @@ class Reporter:
                 report.hardware.CopyFrom(hardware)
                 report.self_test.CopyFrom(self_test)
             report.draining = self._draining
+            if self._served is not None:
+                report.served.extend(self._served())
             if self._kv is not None:
                 current = self._kv()  # a model swap brings a new source: start over from it
                 events = current.take_events() if current is source else current.resync()

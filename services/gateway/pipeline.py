@@ -312,7 +312,8 @@ class Pipeline:
                         p, p.models[m], t, remaining)
                 else:
                     pick = PickInput(model=model, now=now, exclude=frozenset(tried) | refusing, session=req.user,
-                                     work_tokens=work, tokens=lambda m=model, t=target: self._prompt_tokens(m, t.prompt))
+                                     work_tokens=work, tokens=lambda m=model, t=target: self._prompt_tokens(m, t.prompt),
+                                     max_tokens=target.sampling.max_tokens, filters=tuple(policy.filters))
                     endpoint = self._picker.pick(pick, policy.routing, policy.scorers)
                     if endpoint is None and refusing and last_model:
                         # Breakers move traffic elsewhere; with nowhere else to go they do not

@@ -22,8 +22,11 @@ class GenerationDefaults(_Strict):
 class ModelPolicy(_Strict):
     routing: Literal["least_loaded", "random", "round_robin", "token_aware", "prefix_aware",
                      "session_affinity"] = Field(default="least_loaded", description="how an endpoint is picked")
-    scorers: dict[Literal["least_load", "token_aware", "prefix_aware", "session_affinity", "round_robin"],
+    scorers: dict[Literal["least_load", "token_aware", "prefix_aware", "session_affinity", "round_robin",
+                          "lora_affinity"],
                   float] = Field(default={}, description="scorer weights (>= 0); set: replace the routing's own")
+    filters: list[Literal["context_fits"]] = Field(default=[], description="optional endpoint filters, in "
+                                                   "order; each narrows the candidates unless none would pass")
     max_attempts: int = Field(default=2, ge=1, le=10, description="engines tried before the first token")
     fallbacks: list[str] = Field(default=[], description="models tried in order when this one cannot answer "
                                  "before the first token (no healthy endpoint, failures, prompt too long)")

@@ -78,7 +78,9 @@ class VllmBackend:
             enable_lora=enable_lora, max_loras=max_loras, max_lora_rank=max_lora_rank,
             kv_events_endpoint=kv_events_endpoint, kv_events_config=KVEventsConfig))
         engine = AsyncLLM.from_engine_args(args, stat_loggers=[stats_logger_factory(holder)])
-        backend = cls(engine, AutoTokenizer.from_pretrained(model), served_name or model, max_model_len,
+        # the window vLLM settled on (it checks max_model_len against the model's own)
+        backend = cls(engine, AutoTokenizer.from_pretrained(model), served_name or model,
+                      engine.vllm_config.model_config.max_model_len,
                       SimpleNamespace(SamplingParams=SamplingParams, RequestOutputKind=RequestOutputKind,
                                       LoRARequest=LoRARequest),
                       KvEventLog(scheme=vllm_hash_scheme(engine.vllm_config.cache_config)),

@@ -2,9 +2,9 @@
 endpoints that must not get the request, weighted scorers rate the rest, and the
 picker takes the best (ties at random). Pure: no I/O, the clock is passed in."""
 
-from llmesh.gateway.picking.filters import FILTERS
+from llmesh.gateway.picking.filters import FILTERS, OPTIONAL_FILTERS
 from llmesh.gateway.picking.picker import EndpointPicker
 from llmesh.gateway.picking.scorers import PRESETS, SCORERS
 from llmesh.gateway.picking.types import Endpoint, PickInput
 
-__all__ = ["FILTERS", "PRESETS", "SCORERS", "Endpoint", "EndpointPicker", "PickInput"]
+__all__ = ["FILTERS", "OPTIONAL_FILTERS", "PRESETS", "SCORERS", "Endpoint", "EndpointPicker", "PickInput"]

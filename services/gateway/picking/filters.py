@@ -46,3 +46,19 @@ class BreakerClosed:
 
 
 FILTERS = (ServesModel(), Healthy(), NotDegraded(), NotTried(), BreakerClosed())
+
+
+class ContextFits:
+    """The request's prompt plus the completion it asks for fits the context the engine
+    reported for the model (unknown: it may). Optional, chosen per model in live config;
+    a preference: when it would drop every candidate, it drops none, and the engine's
+    own check refuses the request (context_length_exceeded: the next model in the
+    fallback chain, or a 400)."""
+    name = "context_fits"
+
+    def keep(self, e: Endpoint, req: PickInput, local: LocalState) -> bool:
+        ctx = e.context.get(req.model)
+        return not ctx or req.context_tokens() <= ctx
+
+
+OPTIONAL_FILTERS = {f.name: f for f in (ContextFits(),)}

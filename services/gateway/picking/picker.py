@@ -5,10 +5,10 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable, Mapping
 
-from llmesh.gateway.picking.filters import FILTERS
+from llmesh.gateway.picking.filters import FILTERS, OPTIONAL_FILTERS
 from llmesh.gateway.picking.kvview import KvView
-from llmesh.gateway.picking.scorers import (PRESETS, LeastLoad, PrefixAware, RoundRobin, SessionAffinity,
-                                            TokenAware)
+from llmesh.gateway.picking.scorers import (PRESETS, LeastLoad, LoraAffinity, PrefixAware, RoundRobin,
+                                            SessionAffinity, TokenAware)
 from llmesh.gateway.picking.types import Endpoint, LocalState, PickInput
 
 
@@ -25,7 +25,7 @@ class EndpointPicker:
         self._rng = rng or random.Random()
         self._filters = filters
         self._scorers = {s.name: s for s in (LeastLoad(), TokenAware(), PrefixAware(self.kv), SessionAffinity(),
-                                             RoundRobin())}
+                                             RoundRobin(), LoraAffinity())}
 
     def replace_all(self, endpoints: Iterable[Endpoint]) -> None:
         old, self._endpoints = self._endpoints, {e.endpoint_id: e for e in endpoints}
@@ -50,7 +50,13 @@ class EndpointPicker:
         return self._seen_models
 
     def candidates(self, req: PickInput) -> list[Endpoint]:
-        return [e for e in self._endpoints.values() if all(f.keep(e, req, self.local) for f in self._filters)]
+        cands = [e for e in self._endpoints.values() if all(f.keep(e, req, self.local) for f in self._filters)]
+        for name in req.filters:  # the policy's optional filters narrow the set, never empty it
+            f = OPTIONAL_FILTERS[name]
+            kept = [e for e in cands if f.keep(e, req, self.local)]
+            if kept:
+                cands = kept
+        return cands
 
     def pick(self, req: PickInput, routing: str = "least_loaded",
              weights: Mapping[str, float] | None = None) -> Endpoint | None:

@@ -108,7 +108,19 @@ class RoundRobin:
         return out
 
 
-SCORERS = ("least_load", "token_aware", "prefix_aware", "session_affinity", "round_robin")
+class LoraAffinity:
+    """For a request naming a LoRA adapter: 1 where requests for that adapter are in
+    flight already, else 0 (requests naming a model: 0 everywhere). Every candidate has
+    the adapter loaded (serves_model); what differs is whether it is active: vLLM
+    batches at most ``max_loras`` adapters at once, so joining a running adapter takes
+    no adapter slot and swaps nothing in. From the engines' reports (``in_flight``)."""
+    name = "lora_affinity"
+
+    def scores(self, cands: list[Endpoint], req: PickInput, local: LocalState) -> list[float]:
+        return [1.0 if e.adapters.get(req.model, 0) > 0 else 0.0 for e in cands]
+
+
+SCORERS = ("least_load", "token_aware", "prefix_aware", "session_affinity", "round_robin", "lora_affinity")
 
 # Routing policy name -> scorer weights; a model's ``scorers`` in live config replaces them.
 PRESETS: dict[str, dict[str, float]] = {

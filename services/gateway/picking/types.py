@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from llmesh.kvhash import HashScheme
@@ -19,6 +19,10 @@ class Endpoint:
     healthy: bool = True
     degraded: str = ""  # why the scheduler took the node out of routing; empty: it is fine
     kv_hash: HashScheme | None = None  # how the engine names its KV blocks; None: unknown
+    # What the engine reported serving: each model or adapter's context length (absent: unknown),
+    # and each LoRA adapter loaded there with the requests naming it in flight.
+    context: Mapping[str, int] = field(default_factory=dict)
+    adapters: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -32,6 +36,8 @@ class PickInput:
     session: str | None = None
     work_tokens: int = 0                       # estimated prefill + decode tokens of this request
     tokens: Callable[[], Sequence[int]] = lambda: ()
+    max_tokens: int | None = None              # the completion tokens the request asks for; None: not set
+    filters: tuple[str, ...] = ()              # the policy's optional filters (OPTIONAL_FILTERS), in order
     _tokens: Sequence[int] | None = field(default=None, repr=False)
     _hashes: dict[HashScheme, list[int]] = field(default_factory=dict, repr=False)
 
@@ -39,6 +45,15 @@ class PickInput:
         if self._tokens is None:
             self._tokens = self.tokens()
         return self._tokens
+
+    def context_tokens(self) -> int:
+        """Context the request needs on an engine: its prompt tokens (exact where the
+        gateway has the model's tokenizer, else the work estimate's share) plus the
+        completion it asks for (at least one token), as engines check it."""
+        n = len(self.prompt_tokens())
+        if not n:
+            n = max(self.work_tokens - (self.max_tokens or DEFAULT_OUTPUT_TOKENS), 0)
+        return n + (self.max_tokens or 1)
 
     def block_hashes(self, scheme: HashScheme) -> list[int]:
         if scheme not in self._hashes:
@@ -68,7 +83,10 @@ class LocalState:
         return self.requests(e) / max(e.max_running, 1)
 
 
-def work_tokens(prompt, max_tokens: int | None, default_output: int = 256) -> int:
+DEFAULT_OUTPUT_TOKENS = 256  # a request that sets no max_tokens is expected to ask for this many
+
+
+def work_tokens(prompt, max_tokens: int | None, default_output: int = DEFAULT_OUTPUT_TOKENS) -> int:
     """A request's work before it is tokenized: ~1 token per 3 bytes of prompt, plus
     the answer it may ask for."""
     texts = [m.content for m in prompt.messages] if prompt.messages is not None else [prompt.text or ""]
