@@ -107,6 +107,9 @@ async def test_gang_placement_through_the_scheduler(scheduler):
     code, why = await refusal(stub, model="m", replicas=3, memory_bytes=GIB, gpus_per_replica=1,
                               backends=["vllm"], avoid_models=["chat@1"])
     assert code == grpc.StatusCode.FAILED_PRECONDITION and "2 found" in why
+    # the engine already serving a model keeps its replica (no GPUs taken anew)
+    [p] = await place(stub, model="chat@1", replicas=1, memory_bytes=GIB, gpus_per_replica=1)
+    assert (p.endpoint_id, p.already_serving, list(p.gpu_indices)) == ("node-c", True, [])
     code, _ = await refusal(stub, model="m", replicas=0, memory_bytes=GIB)
     assert code == grpc.StatusCode.INVALID_ARGUMENT
 

@@ -10,8 +10,10 @@ from llmesh.gateway.picking import Endpoint, EndpointPicker, PickInput
 from llmesh.gateway.picking.filters import ContextFits
 from llmesh.gateway.picking.scorers import LoraAffinity
 from llmesh.gateway.picking.types import LocalState, work_tokens
+from llmesh.gateway.upstreams import endpoint_from_pb
 from llmesh.liveconfig.schema import MeshConfig, ModelPolicy
 from llmesh.types import Prompt
+from llmesh.v1 import scheduler_pb2
 
 
 def ep(eid, ctx=None, adapters=None, models=("m",), running=0) -> Endpoint:
@@ -76,3 +78,12 @@ def test_live_config_selects_the_filter_and_weighs_the_scorer():
     assert ModelPolicy().filters == []  # off unless chosen: it may tokenize the prompt
     with pytest.raises(ValidationError):
         ModelPolicy.model_validate({"filters": ["fits_somehow"]})
+
+
+def test_the_scheduler_table_entry_becomes_context_lengths_and_adapters():
+    e = endpoint_from_pb(scheduler_pb2.Endpoint(endpoint_id="v", address="10.0.0.1:1", models=["base", "sql"], served=[
+        scheduler_pb2.ServedModel(name="base", context_length=4096, in_flight=3),
+        scheduler_pb2.ServedModel(name="sql", context_length=4096, base_model="base", in_flight=2)]))
+    assert e.context == {"base": 4096, "sql": 4096} and e.adapters == {"sql": 2}
+    bare = endpoint_from_pb(scheduler_pb2.Endpoint(endpoint_id="old", models=["m"]))  # an engine that says nothing
+    assert bare.context == {} and bare.adapters == {}
