@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 
 from llmesh.platform import Platform
@@ -12,12 +13,14 @@ from llmesh.v1 import scheduler_pb2_grpc
 from prometheus_client import CollectorRegistry
 
 from llmesh.liveconfig.schema import MeshConfig
-from llmesh.scheduler.autoscale import FleetScaler
+from llmesh.scheduler.autoscale import Decision, FleetScaler
 from llmesh.scheduler.config import SchedulerSettings
 from llmesh.scheduler.health import HealthJudge
 from llmesh.scheduler.metrics import SchedulerMetrics
 from llmesh.scheduler.servicer import SchedulerServicer
 from llmesh.scheduler.table import EndpointTable
+
+log = logging.getLogger("llmesh.scheduler")
 
 
 class SchedulerApp:
@@ -28,7 +31,7 @@ class SchedulerApp:
                                    judge=HealthJudge(settings.ecc_quiet_s, settings.latency_drift_factor,
                                                      settings.latency_drift_min_ms))
         config = (lambda: platform.config.current) if platform else MeshConfig
-        self.scaler = FleetScaler(self.table.snapshot, lambda: config().autoscaling, self.metrics.scaled,
+        self.scaler = FleetScaler(self.table.snapshot, lambda: config().autoscaling, self._decided,
                                   settings.demand_ttl_s)
         self.server = GrpcServer(settings.address, [ServiceBinding(
             "llmesh.v1.Scheduler", SchedulerServicer(self.table, self.metrics.reports, scaler=self.scaler),
@@ -36,6 +39,14 @@ class SchedulerApp:
             tracer=platform.tracing.tracer if platform else None,
             identity=platform.identity if platform else None)
         self._tasks: list[asyncio.Task] = []
+
+    def _decided(self, decisions: list[Decision]) -> None:
+        self.metrics.scaled(decisions)
+        for d in decisions:
+            if d.changed:
+                log.info("desired replicas changed", extra={
+                    "model": d.model, "desired": d.desired, "previous": d.previous, "reason": d.reason,
+                    "ready": d.load.ready, "running": d.load.running, "waiting": d.load.waiting})
 
     @property
     def advertise_address(self) -> str:

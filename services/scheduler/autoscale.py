@@ -41,6 +41,11 @@ class Decision:
     desired: int
     load: ModelLoad
     reason: str                 # why desired is what it is: up | waiting_time | idle | spare | bounds | steady
+    previous: int = 0           # desired before this decision
+
+    @property
+    def changed(self) -> bool:
+        return self.desired != self.previous
 
 
 @dataclass(slots=True)
@@ -80,10 +85,10 @@ class Autoscaler:
                 needed = max(1, load.busy, math.ceil(load.waiting / policy.waiting_per_replica))
                 if needed < desired:
                     desired, reason = needed, "spare"
-        desired = _clamp(desired, policy)
-        if desired != st.desired:
+        desired, previous = _clamp(desired, policy), st.desired
+        if desired != previous:
             st.desired, st.changed_at = desired, now
-        return Decision(model, desired, load, reason)
+        return Decision(model, desired, load, reason, previous)
 
     def forget(self, keep: set[str]) -> None:
         """Models no longer scaled (gone from the config) lose their state."""

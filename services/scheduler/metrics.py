@@ -25,7 +25,6 @@ class SchedulerMetrics:
                                registry=registry)
         self._models: set[str] = set()
         self._scaled: set[str] = set()
-        self._desired: dict[str, int] = {}
 
     def table_changed(self, endpoints: list[EndpointState]) -> None:
         states = Tally("draining" if e.draining else "healthy" if e.healthy else "unhealthy" for e in endpoints)
@@ -41,12 +40,9 @@ class SchedulerMetrics:
         for model in self._scaled - scaled:  # no longer scaled: its series go
             self.replicas.remove(model, "desired")
             self.queue.remove(model)
-            self._desired.pop(model, None)
         for d in decisions:
-            before = self._desired.get(d.model)
-            if before is not None and before != d.desired:
+            if d.changed:
                 self.scale_changes.labels(d.model, d.reason).inc()
-            self._desired[d.model] = d.desired
             self.replicas.labels(d.model, "desired").set(d.desired)
             self.queue.labels(d.model).set(d.load.waiting)
         self._scaled = scaled
