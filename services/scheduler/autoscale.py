@@ -9,17 +9,19 @@ metrics) make the fleet match. The rules, per model:
   with one request waiting (held at a gateway) gets a replica at once.
 - waiting time: a request held longer than ``max_wait_s`` adds one replica, at most
   one per ``max_wait_s`` (a replica that does not come up gets company).
-- down: never within ``cooldown_s`` of the last change, nor while replicas are
-  still starting. Nothing running or waiting for ``idle_s``: down to
-  ``min_replicas`` (zero by default). Busy, but some replicas idle and the queue
-  short: down to the busy ones.
+- down: never within ``cooldown_s`` of the last change. Nothing running or waiting
+  for ``idle_s``: down to ``min_replicas`` (zero by default). Busy, with replicas
+  to spare (all started): down to the most that any moment of the last
+  ``cooldown_s`` needed (busy replicas, or the queue's ceil(waiting /
+  waiting_per_replica)), at least one.
 - always within [min_replicas, max_replicas]."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 
 from llmesh.liveconfig.schema import Autoscale, Autoscaling
 from llmesh.scheduler.table import EndpointState
@@ -48,12 +50,30 @@ class Decision:
         return self.desired != self.previous
 
 
+class _Window:
+    """The replicas each recent decision needed, kept for a stabilization window: a
+    scale-down goes no lower than the most any moment in it needed (as Kubernetes' HPA
+    does), so a lull between two bursts removes nothing."""
+
+    def __init__(self) -> None:
+        self._needs: deque[tuple[float, int]] = deque()
+
+    def append(self, need: int, now: float, window_s: float) -> None:
+        self._needs.append((now, need))
+        while self._needs[0][0] < now - window_s:
+            self._needs.popleft()
+
+    def __iter__(self):
+        return (n for _, n in self._needs)
+
+
 @dataclass(slots=True)
 class _State:
     desired: int
     changed_at: float
     busy_at: float
     bumped_at: float = -math.inf  # the last waiting-time step
+    needs: _Window = field(default_factory=_Window)
 
 
 class Autoscaler:
@@ -68,6 +88,8 @@ class Autoscaler:
             st = self._state[model] = _State(_clamp(load.ready, policy), now, now)
         if load.running or load.waiting:
             st.busy_at = now
+        st.needs.append(max(1, load.busy, math.ceil(load.waiting / policy.waiting_per_replica)), now,
+                        policy.cooldown_s)
         desired, reason = _clamp(st.desired, policy), "steady"
         if desired != st.desired:
             reason = "bounds"
@@ -82,7 +104,7 @@ class Autoscaler:
                 if now - st.busy_at >= policy.idle_s:
                     desired, reason = policy.min_replicas, "idle"
             elif load.ready >= desired:  # not while replicas are still starting
-                needed = max(1, load.busy, math.ceil(load.waiting / policy.waiting_per_replica))
+                needed = max(st.needs)    # the most any moment of the last cooldown_s needed
                 if needed < desired:
                     desired, reason = needed, "spare"
         desired, previous = _clamp(desired, policy), st.desired

@@ -111,3 +111,12 @@ def test_model_loads_count_healthy_replicas_and_add_held_requests():
     loads = model_loads(eps, {"m": (4, 2.5), "z": (1, 1.0)}, {"m", "z"})
     assert loads["m"] == ModelLoad(ready=2, busy=1, running=2, waiting=7, oldest_wait_s=2.5)
     assert loads["z"] == ModelLoad(waiting=1, oldest_wait_s=1.0)
+
+
+def test_a_lull_shorter_than_the_cooldown_removes_nothing():
+    a = Autoscaler()
+    a.decide("m", POLICY, ModelLoad(ready=1, running=1, waiting=20), 0)                    # -> 4
+    a.decide("m", POLICY, ModelLoad(ready=4, busy=4, running=8), 20)                       # needs all 4
+    assert a.decide("m", POLICY, ModelLoad(ready=4, busy=1, running=1), 31).desired == 4   # 11 s of lull
+    d = a.decide("m", POLICY, ModelLoad(ready=4, busy=1, running=1), 51)                   # 31 s of it
+    assert (d.desired, d.reason) == (1, "spare")

@@ -5,7 +5,8 @@ machine so that each scaled model has the replicas the scheduler wants.
 GetScale, and the launcher starts engines (into the supervised list of children, so
 one that dies is restarted like any other) or drains them. Stopping a replica is the
 engine's own drain: SIGTERM makes it tell the scheduler it is draining (gateways stop
-picking it), finish what it runs within its grace period, and exit. New replicas
+picking it), keep accepting for ROUTE_AWAY_S (requests already routed to it still
+land), finish what it runs within its grace period, and exit. New replicas
 take engine indexes after the fixed ``--engines`` ones, reusing freed ones."""
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ from llmesh.cli.up import Child, MeshSpec, engine_child
 from llmesh.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 log = logging.getLogger("llmesh.launcher")
+# A drained engine keeps accepting this long after it told the scheduler, so a request a
+# gateway routed to it just before it heard still lands (engine setting route_away_s).
+ROUTE_AWAY_S = 0.5
 
 
 class EngineLauncher:
@@ -46,8 +50,10 @@ class EngineLauncher:
                 return i
         raise RuntimeError(f"no free engine index below {MAX_ENGINES}")
 
-    def reconcile(self, desired: dict[str, int]) -> bool:
-        """Start or drain replicas of each scaled model named in ``desired``; True if anything changed."""
+    def reconcile(self, desired: dict[str, int], busy: dict[str, int] | None = None) -> bool:
+        """Start or drain replicas of each scaled model named in ``desired``; True if anything
+        changed. ``busy``: requests running or waiting per engine name; the least busy drains first."""
+        busy = busy or {}
         changed = False
         for model, want in desired.items():
             if model not in self._replicas:
@@ -55,6 +61,7 @@ class EngineLauncher:
             have = self._replicas[model]
             while len(have) < want:
                 child = engine_child(self._spec, self._free_index(), self.backends[model], model)
+                child.env["LLMESH_ENGINE_ROUTE_AWAY_S"] = str(ROUTE_AWAY_S)
                 child.start()
                 have.append(child)
                 self._children.append(child)
@@ -62,7 +69,9 @@ class EngineLauncher:
                           f"{len(have)} of {want})")
                 changed = True
             while len(have) > want:
-                child = have.pop()  # the newest
+                # the least busy; among equals the newest
+                child = min(reversed(have), key=lambda c: busy.get(c.name, 0))
+                have.remove(child)
                 self._children.remove(child)  # out of supervision first: its exit is no crash
                 self._draining[child.name] = asyncio.create_task(self._drain(child, model, want))
                 changed = True
@@ -96,10 +105,12 @@ async def follow(launcher: EngineLauncher, scheduler_address: str, stop: asyncio
         while not stop.is_set():
             try:
                 state = await stub.GetScale(scheduler_pb2.GetScaleRequest(), timeout=2)
+                table = await stub.ListEndpoints(scheduler_pb2.ListEndpointsRequest(), timeout=2)
             except grpc.aio.AioRpcError as exc:
                 log.warning("cannot read desired replicas", extra={"error": exc.code().name})
             else:
-                if launcher.reconcile({m.model: m.desired for m in state.models}):
+                busy = {e.endpoint_id: e.load.running + e.load.waiting for e in table.endpoints}
+                if launcher.reconcile({m.model: m.desired for m in state.models}, busy):
                     on_change()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), interval_s)
