@@ -120,3 +120,17 @@ def test_a_lull_shorter_than_the_cooldown_removes_nothing():
     assert a.decide("m", POLICY, ModelLoad(ready=4, busy=1, running=1), 31).desired == 4   # 11 s of lull
     d = a.decide("m", POLICY, ModelLoad(ready=4, busy=1, running=1), 51)                   # 31 s of it
     assert (d.desired, d.reason) == (1, "spare")
+
+
+def test_llmesh_up_autoscale_flag(capsys, tmp_path):
+    from llmesh.cli.main import main, parse_autoscale
+
+    assert parse_autoscale(["sim-small=sim", "smollm2-135m-instruct=llamacpp"]) == {
+        "sim-small": "sim", "smollm2-135m-instruct": "llamacpp"}
+    for bad, why in (("sim-small", "MODEL=BACKEND"), ("sim-small=vllm", "MODEL=BACKEND"),
+                     ("=sim", "MODEL=BACKEND"), ("qwen=sim", "starts with 'sim'")):
+        with pytest.raises(ValueError, match=why):
+            parse_autoscale([bad])
+    with pytest.raises(SystemExit) as exit_:
+        main(["up", "--engines", "", "--autoscale", "qwen=sim", "--log-dir", str(tmp_path)])
+    assert exit_.value.code == 2 and "starts with 'sim'" in capsys.readouterr().err

@@ -83,7 +83,7 @@ class EngineLauncher:
             if child.alive():
                 child.proc.send_signal(signal.SIGTERM)
                 try:
-                    await asyncio.to_thread(child.proc.wait, self._spec.grace_s + 2)
+                    await asyncio.to_thread(child.proc.wait, self._spec.grace_s + 2 + ROUTE_AWAY_S)
                 except subprocess.TimeoutExpired:
                     child.proc.kill()
                     await asyncio.to_thread(child.proc.wait)
