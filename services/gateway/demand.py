@@ -41,7 +41,7 @@ class DemandReporter:
                 try:
                     if channel is None:
                         channel = insecure_channel(await self._resolve(), self._identity)
-                    await scheduler_pb2_grpc.SchedulerStub(channel).ReportDemand(scheduler_pb2.DemandReport(
+                    await scheduler_pb2_grpc.SchedulerStub(channel).ReportDemand(scheduler_pb2.ReportDemandRequest(
                         gateway_id=self._id, held=[scheduler_pb2.HeldRequests(model=m, count=n, oldest_wait_s=w)
                                                    for m, (n, w) in held.items()]), timeout=2)
                     reported_any = bool(held)

@@ -108,10 +108,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             self._scaler.demand.report(request.gateway_id, {h.model: (h.count, h.oldest_wait_s)
                                                             for h in request.held}, now)
             self._scaler.tick(now)  # scale from zero without waiting for the next round
-        return scheduler_pb2.DemandAck()
+        return scheduler_pb2.ReportDemandResponse()
 
     async def GetScale(self, request, context):
         decisions = self._scaler.decisions.values() if self._scaler is not None else ()
-        return scheduler_pb2.ScaleState(models=[scheduler_pb2.ModelScale(
+        return scheduler_pb2.GetScaleResponse(models=[scheduler_pb2.ModelScale(
             model=d.model, desired=d.desired, ready=d.load.ready, waiting=d.load.waiting, running=d.load.running,
             reason=d.reason) for d in decisions])

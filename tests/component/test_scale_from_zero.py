@@ -146,8 +146,8 @@ async def test_unscaled_models_pass_and_scaled_ones_are_known(mesh):
 
 async def test_bad_demand_reports_are_invalid_argument(mesh):
     app, platform, picker, holds, stub = mesh
-    for bad in (scheduler_pb2.DemandReport(held=[scheduler_pb2.HeldRequests(model=MODEL, count=1)]),
-                scheduler_pb2.DemandReport(gateway_id="g", held=[scheduler_pb2.HeldRequests(count=1)])):
+    for bad in (scheduler_pb2.ReportDemandRequest(held=[scheduler_pb2.HeldRequests(model=MODEL, count=1)]),
+                scheduler_pb2.ReportDemandRequest(gateway_id="g", held=[scheduler_pb2.HeldRequests(count=1)])):
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await stub.ReportDemand(bad, timeout=2)
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
