@@ -94,15 +94,16 @@ def wait_for_zero(mesh: Mesh, timeout_s: float = 30) -> None:
                       and not engine_pids(mesh.log_dir), timeout_s, 0.2), (scale(mesh), mesh.logs())
 
 
-async def ramp(url: str, stages: list[tuple[int, float]]) -> tuple[int, list[str]]:
+async def ramp(url: str, stages: list[tuple[int, float]], enough=lambda: False) -> tuple[int, list[str]]:
     """Closed-loop load: for each (concurrency, seconds) stage, that many clients send
-    one request after another. Returns the number answered and every failure."""
+    one request after another; a stage of more than 10 s ends early once ``enough()``
+    (a slow machine starts engines slowly). Returns the number answered and every failure."""
     client = AsyncOpenAI(base_url=url, api_key="unused", max_retries=0, timeout=60)
     done, failures = 0, []
 
-    async def worker(until: float) -> None:
+    async def worker(until: float, may_end: bool) -> None:
         nonlocal done
-        while time.monotonic() < until:
+        while time.monotonic() < until and not (may_end and enough()):
             try:
                 a = await client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=8)
                 assert a.choices[0].message.content
@@ -113,7 +114,7 @@ async def ramp(url: str, stages: list[tuple[int, float]]) -> tuple[int, list[str
     try:
         for concurrency, seconds in stages:
             until = time.monotonic() + seconds
-            await asyncio.gather(*(worker(until) for _ in range(concurrency)))
+            await asyncio.gather(*(worker(until, seconds > 10) for _ in range(concurrency)))
     finally:
         await client.close()
     return done, failures
@@ -144,7 +145,8 @@ def test_scales_from_zero_to_n_and_back_without_failing_a_request(scaled):
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     try:
-        done, failures = asyncio.run(ramp(mesh.layout.http_url + "/v1", [(2, 2.0), (6, 3.0), (12, 6.0), (4, 2.0)]))
+        done, failures = asyncio.run(ramp(mesh.layout.http_url + "/v1", [(2, 2.0), (6, 3.0), (12, 30.0), (4, 2.0)],
+                                          enough=lambda: peak["replicas"] == N))
     finally:
         watching.set()
         watcher.join()
