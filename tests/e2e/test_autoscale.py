@@ -62,7 +62,7 @@ def replicas(mesh: Mesh) -> int:
     return sum(1 for e in table.endpoints if MODEL in e.models and e.healthy)
 
 
-def engine_pids(logs: Path) -> set[str]:
+def running_engines(logs: Path) -> set[str]:
     """Engines the supervisor runs now (its state file)."""
     state = json.loads((logs / "supervisor.json").read_text())
     return {c["name"] for c in state["children"] if c["name"].startswith("engine-") and c["alive"]}
@@ -91,7 +91,7 @@ def config_revision(mesh: Mesh) -> float:
 
 def wait_for_zero(mesh: Mesh, timeout_s: float = 30) -> None:
     assert wait_until(lambda: (s := scale(mesh)) is not None and s.desired == 0 and replicas(mesh) == 0
-                      and not engine_pids(mesh.log_dir), timeout_s, 0.2), (scale(mesh), mesh.logs())
+                      and not running_engines(mesh.log_dir), timeout_s, 0.2), (scale(mesh), mesh.logs())
 
 
 async def ramp(url: str, stages: list[tuple[int, float]], enough=lambda: False) -> tuple[int, list[str]]:
@@ -124,7 +124,7 @@ def test_scales_from_zero_to_n_and_back_without_failing_a_request(scaled):
     mesh, config = scaled
     logs = mesh.log_dir
     assert wait_until(lambda: scale(mesh) is not None, 10)
-    assert scale(mesh).desired == 0 and replicas(mesh) == 0 and not engine_pids(logs)
+    assert scale(mesh).desired == 0 and replicas(mesh) == 0 and not running_engines(logs)
 
     # From zero: the first request is held while a replica starts and warms, then answered.
     started = time.monotonic()
