@@ -166,6 +166,8 @@ class EngineApp:
             self._checker.cancel()
         if self.reporter is not None:
             await self.reporter.stop()  # deregister first: no new work routed here
+            if self.settings.route_away_s:
+                await asyncio.sleep(self.settings.route_away_s)
         await self.server.stop(grace)
         await self.backend.close()
 

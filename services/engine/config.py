@@ -22,6 +22,9 @@ class EngineSettings(ServiceSettings):
     endpoint_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-engine")
     scheduler_address: str | None = default_address("scheduler")
     report_interval_s: float = Field(default=1.0, gt=0)
+    route_away_s: float = Field(default=0.0, ge=0, le=60, description="on stop: after telling the scheduler "
+                                "it is draining, keep accepting this long, so requests gateways routed here "
+                                "just before they heard still land (the local autoscaler's drain sets it)")
     self_test_interval_s: float = Field(default=30.0, gt=0, description="idle self-test and hardware probe")
 
     # Applied when a request leaves them unset (as vLLM applies a model's generation

@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
+import time
 from collections.abc import Iterator
 
 import redis.asyncio
@@ -17,13 +20,15 @@ from llmesh.platform import Platform, standalone_platform
 from llmesh.rpc.server import GrpcServer, ServiceBinding
 from llmesh.v1 import gateway_pb2_grpc
 from llmesh.gateway.config import GatewaySettings
-from llmesh.gateway.picking import EndpointPicker
+from llmesh.gateway.picking import EndpointPicker, PickInput
 from llmesh.gateway.prompt_tokens import PromptTokens
 from llmesh.gateway.http import HttpFront
 from llmesh.gateway.metrics import GatewayMetrics
 from llmesh.gateway.providers import ProviderClients
 from llmesh.gateway.resilience import Breakers, RetryBudgetGate
 from llmesh.gateway.audit_stage import AuditStage
+from llmesh.gateway.coldstart import ColdStartStage, Holds, ScaledCatalog
+from llmesh.gateway.demand import DemandReporter
 from llmesh.gateway.auth import AuthenticateStage, Authenticator, JwtSettings, JwtVerifier
 from llmesh.gateway.grants import AuthorizeStage, access
 from llmesh.gateway.guard_stage import GuardStage
@@ -57,10 +62,15 @@ class GatewayApp:
         self.cache = (CacheClient(platform.resolver("cache", settings.cache_address), settings.cache_budget_s,
                                   tracer=tracer, config=lambda: self.config.current)
                       if settings.cache_address else None)
-        self.catalog = ModelCatalog(platform.resolver("modelmgr", settings.modelmgr_address)
-                                    if settings.modelmgr_address else None,
-                                    self.picker, settings.catalog_refresh_s)
-        self.feed = SchedulerFeed(platform.resolver("scheduler", settings.scheduler_address), self.picker)
+        self.model_catalog = ModelCatalog(platform.resolver("modelmgr", settings.modelmgr_address)
+                                         if settings.modelmgr_address else None,
+                                         self.picker, settings.catalog_refresh_s)
+        self.catalog = ScaledCatalog(self.model_catalog, lambda: self.config.current)
+        scheduler = platform.resolver("scheduler", settings.scheduler_address)
+        self.feed = SchedulerFeed(scheduler, self.picker)
+        self.holds = Holds()
+        self.demand = DemandReporter(scheduler, self.holds, f"{socket.gethostname()}:{os.getpid()}",
+                                     platform.identity)
         self.metrics = GatewayMetrics(platform.metrics)
         mesh = platform.settings
         self.redis = None
@@ -94,7 +104,8 @@ class GatewayApp:
                   RouteStage(self.catalog, current),
                   LimitStage(limiter, current, TokenCounter(prompt_tokens), settings.reserve_tokens,
                              lease_s=settings.request_timeout_s),
-                  GuardStage(current)]
+                  GuardStage(current),
+                  ColdStartStage(self._ready, self.holds, current)]
         breakers = Breakers(lambda: self.config.current.circuit_breaker,
                             on_state=lambda endpoint, state: self.metrics.breaker.labels(endpoint).set(int(state)))
         self.pipeline = Pipeline(self.picker, self.engines, self.catalog, self.cache, observe=self.metrics.observe,
@@ -113,6 +124,10 @@ class GatewayApp:
             proxy_headers=False,
             timeout_graceful_shutdown=int(settings.grace_s) or 1))
         self._tasks: list[asyncio.Task] = []
+
+    def _ready(self, model: str) -> bool:
+        """Some replica could take a request for ``model`` now."""
+        return bool(self.picker.candidates(PickInput(model=model, now=time.monotonic())))
 
     def model_names(self) -> list[str]:
         """What clients may ask for: registered and served models, and split aliases."""
@@ -133,7 +148,8 @@ class GatewayApp:
 
     async def start(self) -> None:
         self._tasks = [asyncio.create_task(self.feed.run(), name="scheduler-feed"),
-                       asyncio.create_task(self.catalog.run(), name="model-catalog")]
+                       asyncio.create_task(self.model_catalog.run(), name="model-catalog"),
+                       asyncio.create_task(self.demand.run(), name="demand-reporter")]
         await self.grpc.start()
         self._tasks.append(asyncio.create_task(self._uvicorn.serve(), name="http"))
         while not self._uvicorn.started:

@@ -18,3 +18,6 @@ class SchedulerSettings(ServiceSettings):
     latency_drift_factor: float = Field(default=3.0, gt=1, description="self-test latency this many times its "
                                         "peers' median: degraded")
     latency_drift_min_ms: float = Field(default=50.0, ge=0, description="... and at least this far above it")
+    autoscale_interval_s: float = Field(default=1.0, gt=0, description="how often the autoscaler decides (also "
+                                        "at once when a gateway reports held requests)")
+    demand_ttl_s: float = Field(default=3.0, gt=0, description="a gateway's held-request report counts this long")

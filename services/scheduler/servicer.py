@@ -7,8 +7,10 @@ import time
 
 from prometheus_client import Counter
 
+from llmesh.errors import InvalidArgument
 from llmesh.convert import kv_event_from_pb, kv_hash_from_pb, kv_hash_to_pb
 from llmesh.v1 import engine_pb2, scheduler_pb2, scheduler_pb2_grpc
+from llmesh.scheduler.autoscale import FleetScaler
 from llmesh.scheduler.health import NodeSignals
 from llmesh.scheduler.kvfeed import KvChangeLog
 from llmesh.scheduler.kvindex import KvIndex
@@ -62,8 +64,10 @@ def table_pb(table: EndpointTable, now: float, kv: KvIndex | None = None) -> sch
 
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
-    def __init__(self, table: EndpointTable, reports: Counter, kv: KvIndex | None = None):
+    def __init__(self, table: EndpointTable, reports: Counter, kv: KvIndex | None = None,
+                 scaler: FleetScaler | None = None):
         self._table = table
+        self._scaler = scaler
         self._reports = reports
         self.kv = kv if kv is not None else KvIndex()
         self.kv_changes = KvChangeLog()
@@ -120,3 +124,21 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         return scheduler_pb2.PlaceResponse(placements=[
             scheduler_pb2.Placement(endpoint_id=s.node.endpoint_id, address=s.node.address, gpu_indices=s.gpus,
                                     already_serving=s.already_serving) for s in plan(nodes, ask)])
+
+    async def ReportDemand(self, request, context):
+        if not request.gateway_id:
+            raise InvalidArgument("name the reporting gateway", param="gateway_id")
+        if any(not h.model for h in request.held):
+            raise InvalidArgument("every held entry names its model", param="held.model")
+        if self._scaler is not None:
+            now = time.monotonic()
+            self._scaler.demand.report(request.gateway_id, {h.model: (h.count, h.oldest_wait_s)
+                                                            for h in request.held}, now)
+            self._scaler.tick(now)  # scale from zero without waiting for the next round
+        return scheduler_pb2.ReportDemandResponse()
+
+    async def GetScale(self, request, context):
+        decisions = self._scaler.decisions.values() if self._scaler is not None else ()
+        return scheduler_pb2.GetScaleResponse(models=[scheduler_pb2.ModelScale(
+            model=d.model, desired=d.desired, ready=d.load.ready, waiting=d.load.waiting, running=d.load.running,
+            reason=d.reason) for d in decisions])

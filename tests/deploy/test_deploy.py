@@ -187,7 +187,7 @@ def test_chart_lints_renders_and_validates(chart, helm_dir, allowed_env, tmp_pat
         assert checks.chart_problems(helm_dir / chart, values, allowed_env) == [], variant
 
 
-def test_gpu_engine_requests_a_gpu_and_keda_scales_on_queue_depth(helm_dir):
+def test_gpu_engine_requests_a_gpu_and_keda_follows_the_autoscaler(helm_dir):
     docs, problems = checks.render(helm_dir / "engine", [helm_dir / "engine" / "values-gpu.yaml"])
     assert problems == []
     deployment = next(d for d in docs if d["kind"] == "Deployment")
@@ -197,7 +197,10 @@ def test_gpu_engine_requests_a_gpu_and_keda_scales_on_queue_depth(helm_dir):
     assert env["LLMESH_ENGINE_BACKEND"] == "vllm"
     assert env["LLMESH_ENGINE_ADVERTISE_ADDRESS"] == "$(K8S_POD_IP):50061"
     scaled = next(d for d in docs if d["kind"] == "ScaledObject")
-    assert "vllm:num_requests_waiting" in scaled["spec"]["triggers"][0]["metadata"]["query"]
+    trigger = scaled["spec"]["triggers"][0]["metadata"]
+    # the scheduler's desired replicas for this model, one replica per unit
+    assert trigger["query"] == 'max(llmesh_scheduler_replicas{kind="desired",model="qwen2.5-0.5b-instruct"})'
+    assert trigger["threshold"] == "1"
     assert "replicas" not in deployment["spec"]
     service = next(d for d in docs if d["kind"] == "Service")
     assert service["spec"]["clusterIP"] == "None"  # headless: each engine pod is an endpoint

@@ -134,7 +134,7 @@ def service_schema(service: str, cls: type[ServiceSettings]) -> dict:
             "prometheusAddress": {"type": "string", "minLength": 1},
             "minReplicas": {"type": "integer", "minimum": 0},
             "maxReplicas": {"type": "integer", "minimum": 1},
-            "waitingPerReplica": {"type": "number", "exclusiveMinimum": 0},
+            "threshold": {"type": "number", "exclusiveMinimum": 0},
             "pollingInterval": {"type": "integer", "minimum": 1},
             "cooldownPeriod": {"type": "integer", "minimum": 0},
             "query": {"type": "string"}})})

@@ -48,8 +48,23 @@ def parse_engines(text: str) -> list[str]:
     return engines
 
 
+def parse_autoscale(items: list[str]) -> dict[str, str]:
+    """['sim-small=sim'] -> {'sim-small': 'sim'}: models whose engines the autoscaler starts and stops."""
+    scaled: dict[str, str] = {}
+    for item in items:
+        model, _, backend = item.partition("=")
+        if not model or backend not in ("llamacpp", "sim"):
+            raise ValueError(f"bad --autoscale {item!r}; write MODEL=BACKEND, BACKEND llamacpp or sim")
+        if backend == "sim" and not model.startswith("sim"):
+            raise ValueError(f"a sim engine's model name starts with 'sim', not {model!r}")
+        scaled[model] = backend
+    return scaled
+
+
 def cmd_up(args: argparse.Namespace) -> int:
-    from llmesh.cli.up import MeshSpec, RestartPolicy, StartFailed, plan, start_all, stop_all, supervise
+    from llmesh.cli.launcher import EngineLauncher, follow
+    from llmesh.cli.up import (MeshSpec, RestartPolicy, StartFailed, plan, start_all, stop_all, supervise,
+                               write_state)
 
     layout = _layout(args)
     try:
@@ -61,6 +76,11 @@ def cmd_up(args: argparse.Namespace) -> int:
                     log_dir=args.log_dir.resolve(), grace_s=args.grace, cache=not args.no_cache)
     if "llamacpp" in engines and not (spec.model_dir / spec.model).is_dir():
         print(f"llmesh: no model '{spec.model}' in {spec.model_dir}; run 'make model' first", file=sys.stderr)
+        return 2
+    try:
+        scaled = parse_autoscale(args.autoscale)
+    except ValueError as exc:
+        print(f"llmesh: {exc}", file=sys.stderr)
         return 2
     children = plan(spec)
     if args.max_restarts < 0 or args.restart_window <= 0:
@@ -81,8 +101,18 @@ def cmd_up(args: argparse.Namespace) -> int:
             print(f"llmesh: {exc}", file=sys.stderr, flush=True)
             return 1
         print(_banner(layout, spec), flush=True)
-        gave_up = await supervise(children, stop, policy, state_path,
-                                  say=lambda line: print(line, file=sys.stderr, flush=True))
+        say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+        launcher = EngineLauncher(spec, children, scaled, say=say) if scaled else None
+        following = (asyncio.create_task(follow(launcher, layout.address("scheduler"), stop,
+                                                on_change=lambda: write_state(children, state_path)))
+                     if launcher else None)
+        try:
+            gave_up = await supervise(children, stop, policy, state_path, say=say)
+        finally:
+            if following is not None:
+                following.cancel()
+                await asyncio.gather(following, return_exceptions=True)
+                await launcher.close()
         if gave_up:
             print(f"llmesh: {gave_up.name} exited {gave_up.exits} times within {gave_up.window_s:.0f}s "
                   f"(last exit code {gave_up.last_exit_code}), past its restart budget; stopping the mesh "
@@ -157,7 +187,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_layout_args(up)
     up.add_argument("--engines", default="llamacpp",
                     help="comma-separated backends, one engine each, backend:N for N of them: "
-                         "llamacpp, sim (default: llamacpp; e.g. llamacpp,sim:16)")
+                         "llamacpp, sim (default: llamacpp; e.g. llamacpp,sim:16; \"\" for none, with --autoscale)")
+    up.add_argument("--autoscale", action="append", default=[], metavar="MODEL=BACKEND",
+                    help="start and stop engines of MODEL on this machine as the scheduler's autoscaler wants "
+                         "(the live config's autoscaling.models names its policy); repeatable")
     up.add_argument("--model-dir", type=Path, default=Path("var/models"))
     up.add_argument("--log-dir", type=Path, default=Path("var/log"))
     up.add_argument("--no-cache", action="store_true", help="the gateway skips the response cache")

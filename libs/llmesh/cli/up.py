@@ -69,13 +69,31 @@ class MeshSpec:
     cache: bool = True
 
 
-def plan(spec: MeshSpec) -> list[Child]:
-    """The processes of the mesh, in start order."""
-    lay = spec.layout
+def base_env() -> dict[str, str]:
     base = dict(os.environ)
     base.setdefault("PYTHONUNBUFFERED", "1")
     if not base.get("LLMESH_SERVICE_SECRET_FILE"):
         base["LLMESH_LOCAL_TRUST"] = "1"  # everything listens on 127.0.0.1 (Layout.host)
+    return base
+
+
+def engine_child(spec: MeshSpec, index: int, backend: str, model: str | None = None) -> Child:
+    """Engine ``index`` (its ports follow from the index) serving ``model`` (default:
+    the mesh's model for that backend)."""
+    lay = spec.layout
+    name, address = f"engine-{index}", lay.engine_address(index)
+    env = {"LLMESH_ENGINE_PORT": address.rsplit(":", 1)[1], "LLMESH_ENGINE_BACKEND": backend,
+           "LLMESH_ENGINE_MODEL": model or (spec.model if backend == "llamacpp" else spec.sim_model),
+           "LLMESH_ENGINE_MODEL_DIR": str(spec.model_dir), "LLMESH_ENGINE_ENDPOINT_ID": name,
+           "LLMESH_ENGINE_SCHEDULER_ADDRESS": lay.address("scheduler"), "LLMESH_ENGINE_GRACE_S": str(spec.grace_s),
+           "LLMESH_ENGINE_METRICS_PORT": str(lay.metrics_port(name))}
+    return Child(name, "llmesh.engine", address, {**base_env(), **env}, spec.log_dir / f"{name}.log")
+
+
+def plan(spec: MeshSpec) -> list[Child]:
+    """The processes of the mesh, in start order."""
+    lay = spec.layout
+    base = base_env()
     children: list[Child] = []
 
     def add(name: str, service: str, address: str, env: dict[str, str]) -> None:
@@ -93,16 +111,7 @@ def plan(spec: MeshSpec) -> list[Child]:
     add("cache", "cache", lay.address("cache"), {"LLMESH_CACHE_PORT": str(lay.port("cache")),
                                                  "LLMESH_CACHE_EMBED_MODEL_DIR": str(spec.model_dir / EMBED_MODEL),
                                                  **metrics("cache", "CACHE")})
-    for i, backend in enumerate(spec.engines):
-        address = lay.engine_address(i)
-        add(f"engine-{i}", "engine", address, {
-            "LLMESH_ENGINE_PORT": address.rsplit(":", 1)[1],
-            "LLMESH_ENGINE_BACKEND": backend,
-            "LLMESH_ENGINE_MODEL": spec.model if backend == "llamacpp" else spec.sim_model,
-            "LLMESH_ENGINE_MODEL_DIR": str(spec.model_dir),
-            "LLMESH_ENGINE_ENDPOINT_ID": f"engine-{i}",
-            "LLMESH_ENGINE_SCHEDULER_ADDRESS": lay.address("scheduler"),
-            "LLMESH_ENGINE_GRACE_S": str(spec.grace_s), **metrics(f"engine-{i}", "ENGINE")})
+    children += [engine_child(spec, i, backend) for i, backend in enumerate(spec.engines)]
     add("gateway", "gateway", lay.address("gateway"), {
         "LLMESH_GATEWAY_PORT": str(lay.port("gateway")),
         "LLMESH_GATEWAY_HTTP_PORT": str(lay.http_port),
@@ -201,16 +210,20 @@ async def supervise(children: list[Child], stop: asyncio.Event, policy: RestartP
                     state_path: Path | None = None, say=print) -> GaveUp | None:
     """Restarts children that die until a stop request (returns None) or until one
     dies more often than the policy allows (returns which)."""
-    budgets = {c.name: RestartBudget(policy) for c in children}
-    due: dict[str, float] = {}   # child name -> monotonic time of its pending restart
+    budgets: dict[str, RestartBudget] = {}
+    # pending restarts by child: the launcher adds and removes engines while we run
+    due: dict[int, float] = {}   # id(child) -> monotonic time of its pending restart
     if state_path:
         write_state(children, state_path)
     while not stop.is_set():
         now, changed = time.monotonic(), False
-        for child in children:
-            if child.name in due:
-                if now >= due[child.name]:
-                    del due[child.name]
+        live = {id(c) for c in children}
+        for key in [k for k in due if k not in live]:
+            del due[key]
+        for child in list(children):
+            if id(child) in due:
+                if now >= due[id(child)]:
+                    del due[id(child)]
                     child.start()
                     child.restarts += 1
                     changed = True
@@ -220,10 +233,10 @@ async def supervise(children: list[Child], stop: asyncio.Event, policy: RestartP
                 continue
             child.last_exit_code = child.proc.returncode
             changed = True
-            delay = budgets[child.name].next_delay(now)
+            delay = budgets.setdefault(child.name, RestartBudget(policy)).next_delay(now)
             if delay is None:
                 return GaveUp(child.name, policy.max_restarts + 1, policy.window_s, child.last_exit_code)
-            due[child.name] = now + delay
+            due[id(child)] = now + delay
             say(f"llmesh: {child.name} exited with code {child.last_exit_code}; restarting in {delay:.1f}s "
                 f"(see {child.log_path})")
         if changed and state_path:

@@ -172,6 +172,34 @@ class Provider(_Strict):
     models: dict[str, str] = Field(description="our model name -> the provider's model name")
 
 
+class Autoscale(_Strict):
+    """How the scheduler sizes one model's fleet (services/scheduler/autoscale.py).
+    Waiting requests are the engines' queues plus requests the gateways hold for a
+    model with no ready replica."""
+    min_replicas: int = Field(default=0, ge=0, description="0: scale to zero when idle")
+    max_replicas: int = Field(default=4, ge=1)
+    waiting_per_replica: float = Field(default=5, gt=0, description="more waiting than this per replica: scale up")
+    max_wait_s: float = Field(default=30, gt=0, description="a request held longer than this: one more replica "
+                              "(at most one per this many seconds)")
+    idle_s: float = Field(default=600, gt=0, description="nothing running or waiting this long: down to "
+                          "min_replicas")
+    cooldown_s: float = Field(default=300, ge=0, description="no scale-down sooner than this after a change")
+
+    @model_validator(mode="after")
+    def _min_is_not_above_max(self) -> Autoscale:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas ({self.min_replicas}) is above max_replicas ({self.max_replicas})")
+        return self
+
+
+class Autoscaling(_Strict):
+    models: dict[str, Autoscale] = Field(default={}, description="the models the scheduler scales; others "
+                                         "keep the replicas they have")
+    hold_s: float = Field(default=60, gt=0, le=600, description="a gateway holds a request for a scaled model "
+                          "with no ready replica this long (within the request's deadline), then answers 503")
+    retry_after_s: int = Field(default=5, ge=1, description="the Retry-After of that 503")
+
+
 class MeshConfig(_Strict):
     default: ModelPolicy = ModelPolicy()
     models: dict[str, ModelPolicy] = {}
@@ -185,6 +213,7 @@ class MeshConfig(_Strict):
     retry_budget: RetryBudget = RetryBudget()
     providers: dict[str, Provider] = Field(default={}, description="external OpenAI-compatible upstreams; "
                                            "a model they map is answered by them (directly or as a fallback)")
+    autoscaling: Autoscaling = Autoscaling()
 
     @model_validator(mode="after")
     def _aliases_are_not_models(self) -> MeshConfig:

@@ -26,7 +26,7 @@ TOKEN_TTL_S = 60.0
 MIN_SECRET_BYTES = 32
 ADMIN_METHODS = frozenset({
     "/llmesh.v1.Engine/LoadModel", "/llmesh.v1.Engine/UnloadModel",
-    "/llmesh.v1.Scheduler/Report", "/llmesh.v1.Cache/Invalidate",
+    "/llmesh.v1.Scheduler/Report", "/llmesh.v1.Scheduler/ReportDemand", "/llmesh.v1.Cache/Invalidate",
     *(f"/llmesh.v1.ModelManager/{m}" for m in (
         "ImportModel", "QuantizeVersion", "Deploy", "Promote", "Rollback", "ArchiveVersion", "Evaluate")),
 })
