@@ -5,6 +5,8 @@ BIN      := $(VENV)/bin
 MODELS   := var/models
 PROTOS   := $(wildcard protos/llmesh/v1/*.proto)
 GEN      := $(patsubst protos/%.proto,libs/%_pb2.py,$(PROTOS))
+TS       := examples/typescript
+TS_GEN   := $(patsubst protos/%.proto,$(TS)/src/gen/%_pb.ts,$(PROTOS))
 
 # llama.cpp is built once per version and flag set and kept outside the checkout,
 # so fresh clones on this machine reuse it. The x86-64 build targets AVX2/FMA/F16C,
@@ -46,8 +48,6 @@ $(GEN) &: $(PROTOS) $(VENV)/.installed
 
 # TypeScript stubs for gRPC clients (examples/typescript/src/gen), generated with protoc-gen-es
 # and committed, unlike the Python ones; the example's npm packages come from its lock file.
-TS     := examples/typescript
-TS_GEN := $(patsubst protos/%.proto,$(TS)/src/gen/%_pb.ts,$(PROTOS))
 ES_GEN  = $(BIN)/python -m grpc_tools.protoc -Iprotos --plugin=protoc-gen-es=$(TS)/node_modules/.bin/protoc-gen-es \
 	    --es_opt=target=ts,import_extension=js
 $(TS_GEN) &: $(PROTOS) $(VENV)/.installed $(TS)/node_modules/.installed
