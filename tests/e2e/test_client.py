@@ -4,7 +4,10 @@ sim engines, and the tight sim engine for deadlines."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -138,3 +141,27 @@ def test_unavailable_is_retried_then_surfaced_typed(mesh):
         with pytest.raises(UnavailableError) as info:
             list(stream)
     assert stream.attempts == 3 and info.value.message
+
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "python"
+
+
+def run_example(name: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(EXAMPLES / name), *args], capture_output=True, text=True,
+                          timeout=120, stdin=subprocess.DEVNULL)
+
+
+def test_the_streaming_example_runs(mesh):
+    out = run_example("chat.py", "--address", mesh.layout.address("gateway"), "--max-tokens", "8", "Hi")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() and "8 completion tokens; request " in out.stderr
+    out = run_example("chat.py", "--address", mesh.layout.address("gateway"), "--model", "nope", "Hi")
+    assert out.returncode == 1 and "error: NOT_FOUND: The model 'nope' does not exist." in out.stderr
+
+
+def test_the_async_example_runs(mesh):
+    out = run_example("ask_many.py", "--address", mesh.layout.address("gateway"), "What is 2+2?", "Say hi.")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("What is 2+2? -> ") and lines[1].startswith("Say hi. -> ")
+    assert SMOL in lines[2]
