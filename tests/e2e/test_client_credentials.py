@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from llmesh.client import Client, RetryPolicy, UnauthenticatedError, UnavailableError
+from llmesh.client import Client, PermissionDeniedError, RetryPolicy, UnauthenticatedError, UnavailableError
 from llmesh.testing import Mesh, RedisServer, Service, free_layout, free_ports, port_open, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -72,6 +72,9 @@ def test_the_key_travels_as_authorization_metadata(creds_mesh):
         assert client.list_models() == [SIM]
         result = client.chat(model=SIM, messages=HI, max_tokens=3)
         assert result.usage.completion_tokens == 3 and result.text
+        with pytest.raises(PermissionDeniedError) as info:  # acme's grant is sim-small only
+            client.chat(model="smollm2-135m-instruct", messages=HI, max_tokens=3)
+        assert info.value.reason == "model_not_allowed" and info.value.param == "model"
 
 
 def test_a_gateway_down_when_the_call_starts_is_retried_until_it_serves(creds_mesh):
