@@ -65,8 +65,11 @@ def build_request(request_type: type[Message], request: Message | None, fields: 
             raise TypeError(f"{request_type.__name__} has no field {key!r}")
         nested.setdefault(holder, {})[key] = _plain(value)
     for holder, values in nested.items():
-        top.setdefault(holder, {}).update(values)
-    out.MergeFrom(json_format.ParseDict(top, request_type()))
+        top[holder] = {**top.get(holder, {}), **values}  # never the caller's own dict
+    try:
+        out.MergeFrom(json_format.ParseDict(top, request_type()))
+    except json_format.ParseError as exc:  # a value of the wrong type or out of the wire type's range
+        raise ValueError(str(exc)) from None
     return out
 
 
