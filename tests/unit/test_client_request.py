@@ -30,14 +30,18 @@ def test_keywords_land_on_the_request_and_its_sampling():
     assert not req.sampling.HasField("seed")
 
 
-def test_messages_and_a_request_merge_with_keywords():
-    base = gateway_pb2.ChatRequest(model="m", sampling=common_pb2.SamplingParams(max_tokens=3, seed=1))
-    sampling = {"top_p": 0.5}
+def test_keywords_replace_the_fields_of_a_request():
+    base = gateway_pb2.ChatRequest(model="m", messages=[common_pb2.ChatMessage(role="user", content="old")],
+                                   sampling=common_pb2.SamplingParams(max_tokens=3, seed=1, stop=["a"]))
     req = chat_request(base, messages=[common_pb2.ChatMessage(role="system", content="be brief")],
-                       sampling=sampling, max_tokens=9, seed=None)
-    assert req.model == "m" and req.messages[0].role == "system"
-    assert req.sampling.max_tokens == 9 and req.sampling.seed == 1 and req.sampling.top_p == 0.5
-    assert base.sampling.max_tokens == 3 and sampling == {"top_p": 0.5}  # the caller's objects are not changed
+                       max_tokens=9, stop=["b"], seed=None)
+    assert req.model == "m" and [m.content for m in req.messages] == ["be brief"]  # replaced, not appended
+    assert req.sampling.max_tokens == 9 and list(req.sampling.stop) == ["b"] and req.sampling.seed == 1
+    assert base.sampling.max_tokens == 3 and len(base.messages) == 1  # the caller's message is not changed
+    sampling = {"top_p": 0.5}
+    req = chat_request(base, sampling=sampling, max_tokens=4)
+    assert req.sampling.top_p == 0.5 and req.sampling.max_tokens == 4 and not req.sampling.HasField("seed")
+    assert sampling == {"top_p": 0.5}
 
 
 def test_unknown_keywords_and_bad_values_fail_before_a_call():

@@ -45,9 +45,10 @@ def _plain(value):
 
 
 def build_request(request_type: type[Message], request: Message | None, fields: dict) -> Message:
-    """``request`` (or an empty one) with ``fields`` merged on top. A keyword that is a
-    field of the request sets it; one that is a field of a NESTED_FIELDS message sets
-    it there. Values may be plain Python (dicts for messages, enum names) or messages."""
+    """A copy of ``request`` (or an empty one) with ``fields`` set. A keyword that is a
+    field of the request replaces its value; one that is a field of a NESTED_FIELDS
+    message replaces that field there. Values may be plain Python (dicts for messages,
+    enum names) or messages; None leaves a field as it is."""
     out = request_type()
     if request is not None:
         out.CopyFrom(request)
@@ -58,12 +59,14 @@ def build_request(request_type: type[Message], request: Message | None, fields: 
             continue
         if key in names:
             top[key] = _plain(value)
+            out.ClearField(key)
             continue
         holder = next((n for n in NESTED_FIELDS if n in names
                        and key in names[n].message_type.fields_by_name), None)
         if holder is None:
             raise TypeError(f"{request_type.__name__} has no field {key!r}")
         nested.setdefault(holder, {})[key] = _plain(value)
+        getattr(out, holder).ClearField(key)
     for holder, values in nested.items():
         top[holder] = {**top.get(holder, {}), **values}  # never the caller's own dict
     try:

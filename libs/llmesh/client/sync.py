@@ -15,7 +15,7 @@ from llmesh.client.errors import from_rpc_error
 
 class ChatStream:
     """The answer's ChatResponse messages as they arrive. Iterate it; ``close()``
-    (or leaving its ``with`` block, or breaking out and dropping it) cancels the RPC."""
+    (or leaving its ``with`` block) cancels the RPC."""
 
     def __init__(self, rpc, request: Message, metadata, deadline: Deadline, policy: RetryPolicy):
         self._rpc, self._request, self._metadata = rpc, request, metadata
