@@ -4,16 +4,25 @@ sim engines, and the tight sim engine for deadlines."""
 from __future__ import annotations
 
 import asyncio
+import datetime
+import ipaddress
+import shutil
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import grpc
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from llmesh.client import (AsyncClient, Client, DeadlineExceededError, InvalidArgumentError, NotFoundError,
                            RetryPolicy, UnavailableError)
-from llmesh.testing import wait_until
+from llmesh.testing import free_ports, port_open, terminate, wait_until
 from llmesh.v1 import common_pb2, gateway_pb2
 from tests.e2e.conftest import SMOL
 from tests.e2e.test_openai_api import engine_load
@@ -165,3 +174,67 @@ def test_the_async_example_runs(mesh):
     lines = out.stdout.splitlines()
     assert lines[0].startswith("What is 2+2? -> ") and lines[1].startswith("Say hi. -> ")
     assert SMOL in lines[2]
+
+
+def self_signed(directory: Path) -> bytes:
+    """A certificate for localhost and 127.0.0.1 (its own root) and its key, written to directory."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
+                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    pem = cert.public_bytes(serialization.Encoding.PEM)
+    (directory / "cert.pem").write_bytes(pem)
+    (directory / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                                          serialization.PrivateFormat.PKCS8,
+                                                          serialization.NoEncryption()))
+    return pem
+
+
+@pytest.fixture(scope="module")
+def tls_front(mesh, tmp_path_factory):
+    """nginx terminating TLS in front of the gateway's gRPC port, as an ingress would."""
+    if shutil.which("nginx") is None:
+        pytest.fail("nginx is not installed: apt-get install nginx-light (make test does)")
+    root = tmp_path_factory.mktemp("tls-front")
+    ca = self_signed(root)
+    (port,) = free_ports(1)
+    temp = " ".join(f"{kind}_temp_path {root / kind};" for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+    (root / "nginx.conf").write_text(f"""
+daemon off; worker_processes 1; pid {root / 'nginx.pid'}; error_log {root / 'error.log'};
+events {{}}
+http {{
+  access_log off; {temp}
+  server {{
+    listen 127.0.0.1:{port} ssl http2;
+    ssl_certificate {root / 'cert.pem'}; ssl_certificate_key {root / 'key.pem'};
+    location / {{ grpc_pass grpc://{mesh.layout.address('gateway')}; grpc_read_timeout 120s; }}
+  }}
+}}
+""")
+    proc = subprocess.Popen(["nginx", "-p", str(root), "-e", str(root / "error.log"), "-c", str(root / "nginx.conf")],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        assert wait_until(lambda: port_open(port) or proc.poll() is not None, 10) and proc.poll() is None, \
+            (root / "error.log").read_text()
+        yield f"localhost:{port}", ca
+    finally:
+        terminate(proc, signal.SIGQUIT, 10)
+
+
+def test_tls_with_the_callers_root_certificate(tls_front):
+    address, ca = tls_front
+    with Client(address, tls=grpc.ssl_channel_credentials(root_certificates=ca), timeout_s=60) as client:
+        result = client.chat(model="sim-small", messages=HI, max_tokens=3)
+        assert result.usage.completion_tokens == 3 and "sim-small" in client.list_models()
+    once = RetryPolicy(max_attempts=1)
+    for tls in (False, True):  # plaintext to a TLS port; the system's roots do not trust this certificate
+        with Client(address, tls=tls, retry=once, timeout_s=10) as client:
+            with pytest.raises(UnavailableError):
+                client.list_models()
