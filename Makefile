@@ -5,6 +5,8 @@ BIN      := $(VENV)/bin
 MODELS   := var/models
 PROTOS   := $(wildcard protos/llmesh/v1/*.proto)
 GEN      := $(patsubst protos/%.proto,libs/%_pb2.py,$(PROTOS))
+TS       := examples/typescript
+TS_GEN   := $(patsubst protos/%.proto,$(TS)/src/gen/%_pb.ts,$(PROTOS))
 
 # llama.cpp is built once per version and flag set and kept outside the checkout,
 # so fresh clones on this machine reuse it. The x86-64 build targets AVX2/FMA/F16C,
@@ -21,7 +23,8 @@ LLAMA_FLAVOR  := $(shell uname -m)-native
 endif
 LLAMA_WHEELS  := $(HOME)/.cache/llmesh/wheels/llama-cpp-python-$(LLAMA_VERSION)-$(LLAMA_FLAVOR)
 
-.PHONY: install tools vllm-modules run test test-unit test-e2e bench gpu-smoke protos model lock clean deploy-check images
+.PHONY: install tools vllm-modules run test test-unit test-e2e bench gpu-smoke protos model lock clean deploy-check images \
+        ts-example
 
 install: $(VENV)/.installed $(GEN) $(MODELS)/smollm2-135m-instruct/model.json $(MODELS)/all-minilm-l6-v2/model.json
 
@@ -38,10 +41,31 @@ $(VENV)/.installed: requirements.lock pyproject.toml
 	touch $@
 
 # Generated code is not committed: protoc writes llmesh/v1/*_pb2*.py under libs/.
-protos: $(GEN)
+protos: $(GEN) $(TS_GEN)
 $(GEN) &: $(PROTOS) $(VENV)/.installed
 	$(BIN)/python -m grpc_tools.protoc -Iprotos --python_out=libs --pyi_out=libs \
 	    --grpc_python_out=libs $(PROTOS)
+
+# TypeScript stubs for gRPC clients (examples/typescript/src/gen), generated with protoc-gen-es
+# and committed, unlike the Python ones; the example's npm packages come from its lock file.
+ES_GEN  = $(BIN)/python -m grpc_tools.protoc -Iprotos --plugin=protoc-gen-es=$(TS)/node_modules/.bin/protoc-gen-es \
+	    --es_opt=target=ts,import_extension=js
+$(TS_GEN) &: $(PROTOS) $(VENV)/.installed $(TS)/node_modules/.installed
+	rm -rf $(TS)/src/gen && mkdir -p $(TS)/src/gen
+	$(ES_GEN) --es_out=$(TS)/src/gen $(PROTOS)
+
+$(TS)/node_modules/.installed: $(TS)/package-lock.json $(TS)/package.json
+	cd $(TS) && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+# The committed stubs match the protos (regenerated and compared) and the example compiles
+# with tsc into $(TS)/dist (tests/e2e/test_typescript_example.py runs it against a gateway).
+ts-example: install $(TS)/node_modules/.installed
+	rm -rf $(TS)/.gen-check && mkdir -p $(TS)/.gen-check
+	$(ES_GEN) --es_out=$(TS)/.gen-check $(PROTOS)
+	diff -r $(TS)/.gen-check $(TS)/src/gen || { echo "$(TS)/src/gen is stale: run make protos" >&2; exit 1; }
+	rm -rf $(TS)/.gen-check $(TS)/dist
+	cd $(TS) && ./node_modules/.bin/tsc -p .
 
 model: $(MODELS)/smollm2-135m-instruct/model.json $(MODELS)/all-minilm-l6-v2/model.json
 $(MODELS)/smollm2-135m-instruct/model.json: $(VENV)/.installed
@@ -68,7 +92,7 @@ $(VENV)/.vllm-modules: $(VENV)/.installed requirements-vllm-modules.txt pyprojec
 	$(BIN)/python -m pip install --quiet --no-deps -r requirements-vllm-modules.txt "$(VLLM_PIN)"
 	touch $@
 
-test: tools install deploy-check vllm-modules
+test: tools install deploy-check vllm-modules ts-example
 	$(BIN)/python -m pytest -q --ignore=tests/deploy
 
 # Compose file, Helm charts and Dockerfile, validated without Docker or a cluster

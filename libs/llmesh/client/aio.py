@@ -1,0 +1,124 @@
+"""The asyncio client: ``AsyncClient(address)``, the same calls as ``Client``, awaited."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import grpc
+from google.protobuf.message import Message
+
+from llmesh.client.core import (ChatResult, Deadline, RetryPolicy, as_dict, build_request, call_metadata,
+                                channel_credentials, gateway_methods)
+from llmesh.client.errors import from_rpc_error
+
+
+class AsyncChatStream:
+    """The answer's ChatResponse messages as they arrive: ``async for``. ``aclose()``,
+    leaving its ``async with`` block or cancelling the task that reads it cancels the RPC."""
+
+    def __init__(self, rpc, request: Message, metadata, deadline: Deadline, policy: RetryPolicy):
+        self._rpc, self._request, self._metadata = rpc, request, metadata
+        self._deadline, self._policy = deadline, policy
+        self._call = None
+        self.attempts = 0
+        self._messages = self._run()
+
+    async def _run(self) -> AsyncIterator[Message]:
+        yielded = False
+        while True:
+            self.attempts += 1
+            self._call = self._rpc(self._request, timeout=self._deadline.remaining(), metadata=self._metadata)
+            try:
+                async for message in self._call:
+                    yielded = True
+                    yield message
+                return
+            except grpc.aio.AioRpcError as exc:
+                delay = None if yielded else self._policy.delay(exc.code(), self.attempts, self._deadline)
+                if delay is None:
+                    raise from_rpc_error(exc) from None
+            finally:
+                self._call.cancel()  # a no-op once the call has ended
+            await asyncio.sleep(delay)
+
+    def __aiter__(self) -> AsyncChatStream:
+        return self
+
+    async def __anext__(self) -> Message:
+        return await self._messages.__anext__()
+
+    async def aclose(self) -> None:
+        await self._messages.aclose()
+
+    async def __aenter__(self) -> AsyncChatStream:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.aclose()
+
+    async def initial_metadata(self) -> dict[str, str]:
+        return as_dict(await self._call.initial_metadata()) if self._call else {}
+
+    async def trailing_metadata(self) -> dict[str, str]:
+        return as_dict(await self._call.trailing_metadata()) if self._call else {}
+
+
+class AsyncClient:
+    """The asyncio twin of ``llmesh.client.Client`` (same arguments); create it inside a running loop."""
+
+    def __init__(self, address: str, *, credential: str | None = None, tls: bool | grpc.ChannelCredentials = False,
+                 timeout_s: float | None = 60.0, retry: RetryPolicy | None = None, options=None):
+        creds = channel_credentials(tls)
+        self._channel = (grpc.aio.secure_channel(address, creds, options=options) if creds
+                         else grpc.aio.insecure_channel(address, options=options))
+        self._credential = credential
+        self._timeout_s = timeout_s
+        self._retry = retry or RetryPolicy()
+        self._methods = gateway_methods()
+        chat, models = self._methods["Chat"], self._methods["ListModels"]
+        self._chat = self._channel.unary_stream(chat.path, request_serializer=chat.request_type.SerializeToString,
+                                                response_deserializer=chat.response_type.FromString)
+        self._models = self._channel.unary_unary(models.path,
+                                                 request_serializer=models.request_type.SerializeToString,
+                                                 response_deserializer=models.response_type.FromString)
+
+    def stream(self, request: Message | None = None, /, *, timeout_s: float | None = ..., metadata=None,
+               **fields) -> AsyncChatStream:
+        """Start a chat (see ``Client.stream``); iterate the result with ``async for``."""
+        req = build_request(self._methods["Chat"].request_type, request, fields)
+        deadline = Deadline(self._timeout_s if timeout_s is ... else timeout_s)
+        return AsyncChatStream(self._chat, req, call_metadata(self._credential, metadata), deadline, self._retry)
+
+    async def chat(self, request: Message | None = None, /, *, timeout_s: float | None = ..., metadata=None,
+                   **fields) -> ChatResult:
+        async with self.stream(request, timeout_s=timeout_s, metadata=metadata, **fields) as answer:
+            result = ChatResult(responses=[m async for m in answer])
+            result.initial_metadata = await answer.initial_metadata()
+            result.trailing_metadata = await answer.trailing_metadata()
+        return result
+
+    async def list_models(self, *, timeout_s: float | None = ..., metadata=None) -> list:
+        deadline = Deadline(self._timeout_s if timeout_s is ... else timeout_s)
+        request = self._methods["ListModels"].request_type()
+        attempts = 0
+        while True:
+            attempts += 1
+            try:
+                response = await self._models(request, timeout=deadline.remaining(),
+                                              metadata=call_metadata(self._credential, metadata))
+                return list(response.models)
+            except grpc.aio.AioRpcError as exc:
+                delay = self._retry.delay(exc.code(), attempts, deadline)
+                if delay is None:
+                    raise from_rpc_error(exc) from None
+            await asyncio.sleep(delay)
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()

@@ -1,0 +1,147 @@
+"""What the sync and async clients share: the Gateway's methods read from its
+descriptor, requests built from keyword arguments, call metadata, deadlines,
+the retry policy and the collected answer. No I/O here."""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+
+import grpc
+from google.protobuf import json_format, message_factory
+from google.protobuf.message import Message
+
+from llmesh.v1 import gateway_pb2
+
+# Keyword arguments that are not fields of the request itself are looked up in
+# these message fields of it, so ``temperature=0`` lands in ``sampling``.
+NESTED_FIELDS = ("sampling",)
+
+
+@dataclass(frozen=True)
+class Method:
+    path: str                  # "/llmesh.v1.Gateway/Chat"
+    request_type: type[Message]
+    response_type: type[Message]
+
+
+def gateway_methods() -> dict[str, Method]:
+    """The Gateway service's methods by name, from the generated descriptor: the
+    client follows the proto (new fields, renamed messages) without code changes."""
+    (service,) = gateway_pb2.DESCRIPTOR.services_by_name.values()
+    return {m.name: Method(f"/{service.full_name}/{m.name}", message_factory.GetMessageClass(m.input_type),
+                           message_factory.GetMessageClass(m.output_type))
+            for m in service.methods}
+
+
+def _plain(value):
+    """Protobuf messages inside keyword arguments, as dicts for ParseDict."""
+    if isinstance(value, Message):
+        return json_format.MessageToDict(value, preserving_proto_field_name=True)
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def build_request(request_type: type[Message], request: Message | None, fields: dict) -> Message:
+    """A copy of ``request`` (or an empty one) with ``fields`` set. A keyword that is a
+    field of the request replaces its value; one that is a field of a NESTED_FIELDS
+    message replaces that field there. Values may be plain Python (dicts for messages,
+    enum names) or messages; None leaves a field as it is."""
+    out = request_type()
+    if request is not None:
+        out.CopyFrom(request)
+    top, nested = {}, {}
+    names = request_type.DESCRIPTOR.fields_by_name
+    for key, value in fields.items():
+        if value is None:
+            continue
+        if key in names:
+            top[key] = _plain(value)
+            out.ClearField(key)
+            continue
+        holder = next((n for n in NESTED_FIELDS if n in names
+                       and key in names[n].message_type.fields_by_name), None)
+        if holder is None:
+            raise TypeError(f"{request_type.__name__} has no field {key!r}")
+        nested.setdefault(holder, {})[key] = _plain(value)
+        getattr(out, holder).ClearField(key)
+    for holder, values in nested.items():
+        top[holder] = {**top.get(holder, {}), **values}  # never the caller's own dict
+    try:
+        out.MergeFrom(json_format.ParseDict(top, request_type()))
+    except json_format.ParseError as exc:  # a value of the wrong type or out of the wire type's range
+        raise ValueError(str(exc)) from None
+    return out
+
+
+def call_metadata(credential: str | None, extra) -> tuple[tuple[str, str], ...]:
+    md = [("authorization", f"Bearer {credential}")] if credential else []
+    md.extend(dict(extra or {}).items())
+    return tuple(md)
+
+
+class Deadline:
+    """One deadline over all the attempts of a call."""
+
+    def __init__(self, timeout_s: float | None):
+        self._at = None if timeout_s is None else time.monotonic() + timeout_s
+
+    def remaining(self) -> float | None:
+        return None if self._at is None else max(0.0, self._at - time.monotonic())
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Retries on UNAVAILABLE only, and for a stream only before its first message:
+    once tokens were yielded a retry would repeat them."""
+    max_attempts: int = 3
+    initial_backoff_s: float = 0.1
+    max_backoff_s: float = 2.0
+
+    def delay(self, code: grpc.StatusCode, attempts: int, deadline: Deadline) -> float | None:
+        """Seconds to wait before the next attempt, or None: do not retry."""
+        if code != grpc.StatusCode.UNAVAILABLE or attempts >= self.max_attempts:
+            return None
+        wait = min(self.max_backoff_s, self.initial_backoff_s * 2 ** (attempts - 1)) * random.uniform(0.5, 1.0)
+        remaining = deadline.remaining()
+        return None if remaining is not None and remaining <= wait else wait
+
+
+@dataclass
+class ChatResult:
+    """A whole answer collected from the stream."""
+    responses: list = field(default_factory=list)  # every ChatResponse, in order
+    initial_metadata: dict[str, str] = field(default_factory=dict)  # e.g. x-llmesh-cache, rate-limit facts
+    trailing_metadata: dict[str, str] = field(default_factory=dict)  # x-request-id, failover marker
+
+    @property
+    def text(self) -> str:
+        return "".join(r.text for r in self.responses)
+
+    @property
+    def last(self):
+        return self.responses[-1]
+
+    @property
+    def finish_reason(self) -> int:
+        return self.last.finish_reason
+
+    @property
+    def usage(self):
+        return self.last.usage
+
+    @property
+    def request_id(self) -> str | None:
+        return self.trailing_metadata.get("x-request-id")
+
+
+def as_dict(metadata) -> dict[str, str]:
+    return {key: value for key, value in (metadata or ()) if isinstance(value, str)}
+
+
+def channel_credentials(tls: bool | grpc.ChannelCredentials) -> grpc.ChannelCredentials | None:
+    if tls is True:
+        return grpc.ssl_channel_credentials()
+    return tls or None

@@ -1,0 +1,131 @@
+"""The blocking client: ``Client(address).chat(...)``, ``.stream(...)``, ``.list_models()``."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import grpc
+from google.protobuf.message import Message
+
+from llmesh.client.core import (ChatResult, Deadline, RetryPolicy, as_dict, build_request, call_metadata,
+                                channel_credentials, gateway_methods)
+from llmesh.client.errors import from_rpc_error
+
+
+class ChatStream:
+    """The answer's ChatResponse messages as they arrive. Iterate it; ``close()``
+    (or leaving its ``with`` block) cancels the RPC."""
+
+    def __init__(self, rpc, request: Message, metadata, deadline: Deadline, policy: RetryPolicy):
+        self._rpc, self._request, self._metadata = rpc, request, metadata
+        self._deadline, self._policy = deadline, policy
+        self._call = None
+        self.attempts = 0  # RPCs started: more than 1 only after UNAVAILABLE before the first message
+        self._messages = self._run()
+
+    def _run(self) -> Iterator[Message]:
+        yielded = False
+        while True:
+            self.attempts += 1
+            self._call = self._rpc(self._request, timeout=self._deadline.remaining(), metadata=self._metadata)
+            try:
+                for message in self._call:
+                    yielded = True
+                    yield message
+                return
+            except grpc.RpcError as exc:
+                delay = None if yielded else self._policy.delay(exc.code(), self.attempts, self._deadline)
+                if delay is None:
+                    raise from_rpc_error(exc) from None
+            finally:
+                self._call.cancel()  # a no-op once the call has ended
+            time.sleep(delay)
+
+    def __iter__(self) -> ChatStream:
+        return self
+
+    def __next__(self) -> Message:
+        return next(self._messages)
+
+    def close(self) -> None:
+        self._messages.close()
+
+    def __enter__(self) -> ChatStream:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def initial_metadata(self) -> dict[str, str]:
+        return as_dict(self._call.initial_metadata()) if self._call else {}
+
+    def trailing_metadata(self) -> dict[str, str]:
+        return as_dict(self._call.trailing_metadata()) if self._call else {}
+
+
+class Client:
+    """A blocking client for the gateway's gRPC API.
+
+    ``credential`` is an API key or a JWT, sent as ``authorization: Bearer ...``;
+    ``tls`` is False (plaintext), True (system roots) or ``grpc.ChannelCredentials``;
+    ``timeout_s`` is the default deadline of each call (all its attempts together).
+    """
+
+    def __init__(self, address: str, *, credential: str | None = None, tls: bool | grpc.ChannelCredentials = False,
+                 timeout_s: float | None = 60.0, retry: RetryPolicy | None = None, options=None):
+        creds = channel_credentials(tls)
+        self._channel = (grpc.secure_channel(address, creds, options=options) if creds
+                         else grpc.insecure_channel(address, options=options))
+        self._credential = credential
+        self._timeout_s = timeout_s
+        self._retry = retry or RetryPolicy()
+        self._methods = gateway_methods()
+        chat, models = self._methods["Chat"], self._methods["ListModels"]
+        self._chat = self._channel.unary_stream(chat.path, request_serializer=chat.request_type.SerializeToString,
+                                                response_deserializer=chat.response_type.FromString)
+        self._models = self._channel.unary_unary(models.path,
+                                                 request_serializer=models.request_type.SerializeToString,
+                                                 response_deserializer=models.response_type.FromString)
+
+    def stream(self, request: Message | None = None, /, *, timeout_s: float | None = ..., metadata=None,
+               **fields) -> ChatStream:
+        """Start a chat; ``fields`` are ChatRequest fields (``model``, ``messages`` as dicts)
+        or sampling fields (``max_tokens``, ``temperature``, ...), merged onto ``request``."""
+        req = build_request(self._methods["Chat"].request_type, request, fields)
+        deadline = Deadline(self._timeout_s if timeout_s is ... else timeout_s)
+        return ChatStream(self._chat, req, call_metadata(self._credential, metadata), deadline, self._retry)
+
+    def chat(self, request: Message | None = None, /, *, timeout_s: float | None = ..., metadata=None,
+             **fields) -> ChatResult:
+        """The whole answer: every streamed message collected, with the call's metadata."""
+        with self.stream(request, timeout_s=timeout_s, metadata=metadata, **fields) as answer:
+            result = ChatResult(responses=list(answer))
+            result.initial_metadata = answer.initial_metadata()
+            result.trailing_metadata = answer.trailing_metadata()
+        return result
+
+    def list_models(self, *, timeout_s: float | None = ..., metadata=None) -> list:
+        """The models this caller may use."""
+        deadline = Deadline(self._timeout_s if timeout_s is ... else timeout_s)
+        request = self._methods["ListModels"].request_type()
+        attempts = 0
+        while True:
+            attempts += 1
+            try:
+                return list(self._models(request, timeout=deadline.remaining(),
+                                         metadata=call_metadata(self._credential, metadata)).models)
+            except grpc.RpcError as exc:
+                delay = self._retry.delay(exc.code(), attempts, deadline)
+                if delay is None:
+                    raise from_rpc_error(exc) from None
+            time.sleep(delay)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,240 @@
+"""llmesh.client (sync and async) against the shared real mesh: SmolLM2 on llama.cpp,
+sim engines, and the tight sim engine for deadlines."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import ipaddress
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from llmesh.client import (AsyncClient, Client, DeadlineExceededError, InvalidArgumentError, NotFoundError,
+                           RetryPolicy, UnavailableError)
+from llmesh.testing import free_ports, port_open, terminate, wait_until
+from llmesh.v1 import common_pb2, gateway_pb2
+from tests.e2e.conftest import SMOL
+from tests.e2e.test_openai_api import engine_load
+
+pytestmark = pytest.mark.e2e
+
+HI = [{"role": "user", "content": "What is 2+2?"}]
+STORY = [{"role": "user", "content": "Tell me a long story about a dragon."}]
+
+
+@pytest.fixture(scope="module")
+def client(mesh):
+    with Client(mesh.layout.address("gateway"), timeout_s=120) as c:
+        yield c
+
+
+def test_chat_collects_the_streamed_answer(client):
+    result = client.chat(model=SMOL, messages=HI, temperature=0.0, max_tokens=30,
+                         metadata={"x-request-id": "client-test-1"})
+    assert "4" in result.text
+    assert result.responses[0].role == "assistant" and result.responses[0].model == SMOL
+    assert result.finish_reason in (common_pb2.FINISH_REASON_STOP, common_pb2.FINISH_REASON_LENGTH)
+    assert result.usage.prompt_tokens > 0 and 0 < result.usage.completion_tokens <= 30
+    assert result.request_id == "client-test-1"
+
+
+def test_stream_yields_messages_as_they_arrive_and_merges_a_request(client):
+    base = gateway_pb2.ChatRequest(model=SMOL, sampling=common_pb2.SamplingParams(max_tokens=12))
+    arrivals = []
+    with client.stream(base, messages=[common_pb2.ChatMessage(role="user", content="Count to ten.")],
+                       temperature=0.0) as stream:
+        for chunk in stream:
+            arrivals.append((time.monotonic(), chunk))
+    chunks = [c for _, c in arrivals]
+    assert len([c for c in chunks if c.text]) > 3  # token by token, not one block
+    assert arrivals[-1][0] > arrivals[0][0]
+    assert chunks[-1].usage.completion_tokens == 12 and chunks[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH
+    assert stream.attempts == 1 and stream.trailing_metadata()["x-request-id"]
+
+
+def test_an_unknown_keyword_is_refused_before_any_call(client):
+    with pytest.raises(TypeError, match="no field 'temprature'"):
+        client.stream(model=SMOL, messages=HI, temprature=0.5)
+
+
+def test_list_models(client):
+    assert {SMOL, "sim-small"} <= set(client.list_models())
+
+
+def test_closing_the_stream_cancels_the_rpc_at_the_engine(client, mesh):
+    engine = mesh.layout.engine_address(0)
+    stream = client.stream(model=SMOL, messages=STORY, temperature=0.8, max_tokens=500)
+    received = [next(stream) for _ in range(4)]
+    assert any(c.text for c in received)
+    assert engine_load(engine).running == 1
+    stream.close()
+    assert wait_until(lambda: engine_load(engine).running == 0, 2.0)
+    with pytest.raises(StopIteration):
+        next(stream)
+
+
+async def test_cancelling_the_task_cancels_the_rpc_at_the_engine(mesh):
+    engine = mesh.layout.engine_address(0)
+    started = asyncio.Event()
+
+    async def read(client: AsyncClient) -> None:
+        async for chunk in client.stream(model=SMOL, messages=STORY, temperature=0.8, max_tokens=500):
+            if chunk.text:
+                started.set()
+
+    async with AsyncClient(mesh.layout.address("gateway")) as client:
+        task = asyncio.create_task(read(client))
+        await asyncio.wait_for(started.wait(), 60)
+        assert engine_load(engine).running == 1
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert await asyncio.to_thread(wait_until, lambda: engine_load(engine).running == 0, 2.0)
+        result = await client.chat(model=SMOL, messages=HI, max_tokens=3)  # the slot serves again
+        assert result.usage.completion_tokens == 3
+
+
+def test_deadline_exceeded_is_typed_and_reaches_the_engine(client, tight_engine):
+    began = time.monotonic()
+    with pytest.raises(DeadlineExceededError) as info:
+        client.chat(model="sim-tight", messages=HI, timeout_s=0.4)  # 64 tokens at 50 ms: 3.2 s
+    assert time.monotonic() - began < 2.0
+    assert info.value.code.name == "DEADLINE_EXCEEDED" and info.value.message
+    assert wait_until(lambda: engine_load(tight_engine).running == 0, 2.0)
+
+
+async def test_async_deadline_exceeded_is_typed(mesh, tight_engine):
+    async with AsyncClient(mesh.layout.address("gateway"), timeout_s=0.4) as client:
+        with pytest.raises(DeadlineExceededError):
+            await client.chat(model="sim-tight", messages=HI)
+    assert await asyncio.to_thread(wait_until, lambda: engine_load(tight_engine).running == 0, 2.0)
+
+
+@pytest.mark.parametrize("fields, error, reason, param", [
+    ({"model": "no-such-model", "messages": HI}, NotFoundError, "model_not_found", "model"),
+    ({"model": SMOL, "messages": HI, "temperature": 3.0}, InvalidArgumentError, None, "temperature"),
+    ({"model": SMOL}, InvalidArgumentError, None, "messages"),
+])
+def test_errors_are_typed_with_the_servers_message(client, fields, error, reason, param):
+    with pytest.raises(error) as info:
+        client.chat(**fields)
+    err = info.value
+    assert err.message and err.code.name == {NotFoundError: "NOT_FOUND"}.get(error, "INVALID_ARGUMENT")
+    # the field is named (protovalidate may name its path, e.g. sampling.temperature)
+    assert param in (err.param or "") and (reason is None or err.reason == reason)
+
+
+async def test_async_errors_are_typed(mesh):
+    async with AsyncClient(mesh.layout.address("gateway")) as client:
+        with pytest.raises(NotFoundError) as info:
+            await client.chat(model="no-such-model", messages=HI)
+    assert "no-such-model" in info.value.message
+
+
+def test_unavailable_is_retried_then_surfaced_typed(mesh):
+    """No engine serves unserved-model: UNAVAILABLE before any token, so every attempt is made."""
+    policy = RetryPolicy(max_attempts=3, initial_backoff_s=0.05)
+    with Client(mesh.layout.address("gateway"), retry=policy, timeout_s=30) as client:
+        stream = client.stream(model="unserved-model", messages=HI)
+        with pytest.raises(UnavailableError) as info:
+            list(stream)
+    assert stream.attempts == 3 and info.value.message
+
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "python"
+
+
+def run_example(name: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(EXAMPLES / name), *args], capture_output=True, text=True,
+                          timeout=120, stdin=subprocess.DEVNULL)
+
+
+def test_the_streaming_example_runs(mesh):
+    out = run_example("chat.py", "--address", mesh.layout.address("gateway"), "--max-tokens", "8", "Hi")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() and "8 completion tokens; request " in out.stderr
+    out = run_example("chat.py", "--address", mesh.layout.address("gateway"), "--model", "nope", "Hi")
+    assert out.returncode == 1 and "error: NOT_FOUND: The model 'nope' does not exist." in out.stderr
+
+
+def test_the_async_example_runs(mesh):
+    out = run_example("ask_many.py", "--address", mesh.layout.address("gateway"), "What is 2+2?", "Say hi.")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("What is 2+2? -> ") and lines[1].startswith("Say hi. -> ")
+    assert SMOL in lines[2]
+
+
+def self_signed(directory: Path) -> bytes:
+    """A certificate for localhost and 127.0.0.1 (its own root) and its key, written to directory."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
+                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    pem = cert.public_bytes(serialization.Encoding.PEM)
+    (directory / "cert.pem").write_bytes(pem)
+    (directory / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                                          serialization.PrivateFormat.PKCS8,
+                                                          serialization.NoEncryption()))
+    return pem
+
+
+@pytest.fixture(scope="module")
+def tls_front(mesh, tmp_path_factory):
+    """nginx terminating TLS in front of the gateway's gRPC port, as an ingress would."""
+    if shutil.which("nginx") is None:
+        pytest.fail("nginx is not installed: apt-get install nginx-light (make test does)")
+    root = tmp_path_factory.mktemp("tls-front")
+    ca = self_signed(root)
+    (port,) = free_ports(1)
+    temp = " ".join(f"{kind}_temp_path {root / kind};" for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+    (root / "nginx.conf").write_text(f"""
+daemon off; worker_processes 1; pid {root / 'nginx.pid'}; error_log {root / 'error.log'};
+events {{}}
+http {{
+  access_log off; {temp}
+  server {{
+    listen 127.0.0.1:{port} ssl http2;
+    ssl_certificate {root / 'cert.pem'}; ssl_certificate_key {root / 'key.pem'};
+    location / {{ grpc_pass grpc://{mesh.layout.address('gateway')}; grpc_read_timeout 120s; }}
+  }}
+}}
+""")
+    proc = subprocess.Popen(["nginx", "-p", str(root), "-e", str(root / "error.log"), "-c", str(root / "nginx.conf")],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        assert wait_until(lambda: port_open(port) or proc.poll() is not None, 10) and proc.poll() is None, \
+            (root / "error.log").read_text()
+        yield f"localhost:{port}", ca
+    finally:
+        terminate(proc, signal.SIGQUIT, 10)
+
+
+def test_tls_with_the_callers_root_certificate(tls_front):
+    address, ca = tls_front
+    with Client(address, tls=grpc.ssl_channel_credentials(root_certificates=ca), timeout_s=60) as client:
+        result = client.chat(model="sim-small", messages=HI, max_tokens=3)
+        assert result.usage.completion_tokens == 3 and "sim-small" in client.list_models()
+    once = RetryPolicy(max_attempts=1)
+    for tls in (False, True):  # plaintext to a TLS port; the system's roots do not trust this certificate
+        with Client(address, tls=tls, retry=once, timeout_s=10) as client:
+            with pytest.raises(UnavailableError):
+                client.list_models()
