@@ -21,7 +21,7 @@ from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from opentelemetry.trace import NoOpTracer, Span, SpanKind, Status, StatusCode, Tracer
+from opentelemetry.trace import INVALID_SPAN, NoOpTracer, Span, SpanKind, Status, StatusCode, Tracer
 
 from llmesh.background import Background
 from llmesh.errors import (DeadlineExceeded, Internal, InvalidArgument, LlmeshError, ModelNotFound, Overloaded,
@@ -33,6 +33,7 @@ from llmesh.validation import check_request
 from llmesh.gateway.logprob_gate import LogprobGate
 from llmesh.gateway.picking import EndpointPicker, PickInput
 from llmesh.gateway.picking.types import work_tokens
+from llmesh.gateway.record import RequestRecord
 from llmesh.gateway.policy import apply_policy, route
 from llmesh.gateway.resilience import Breakers, RetryBudgetGate
 
@@ -95,12 +96,17 @@ class Context:
     """One request as the stages see it. ``record`` is the access-log record;
     ``headers`` reach the client (HTTP headers, gRPC trailing metadata)."""
     req: CompletionRequest
-    record: dict
+    record: RequestRecord
     span: Span
     policy: ModelPolicy = ModelPolicy()
     headers: dict[str, str] = field(default_factory=dict)
     filters: list[OutputFilter] = field(default_factory=list)
     notes: dict[str, Any] = field(default_factory=dict)  # a stage's own per-request state
+
+    @classmethod
+    def of(cls, req: CompletionRequest) -> Context:
+        """A blank context to hand to ``Pipeline.run``, which fills it in."""
+        return cls(req, RequestRecord(req.model, req.tenant), INVALID_SPAN)
 
 
 class Stage(Protocol):
@@ -135,7 +141,7 @@ class RouteStage:
         prompt, sampling = apply_policy(req.prompt, req.sampling, policy)
         ctx.req = replace(req, model=target, prompt=prompt, sampling=sampling)
         ctx.policy = policy
-        ctx.record["model"] = target
+        ctx.record.model = target
 
     async def finish(self, ctx: Context) -> None:
         pass
@@ -166,7 +172,7 @@ class Pipeline:
     def __init__(self, picker: EndpointPicker, engines: EngineClient, catalog: Catalog,
                  cache: ResponseCache | None = None,
                  config: Callable[[], MeshConfig] = MeshConfig,
-                 observe: Callable[[dict], None] = lambda record: None,
+                 observe: Callable[[RequestRecord], None] = lambda record: None,
                  tracer: Tracer | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  stages: Sequence[Stage] | None = None,
@@ -192,8 +198,7 @@ class Pipeline:
         """Yields text deltas then one Finish; raises a LlmeshError on failure.
         Pass a ``ctx`` to read what the stages said (headers) once the first item came."""
         started = self._clock()
-        record = {"model": req.model, "tenant": req.tenant, "endpoint": None, "cache": "skip",
-                  "status": "ok", "ttft_ms": None, "prompt_tokens": 0, "completion_tokens": 0, "retries": 0}
+        record = RequestRecord(model=req.model, tenant=req.tenant)
         span = self._tracer.start_span(f"{req.operation} {req.model}", context=extract(req.trace_headers),
                                        kind=SpanKind.SERVER if req.trace_headers is not None else SpanKind.INTERNAL,
                                        attributes=request_attributes(req))
@@ -211,23 +216,23 @@ class Pipeline:
             cacheable = self._cache is not None and self._cache.applies(req) and req.sampling.logprobs is None
             if cacheable:
                 hit = await self._cache.lookup(req, span)
-                record["cache"] = "hit" if hit else "miss"
+                record.cache = "hit" if hit else "miss"
                 if hit is not None:
                     text, finish = hit
                     ctx.headers[CACHE_HEADER] = "hit"  # HTTP header, gRPC metadata
-                    record["ttft_ms"] = round((self._clock() - started) * 1000, 3)
+                    record.ttft_ms = round((self._clock() - started) * 1000, 3)
                     self._count(record, finish)
                     yield Delta(text=_filtered(ctx.filters, text, last=True), tokens=finish.usage.completion_tokens)
                     yield finish
                     return
             parts: list[str] = []
-            record["policy"] = ctx.policy.routing
+            record.policy = ctx.policy.routing
             filters = ctx.filters
             gate = LogprobGate() if filters and req.sampling.logprobs is not None else None
             async with aclosing(self._generate(req, started + req.timeout_s, ctx.policy, ctx)) as items:
                 async for item in items:
-                    if record["ttft_ms"] is None:
-                        record["ttft_ms"] = round((self._clock() - started) * 1000, 3)
+                    if record.ttft_ms is None:
+                        record.ttft_ms = round((self._clock() - started) * 1000, 3)
                     if isinstance(item, Delta):
                         if cacheable:
                             parts.append(item.text)
@@ -246,20 +251,20 @@ class Pipeline:
                                 yield Delta(text=tail, tokens=0, logprobs=rest)
                     yield item
         except LlmeshError as exc:
-            record["status"] = exc.code.value
-            record["reason"] = exc.reason
+            record.status = exc.code.value
+            record.reason = exc.reason
             span.set_status(Status(StatusCode.ERROR, exc.message))
             span.set_attribute("error.type", exc.reason or exc.code.value)
             raise
         except (asyncio.CancelledError, GeneratorExit):
-            if "finish_reason" not in record:  # a consumer that stops after the Finish was served in full
-                record["status"] = "cancelled"
+            if record.finish_reason is None:  # a consumer that stops after the Finish was served in full
+                record.status = "cancelled"
             raise
         finally:
-            record["duration_ms"] = round((self._clock() - started) * 1000, 3)
+            record.duration_ms = round((self._clock() - started) * 1000, 3)
             if entered:
                 self._background.spawn(self._finish(entered, ctx))
-            log.info("request", extra=record)
+            log.info("request", extra=record.log_fields())
             self._observe(record)
             end_span(span, record)
 
@@ -320,7 +325,7 @@ class Pipeline:
                         pick.exclude = frozenset(tried)
                         endpoint = self._picker.pick(pick, policy.routing, policy.scorers)
                         if endpoint is not None:
-                            record["breaker_panic"] = True
+                            record.breaker_panic = True
                     if endpoint is None:
                         break
                     key = endpoint.endpoint_id
@@ -329,18 +334,18 @@ class Pipeline:
                 if state.count:
                     # A continuation after a mid-stream failure is no retry: the answer is half given.
                     if self._budget is not None and not target.continuation and not self._budget.spend():
-                        record["retry_budget"] = "exhausted"
+                        record.retry_budget_exhausted = True
                         raise state.last_error or Unavailable("The retry budget is spent.", reason="retry_budget")
-                    record["retries"] += 1
+                    record.retries += 1
                 state.count += 1
                 tried.add(key)
                 remaining = deadline - now
                 if remaining <= 0:
                     raise DeadlineExceeded()
-                record["endpoint"] = key
+                record.endpoint = key
                 if model != req.model:
-                    record["model"] = model
-                    record["fallback"] = model
+                    record.model = model
+                    record.fallback = model
                     ctx.headers[FALLBACK_HEADER] = model
                 state.can_continue = provider is None
                 async with aclosing(self._attempt(key, call(target, remaining), now, state, work)) as items:
@@ -348,7 +353,7 @@ class Pipeline:
                         if isinstance(item, Delta):
                             emitted.append(item.text)
                             state.carried_tokens += item.tokens
-                        elif record.get("failovers"):  # usage over the whole answer, not the last leg
+                        elif record.failovers:  # usage over the whole answer, not the last leg
                             before = state.carried_before_leg
                             item = Finish(item.reason, Usage(max(0, item.usage.prompt_tokens - before),
                                                              item.usage.completion_tokens + before))
@@ -357,8 +362,8 @@ class Pipeline:
                     return
                 if state.mid_stream is not None:
                     # Continue on another engine from the prompt plus what the client already has.
-                    record["failovers"] = record.get("failovers", 0) + 1
-                    ctx.headers[FAILOVER_HEADER] = str(record["failovers"])
+                    record.failovers += 1
+                    ctx.headers[FAILOVER_HEADER] = str(record.failovers)
                     state.carried_before_leg = state.carried_tokens
                     left = None if req.sampling.max_tokens is None else req.sampling.max_tokens - state.carried_tokens
                     if left is not None and left <= 0:  # it died between its last token and its finish
@@ -423,10 +428,10 @@ class Pipeline:
             self._breakers.record(endpoint, ok, ttft_s, self._clock())
 
     @staticmethod
-    def _count(record: dict, finish: Finish) -> None:
-        record["prompt_tokens"] = finish.usage.prompt_tokens
-        record["completion_tokens"] = finish.usage.completion_tokens
-        record["finish_reason"] = finish.reason.value
+    def _count(record: RequestRecord, finish: Finish) -> None:
+        record.prompt_tokens = finish.usage.prompt_tokens
+        record.completion_tokens = finish.usage.completion_tokens
+        record.finish_reason = finish.reason.value
 
     async def drain(self) -> None:
         await self._background.drain()
@@ -453,13 +458,13 @@ def request_attributes(req: CompletionRequest) -> dict:
     return attrs
 
 
-def end_span(span: Span, record: dict) -> None:
-    span.set_attribute("gen_ai.response.model", record["model"])
-    span.set_attribute("gen_ai.usage.input_tokens", record["prompt_tokens"])
-    span.set_attribute("gen_ai.usage.output_tokens", record["completion_tokens"])
-    if "finish_reason" in record:
-        span.set_attribute("gen_ai.response.finish_reasons", [record["finish_reason"]])
-    if record["endpoint"]:
-        span.set_attribute("llmesh.endpoint", record["endpoint"])
-    span.set_attribute("llmesh.cache", record["cache"])
+def end_span(span: Span, record: RequestRecord) -> None:
+    span.set_attribute("gen_ai.response.model", record.model)
+    span.set_attribute("gen_ai.usage.input_tokens", record.prompt_tokens)
+    span.set_attribute("gen_ai.usage.output_tokens", record.completion_tokens)
+    if record.finish_reason is not None:
+        span.set_attribute("gen_ai.response.finish_reasons", [record.finish_reason])
+    if record.endpoint:
+        span.set_attribute("llmesh.endpoint", record.endpoint)
+    span.set_attribute("llmesh.cache", record.cache)
     span.end()
