@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 
 
 class ErrorCode(enum.Enum):
@@ -65,6 +66,17 @@ class Overloaded(LlmeshError):
 
     def __init__(self, message: str = "The engine's queue is full; retry later.", *, reason: str = "overloaded"):
         super().__init__(message, reason=reason)
+
+
+class QueueFull(Overloaded):
+    """Every engine that could serve a request refused it because its queue was full.
+    The client should come back: ``headers`` carry the hint (Retry-After)."""
+
+    def __init__(self, model: str, retry_after_s: float):
+        ms = max(1, round(retry_after_s * 1000))
+        LlmeshError.__init__(
+            self, f"Every engine serving the model '{model}' is busy with a full queue; retry in {ms / 1000:g} s.",
+            reason="queue_full", headers={"retry-after": str(math.ceil(ms / 1000)), "retry-after-ms": str(ms)})
 
 
 class Unavailable(LlmeshError):

@@ -25,7 +25,7 @@ from opentelemetry.trace import INVALID_SPAN, NoOpTracer, Span, SpanKind, Status
 
 from llmesh.background import Background
 from llmesh.errors import (DeadlineExceeded, Internal, InvalidArgument, LlmeshError, ModelNotFound, Overloaded,
-                           Unavailable)
+                           QueueFull, Unavailable)
 from llmesh.liveconfig.schema import MeshConfig, ModelPolicy, Provider
 from llmesh.telemetry import bind_trace_id, extract
 from llmesh.types import Delta, Finish, FinishReason, Priority, Prompt, Sampling, Usage
@@ -51,6 +51,7 @@ class _Attempts:
     mid_stream: LlmeshError | None = None  # the upstream died after tokens were sent
     carried_tokens: int = 0  # tokens sent so far
     carried_before_leg: int = 0  # tokens sent before the last failover
+    busy: bool = False  # an upstream refused it for a full queue
 
 
 FALLBACK_HEADER = "x-llmesh-fallback"  # the model that answered, when it was a fallback
@@ -179,7 +180,8 @@ class Pipeline:
                  prompt_tokens: Callable[[str, Prompt], Sequence[int]] = lambda model, prompt: (),
                  breakers: Breakers | None = None,
                  budget: RetryBudgetGate | None = None,
-                 providers: ProviderPort | None = None):
+                 providers: ProviderPort | None = None,
+                 retry_after_s: float = 1.0):
         self._picker = picker
         self._prompt_tokens = prompt_tokens
         self._engines = engines
@@ -193,6 +195,7 @@ class Pipeline:
         self._budget = budget
         self._providers = providers
         self._config = config
+        self._retry_after_s = retry_after_s  # the hint a client gets when every queue is full
 
     async def run(self, req: CompletionRequest, ctx: Context | None = None) -> AsyncIterator[Delta | Finish]:
         """Yields text deltas then one Finish; raises a LlmeshError on failure.
@@ -335,7 +338,8 @@ class Pipeline:
                     # A continuation after a mid-stream failure is no retry: the answer is half given.
                     if self._budget is not None and not target.continuation and not self._budget.spend():
                         record.retry_budget_exhausted = True
-                        raise state.last_error or Unavailable("The retry budget is spent.", reason="retry_budget")
+                        raise self._refusal(state, req.model) or Unavailable("The retry budget is spent.",
+                                                                             reason="retry_budget")
                     record.retries += 1
                 state.count += 1
                 tried.add(key)
@@ -376,8 +380,8 @@ class Pipeline:
                     break
         if state.mid_stream is not None:
             raise state.mid_stream
-        if state.last_error is not None:
-            raise state.last_error
+        if (refusal := self._refusal(state, req.model)) is not None:
+            raise refusal
         raise Unavailable(f"No healthy endpoint serves the model '{req.model}' right now.",
                           reason="no_healthy_endpoint")
 
@@ -419,9 +423,17 @@ class Pipeline:
                 raise
             if isinstance(exc, Unavailable):
                 self._picker.mark_down(key, self._clock())
+            else:
+                state.busy = True
             state.last_error = exc
         finally:
             self._picker.release(key, work)
+
+    def _refusal(self, state: _Attempts, model: str) -> LlmeshError | None:
+        """What a request that no upstream took fails with. When any refused it for a full
+        queue, capacity is there but busy: the client is told to come back (429 with
+        Retry-After), not handed the last engine's refusal or a 503."""
+        return QueueFull(model, self._retry_after_s) if state.busy else state.last_error
 
     def _outcome(self, endpoint: str, ok: bool, ttft_s: float | None) -> None:
         if self._breakers is not None:
