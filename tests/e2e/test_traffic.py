@@ -19,6 +19,7 @@ import aiohttp
 import grpc
 import httpx
 import pytest
+from google.rpc import error_details_pb2, status_pb2
 
 from llmesh.testing import Mesh, Service, children_of, free_layout, wait_until
 from llmesh.v1 import common_pb2, engine_pb2, engine_pb2_grpc, gateway_pb2, gateway_pb2_grpc, scheduler_pb2, \
@@ -189,6 +190,9 @@ def test_every_queue_full_is_429_with_retry_after(traffic_mesh):
                 trailer = dict(info.value.trailing_metadata())
                 assert trailer["llmesh-error-reason"] == "queue_full"
                 assert trailer["retry-after"] == str(RETRY_AFTER_S)
+                status = status_pb2.Status.FromString(trailer["grpc-status-details-bin"])  # gRPC's rich error model
+                hint = error_details_pb2.RetryInfo()
+                assert status.details[0].Unpack(hint) and hint.retry_delay.seconds == RETRY_AFTER_S
                 assert rate_limited() == before  # not counted as a tenant's rate limit
             finally:
                 done = await asyncio.gather(*held, return_exceptions=True)
