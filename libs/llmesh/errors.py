@@ -75,7 +75,7 @@ class QueueFull(Overloaded):
     def __init__(self, model: str, retry_after_s: float):
         ms = max(1, round(retry_after_s * 1000))
         LlmeshError.__init__(
-            self, f"Every engine serving the model '{model}' is busy with a full queue; retry in {ms / 1000:g} s.",
+            self, f"Every upstream serving the model '{model}' is at capacity (full queues); retry in {ms / 1000:g} s.",
             reason="queue_full", headers={"retry-after": str(math.ceil(ms / 1000)), "retry-after-ms": str(ms)})
 
 

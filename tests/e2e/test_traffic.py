@@ -166,7 +166,8 @@ def test_every_queue_full_is_429_with_retry_after(traffic_mesh):
             # Two running and two queued fill both engines (the gateway retries a full one on the other).
             held = [asyncio.create_task(http.post("/v1/chat/completions", json=body)) for _ in range(4)]
             try:
-                full = lambda: all((x := engine_load(a)).running == 1 and x.waiting == 1 for a in addresses)  # noqa: E731
+                def full() -> bool:
+                    return all((x := engine_load(a)).running == 1 and x.waiting == 1 for a in addresses)
                 for _ in range(100):
                     if full():
                         break
@@ -180,7 +181,7 @@ def test_every_queue_full_is_429_with_retry_after(traffic_mesh):
                     assert resp.headers["retry-after-ms"] == str(RETRY_AFTER_S * 1000)
                     error = resp.json()["error"]
                     assert error["code"] == "queue_full" and error["type"] == "rate_limit_error"
-                    assert "sim-busy" in error["message"]
+                    assert "sim-busy" in error["message"] and "capacity" in error["message"]
                 with grpc.insecure_channel(lay.address("gateway")) as ch:
                     call = gateway_pb2_grpc.GatewayStub(ch).Chat(gateway_pb2.ChatRequest(
                         model="sim-busy", messages=[common_pb2.ChatMessage(role="user", content="fill")]), timeout=10)
