@@ -40,8 +40,9 @@ class RequestRecord:
         out = {name: getattr(self, name) for name in _ALWAYS}
         for name in _WHEN_SET:
             value = getattr(self, name)
-            if value is not None and value is not False and value != 0:
-                out[name] = value
+            if value is None or value is False or (type(value) is int and value == 0):  # did not happen
+                continue
+            out[name] = value
         return out
 
 

@@ -23,3 +23,4 @@ def test_what_happened_is_logged_and_nothing_else():
         "reason": "queue_full", "failovers": 1, "breaker_panic": True, "retry_budget_exhausted": True,
         "pii": {"email": 1}, "caller": "key1", "finish_reason": "length", "cost_usd": 0.25}
     assert not {"fallback", "limits", "injection_score", "injection_rules", "policy"} & fields.keys()
+    assert RequestRecord(model="m", tenant="t", cost_usd=0.0).log_fields()["cost_usd"] == 0.0  # a value, not absent
