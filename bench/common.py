@@ -1,4 +1,5 @@
-"""Shared bench plumbing: percentiles, per-process CPU time, concurrent drivers."""
+"""Shared bench plumbing: percentiles, per-process CPU time, concurrent drivers, a
+streamed OpenAI call."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+import httpx
+import orjson
 
 from llmesh.testing import children_of
 
@@ -74,3 +78,23 @@ async def drive(one: Callable[[int], Awaitable[Sample]], concurrency: int, reque
         "tokens_per_s": round(tokens / wall, 1),
         "per_stream_tokens_per_s": round(statistics.fmean(s.tokens / s.total_s for s in samples), 1) if samples else None,
     }
+
+
+async def sse_call(client: httpx.AsyncClient, url: str, body: dict) -> Sample:
+    """One streamed (SSE) chat completion: time to the first content, total time, and
+    the completion tokens of the usage chunk, or the number of chunks without one."""
+    start = time.perf_counter()
+    ttft, chunks, tokens = None, 0, None
+    async with client.stream("POST", url, json=body) as resp:
+        resp.raise_for_status()
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = orjson.loads(line[6:])
+            if ttft is None and chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+                ttft = time.perf_counter() - start
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+            chunks += 1
+    total = time.perf_counter() - start
+    return Sample(total if ttft is None else ttft, total, chunks if tokens is None else tokens)

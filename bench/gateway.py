@@ -17,12 +17,11 @@ import time
 from pathlib import Path
 
 import httpx
-import orjson
 
 from llmesh.rpc.channels import insecure_channel
 from llmesh.testing import Mesh, free_layout
 from llmesh.v1 import common_pb2, engine_pb2, engine_pb2_grpc, gateway_pb2, gateway_pb2_grpc
-from bench.common import Sample, child_pid, cpu_seconds, drive, note
+from bench.common import Sample, child_pid, cpu_seconds, drive, note, sse_call
 
 MODEL = "sim-small"
 PROMPT = "Summarise the plot of a long novel in a few words please"
@@ -60,19 +59,7 @@ async def gateway_grpc_call(stub, tokens: int) -> Sample:
 async def gateway_http_call(client: httpx.AsyncClient, url: str, tokens: int) -> Sample:
     body = {"model": MODEL, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": tokens,
             "temperature": 0.7, "stream": True, "stream_options": {"include_usage": True}}
-    start = time.perf_counter()
-    ttft, n = None, 0
-    async with client.stream("POST", url, json=body) as resp:
-        resp.raise_for_status()
-        async for line in resp.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = orjson.loads(line[6:])
-            if ttft is None and chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
-                ttft = time.perf_counter() - start
-            if chunk.get("usage"):
-                n = chunk["usage"]["completion_tokens"]
-    return Sample(ttft, time.perf_counter() - start, n)
+    return await sse_call(client, url, body)
 
 
 async def client_floor(channel, http: httpx.AsyncClient, base_url: str, n: int = 200) -> dict:

@@ -20,10 +20,9 @@ import time
 from pathlib import Path
 
 import httpx
-import orjson
 
 from llmesh.testing import Mesh, free_layout, free_ports, port_open, terminate, wait_until
-from bench.common import Sample, child_pid, cpu_seconds, drive, note
+from bench.common import Sample, child_pid, cpu_seconds, drive, note, sse_call
 
 MODEL = "hosted"
 
@@ -37,23 +36,13 @@ def config(base_url: str, resilience: bool) -> str:
 
 async def call(client: httpx.AsyncClient, url: str, stream: bool) -> Sample:
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 64, "stream": stream}
+    if stream:
+        return await sse_call(client, url, body)  # counts chunks: no usage chunk asked for
     start = time.perf_counter()
-    if not stream:
-        resp = await client.post(url, json=body)
-        resp.raise_for_status()
-        total = time.perf_counter() - start
-        return Sample(total, total, resp.json()["usage"]["completion_tokens"])
-    ttft, n = None, 0
-    async with client.stream("POST", url, json=body) as resp:
-        resp.raise_for_status()
-        async for line in resp.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = orjson.loads(line[6:])
-            if ttft is None and chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
-                ttft = time.perf_counter() - start
-            n += 1
-    return Sample(ttft or 0.0, time.perf_counter() - start, n)
+    resp = await client.post(url, json=body)
+    resp.raise_for_status()
+    total = time.perf_counter() - start
+    return Sample(total, total, resp.json()["usage"]["completion_tokens"])
 
 
 async def measure(direct: str, gateway: str, gw_pid: int, requests: int, levels: list[int]) -> dict:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 
 
 class ErrorCode(enum.Enum):
@@ -70,6 +71,17 @@ class Overloaded(LlmeshError):
 class ResourceExhausted(LlmeshError):
     """Not enough of a resource (memory, GPUs) for the operation now; it may fit later."""
     code = ErrorCode.RESOURCE_EXHAUSTED
+
+
+class QueueFull(Overloaded):
+    """Every engine that could serve a request refused it because its queue was full.
+    The client should come back: ``headers`` carry the hint (Retry-After)."""
+
+    def __init__(self, model: str, retry_after_s: float):
+        ms = max(1, round(retry_after_s * 1000))
+        LlmeshError.__init__(
+            self, f"Every upstream serving the model '{model}' is at capacity (full queues); retry in {ms / 1000:g} s.",
+            reason="queue_full", headers={"retry-after": str(math.ceil(ms / 1000)), "retry-after-ms": str(ms)})
 
 
 class Unavailable(LlmeshError):

@@ -98,12 +98,14 @@ class EngineCore:
         tokens = backend.tokenize(prompt)
         if not tokens:
             raise InvalidArgument("The prompt is empty.", param="messages" if prompt.is_chat else "prompt")
+        answered: list[int] = []
         if continuation:
             if CONTINUATION not in getattr(backend, "features", frozenset()):
                 raise InvalidArgument(f"The {backend.name} backend cannot continue an answer.", param="continuation")
-            tokens = tokens + backend.tokenize_continuation(continuation)
+            answered = backend.tokenize_continuation(continuation)
+            tokens = tokens + answered
         params = replace(self._decode_params(backend, len(tokens), sampling, model, priority),
-                         continues=bool(continuation))
+                         continued_tokens=len(answered))
         arrived = time.monotonic()
         key = id(backend)
         self._active[key] = self._active.get(key, 0) + 1

@@ -111,7 +111,8 @@ class GatewayApp:
         self.pipeline = Pipeline(self.picker, self.engines, self.catalog, self.cache, observe=self.metrics.observe,
                                  tracer=tracer, stages=stages, prompt_tokens=prompt_tokens, breakers=breakers,
                                  budget=RetryBudgetGate(lambda: self.config.current.retry_budget),
-                                 providers=self.providers, config=current)
+                                 providers=self.providers, config=current,
+                                 retry_after_s=settings.queue_full_retry_after_s)
         self._draining = False
         self.http = HttpFront(self.pipeline, self.models_for, lambda: not self._draining,
                               settings.request_timeout_s, settings.body_timeout_s)

@@ -19,19 +19,18 @@ class AuditStage:
     async def finish(self, ctx: Context) -> None:
         r, req = ctx.record, ctx.req
         fields = {
-            "request_id": req.request_id, "tenant": r.get("tenant") or "", "model": r["model"],
-            "operation": req.operation, "status": r["status"],
-            "decision": "allowed" if r["status"] in ("ok", "cancelled") or r.get("ttft_ms") is not None
-            else "refused",
-            "prompt_tokens": r["prompt_tokens"], "completion_tokens": r["completion_tokens"],
-            "latency_ms": r.get("duration_ms", 0), "cache": r["cache"], "priority": req.priority.name.lower(),
+            "request_id": req.request_id, "tenant": r.tenant or "", "model": r.model,
+            "operation": req.operation, "status": r.status,
+            "decision": "allowed" if r.status in ("ok", "cancelled") or r.ttft_ms is not None else "refused",
+            "prompt_tokens": r.prompt_tokens, "completion_tokens": r.completion_tokens,
+            "latency_ms": r.duration_ms, "cache": r.cache, "priority": req.priority.name.lower(),
         }
         if req.caller.method != "local":
             fields["key_id" if req.caller.method == "api_key" else "subject"] = req.caller.subject
         if req.caller.groups:
             fields["groups"] = list(req.caller.groups)
-        for name, key in (("reason", "reason"), ("endpoint", "endpoint"), ("cost", "cost_usd"), ("pii", "pii"),
-                          ("injection_score", "injection_score"), ("injection_rules", "injection_rules")):
-            if r.get(key) is not None:
-                fields[name] = r[key]
+        for name, value in (("reason", r.reason), ("endpoint", r.endpoint), ("cost", r.cost_usd), ("pii", r.pii),
+                            ("injection_score", r.injection_score), ("injection_rules", r.injection_rules)):
+            if value is not None:
+                fields[name] = value
         self._log.append("request", fields)

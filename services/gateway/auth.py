@@ -168,8 +168,8 @@ class AuthenticateStage:
     async def admit(self, ctx: Context) -> None:
         caller = await self._auth.authenticate(ctx.req.credential)
         ctx.req = replace(ctx.req, caller=caller, tenant=caller.tenant, credential=None)
-        ctx.record["tenant"] = caller.tenant
-        ctx.record["caller"] = caller.subject
+        ctx.record.tenant = caller.tenant
+        ctx.record.caller = caller.subject
 
     async def finish(self, ctx: Context) -> None:
         pass

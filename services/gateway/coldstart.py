@@ -92,7 +92,7 @@ class ColdStartStage:
                 await asyncio.sleep(self._poll)
         finally:
             self._holds.end(model, token)
-            ctx.record["held_ms"] = round((self._clock() - started) * 1000, 3)
+            ctx.record.held_ms = round((self._clock() - started) * 1000, 3)
 
     async def finish(self, ctx: Context) -> None:
         pass

@@ -22,6 +22,8 @@ class GatewaySettings(ServiceSettings):
     cache_budget_s: float = Field(default=0.02, gt=0, description="longest a cache lookup may take; then it is a miss")
     request_timeout_s: float = Field(default=600.0, gt=0, description="longest a request may take")
     catalog_refresh_s: float = Field(default=10.0, gt=0)
+    queue_full_retry_after_s: float = Field(default=1.0, gt=0, description="Retry-After sent with the 429 when every "
+                                            "engine that could serve a request has a full queue")
     body_timeout_s: float = Field(default=30.0, gt=0, description="a client slower than this to send its request "
                                   "body gets 408 and its connection closed")
 

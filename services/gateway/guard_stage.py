@@ -37,8 +37,8 @@ class GuardStage:
             verdict = (screen.check(prompt.messages) if prompt.messages is not None
                        else screen.check_text(prompt.text or ""))
             if verdict.rules:
-                ctx.record["injection_score"] = round(verdict.score, 3)
-                ctx.record["injection_rules"] = sorted(verdict.rules)
+                ctx.record.injection_score = round(verdict.score, 3)
+                ctx.record.injection_rules = sorted(verdict.rules)
             if verdict.score >= screen.threshold and guards.injection == "block":
                 raise InvalidArgument("The request was refused by the prompt-injection screen.",
                                       reason="prompt_injection", param="messages")
@@ -52,7 +52,7 @@ class GuardStage:
                 prompt = Prompt(text=masked.text)
             placeholders = masked.placeholders
             if masked.counts:
-                ctx.record["pii"] = dict(masked.counts)
+                ctx.record.pii = dict(masked.counts)
                 ctx.req = replace(ctx.req, prompt=prompt)
             if guards.restore and masked.found:
                 found = masked.found

@@ -17,7 +17,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 
 import orjson
-from opentelemetry.trace import INVALID_SPAN
 
 from llmesh.errors import ErrorCode, InvalidArgument, LlmeshError
 from llmesh.logs import request_id_var
@@ -152,7 +151,7 @@ class HttpFront:
                                     user=body.user, trace_headers=headers,
                                     operation="chat" if shape.chat else "text_completion",
                                     credential=bearer(headers))
-            ctxs = [Context(r, {}, INVALID_SPAN) for r in choice_requests(req, n)]
+            ctxs = [Context.of(r) for r in choice_requests(req, n)]
             items = merge([self._pipeline.run(c.req, c) for c in ctxs])
             want_logprobs = sampling.logprobs is not None
             if body.stream:

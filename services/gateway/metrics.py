@@ -5,6 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from llmesh.buckets import LATENCY_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS
+from llmesh.gateway.record import RequestRecord
 
 
 class GatewayMetrics:
@@ -40,31 +41,31 @@ class GatewayMetrics:
         self.picks = Counter("llmesh_endpoint_picks", "Endpoint choices by routing policy.",
                              ("policy", "endpoint"), registry=registry)
 
-    def observe(self, r: dict) -> None:
+    def observe(self, r: RequestRecord) -> None:
         """Called once per request with the pipeline's record of it."""
-        model, tenant = r["model"], r["tenant"]
-        self.requests.labels(model, tenant, r["status"]).inc()
-        self.e2e.labels(model).observe(r["duration_ms"] / 1000)
-        if r["cache"] in ("hit", "miss"):
-            self.cache.labels(r["cache"]).inc()
-        if r["endpoint"]:
-            self.picks.labels(r.get("policy", ""), r["endpoint"]).inc()
-        if r.get("reason") in ("rate_limit_exceeded", "insufficient_quota"):
+        model, tenant = r.model, r.tenant
+        self.requests.labels(model, tenant, r.status).inc()
+        self.e2e.labels(model).observe(r.duration_ms / 1000)
+        if r.cache in ("hit", "miss"):
+            self.cache.labels(r.cache).inc()
+        if r.endpoint:
+            self.picks.labels(r.policy or "", r.endpoint).inc()
+        if r.reason in ("rate_limit_exceeded", "insufficient_quota"):
             self.rate_limited.labels(tenant).inc()
-        if r.get("retries"):
-            self.retries.labels(model).inc(r["retries"])
-        if r.get("failovers"):
-            self.failovers.labels(model).inc(r["failovers"])
-        if r.get("retry_budget") == "exhausted":
+        if r.retries:
+            self.retries.labels(model).inc(r.retries)
+        if r.failovers:
+            self.failovers.labels(model).inc(r.failovers)
+        if r.retry_budget_exhausted:
             self.retry_budget_exhausted.inc()
-        if r.get("fallback") and r["status"] == "ok":
-            self.fallbacks.labels(r["fallback"]).inc()
-        if r["status"] != "ok":
+        if r.fallback and r.status == "ok":
+            self.fallbacks.labels(r.fallback).inc()
+        if r.status != "ok":
             return
-        self.prompt_tokens.labels(model, tenant).inc(r["prompt_tokens"])
-        self.generation_tokens.labels(model, tenant).inc(r["completion_tokens"])
-        if r["ttft_ms"] is not None:
-            self.ttft.labels(model).observe(r["ttft_ms"] / 1000)
-            if r["completion_tokens"] > 1:
+        self.prompt_tokens.labels(model, tenant).inc(r.prompt_tokens)
+        self.generation_tokens.labels(model, tenant).inc(r.completion_tokens)
+        if r.ttft_ms is not None:
+            self.ttft.labels(model).observe(r.ttft_ms / 1000)
+            if r.completion_tokens > 1:
                 self.tpot.labels(model).observe(
-                    (r["duration_ms"] - r["ttft_ms"]) / 1000 / (r["completion_tokens"] - 1))
+                    (r.duration_ms - r.ttft_ms) / 1000 / (r.completion_tokens - 1))

@@ -21,11 +21,11 @@ from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from opentelemetry.trace import NoOpTracer, Span, SpanKind, Status, StatusCode, Tracer
+from opentelemetry.trace import INVALID_SPAN, NoOpTracer, Span, SpanKind, Status, StatusCode, Tracer
 
 from llmesh.background import Background
 from llmesh.errors import (DeadlineExceeded, Internal, InvalidArgument, LlmeshError, ModelNotFound, Overloaded,
-                           Unavailable)
+                           QueueFull, Unavailable)
 from llmesh.liveconfig.schema import MeshConfig, ModelPolicy, Provider
 from llmesh.telemetry import bind_trace_id, extract
 from llmesh.types import Delta, Finish, FinishReason, Priority, Prompt, Sampling, Usage
@@ -33,6 +33,7 @@ from llmesh.validation import check_request
 from llmesh.gateway.logprob_gate import LogprobGate
 from llmesh.gateway.picking import EndpointPicker, PickInput
 from llmesh.gateway.picking.types import work_tokens
+from llmesh.gateway.record import RequestRecord
 from llmesh.gateway.policy import apply_policy, route
 from llmesh.gateway.resilience import Breakers, RetryBudgetGate
 
@@ -50,6 +51,7 @@ class _Attempts:
     mid_stream: LlmeshError | None = None  # the upstream died after tokens were sent
     carried_tokens: int = 0  # tokens sent so far
     carried_before_leg: int = 0  # tokens sent before the last failover
+    busy: bool = False  # an upstream refused it for a full queue
 
 
 FALLBACK_HEADER = "x-llmesh-fallback"  # the model that answered, when it was a fallback
@@ -95,12 +97,17 @@ class Context:
     """One request as the stages see it. ``record`` is the access-log record;
     ``headers`` reach the client (HTTP headers, gRPC trailing metadata)."""
     req: CompletionRequest
-    record: dict
+    record: RequestRecord
     span: Span
     policy: ModelPolicy = ModelPolicy()
     headers: dict[str, str] = field(default_factory=dict)
     filters: list[OutputFilter] = field(default_factory=list)
     notes: dict[str, Any] = field(default_factory=dict)  # a stage's own per-request state
+
+    @classmethod
+    def of(cls, req: CompletionRequest) -> Context:
+        """A blank context to hand to ``Pipeline.run``, which fills it in."""
+        return cls(req, RequestRecord(req.model, req.tenant), INVALID_SPAN)
 
 
 class Stage(Protocol):
@@ -135,7 +142,7 @@ class RouteStage:
         prompt, sampling = apply_policy(req.prompt, req.sampling, policy)
         ctx.req = replace(req, model=target, prompt=prompt, sampling=sampling)
         ctx.policy = policy
-        ctx.record["model"] = target
+        ctx.record.model = target
 
     async def finish(self, ctx: Context) -> None:
         pass
@@ -166,14 +173,15 @@ class Pipeline:
     def __init__(self, picker: EndpointPicker, engines: EngineClient, catalog: Catalog,
                  cache: ResponseCache | None = None,
                  config: Callable[[], MeshConfig] = MeshConfig,
-                 observe: Callable[[dict], None] = lambda record: None,
+                 observe: Callable[[RequestRecord], None] = lambda record: None,
                  tracer: Tracer | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  stages: Sequence[Stage] | None = None,
                  prompt_tokens: Callable[[str, Prompt], Sequence[int]] = lambda model, prompt: (),
                  breakers: Breakers | None = None,
                  budget: RetryBudgetGate | None = None,
-                 providers: ProviderPort | None = None):
+                 providers: ProviderPort | None = None,
+                 retry_after_s: float = 1.0):
         self._picker = picker
         self._prompt_tokens = prompt_tokens
         self._engines = engines
@@ -187,13 +195,13 @@ class Pipeline:
         self._budget = budget
         self._providers = providers
         self._config = config
+        self._retry_after_s = retry_after_s  # the hint a client gets when every queue is full
 
     async def run(self, req: CompletionRequest, ctx: Context | None = None) -> AsyncIterator[Delta | Finish]:
         """Yields text deltas then one Finish; raises a LlmeshError on failure.
         Pass a ``ctx`` to read what the stages said (headers) once the first item came."""
         started = self._clock()
-        record = {"model": req.model, "tenant": req.tenant, "endpoint": None, "cache": "skip",
-                  "status": "ok", "ttft_ms": None, "prompt_tokens": 0, "completion_tokens": 0, "retries": 0}
+        record = RequestRecord(model=req.model, tenant=req.tenant)
         span = self._tracer.start_span(f"{req.operation} {req.model}", context=extract(req.trace_headers),
                                        kind=SpanKind.SERVER if req.trace_headers is not None else SpanKind.INTERNAL,
                                        attributes=request_attributes(req))
@@ -211,23 +219,23 @@ class Pipeline:
             cacheable = self._cache is not None and self._cache.applies(req) and req.sampling.logprobs is None
             if cacheable:
                 hit = await self._cache.lookup(req, span)
-                record["cache"] = "hit" if hit else "miss"
+                record.cache = "hit" if hit else "miss"
                 if hit is not None:
                     text, finish = hit
                     ctx.headers[CACHE_HEADER] = "hit"  # HTTP header, gRPC metadata
-                    record["ttft_ms"] = round((self._clock() - started) * 1000, 3)
+                    record.ttft_ms = round((self._clock() - started) * 1000, 3)
                     self._count(record, finish)
                     yield Delta(text=_filtered(ctx.filters, text, last=True), tokens=finish.usage.completion_tokens)
                     yield finish
                     return
             parts: list[str] = []
-            record["policy"] = ctx.policy.routing
+            record.policy = ctx.policy.routing
             filters = ctx.filters
             gate = LogprobGate() if filters and req.sampling.logprobs is not None else None
             async with aclosing(self._generate(req, started + req.timeout_s, ctx.policy, ctx)) as items:
                 async for item in items:
-                    if record["ttft_ms"] is None:
-                        record["ttft_ms"] = round((self._clock() - started) * 1000, 3)
+                    if record.ttft_ms is None:
+                        record.ttft_ms = round((self._clock() - started) * 1000, 3)
                     if isinstance(item, Delta):
                         if cacheable:
                             parts.append(item.text)
@@ -246,20 +254,20 @@ class Pipeline:
                                 yield Delta(text=tail, tokens=0, logprobs=rest)
                     yield item
         except LlmeshError as exc:
-            record["status"] = exc.code.value
-            record["reason"] = exc.reason
+            record.status = exc.code.value
+            record.reason = exc.reason
             span.set_status(Status(StatusCode.ERROR, exc.message))
             span.set_attribute("error.type", exc.reason or exc.code.value)
             raise
         except (asyncio.CancelledError, GeneratorExit):
-            if "finish_reason" not in record:  # a consumer that stops after the Finish was served in full
-                record["status"] = "cancelled"
+            if record.finish_reason is None:  # a consumer that stops after the Finish was served in full
+                record.status = "cancelled"
             raise
         finally:
-            record["duration_ms"] = round((self._clock() - started) * 1000, 3)
+            record.duration_ms = round((self._clock() - started) * 1000, 3)
             if entered:
                 self._background.spawn(self._finish(entered, ctx))
-            log.info("request", extra=record)
+            log.info("request", extra=record.log_fields())
             self._observe(record)
             end_span(span, record)
 
@@ -321,7 +329,7 @@ class Pipeline:
                         pick.exclude = frozenset(tried)
                         endpoint = self._picker.pick(pick, policy.routing, policy.scorers)
                         if endpoint is not None:
-                            record["breaker_panic"] = True
+                            record.breaker_panic = True
                     if endpoint is None:
                         break
                     key = endpoint.endpoint_id
@@ -330,18 +338,19 @@ class Pipeline:
                 if state.count:
                     # A continuation after a mid-stream failure is no retry: the answer is half given.
                     if self._budget is not None and not target.continuation and not self._budget.spend():
-                        record["retry_budget"] = "exhausted"
-                        raise state.last_error or Unavailable("The retry budget is spent.", reason="retry_budget")
-                    record["retries"] += 1
+                        record.retry_budget_exhausted = True
+                        raise self._refusal(state, req.model) or Unavailable("The retry budget is spent.",
+                                                                             reason="retry_budget")
+                    record.retries += 1
                 state.count += 1
                 tried.add(key)
                 remaining = deadline - now
                 if remaining <= 0:
                     raise DeadlineExceeded()
-                record["endpoint"] = key
+                record.endpoint = key
                 if model != req.model:
-                    record["model"] = model
-                    record["fallback"] = model
+                    record.model = model
+                    record.fallback = model
                     ctx.headers[FALLBACK_HEADER] = model
                 state.can_continue = provider is None
                 async with aclosing(self._attempt(key, call(target, remaining), now, state, work)) as items:
@@ -349,7 +358,7 @@ class Pipeline:
                         if isinstance(item, Delta):
                             emitted.append(item.text)
                             state.carried_tokens += item.tokens
-                        elif record.get("failovers"):  # usage over the whole answer, not the last leg
+                        elif record.failovers:  # usage over the whole answer, not the last leg
                             before = state.carried_before_leg
                             item = Finish(item.reason, Usage(max(0, item.usage.prompt_tokens - before),
                                                              item.usage.completion_tokens + before))
@@ -358,8 +367,8 @@ class Pipeline:
                     return
                 if state.mid_stream is not None:
                     # Continue on another engine from the prompt plus what the client already has.
-                    record["failovers"] = record.get("failovers", 0) + 1
-                    ctx.headers[FAILOVER_HEADER] = str(record["failovers"])
+                    record.failovers += 1
+                    ctx.headers[FAILOVER_HEADER] = str(record.failovers)
                     state.carried_before_leg = state.carried_tokens
                     left = None if req.sampling.max_tokens is None else req.sampling.max_tokens - state.carried_tokens
                     if left is not None and left <= 0:  # it died between its last token and its finish
@@ -372,8 +381,8 @@ class Pipeline:
                     break
         if state.mid_stream is not None:
             raise state.mid_stream
-        if state.last_error is not None:
-            raise state.last_error
+        if (refusal := self._refusal(state, req.model)) is not None:
+            raise refusal
         raise Unavailable(f"No healthy endpoint serves the model '{req.model}' right now.",
                           reason="no_healthy_endpoint")
 
@@ -415,19 +424,27 @@ class Pipeline:
                 raise
             if isinstance(exc, Unavailable):
                 self._picker.mark_down(key, self._clock())
+            else:
+                state.busy = True
             state.last_error = exc
         finally:
             self._picker.release(key, work)
+
+    def _refusal(self, state: _Attempts, model: str) -> LlmeshError | None:
+        """What a request that no upstream took fails with. When any refused it for a full
+        queue, capacity is there but busy: the client is told to come back (429 with
+        Retry-After), not handed the last engine's refusal or a 503."""
+        return QueueFull(model, self._retry_after_s) if state.busy else state.last_error
 
     def _outcome(self, endpoint: str, ok: bool, ttft_s: float | None) -> None:
         if self._breakers is not None:
             self._breakers.record(endpoint, ok, ttft_s, self._clock())
 
     @staticmethod
-    def _count(record: dict, finish: Finish) -> None:
-        record["prompt_tokens"] = finish.usage.prompt_tokens
-        record["completion_tokens"] = finish.usage.completion_tokens
-        record["finish_reason"] = finish.reason.value
+    def _count(record: RequestRecord, finish: Finish) -> None:
+        record.prompt_tokens = finish.usage.prompt_tokens
+        record.completion_tokens = finish.usage.completion_tokens
+        record.finish_reason = finish.reason.value
 
     async def drain(self) -> None:
         await self._background.drain()
@@ -454,13 +471,13 @@ def request_attributes(req: CompletionRequest) -> dict:
     return attrs
 
 
-def end_span(span: Span, record: dict) -> None:
-    span.set_attribute("gen_ai.response.model", record["model"])
-    span.set_attribute("gen_ai.usage.input_tokens", record["prompt_tokens"])
-    span.set_attribute("gen_ai.usage.output_tokens", record["completion_tokens"])
-    if "finish_reason" in record:
-        span.set_attribute("gen_ai.response.finish_reasons", [record["finish_reason"]])
-    if record["endpoint"]:
-        span.set_attribute("llmesh.endpoint", record["endpoint"])
-    span.set_attribute("llmesh.cache", record["cache"])
+def end_span(span: Span, record: RequestRecord) -> None:
+    span.set_attribute("gen_ai.response.model", record.model)
+    span.set_attribute("gen_ai.usage.input_tokens", record.prompt_tokens)
+    span.set_attribute("gen_ai.usage.output_tokens", record.completion_tokens)
+    if record.finish_reason is not None:
+        span.set_attribute("gen_ai.response.finish_reasons", [record.finish_reason])
+    if record.endpoint:
+        span.set_attribute("llmesh.endpoint", record.endpoint)
+    span.set_attribute("llmesh.cache", record.cache)
     span.end()

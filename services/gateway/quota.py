@@ -109,7 +109,7 @@ class LimitStage:
             ask = _with_budget(ask, budget, f"llmesh:budget:{{{req.tenant}}}:{ident}", max(1, int((end - now) * 1000)))
         verdict = await self._limiter.admit(ask, int(now * 1000)) if limited else Verdict(True)
         ctx.notes["limits"] = (ask, verdict)
-        ctx.record["limits"] = verdict.where if limited else "none"
+        ctx.record.limits = verdict.where if limited else "none"
         headers = ratelimit_headers(rl, verdict)
         if not verdict.ok:
             retry_ms = max(verdict.retry_after_ms, 1)
@@ -130,18 +130,18 @@ class LimitStage:
         if not verdict.ok:
             return
         r = ctx.record
-        if r["status"] == "ok":
-            prompt, completion = r["prompt_tokens"], r["completion_tokens"]
-        elif r["ttft_ms"] is not None:  # ended mid-answer: what it reserved is what it is charged
+        if r.status == "ok":
+            prompt, completion = r.prompt_tokens, r.completion_tokens
+        elif r.ttft_ms is not None:  # ended mid-answer: what it reserved is what it is charged
             prompt, completion = 0, ask.tokens
         else:
             await self._limiter.settle(ask, verdict, None)
             return
         cfg = self._config()
-        cost = micro_usd(cfg.prices.get(r["model"]), prompt, completion)
-        r["cost_usd"] = cost / 1e6
+        cost = micro_usd(cfg.prices.get(r.model), prompt, completion)
+        r.cost_usd = cost / 1e6
         day, _ = self._periods("day", self._wall())
-        await self._limiter.settle(ask, verdict, Outcome(r["model"], day, prompt, completion, cost))
+        await self._limiter.settle(ask, verdict, Outcome(r.model, day, prompt, completion, cost))
 
 
 def _with_budget(ask: Ask, budget: Budget, key: str, left_ms: int) -> Ask:

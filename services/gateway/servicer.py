@@ -11,7 +11,6 @@ from llmesh.logs import request_id_var
 from llmesh.rpc.interceptor import REQUEST_ID_KEY
 from llmesh.types import Delta, Prompt
 from llmesh.v1 import gateway_pb2, gateway_pb2_grpc
-from opentelemetry.trace import INVALID_SPAN
 
 from llmesh.gateway.pipeline import FAILOVER_HEADER, CompletionRequest, Context, Pipeline
 
@@ -43,7 +42,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                                 credential=credential(context))
         chat_id = "chatcmpl-" + rid
         first = True
-        ctx = Context(req, {}, INVALID_SPAN)
+        ctx = Context.of(req)
         async with aclosing(self._pipeline.run(req, ctx)) as items:
             async for item in items:
                 if isinstance(item, Delta):

@@ -11,7 +11,7 @@ from contextlib import aclosing
 import jsonschema
 import pytest
 
-from llmesh.errors import InvalidArgument
+from llmesh.errors import Internal, InvalidArgument
 from llmesh.types import Delta, Finish, Message, Prompt, ResponseFormat, Sampling
 from llmesh.engine.admission import Admission
 from llmesh.engine.backends.llamacpp import LlamaCppBackend
@@ -91,6 +91,29 @@ async def test_llamacpp_json_schema_is_always_matched(llama):
     for text, _, finish in answers:
         assert finish.reason.value == "stop", text
         jsonschema.validate(json.loads(text), PERSON)
+
+
+async def test_llamacpp_json_continued_after_a_failover_stays_one_json_value(llama):
+    """A stream that moved engines mid-answer: the new engine's grammar resumes after the
+    half already sent (from the root it would start a second object: '["bl{} ')."""
+    core = core_for(llama)
+    prompt = ask('Output this JSON exactly: {"colors": ["blue", "green"]}')
+    fmt = Sampling(max_tokens=40, temperature=0.0, seed=0, response_format=ResponseFormat("json_object"))
+    half = '{"colors": ["bl'
+    text, finish = [], None
+    async with aclosing(core.generate(MODEL, prompt, fmt, continuation=half)) as items:
+        async for item in items:
+            if isinstance(item, Delta):
+                text.append(item.text)
+            else:
+                finish = item
+    assert finish.reason.value == "stop", text
+    assert isinstance(json.loads(half + "".join(text))["colors"], list)
+    # Text the format could never have produced is refused, not fed to llama.cpp (which would abort).
+    with pytest.raises(Internal, match="does not match the response format"):
+        async with aclosing(core.generate(MODEL, prompt, fmt, continuation="plain words")) as items:
+            async for _ in items:
+                pass
 
 
 async def test_llamacpp_refuses_a_schema_it_cannot_express(llama):

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from llmesh.errors import Overloaded, Unavailable
+from llmesh.errors import QueueFull, Unavailable
 from llmesh.testing import free_ports
 from llmesh.types import Delta, Finish, Message, Prompt, Sampling
 from llmesh.engine.app import EngineApp
@@ -90,17 +90,42 @@ async def test_full_engine_sends_the_request_to_the_next_one(engines):
     picker = EndpointPicker()
     picker.replace_all([tight])
     clients = EngineClients()
-    pipeline = Pipeline(picker, clients, StaticCatalog())  # default policy: 2 attempts
+    pipeline = Pipeline(picker, clients, StaticCatalog(), retry_after_s=1.5)  # default policy: 2 attempts
     try:
         hold = pipeline.run(request())
         await anext(hold)  # tight's only slot is taken
-        with pytest.raises(Overloaded):
-            await collect(pipeline, request())  # nowhere else to go: 429 material
+        with pytest.raises(QueueFull) as info:
+            await collect(pipeline, request())  # nowhere else to go: 429, come back later
+        assert info.value.reason == "queue_full"
+        assert info.value.headers == {"retry-after": "2", "retry-after-ms": "1500"}
         picker.replace_all([tight, roomy])
         picker.acquire("roomy")  # make tight look like the better choice
         picker.acquire("roomy")
         text, _ = await collect(pipeline, request())
         assert text
+        await hold.aclose()
+    finally:
+        await clients.close()
+
+
+async def test_full_queues_with_the_rest_down_is_come_back_later(engines):
+    """A full engine tried first and a dead one last: the request still hears 429 with
+    Retry-After (there is capacity, busy), not the dead one's 503."""
+    tight = await engines("tight", max_running=1, max_waiting=0, sim_decode_ms_per_token=50)
+    dead = Endpoint(endpoint_id="dead", address=f"127.0.0.1:{free_port()}", models=frozenset({MODEL}))
+    picker = EndpointPicker()
+    picker.replace_all([tight])
+    clients = EngineClients()
+    pipeline = Pipeline(picker, clients, StaticCatalog())
+    try:
+        hold = pipeline.run(request())
+        await anext(hold)
+        picker.replace_all([tight, dead])
+        for _ in range(3):
+            picker.acquire("dead")  # the dead one looks busiest: it is tried last
+        with pytest.raises(QueueFull) as info:
+            await collect(pipeline, request())
+        assert info.value.headers["retry-after"] == "1"
         await hold.aclose()
     finally:
         await clients.close()

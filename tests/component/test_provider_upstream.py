@@ -18,7 +18,6 @@ from llmesh.gateway.picking import Endpoint, EndpointPicker
 from llmesh.gateway.pipeline import FALLBACK_HEADER, CompletionRequest, Context, Pipeline
 from llmesh.gateway.providers import ProviderClients
 from llmesh.gateway.upstreams import EngineClients
-from opentelemetry.trace import INVALID_SPAN
 
 REMOTE = "smol-remote"
 
@@ -63,7 +62,7 @@ def pipeline_for(base_url: str, key_file=None) -> tuple[Pipeline, EndpointPicker
 
 
 async def run(pipeline: Pipeline, req: CompletionRequest) -> tuple[list[Delta], Finish, Context]:
-    ctx = Context(req, {}, INVALID_SPAN)
+    ctx = Context.of(req)
     deltas, finish = [], None
     async for item in pipeline.run(req, ctx):
         if isinstance(item, Delta):
@@ -84,7 +83,7 @@ async def test_falls_back_to_the_provider_when_every_engine_is_down(openai_serve
         # This server sends no usage in streams: completion tokens are counted from its chunks.
         assert finish.usage.completion_tokens == 8 and finish.reason.value == "length"
         assert ctx.headers[FALLBACK_HEADER] == "hosted"
-        assert records[-1]["endpoint"] == "provider:local" and records[-1]["fallback"] == "hosted"
+        assert records[-1].endpoint == "provider:local" and records[-1].fallback == "hosted"
         lps = [t for d in deltas for t in d.logprobs]
         assert lps and all(t.logprob <= 0 for t in lps)
         # The same greedy question asked of the provider directly gives the same text.

@@ -16,7 +16,6 @@ from llmesh.gateway.picking import Endpoint, EndpointPicker
 from llmesh.gateway.pipeline import FALLBACK_HEADER, CompletionRequest, Context, Pipeline
 from llmesh.gateway.resilience import Breakers, BreakerState, RetryBudgetGate
 from llmesh.gateway.upstreams import EngineClients
-from opentelemetry.trace import INVALID_SPAN
 from tests.component.test_pipeline_retry import collect, free_port
 
 
@@ -68,15 +67,15 @@ async def test_breaker_trips_on_a_failing_engine_and_recovers_half_open(engines)
     try:
         for _ in range(3):
             text, _ = await collect(pipeline, request("sim-b"))
-            assert text and records[-1]["retries"] == 1 and records[-1]["endpoint"] == "b"  # a tried first
+            assert text and records[-1].retries == 1 and records[-1].endpoint == "b"  # a tried first
         assert moves == [("a", BreakerState.OPEN)]
         text, _ = await collect(pipeline, request("sim-b"))  # open: a is not even tried
-        assert text and records[-1]["retries"] == 0 and records[-1]["endpoint"] == "b"
+        assert text and records[-1].retries == 0 and records[-1].endpoint == "b"
         # a comes back (restarted elsewhere, as a pod gets a new address), same endpoint id.
         picker.replace_all([await engines("a", "sim-b"), live])
         clock[0] = 5.0
         text, _ = await collect(pipeline, request("sim-b"))  # the half-open probe goes to a
-        assert text and records[-1]["endpoint"] == "a" and records[-1]["retries"] == 0
+        assert text and records[-1].endpoint == "a" and records[-1].retries == 0
         assert moves == [("a", BreakerState.OPEN), ("a", BreakerState.HALF_OPEN), ("a", BreakerState.CLOSED)]
     finally:
         await clients.close()
@@ -92,7 +91,7 @@ async def test_an_open_breaker_does_not_refuse_the_last_option():
     try:
         with pytest.raises(Unavailable) as info:
             await collect(pipeline, request("sim-p"))
-        assert info.value.reason != "no_healthy_endpoint" and records[-1]["breaker_panic"] is True
+        assert info.value.reason != "no_healthy_endpoint" and records[-1].breaker_panic is True
     finally:
         await clients.close()
 
@@ -111,11 +110,11 @@ async def test_retry_budget_holds_under_a_failing_fleet():
         for _ in range(50):
             with pytest.raises(Unavailable):
                 await collect(pipeline, request("sim-r"))
-        retries = sum(r["retries"] for r in records)
+        retries = sum(r.retries for r in records)
         # Unbudgeted, each request would try all three engines: 100 retries on 50 requests.
         assert retries <= 0.2 * 50 + 2
         assert retries >= 0.2 * 50 - 1
-        assert sum(r.get("retry_budget") == "exhausted" for r in records) >= 35
+        assert sum(r.retry_budget_exhausted for r in records) >= 35
     finally:
         await clients.close()
 
@@ -129,14 +128,14 @@ async def test_fallback_chain_when_every_engine_of_the_model_is_down(engines):
     records = []
     pipeline = Pipeline(picker, clients, Catalog(), config=lambda: config, observe=records.append)
     try:
-        ctx = Context(request("sim-main"), {}, INVALID_SPAN)
+        ctx = Context.of(request("sim-main"))
         text, finish = "", None
         async for item in pipeline.run(ctx.req, ctx):
             text += getattr(item, "text", "")
         assert text
         assert ctx.headers[FALLBACK_HEADER] == "sim-backup"
-        assert records[-1]["fallback"] == "sim-backup" and records[-1]["model"] == "sim-backup"
-        assert records[-1]["endpoint"] == "backup"
+        assert records[-1].fallback == "sim-backup" and records[-1].model == "sim-backup"
+        assert records[-1].endpoint == "backup"
     finally:
         await clients.close()
 
@@ -152,9 +151,9 @@ async def test_context_window_fallback_to_a_larger_model(engines):
     pipeline = Pipeline(picker, clients, Catalog(), config=lambda: config, observe=records.append)
     try:
         text, _ = await collect(pipeline, request("sim-small-ctx"))  # short: the small model answers
-        assert text and records[-1]["model"] == "sim-small-ctx" and "fallback" not in records[-1]
+        assert text and records[-1].model == "sim-small-ctx" and records[-1].fallback is None
         long = " ".join(["word"] * 100)
         text, _ = await collect(pipeline, request("sim-small-ctx", long))
-        assert text and records[-1]["fallback"] == "sim-large-ctx" and records[-1]["endpoint"] == "large"
+        assert text and records[-1].fallback == "sim-large-ctx" and records[-1].endpoint == "large"
     finally:
         await clients.close()

@@ -6,7 +6,6 @@ engines served in-process over gRPC; the killed one is stopped for real."""
 from __future__ import annotations
 
 import pytest
-from opentelemetry.trace import INVALID_SPAN
 
 from llmesh.errors import Unavailable
 from llmesh.liveconfig.schema import MeshConfig, ModelPolicy
@@ -57,14 +56,14 @@ async def test_killing_the_engine_mid_stream_leaves_the_stream_whole(engines):
     clients, records = EngineClients(), []
     pipeline = Pipeline(picker, clients, Catalog(), config=lambda: MeshConfig(default=ModelPolicy(max_attempts=2)),
                         observe=records.append)
-    ctx = Context(request(20), {}, INVALID_SPAN)
+    ctx = Context.of(request(20))
     deltas, finishes, killed = [], [], None
     try:
         async for item in pipeline.run(ctx.req, ctx):
             if isinstance(item, Delta):
                 deltas.append(item)
                 if len(deltas) == 5:
-                    killed = ctx.record["endpoint"]
+                    killed = ctx.record.endpoint
                     await engines.apps[killed].stop(0)  # the engine dies with the answer a quarter done
             else:
                 finishes.append(item)
@@ -76,8 +75,8 @@ async def test_killing_the_engine_mid_stream_leaves_the_stream_whole(engines):
     assert len(finishes) == 1 and finishes[0].usage.completion_tokens == 20
     assert finishes[0].reason.value == "length"
     assert ctx.headers[FAILOVER_HEADER] == "1"
-    assert records[-1]["failovers"] == 1 and records[-1]["status"] == "ok"
-    assert records[-1]["endpoint"] != killed
+    assert records[-1].failovers == 1 and records[-1].status == "ok"
+    assert records[-1].endpoint != killed
 
 
 async def test_without_another_engine_the_stream_ends_with_the_error(engines):

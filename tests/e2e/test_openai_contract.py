@@ -76,6 +76,27 @@ def test_json_object_is_valid_json_every_time(client):
             assert isinstance(json.loads(text), dict)
 
 
+def test_json_object_cut_by_max_tokens_says_length(client):
+    """OpenAI's contract: JSON mode does not stretch max_tokens. An answer it cuts is
+    incomplete JSON, and finish_reason "length" says so (streamed too), so a client
+    knows not to parse it; the tokens it was given were all used."""
+    ask = dict(model=SMOL, temperature=0.0, seed=0, max_tokens=5, response_format={"type": "json_object"},
+               messages=[{"role": "user", "content": 'Output this JSON exactly: {"colors": ["blue", "green"]}'}])
+    resp = client.chat.completions.create(**ask)
+    text = resp.choices[0].message.content
+    assert resp.choices[0].finish_reason == "length" and resp.usage.completion_tokens == 5, (text, resp)
+    assert text.startswith("{")
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(text)
+    chunks = list(client.chat.completions.create(**ask, stream=True, stream_options={"include_usage": True}))
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
+    assert chunks[-1].usage.completion_tokens == 5
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed.startswith("{")
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(streamed)
+
+
 def test_json_schema_is_matched_every_time(client):
     def ask(seed):
         return client.chat.completions.create(

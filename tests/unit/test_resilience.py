@@ -1,5 +1,7 @@
 """Circuit breakers and the retry budget as pure state machines (clock passed in)."""
 
+from dataclasses import replace
+
 from llmesh.liveconfig.schema import CircuitBreaker, RetryBudget
 from llmesh.gateway.resilience import Breakers, BreakerState, RetryBudgetGate
 
@@ -96,15 +98,16 @@ def test_retry_budget_pays_a_burst_from_what_the_window_saved_then_forgets():
 def test_metrics_follow_breakers_fallbacks_and_the_budget():
     from prometheus_client import CollectorRegistry
     from llmesh.gateway.metrics import GatewayMetrics
+    from llmesh.gateway.record import RequestRecord
     registry = CollectorRegistry()
     m = GatewayMetrics(registry)
     b = Breakers(lambda: CircuitBreaker(failure_threshold=1),
                  on_state=lambda e, s: m.breaker.labels(e).set(int(s)))
     b.record("e1", False, None, 0.0)
     assert registry.get_sample_value("llmesh_circuit_breaker_state", {"endpoint": "e1"}) == 1
-    base = {"model": "b", "tenant": "t", "status": "ok", "duration_ms": 5.0, "cache": "skip", "endpoint": "e2",
-            "ttft_ms": 1.0, "prompt_tokens": 1, "completion_tokens": 1, "retries": 1}
-    m.observe(dict(base, fallback="b"))
-    m.observe(dict(base, status="unavailable", retry_budget="exhausted"))
+    base = RequestRecord(model="b", tenant="t", duration_ms=5.0, endpoint="e2", ttft_ms=1.0, prompt_tokens=1,
+                         completion_tokens=1, retries=1)
+    m.observe(replace(base, fallback="b"))
+    m.observe(replace(base, status="unavailable", retry_budget_exhausted=True))
     assert registry.get_sample_value("llmesh_fallbacks_total", {"model": "b"}) == 1
     assert registry.get_sample_value("llmesh_retry_budget_exhausted_total") == 1

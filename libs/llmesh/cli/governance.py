@@ -162,9 +162,12 @@ def _print_usage(rows: list[dict], as_csv: bool) -> int:
 
 
 def add_parsers(sub) -> None:
-    def store_args(p: argparse.ArgumentParser) -> None:
+    def redis_arg(p: argparse.ArgumentParser) -> None:
         p.add_argument("--redis-url", default=os.environ.get("LLMESH_REDIS_URL"),
                        help="the gateways' Redis (default: LLMESH_REDIS_URL)")
+
+    def store_args(p: argparse.ArgumentParser) -> None:
+        redis_arg(p)
         p.add_argument("--keys-file", type=Path,
                        default=Path(os.environ.get("LLMESH_GATEWAY_KEYS_FILE", "var/state/keys.json")),
                        help="the key file of a gateway without Redis")
@@ -195,5 +198,5 @@ def add_parsers(sub) -> None:
     usage.add_argument("--csv", action="store_true")
     usage.add_argument("--audit-file", type=Path, action="append",
                        help="without Redis: the gateways' audit logs to sum (default <state_dir>/audit.jsonl)")
-    store_args(usage)
+    redis_arg(usage)
     usage.set_defaults(func=lambda a: asyncio.run(usage_main(a)), audit_default=state / "audit.jsonl")

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import grpc
+from google.protobuf.any_pb2 import Any
+from google.protobuf.duration_pb2 import Duration
+from google.rpc import error_details_pb2, status_pb2
 
 from llmesh.errors import ErrorCode, LlmeshError, error_for
 
@@ -22,6 +25,8 @@ _FROM_GRPC = {v: k for k, v in _TO_GRPC.items()}
 
 REASON_KEY = "llmesh-error-reason"
 PARAM_KEY = "llmesh-error-param"
+RETRY_MS_KEY = "retry-after-ms"  # an error's hint for when to come back (429s)
+DETAILS_KEY = "grpc-status-details-bin"  # google.rpc.Status, as gRPC's rich error model carries it
 
 
 def grpc_code(err: LlmeshError) -> grpc.StatusCode:
@@ -35,7 +40,18 @@ def trailing_metadata(err: LlmeshError) -> tuple[tuple[str, str], ...]:
     if err.param:
         md.append((PARAM_KEY, err.param))
     md.extend(err.headers.items())
+    if RETRY_MS_KEY in err.headers:
+        md.append((DETAILS_KEY, _retry_details(err, int(err.headers[RETRY_MS_KEY]))))
     return tuple(md)
+
+
+def _retry_details(err: LlmeshError, retry_ms: int) -> bytes:
+    """The retry hint as google.rpc.RetryInfo, which gRPC clients that know the rich
+    error model read without knowing our metadata keys."""
+    delay = Duration(seconds=retry_ms // 1000, nanos=retry_ms % 1000 * 1_000_000)
+    detail = Any()
+    detail.Pack(error_details_pb2.RetryInfo(retry_delay=delay))
+    return status_pb2.Status(code=grpc_code(err).value[0], message=err.message, details=[detail]).SerializeToString()
 
 
 def from_rpc_error(exc: grpc.aio.AioRpcError) -> LlmeshError:

@@ -29,7 +29,11 @@ class DecodeParams:
     priority: Priority = Priority.NORMAL  # a backend that queues internally serves higher classes first
     logprobs: int | None = None  # set: report log probabilities with this many alternatives
     response_format: ResponseFormat | None = None  # set: constrain decoding to this shape
-    continues: bool = False  # the prompt ends with answer text produced elsewhere
+    continued_tokens: int = 0  # the prompt's last N tokens are answer text produced elsewhere
+
+    @property
+    def continues(self) -> bool:
+        return self.continued_tokens > 0
 
 
 # What a backend may support beyond plain sampling; it names them in ``features``

@@ -105,7 +105,8 @@ class LlamaCppBackend:
         self._loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         grammar = grammar_for(params.response_format) if params.response_format is not None else None
-        seq = Sequence(prompt=list(tokens), params=params, sink=queue, grammar=grammar)
+        answered = list(tokens[len(tokens) - params.continued_tokens:]) if params.continued_tokens else []
+        seq = Sequence(prompt=list(tokens), params=params, sink=queue, grammar=grammar, answered=answered)
         self._runner.submit(seq)
         done = False
         try:

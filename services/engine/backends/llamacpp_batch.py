@@ -64,6 +64,7 @@ class Sequence:
     params: DecodeParams
     sink: object
     grammar: str | None = None  # GBNF the answer must match, root rule "root"
+    answered: list[int] = field(default_factory=list)  # the answer's start, produced elsewhere (a failover)
     cancelled: bool = False
     slot: _Slot | None = None
     pending: list[int] = field(default_factory=list)  # tokens to feed at the next steps
@@ -245,9 +246,9 @@ class BatchRunner:
         self.prefix_queries += len(prompt)
         self.prefix_hits += keep
         seq.pending = prompt[keep:]
-        seq.sampler = self._sampler(seq.params, seq.grammar)
+        seq.sampler = self._sampler(seq.params, seq.grammar, seq.answered)
 
-    def _sampler(self, p: DecodeParams, grammar: str | None):
+    def _sampler(self, p: DecodeParams, grammar: str | None, answered: list[int] | None = None):
         lc = self._lc
         chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
         if grammar is not None:
@@ -256,6 +257,13 @@ class BatchRunner:
                 lc.llama_sampler_free(chain)
                 raise ValueError("llama.cpp could not parse the grammar")
             lc.llama_sampler_chain_add(chain, constrain)
+            # An answer begun on another engine: the grammar resumes where that one's stopped
+            # (from the root it would start a second JSON value after the first half).
+            for tok in answered or ():
+                if not self._allows(constrain, tok):  # accepting it would abort the process
+                    lc.llama_sampler_free(chain)
+                    raise ValueError("the answer so far does not match the response format")
+                lc.llama_sampler_accept(constrain, tok)
         if p.temperature <= 0:
             lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_greedy())
         else:
@@ -266,6 +274,13 @@ class BatchRunner:
             seed = p.seed % 2**32 if p.seed is not None else random.getrandbits(32)
             lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_dist(seed))
         return chain
+
+    def _allows(self, grammar, tok: int) -> bool:
+        """Whether ``grammar`` lets ``tok`` come next (it masks what it refuses to -inf)."""
+        lc = self._lc
+        data = (lc.llama_token_data * 1)(lc.llama_token_data(tok, 0.0, 0.0))
+        lc.llama_sampler_apply(grammar, ctypes.byref(lc.llama_token_data_array(data, 1, -1, False)))
+        return data[0].logit != float("-inf")
 
     def _step(self, out: list) -> None:
         for seq in [s for s in self._active if s.cancelled]:
