@@ -4,7 +4,8 @@ conversations), shares prefixes only when asked, and a short run reports every f
 import argparse
 import asyncio
 
-from bench.routing import Workload, run_one
+from bench.routing import Workload, find_saturation, run_sim
+from bench.virtual_time import VirtualTimeLoop
 from llmesh.engine.backends.sim import SimProfile
 
 
@@ -19,10 +20,38 @@ def test_workload_is_seeded_and_sharing_is_a_switch():
 
 def test_a_short_run_reports_every_figure():
     args = argparse.Namespace(engines=2, report_s=0.1, seed=1, max_tokens=4, think_s=0.05, duration_s=0.6)
-    r = asyncio.run(run_one(args, Workload(1, 2, 1, True), "prefix_aware", 5.0,
-                            SimProfile(prefill_ms_per_token=0.01, decode_ms_base=1, output_tokens=4)))
+    r = run_sim(args, Workload(1, 2, 1, True), "prefix_aware", 5.0,
+                SimProfile(prefill_ms_per_token=0.01, decode_ms_base=1, output_tokens=4))
     assert r["requests"] > 0 and r["ttft_ms_p50"] > 0 and 0 < r["kv_hit_rate"] < 1
-    assert set(r) >= {"ttft_ms_p99", "throughput_req_s", "output_tokens_s", "load_imbalance_max_over_mean"}
+    assert set(r) >= {"ttft_ms_p99", "throughput_req_s", "offered_req_s", "sustained", "output_tokens_s",
+                      "load_imbalance_max_over_mean"}
+
+
+def test_virtual_clock_jumps_to_the_next_timer_and_times_hold():
+    async def main():
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        await asyncio.gather(asyncio.sleep(3600), asyncio.sleep(1800))
+        return loop.time() - t0
+
+    with asyncio.Runner(loop_factory=VirtualTimeLoop) as runner:
+        import time
+        wall = time.monotonic()
+        assert abs(runner.run(main()) - 3600) < 1e-6      # an hour of simulated time...
+        assert time.monotonic() - wall < 5                 # ...in well under its length
+
+
+def test_saturation_is_where_throughput_stops_following_the_offered_rate():
+    # one engine, one slot; a request's first token comes with its (free) prefill, then
+    # 3 decode steps of 12.5 ms: it finishes at most 1 / 37.5 ms = 26.7 requests a second
+    profile = SimProfile(prefill_ms_per_token=0.0, decode_ms_base=12.5, max_batch=1, output_tokens=4)
+    args = argparse.Namespace(engines=1, report_s=0.5, seed=1, max_tokens=4, think_s=0.5, duration_s=40,
+                              start_rate=1.0, bisect=3)
+    wl = Workload(1, 1, 1, False, system_words=5, doc_words=5)
+    sat = find_saturation(args, wl, profile, "least_loaded")
+    assert 22 <= sat["throughput_req_s"] <= 27
+    over = run_sim(args, wl, "least_loaded", sat["rate_conversations_per_s"] * 2, profile)
+    assert not over["sustained"] and over["throughput_req_s"] < over["offered_req_s"]
 
 
 def test_sglang_baseline_follows_its_published_rule():

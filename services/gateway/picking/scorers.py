@@ -57,7 +57,7 @@ class PrefixAware:
         for e in cands:
             s = e.kv_hash
             out.append(0.0 if s is None else
-                       self._kv.matched(e.endpoint_id, req.block_hashes(s)) * s.block_size / n)
+                       self._kv.matched(e.endpoint_id, req.block_hashes(s), req.now) * s.block_size / n)
         return out
 
 

@@ -40,6 +40,10 @@ class PickInput:
             self._tokens = self.tokens()
         return self._tokens
 
+    def hashed(self) -> set[HashScheme]:
+        """The schemes a scorer has hashed the prompt with so far."""
+        return set(self._hashes)
+
     def block_hashes(self, scheme: HashScheme) -> list[int]:
         if scheme not in self._hashes:
             self._hashes[scheme] = scheme.block_hashes(self.prompt_tokens())
