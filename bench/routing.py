@@ -2,7 +2,13 @@
 engines under the same arrivals.
 
 In one process: N real sim engine backends (the engine's own timing model, batching
-and KV block ledger, prefix cache with LRU eviction) and the gateway's real picker.
+and KV block ledger, prefix cache with LRU eviction) and the gateway's real picker,
+on a virtual clock (``bench.virtual_time``): the engines' steps take their simulated
+time however long the CPU takes to run them, so the fleet, not the bench, saturates.
+Without ``--rates`` the bench first searches for saturation (the highest rate at
+which the best baseline's throughput keeps up with arrivals) and runs at ``--loads``
+of it. ``--backend llamacpp`` runs real llama.cpp engines (the real model) instead,
+in real time.
 What the scheduler stream carries reaches the picker as it does in the mesh: every
 ``--report-s`` each engine's load and KV block events (a report's delay included).
 Per-request gRPC hops are left out: they are the same for every policy.
@@ -52,26 +58,32 @@ class Workload:
     """Conversation scripts, fixed by the seed so every policy sees the same ones."""
 
     def __init__(self, seed: int, tenants: int, docs: int, sharing: bool, system_words: int = 300,
-                 doc_words: int = 900):
+                 doc_words: int = 900, question_words: int = 30):
         rng = random.Random(seed)
         self.systems = [words(rng, f"t{t}s", system_words) for t in range(tenants)]
         self.docs = [words(rng, f"d{d}w", doc_words) for d in range(docs)]
         self.system_words = system_words
+        self.question_words = question_words  # a first question; later ones and questions on documents: 2/3
         self.sharing = sharing
         self.seed = seed
+
+    @property
+    def short(self) -> int:
+        return max(self.question_words * 2 // 3, 1)
 
     def conversation(self, n: int) -> list[list[Message]]:
         """The user turns of conversation ``n``: (system, first user message), then follow-ups."""
         rng = random.Random(self.seed * 1_000_003 + n)
         if not self.sharing:
-            return [[Message("system", words(rng, f"u{n}x", self.system_words)), Message("user", words(rng, "q", 30))]]
+            return [[Message("system", words(rng, f"u{n}x", self.system_words)),
+                     Message("user", words(rng, "q", self.question_words))]]
         if rng.random() < 0.3:  # document Q&A: one question over a shared document
             doc = rng.choice(self.docs)
             return [[Message("system", "answer from the document"), Message("user", doc + " question: "
-                                                                             + words(rng, "q", 20))]]
+                                                                             + words(rng, "q", self.short))]]
         system = rng.choice(self.systems)
-        turns = [[Message("system", system), Message("user", words(rng, "q", 30))]]
-        turns += [[Message("user", words(rng, "f", 20))] for _ in range(rng.randrange(1, 4))]
+        turns = [[Message("system", system), Message("user", words(rng, "q", self.question_words))]]
+        turns += [[Message("user", words(rng, "f", self.short))] for _ in range(rng.randrange(1, 4))]
         return turns
 
 
@@ -348,6 +360,7 @@ def main() -> None:
     ap.add_argument("--think-s", type=float, default=1.0)
     ap.add_argument("--system-words", type=int, default=300, help="words in each tenant's system prompt")
     ap.add_argument("--doc-words", type=int, default=900, help="words in each shared document")
+    ap.add_argument("--question-words", type=int, default=30, help="words in a first question (others: 2/3)")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--no-sharing", action="store_true", help="every prompt its own (the no-sharing control)")
     ap.add_argument("--model-dir", type=Path, default=Path("var/models"), help="llamacpp: the model store")
@@ -370,7 +383,8 @@ def main() -> None:
         print(json.dumps({"bench": "routing", "costs": costs}, indent=2))
         return
     workload = Workload(args.seed, tenants=6, docs=4, sharing=not args.no_sharing,
-                        system_words=args.system_words, doc_words=args.doc_words)
+                        system_words=args.system_words, doc_words=args.doc_words,
+                        question_words=args.question_words)
     out = {"bench": "routing", "backend": args.backend, "engines": args.engines, "sharing": not args.no_sharing,
            "report_s": args.report_s, "duration_s": args.duration_s}
     if args.backend == "llamacpp":
