@@ -358,6 +358,8 @@ def main() -> None:
     ap.add_argument("--report-s", type=float, default=0.5, help="engine report interval (the picker's lag)")
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--think-s", type=float, default=1.0)
+    ap.add_argument("--tenants", type=int, default=6, help="tenants, each with its own system prompt")
+    ap.add_argument("--docs", type=int, default=4, help="shared documents")
     ap.add_argument("--system-words", type=int, default=300, help="words in each tenant's system prompt")
     ap.add_argument("--doc-words", type=int, default=900, help="words in each shared document")
     ap.add_argument("--question-words", type=int, default=30, help="words in a first question (others: 2/3)")
@@ -382,7 +384,7 @@ def main() -> None:
     if args.costs_only:
         print(json.dumps({"bench": "routing", "costs": costs}, indent=2))
         return
-    workload = Workload(args.seed, tenants=6, docs=4, sharing=not args.no_sharing,
+    workload = Workload(args.seed, tenants=args.tenants, docs=args.docs, sharing=not args.no_sharing,
                         system_words=args.system_words, doc_words=args.doc_words,
                         question_words=args.question_words)
     out = {"bench": "routing", "backend": args.backend, "engines": args.engines, "sharing": not args.no_sharing,

@@ -64,3 +64,15 @@ def test_sglang_baseline_follows_its_published_rule():
     assert r.choose("y" * 640, {"a": 0, "b": 0}) == other                  # no match: the smaller index
     busy = {first: 10, other: 0}
     assert r.choose(doc + "q3", busy) == other                              # imbalanced: shortest queue
+
+
+def test_prompt_sizes_are_knobs():
+    small = Workload(3, tenants=1, docs=1, sharing=True, system_words=10, doc_words=20, question_words=6)
+    convs = [small.conversation(n) for n in range(20)]
+    for turns in convs:
+        first = turns[0]
+        if first[0].content == "answer from the document":
+            assert len(first[1].content.split()) == 20 + 1 + 4     # the document, "question:", 2/3 of 6
+        else:
+            assert [len(m.content.split()) for m in first] == [10, 6]
+            assert all(len(t[0].content.split()) == 4 for t in turns[1:])
