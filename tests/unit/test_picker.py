@@ -100,6 +100,16 @@ def test_kv_view_counts_expected_blocks_until_they_expire():
     assert kv.matched("gone", H, now=7.0) == 0
 
 
+def test_kv_events_replace_what_was_expected_of_a_block():
+    kv = KvView()
+    kv.expect("a", H, until=100.0)
+    kv.apply("a", False, [], [H[1]])                   # the engine evicted block 2: no longer expected
+    assert kv.matched("a", H, now=1.0) == 1
+    kv.apply("a", False, H[:1], [])                    # stored: held, the expectation is spent
+    kv.apply("a", False, [], H[:1])                    # then evicted: gone, though expected until 100
+    assert kv.matched("a", H, now=2.0) == 0
+
+
 def test_a_follow_up_goes_where_its_prefix_was_just_sent_before_any_report():
     p = EndpointPicker(random.Random(0), expect_for_s=2.0)
     p.replace_all([ep(f"e{i}", max_running=4) for i in range(4)])

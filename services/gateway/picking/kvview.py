@@ -16,7 +16,8 @@ class KvView:
 
     def expect(self, endpoint_id: str, hashes: Sequence[int], until: float) -> None:
         """A request holding ``hashes`` went there: its engine will hold them once it
-        prefills, before its KV events can say so. Counted as held until ``until``."""
+        prefills, before its KV events can say so. Counted as held until the engine's
+        events store or remove them, or ``until`` (a request that never got there)."""
         blocks = self._expected.setdefault(endpoint_id, {})
         for h in hashes:
             blocks[h] = until
@@ -35,11 +36,17 @@ class KvView:
                 del self._expected[eid]
 
     def apply(self, endpoint_id: str, resync: bool, stored: Iterable[int], removed: Iterable[int]) -> None:
+        """An engine's KV events: what it says of a block replaces what we expected of it."""
         if resync:
             self._blocks.pop(endpoint_id, None)
         blocks = self._blocks.setdefault(endpoint_id, set())
-        blocks.difference_update(removed)
-        blocks.update(stored)
+        expected = self._expected.get(endpoint_id, {})
+        for h in removed:
+            blocks.discard(h)
+            expected.pop(h, None)
+        for h in stored:
+            blocks.add(h)
+            expected.pop(h, None)
         if not blocks:
             del self._blocks[endpoint_id]
 

@@ -17,7 +17,7 @@ class EndpointPicker:
     our own in-flight work) and picks one for a request by a routing policy."""
 
     def __init__(self, rng: random.Random | None = None, down_for_s: float = 2.0, filters=FILTERS,
-                 expect_for_s: float = 2.0):
+                 expect_for_s: float = 10.0):
         self._endpoints: dict[str, Endpoint] = {}
         self._seen_models: set[str] = set()
         self.kv = KvView()
