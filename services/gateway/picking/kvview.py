@@ -18,6 +18,10 @@ class KvView:
         """A request holding ``hashes`` went there: its engine will hold them once it
         prefills, before its KV events can say so. Counted as held until the engine's
         events store or remove them, or ``until`` (a request that never got there)."""
+        held = self._blocks.get(endpoint_id, ())
+        hashes = [h for h in hashes if h not in held]  # only what it has yet to store
+        if not hashes:
+            return
         blocks = self._expected.setdefault(endpoint_id, {})
         for h in hashes:
             blocks[h] = until
