@@ -2,7 +2,13 @@
 engines under the same arrivals.
 
 In one process: N real sim engine backends (the engine's own timing model, batching
-and KV block ledger, prefix cache with LRU eviction) and the gateway's real picker.
+and KV block ledger, prefix cache with LRU eviction) and the gateway's real picker,
+on a virtual clock (``bench.virtual_time``): the engines' steps take their simulated
+time however long the CPU takes to run them, so the fleet, not the bench, saturates.
+Without ``--rates`` the bench first searches for saturation (the highest rate at
+which the best baseline's throughput keeps up with arrivals) and runs at ``--loads``
+of it. ``--backend llamacpp`` runs real llama.cpp engines (the real model) instead,
+in real time.
 What the scheduler stream carries reaches the picker as it does in the mesh: every
 ``--report-s`` each engine's load and KV block events (a report's delay included).
 Per-request gRPC hops are left out: they are the same for every policy.
@@ -32,14 +38,15 @@ from pathlib import Path
 
 from llmesh.gateway.picking import Endpoint, EndpointPicker, PickInput
 from llmesh.kvhash import LLMESH_SCHEME, chain_hashes
-from llmesh.prompt_tokens import sim_tokenize
 from llmesh.types import Message, Prompt
 from llmesh.engine.backends.base import DecodeParams
 from llmesh.engine.backends.sim import SimBackend, SimProfile
 from bench.common import note, pct
+from bench.virtual_time import VirtualTimeLoop
 
 MODEL = "sim-bench"
 POLICIES = ("round_robin", "least_loaded", "sglang_approx", "prefix_aware", "prefix_oracle")
+SUSTAINED = 0.98  # a rate is sustained while this share of the requests arriving finish as fast
 CHUNK = 64  # characters per node of the approximate router's per-worker prefix index
 
 
@@ -50,25 +57,33 @@ def words(rng: random.Random, tag: str, n: int) -> str:
 class Workload:
     """Conversation scripts, fixed by the seed so every policy sees the same ones."""
 
-    def __init__(self, seed: int, tenants: int, docs: int, sharing: bool):
+    def __init__(self, seed: int, tenants: int, docs: int, sharing: bool, system_words: int = 300,
+                 doc_words: int = 900, question_words: int = 30):
         rng = random.Random(seed)
-        self.systems = [words(rng, f"t{t}s", 300) for t in range(tenants)]
-        self.docs = [words(rng, f"d{d}w", 900) for d in range(docs)]
+        self.systems = [words(rng, f"t{t}s", system_words) for t in range(tenants)]
+        self.docs = [words(rng, f"d{d}w", doc_words) for d in range(docs)]
+        self.system_words = system_words
+        self.question_words = question_words  # a first question; later ones and questions on documents: 2/3
         self.sharing = sharing
         self.seed = seed
+
+    @property
+    def short(self) -> int:
+        return max(self.question_words * 2 // 3, 1)
 
     def conversation(self, n: int) -> list[list[Message]]:
         """The user turns of conversation ``n``: (system, first user message), then follow-ups."""
         rng = random.Random(self.seed * 1_000_003 + n)
         if not self.sharing:
-            return [[Message("system", words(rng, f"u{n}x", 300)), Message("user", words(rng, "q", 30))]]
+            return [[Message("system", words(rng, f"u{n}x", self.system_words)),
+                     Message("user", words(rng, "q", self.question_words))]]
         if rng.random() < 0.3:  # document Q&A: one question over a shared document
             doc = rng.choice(self.docs)
             return [[Message("system", "answer from the document"), Message("user", doc + " question: "
-                                                                             + words(rng, "q", 20))]]
+                                                                             + words(rng, "q", self.short))]]
         system = rng.choice(self.systems)
-        turns = [[Message("system", system), Message("user", words(rng, "q", 30))]]
-        turns += [[Message("user", words(rng, "f", 20))] for _ in range(rng.randrange(1, 4))]
+        turns = [[Message("system", system), Message("user", words(rng, "q", self.question_words))]]
+        turns += [[Message("user", words(rng, "f", self.short))] for _ in range(rng.randrange(1, 4))]
         return turns
 
 
@@ -113,14 +128,16 @@ class SglangApprox:
 
 
 class Fleet:
-    def __init__(self, n: int, profile: SimProfile, policy: str, report_s: float):
-        self.engines = {f"engine-{i}": SimBackend(MODEL, 1 << 16, profile) for i in range(n)}
+    """The engines, the gateway's picker and what the scheduler stream tells it."""
+
+    def __init__(self, engines: dict, policy: str, report_s: float, max_batch: int):
+        self.engines = engines
         self.inflight = Counter()
         self.served = Counter()
         self.picker = EndpointPicker(random.Random(0))
         self.policy = policy
         self.report_s = report_s
-        self.max_batch = profile.max_batch
+        self.max_batch = max_batch
         self.sglang = SglangApprox(list(self.engines)) if policy == "sglang_approx" else None
         self._report()
 
@@ -128,7 +145,7 @@ class Fleet:
         """What the scheduler stream brings: every engine's load and its KV block changes."""
         self.picker.replace_all(Endpoint(eid, eid, frozenset({MODEL}), running=min(n, self.max_batch),
                                          waiting=max(n - self.max_batch, 0), max_running=self.max_batch,
-                                         kv_hash=LLMESH_SCHEME)
+                                         kv_hash=self.engines[eid].kv_blocks.scheme)
                                 for eid in self.engines for n in (self.inflight[eid],))
         for eid, backend in self.engines.items():
             for ev in backend.kv_blocks.take_events():
@@ -145,13 +162,13 @@ class Fleet:
             self._report()
 
     async def serve(self, messages: list[Message], max_tokens: int) -> tuple[float, str]:
+        loop = asyncio.get_running_loop()
         prompt = Prompt(messages=tuple(messages))
-        tokens = sim_tokenize(prompt)
+        tokens = next(iter(self.engines.values())).tokenize(prompt)  # the gateway's tokenizer is the engines'
         if self.policy == "prefix_oracle":
             self._report()  # the exact cache of every engine, right now
         routing = "prefix_aware" if self.policy == "prefix_oracle" else self.policy
-        pick = PickInput(MODEL, time.monotonic(), work_tokens=len(tokens) + max_tokens,
-                         tokens=lambda: tokens)
+        pick = PickInput(MODEL, loop.time(), work_tokens=len(tokens) + max_tokens, tokens=lambda: tokens)
         if self.sglang is not None:
             text = "".join(f"{m.role}: {m.content}\n" for m in messages)
             eid = self.sglang.choose(text, {e: self.inflight[e] for e in self.engines})
@@ -159,11 +176,11 @@ class Fleet:
             eid = self.picker.pick(pick, routing).endpoint_id
         self.inflight[eid] += 1
         self.picker.acquire(eid, pick.work_tokens)
-        started, ttft, parts = time.perf_counter(), None, []
+        started, ttft, parts = loop.time(), None, []
         try:
             async for piece in self.engines[eid].stream(tokens, DecodeParams(max_tokens, 0.0, 1.0, 0)):
                 if ttft is None:
-                    ttft = time.perf_counter() - started
+                    ttft = loop.time() - started
                 parts.append(piece)
         finally:
             self.inflight[eid] -= 1
@@ -178,16 +195,23 @@ class Fleet:
             q, h = q + queries, h + hits
         return h / q if q else 0.0
 
-    async def close(self) -> None:
-        for backend in self.engines.values():
-            await backend.close()
+
+def sim_engines(n: int, profile: SimProfile) -> dict:
+    return {f"engine-{i}": SimBackend(MODEL, 1 << 16, profile) for i in range(n)}
 
 
-async def run_one(args, workload: Workload, policy: str, rate: float, profile: SimProfile) -> dict:
-    fleet = Fleet(args.engines, profile, policy, args.report_s)
+async def run_one(args, workload: Workload, policy: str, rate: float, engines: dict, max_batch: int) -> dict:
+    """One policy at one rate. Times are the running loop's: real on a real loop, the
+    simulated engines' own on a ``VirtualTimeLoop``. Throughput and ``sustained`` are
+    measured over the second half of the arrival window (the fleet warmed up): the
+    requests finished there per second, and that over the requests that arrived there."""
+    loop = asyncio.get_running_loop()
+    fleet = Fleet(engines, policy, args.report_s, max_batch)
     reporter = asyncio.create_task(fleet.reporter())
     rng = random.Random(args.seed)
     ttfts: list[float] = []
+    arrived: list[float] = []
+    finished: list[float] = []
     tokens = 0
 
     async def conversation(n: int) -> None:
@@ -196,31 +220,73 @@ async def run_one(args, workload: Workload, policy: str, rate: float, profile: S
         think = random.Random(n)
         for turn in workload.conversation(n):
             history += turn
+            arrived.append(loop.time())
             ttft, answer = await fleet.serve(history, args.max_tokens)
+            finished.append(loop.time())
             ttfts.append(ttft)
             tokens += len(answer.split())
             history.append(Message("assistant", answer))
             await asyncio.sleep(think.expovariate(1 / args.think_s))
 
-    started = time.perf_counter()
+    started = loop.time()
     tasks, n, at = [], 0, 0.0
     while True:
         at += rng.expovariate(rate)
         if at > args.duration_s:
             break
-        await asyncio.sleep(max(0.0, started + at - time.perf_counter()))
+        await asyncio.sleep(max(0.0, started + at - loop.time()))
         tasks.append(asyncio.create_task(conversation(n)))
         n += 1
     await asyncio.gather(*tasks)
-    elapsed = time.perf_counter() - started
+    elapsed = loop.time() - started
     reporter.cancel()
-    await fleet.close()
+    for backend in engines.values():
+        await backend.close()
+    lo, hi = started + args.duration_s / 2, started + args.duration_s
+    came = sum(lo <= t < hi for t in arrived)
+    done = sum(lo <= t < hi for t in finished)
     served = [fleet.served[eid] for eid in fleet.engines]
-    return {"policy": policy, "rate_conversations_per_s": rate, "requests": len(ttfts),
+    return {"policy": policy, "rate_conversations_per_s": round(rate, 3), "requests": len(ttfts),
             "ttft_ms_p50": round(pct(ttfts, 50) * 1000, 1), "ttft_ms_p99": round(pct(ttfts, 99) * 1000, 1),
-            "throughput_req_s": round(len(ttfts) / elapsed, 2), "output_tokens_s": round(tokens / elapsed, 1),
+            "throughput_req_s": round(done / (hi - lo), 2), "offered_req_s": round(came / (hi - lo), 2),
+            "sustained": done >= SUSTAINED * came, "output_tokens_s": round(tokens / elapsed, 1),
             "kv_hit_rate": round(fleet.hit_rate(), 3),
             "load_imbalance_max_over_mean": round(max(served) / (sum(served) / len(served)), 2)}
+
+
+def run_sim(args, workload: Workload, policy: str, rate: float, profile: SimProfile) -> dict:
+    """A run of sim engines on a virtual clock: the bench's own CPU never slows the fleet."""
+    with asyncio.Runner(loop_factory=VirtualTimeLoop) as runner:
+        return runner.run(run_one(args, workload, policy, rate, sim_engines(args.engines, profile),
+                                  profile.max_batch))
+
+
+def find_saturation(args, workload: Workload, profile: SimProfile, policy: str) -> dict:
+    """The highest rate ``policy`` sustains: rates grow by half until a run is not
+    sustained (fewer requests finish than arrive), then bisection between the last
+    sustained rate and the first that was not."""
+    probes, lo, hi, rate = [], None, None, args.start_rate
+    while hi is None or lo is None:
+        r = run_sim(args, workload, policy, rate, profile)
+        probes.append(r)
+        note(f"saturation {policy:<14} {rate:7.2f} conv/s: {r['throughput_req_s']} of {r['offered_req_s']} req/s "
+             f"p99 {r['ttft_ms_p99']} ms")
+        if r["sustained"]:
+            lo, rate = r, rate * 1.5
+        else:
+            hi, rate = r, rate / 1.5
+        if lo is None and rate < 0.01:
+            raise SystemExit(f"{policy} sustains no rate; is the profile right?")
+    for _ in range(args.bisect):
+        rate = (lo["rate_conversations_per_s"] + hi["rate_conversations_per_s"]) / 2
+        r = run_sim(args, workload, policy, rate, profile)
+        probes.append(r)
+        note(f"saturation {policy:<14} {rate:7.2f} conv/s: {r['throughput_req_s']} of {r['offered_req_s']} req/s")
+        lo, hi = (r, hi) if r["sustained"] else (lo, r)
+    return {"policy": policy, "rate_conversations_per_s": lo["rate_conversations_per_s"],
+            "throughput_req_s": lo["throughput_req_s"],
+            "probes": [{k: p[k] for k in ("rate_conversations_per_s", "throughput_req_s", "offered_req_s",
+                                          "ttft_ms_p99")} for p in probes]}
 
 
 def picking_costs(engines: int, blocks: int = 100_000, prompt_tokens: int = 2048) -> dict:
@@ -255,21 +321,62 @@ def picking_costs(engines: int, blocks: int = 100_000, prompt_tokens: int = 2048
             f"prefix_aware_pick_us_{engines}_engines": round((t3 - t2) / n * 1e6, 1)}
 
 
+def llamacpp_results(args, workload: Workload, policies: list[str]) -> list[dict]:
+    """Each policy once, at ``--rates``, on fresh llama.cpp engines with the real model, in real time."""
+    from llmesh.engine.backends.llamacpp import LlamaCppBackend
+
+    results = []
+    for rate in (float(r) for r in args.rates.split(",")):
+        for policy in policies:
+            engines = {f"engine-{i}": LlamaCppBackend.from_store(args.model_dir, args.model, n_ctx=args.n_ctx,
+                                                                 n_threads=args.threads, n_batch=512,
+                                                                 n_slots=args.slots)
+                       for i in range(args.engines)}
+            r = asyncio.run(run_one(args, workload, policy, rate, engines, args.slots))
+            note(f"{rate:>5} conv/s {policy:<14} ttft p50 {r['ttft_ms_p50']} ms p99 {r['ttft_ms_p99']} ms "
+                 f"hit {r['kv_hit_rate']}")
+            results.append(r)
+    return results
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--backend", choices=("sim", "llamacpp"), default="sim",
+                    help="sim: engines on a virtual clock; llamacpp: the real model, in real time")
     ap.add_argument("--engines", type=int, default=8)
-    ap.add_argument("--rates", default="2,4,6,8", help="conversations started per second, comma-separated")
-    ap.add_argument("--duration-s", type=float, default=20.0, help="arrivals for this long, per run")
+    ap.add_argument("--rates", help="conversations started per second, comma-separated (skips the saturation "
+                                    "search; needed with --backend llamacpp)")
+    ap.add_argument("--loads", default="0.4,0.6,0.8,1.0",
+                    help="rates to run as fractions of the saturation rate the search finds")
+    ap.add_argument("--saturation-policies", default="round_robin,least_loaded,sglang_approx",
+                    help="saturation is the highest rate any of these sustains (the best baseline's)")
+    ap.add_argument("--start-rate", type=float, default=4.0, help="the saturation search's first rate")
+    ap.add_argument("--bisect", type=int, default=4, help="bisection steps of the saturation search")
+    ap.add_argument("--duration-s", type=float, default=60.0, help="arrivals for this long, per run")
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--profile", type=Path, help="a sim profile from `llmesh bench engine --calibrate`")
     ap.add_argument("--report-s", type=float, default=0.5, help="engine report interval (the picker's lag)")
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--think-s", type=float, default=1.0)
+    ap.add_argument("--tenants", type=int, default=6, help="tenants, each with its own system prompt")
+    ap.add_argument("--docs", type=int, default=4, help="shared documents")
+    ap.add_argument("--system-words", type=int, default=300, help="words in each tenant's system prompt")
+    ap.add_argument("--doc-words", type=int, default=900, help="words in each shared document")
+    ap.add_argument("--question-words", type=int, default=30, help="words in a first question (others: 2/3)")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--no-sharing", action="store_true", help="every prompt its own (the no-sharing control)")
+    ap.add_argument("--model-dir", type=Path, default=Path("var/models"), help="llamacpp: the model store")
+    ap.add_argument("--model", default="smollm2-135m-instruct", help="llamacpp: the GGUF model")
+    ap.add_argument("--slots", type=int, default=4, help="llamacpp: sequences each engine runs at once")
+    ap.add_argument("--threads", type=int, default=1, help="llamacpp: threads per engine")
+    ap.add_argument("--n-ctx", type=int, default=4096, help="llamacpp: context per sequence")
     ap.add_argument("--json", action="store_true", help="JSON only (the default prints JSON too)")
     ap.add_argument("--costs-only", action="store_true", help="only the per-request and memory costs")
     args = ap.parse_args()
+    policies = args.policies.split(",")
+    for policy in policies + args.saturation_policies.split(","):
+        if policy not in POLICIES:
+            raise SystemExit(f"unknown policy {policy!r}; one of {', '.join(POLICIES)}")
     profile = (SimProfile.load(args.profile) if args.profile else
                SimProfile(prefill_ms_per_token=1.0, decode_ms_base=10.0, decode_ms_per_seq=0.5, kv_blocks=1024,
                           max_batch=16, output_tokens=args.max_tokens))
@@ -277,18 +384,39 @@ def main() -> None:
     if args.costs_only:
         print(json.dumps({"bench": "routing", "costs": costs}, indent=2))
         return
-    workload = Workload(args.seed, tenants=6, docs=4, sharing=not args.no_sharing)
+    workload = Workload(args.seed, tenants=args.tenants, docs=args.docs, sharing=not args.no_sharing,
+                        system_words=args.system_words, doc_words=args.doc_words,
+                        question_words=args.question_words)
+    out = {"bench": "routing", "backend": args.backend, "engines": args.engines, "sharing": not args.no_sharing,
+           "report_s": args.report_s, "duration_s": args.duration_s}
+    if args.backend == "llamacpp":
+        if not args.rates:
+            raise SystemExit("--backend llamacpp needs --rates (a saturation search in real time takes too long)")
+        out.update(model=args.model, slots=args.slots, threads=args.threads, costs=costs,
+                   results=llamacpp_results(args, workload, policies))
+        print(json.dumps(out, indent=2))
+        return
+    out.update(profile=profile.__dict__, costs=costs)
+    if args.rates:
+        rates = [(float(r), None) for r in args.rates.split(",")]
+    else:
+        found = [find_saturation(args, workload, profile, p) for p in args.saturation_policies.split(",")]
+        best = max(found, key=lambda f: f["rate_conversations_per_s"])
+        out["saturation"] = {"rate_conversations_per_s": best["rate_conversations_per_s"],
+                             "throughput_req_s": best["throughput_req_s"], "policy": best["policy"],
+                             "per_policy": found}
+        rates = [(best["rate_conversations_per_s"] * float(f), float(f)) for f in args.loads.split(",")]
     results = []
-    for rate in (float(r) for r in args.rates.split(",")):
-        for policy in args.policies.split(","):
-            if policy not in POLICIES:
-                raise SystemExit(f"unknown policy {policy!r}; one of {', '.join(POLICIES)}")
-            r = asyncio.run(run_one(args, workload, policy, rate, profile))
-            note(f"{rate:>5} conv/s {policy:<14} ttft p50 {r['ttft_ms_p50']} ms p99 {r['ttft_ms_p99']} ms "
-                 f"hit {r['kv_hit_rate']}")
+    for rate, load in rates:
+        for policy in policies:
+            r = run_sim(args, workload, policy, rate, profile)
+            if load is not None:
+                r["load_of_saturation"] = load
+            note(f"{rate:>6.2f} conv/s {policy:<14} ttft p50 {r['ttft_ms_p50']} ms p99 {r['ttft_ms_p99']} ms "
+                 f"hit {r['kv_hit_rate']} {r['throughput_req_s']}/{r['offered_req_s']} req/s")
             results.append(r)
-    print(json.dumps({"bench": "routing", "engines": args.engines, "sharing": not args.no_sharing,
-                      "report_s": args.report_s, "profile": profile.__dict__, "costs": costs, "results": results}, indent=2))
+    out["results"] = results
+    print(json.dumps(out, indent=2))
 
 
 if __name__ == "__main__":

@@ -85,6 +85,45 @@ def test_kv_view_resync_replaces_and_keep_only_forgets():
     assert kv.count("a") == 0
 
 
+def test_kv_view_counts_expected_blocks_until_they_expire():
+    kv = KvView()
+    kv.apply("a", True, H[:1], [])
+    kv.expect("a", H[:3], until=2.0)
+    assert kv.matched("a", H, now=1.0) == 3            # held (1) and expected (2 more)
+    assert kv.matched("a", H) == 1                     # without a time: what reports say only
+    assert kv.matched("b", H, now=1.0) == 0
+    kv.expect("a", H[1:2], until=5.0)                  # sent again later: its block stays expected longer
+    assert kv.matched("a", H, now=3.0) == 2
+    assert kv.matched("a", H, now=6.0) == 1            # all expired: reports alone again
+    kv.expect("gone", H, until=9.0)
+    kv.keep_only({"a"})
+    assert kv.matched("gone", H, now=7.0) == 0
+
+
+def test_kv_events_replace_what_was_expected_of_a_block():
+    kv = KvView()
+    kv.expect("a", H, until=100.0)
+    kv.apply("a", False, [], [H[1]])                   # the engine evicted block 2: no longer expected
+    assert kv.matched("a", H, now=1.0) == 1
+    kv.apply("a", False, H[:1], [])                    # stored: held, the expectation is spent
+    kv.apply("a", False, [], H[:1])                    # then evicted: gone, though expected until 100
+    assert kv.matched("a", H, now=2.0) == 0
+
+
+def test_a_follow_up_goes_where_its_prefix_was_just_sent_before_any_report():
+    p = EndpointPicker(random.Random(0), expect_for_s=2.0)
+    p.replace_all([ep(f"e{i}", max_running=4) for i in range(4)])
+    first = p.pick(req(now=0.0, tokens=lambda: TOKENS[:48]), "prefix_aware").endpoint_id
+    p.replace_all([ep(e.endpoint_id, running=int(e.endpoint_id == first), max_running=4) for e in p.all()])
+    # the longer next turn, 0.5 s later: no KV event has come, the blocks sent are expected there
+    assert p.pick(req(now=0.5, tokens=lambda: TOKENS), "prefix_aware").endpoint_id == first
+    # a policy that never hashes the prompt expects nothing
+    q = EndpointPicker(random.Random(0))
+    q.replace_all([ep("x"), ep("y")])
+    q.pick(req(tokens=lambda: TOKENS), "least_loaded")
+    assert q.kv.matched("x", H, now=0.0) == q.kv.matched("y", H, now=0.0) == 0
+
+
 def test_session_affinity_sticks_and_moves_only_when_overloaded():
     cands = [ep(f"e{i}") for i in range(5)]
     s = SessionAffinity()

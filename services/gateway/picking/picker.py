@@ -16,12 +16,14 @@ class EndpointPicker:
     """Holds the gateway's view of the engines (the scheduler's table, the KV blocks,
     our own in-flight work) and picks one for a request by a routing policy."""
 
-    def __init__(self, rng: random.Random | None = None, down_for_s: float = 2.0, filters=FILTERS):
+    def __init__(self, rng: random.Random | None = None, down_for_s: float = 2.0, filters=FILTERS,
+                 expect_for_s: float = 10.0):
         self._endpoints: dict[str, Endpoint] = {}
         self._seen_models: set[str] = set()
         self.kv = KvView()
         self.local = LocalState()
         self._down_for = down_for_s
+        self._expect_for = expect_for_s
         self._rng = rng or random.Random()
         self._filters = filters
         self._scorers = {s.name: s for s in (LeastLoad(), TokenAware(), PrefixAware(self.kv), SessionAffinity(),
@@ -71,7 +73,11 @@ class EndpointPicker:
                     total[n] += w * s
         top = max(total)
         best = [e for e, t in zip(cands, total) if t >= top - 1e-9]
-        return best[0] if len(best) == 1 else self._rng.choice(best)
+        chosen = best[0] if len(best) == 1 else self._rng.choice(best)
+        if chosen.kv_hash is not None and chosen.kv_hash in req.hashed():
+            # Its engine will hold the prompt's blocks before its KV events can say so.
+            self.kv.expect(chosen.endpoint_id, req.block_hashes(chosen.kv_hash), req.now + self._expect_for)
+        return chosen
 
     def acquire(self, endpoint_id: str, tokens: int = 0) -> None:
         loc = self.local

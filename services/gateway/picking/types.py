@@ -55,6 +55,10 @@ class PickInput:
             n = max(self.work_tokens - (self.max_tokens or DEFAULT_OUTPUT_TOKENS), 0)
         return n + (self.max_tokens or 1)
 
+    def hashed(self) -> set[HashScheme]:
+        """The schemes a scorer has hashed the prompt with so far."""
+        return set(self._hashes)
+
     def block_hashes(self, scheme: HashScheme) -> list[int]:
         if scheme not in self._hashes:
             self._hashes[scheme] = scheme.block_hashes(self.prompt_tokens())
