@@ -10,7 +10,9 @@ answered (``x-llmesh-model``), what was decided (``x-llmesh-cascade``) and the
 confidence (``x-llmesh-confidence``); metrics count outcomes and money: avoided (the
 strong model's price for the tokens the cheap one answered with, minus the cheap
 price) and spent on escalated requests (the cheap model's cost, thrown away).
-Usage reported to the client and charged is that of the answer it got."""
+Usage reported to the client and charged is that of the answer it got. The strong
+model gets the request as the cheap one did (the prompt and generation defaults the
+cheap model's policy filled in), with its own routing, retries and fallbacks."""
 
 from __future__ import annotations
 

@@ -11,6 +11,7 @@ engine saw (this stage runs after the guards)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -27,7 +28,7 @@ from llmesh.types import Delta, Finish, Priority
 from llmesh.gateway.pipeline import CompletionRequest, Context
 
 log = logging.getLogger("llmesh.gateway.shadow")
-DROP_FLUSH_S = 1.0  # drop counts reach the store at most this often (and on close)
+DROP_FLUSH_S = 1.0  # drop counts reach the store this long after the first unstored drop (and on close)
 
 
 class ShadowMetrics:
@@ -65,7 +66,7 @@ class ShadowStage:
         self._background = Background()
         self._in_flight: dict[str, int] = {}
         self._drops: dict[str, int] = {}
-        self._drops_flushed = 0.0
+        self._flush_due = False
 
     async def admit(self, ctx: Context) -> None:
         rule = self._config().shadows.get(ctx.asked)
@@ -89,9 +90,14 @@ class ShadowStage:
     def _drop(self, alias: str) -> None:
         self._metrics.copies.labels(alias, "dropped").inc()
         self._drops[alias] = self._drops.get(alias, 0) + 1
-        if self._clock() - self._drops_flushed >= DROP_FLUSH_S:
-            self._drops_flushed = self._clock()
-            self._background.spawn(self._flush_drops())
+        if not self._flush_due:  # one store write a second at most, however many copies are shed
+            self._flush_due = True
+            self._background.spawn(self._flush_later())
+
+    async def _flush_later(self) -> None:
+        await asyncio.sleep(DROP_FLUSH_S)
+        self._flush_due = False
+        await self._flush_drops()
 
     async def _flush_drops(self) -> None:
         drops, self._drops = self._drops, {}
@@ -142,9 +148,8 @@ class ShadowStage:
                       hash=text_hash(text)), text
 
     async def close(self) -> None:
-        """Waits for copies in flight and stores the drop counts not stored yet."""
+        """Waits for copies in flight (and the drop counts' next write)."""
         await self._background.drain()
-        await self._flush_drops()
 
 
 def _answer_of(ctx: Context) -> Answer:

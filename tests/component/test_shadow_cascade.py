@@ -126,6 +126,12 @@ async def test_copies_past_max_concurrency_are_dropped_and_counted_in_redis(pick
         results = await asyncio.gather(*(collect(pipeline, request(FAST, rid=f"r{i}")) for i in range(8)))
         assert all(text for text, _, _ in results)
         await pipeline.drain()
+        dropped = registry.get_sample_value("llmesh_shadow_copies_total", {"alias": FAST, "outcome": "dropped"})
+        for _ in range(40):  # drop counts reach the store within a second, no shutdown needed
+            if (await store.read(FAST))[1] == dropped:
+                break
+            await asyncio.sleep(0.05)
+        assert (await store.read(FAST))[1] == dropped
         await shadow.close()
         records, drops = await store.read(FAST)
         dropped = registry.get_sample_value("llmesh_shadow_copies_total", {"alias": FAST, "outcome": "dropped"})

@@ -206,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 BENCHES = {"cache": "bench.cache", "engine": "bench.engine", "gateway": "bench.gateway",
            "governance": "bench.governance", "guards": "bench.guards", "llamacpp": "bench.llamacpp",
-           "routing": "bench.routing"}
+           "routing": "bench.routing", "shadow": "bench.shadow"}
 
 
 def main(argv: list[str] | None = None) -> None:
