@@ -8,9 +8,11 @@ import os
 import subprocess
 import sys
 
+import grpc
 import pytest
 
 from llmesh.testing import wait_until
+from llmesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from tests.e2e.conftest import SMOL
 
 SIM = "sim-small"
@@ -38,7 +40,7 @@ def restore_config(client, config_file):
     assert wait_until(lambda: not {"smart", "assistant"} & {m.id for m in client.models.list()}, 5.0)
 
 
-def test_cascade_escalates_exactly_the_low_confidence_answers(client, config_file, restore_config):
+def test_cascade_escalates_exactly_the_low_confidence_answers(client, mesh, config_file, restore_config):
     # Each prompt's confidence on the cheap model, asked directly (greedy: the same answer every time).
     confidence, direct = {}, {}
     for prompt in PROMPTS:
@@ -76,6 +78,15 @@ def test_cascade_escalates_exactly_the_low_confidence_answers(client, config_fil
             assert raw.headers["x-llmesh-cascade"] == ("escalated" if prompt in escalated else "accepted")
             text = "".join(chunk.choices[0].delta.content or "" for chunk in raw.parse() if chunk.choices)
         assert (text == direct[prompt]) == (prompt not in escalated)
+        # gRPC: the same decision in the initial metadata, before the first chunk
+        with grpc.insecure_channel(mesh.layout.address("gateway")) as ch:
+            call = gateway_pb2_grpc.GatewayStub(ch).Chat(gateway_pb2.ChatRequest(
+                model="smart", messages=[common_pb2.ChatMessage(role="user", content=prompt)],
+                sampling=common_pb2.SamplingParams(temperature=0.0, max_tokens=8)), timeout=60)
+            meta = dict(call.initial_metadata())
+            assert "".join(c.text for c in call) == text
+        assert meta["x-llmesh-cascade"] == ("escalated" if prompt in escalated else "accepted")
+        assert meta["x-llmesh-model"] == (SIM if prompt in escalated else SMOL)
 
 
 def report(mesh, alias: str) -> dict:
