@@ -17,10 +17,9 @@ from tests.e2e.conftest import SMOL
 
 SIM = "sim-small"
 ENV = {k: v for k, v in os.environ.items() if k != "LLMESH_REDIS_URL"}  # the file store
-PROMPTS = ["What is the capital of France?", "Write one word that rhymes with cat.",
-           "Describe the colour of a quiet thought in exactly five words.", "What is 12 times 12?",
-           "Invent a name for a purple zebra-like animal.", "Say hello.",
-           "List two prime numbers.", "Translate 'good morning' into an imaginary language."]
+PROMPTS = ["What is the capital of France?", "Describe the colour of a quiet thought in exactly five words.",
+           "What is 12 times 12?", "Invent a name for a purple zebra-like animal.", "Say hello.",
+           "Translate 'good morning' into an imaginary language."]
 
 
 def ask(client, prompt: str, **kw):
@@ -40,6 +39,7 @@ def restore_config(client, config_file):
     assert wait_until(lambda: not {"smart", "assistant"} & {m.id for m in client.models.list()}, 5.0)
 
 
+@pytest.mark.timeout(600)  # 16 llama.cpp answers; a busy shared machine makes each take seconds
 def test_cascade_escalates_exactly_the_low_confidence_answers(client, mesh, config_file, restore_config):
     # Each prompt's confidence on the cheap model, asked directly (greedy: the same answer every time).
     confidence, direct = {}, {}
