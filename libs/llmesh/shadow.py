@@ -6,6 +6,10 @@ while both are in memory, so the report needs only numbers: latencies, token cou
 lengths, the similarity, and a short hash of each answer (equal hashes: the same
 text). Prompts and answers can hold user data; they stay out of the store.
 
+The similarity is word-level (difflib over word sequences), not MiniLM embeddings:
+the embedder belongs to the cache service, which the gateway may not import, and it
+would put ~90 MB of weights and milliseconds of CPU per comparison in every gateway.
+
 Stores: Redis when the gateways share one (a capped list per alias and a drop counter),
 else a bounded JSON-lines file per alias under the state directory. Both survive the
 gateway and are read by ``llmesh shadow report``."""

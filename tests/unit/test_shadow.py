@@ -97,3 +97,36 @@ def test_cascade_confidence_and_cost():
     price = Price(input_per_1k=1.0, output_per_1k=2.0)
     assert cost_usd(price, Usage(1000, 500)) == pytest.approx(2.0)
     assert cost_usd(None, Usage(1000, 500)) == 0.0
+
+
+async def test_cli_report_reads_the_file_store(tmp_path, capsys):
+    import json
+
+    from llmesh.cli.main import build_parser
+
+    store = FileShadowStore(tmp_path)
+    for i in range(3):
+        await store.add(ShadowRecord(ts=i, alias="assistant", primary=answer("m1", 10 + i),
+                                     shadow=answer("m2", 20 + i, text="y"), similarity=0.5))
+    await store.add_drops("assistant", 2)
+
+    def cli(*argv: str) -> tuple[int, str, str]:
+        args = build_parser().parse_args(["shadow", "report", *argv])
+        code = await_free(args)
+        out = capsys.readouterr()
+        return code, out.out, out.err
+
+    def await_free(args):  # the command runs its own event loop: run it off this one
+        import concurrent.futures
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            return pool.submit(args.func, args).result()
+
+    code, out, _ = cli("assistant", "--dir", str(tmp_path), "--json")
+    r = json.loads(out)
+    assert code == 0 and (r["count"], r["dropped"], r["share_different"]) == (3, 2, 1.0)
+    code, out, _ = cli("assistant", "--dir", str(tmp_path))
+    assert code == 0 and "3 copies recorded" in out and "2 dropped" in out and "m2" in out
+    code, out, _ = cli("nobody", "--dir", str(tmp_path))
+    assert code == 0 and "no shadow records" in out
+    code, _, err = cli("assistant", "--redis-url", "redis://127.0.0.1:1")
+    assert code == 2 and "cannot read the shadow records" in err

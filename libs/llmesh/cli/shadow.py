@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import json
 import os
+import sys
 from pathlib import Path
 
 from llmesh.shadow import FileShadowStore, RedisShadowStore, report
@@ -34,6 +35,8 @@ def _fmt(value, spec: str = ".1f") -> str:
 def render(r: dict) -> str:
     lines = [f"shadow report for {r['alias']}: {r['count']} copies recorded, {r['compared']} compared, "
              f"{r['dropped']} dropped"]
+    if not r["count"]:
+        return lines[0] + " (no shadow records: is a 'shadows' entry for it in the live config?)"
     lines.append(f"{'':<10}{'models':<30}{'errors':>7}{'p50 ms':>10}{'p95 ms':>10}{'prompt tok':>12}"
                  f"{'output tok':>12}")
     for side in ("primary", "shadow"):
@@ -46,7 +49,13 @@ def render(r: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    records, drops = asyncio.run(_read(args))
+    from redis.exceptions import RedisError
+    try:
+        records, drops = asyncio.run(_read(args))
+    except (OSError, RedisError) as exc:
+        where = args.redis_url or args.dir
+        print(f"llmesh shadow: cannot read the shadow records at {where}: {exc}", file=sys.stderr)
+        return 2
     summary = report(args.alias, records, drops)
     print(json.dumps(summary) if args.json else render(summary))
     return 0
