@@ -4,7 +4,9 @@ a shadow model (the same server under another name) vs no shadow section (live
 config, alternated twice against drift), and with 10 % of requests copied. Per mode: the primary's p50/p99 latency
 (time to first token when streamed) at 1 connection, and the gateway's CPU per
 request, which includes the copy's own work. Then 32 connections with
-``max_concurrency`` copies at most: how many copies were dropped (shed first).
+``max_concurrency`` copies at most: how many copies were dropped (shed first). First,
+in process: what the shadow and cascade stages cost a request when the live config
+has no section for its model (admit + finish of both, microseconds).
 
     python -m bench.shadow [--requests 300] [--chunks 32] [--max-concurrency 4]
 """
@@ -78,12 +80,46 @@ async def measure(gateway: str, gw_pid: int, requests: int, cfg: Path, base_url:
     return out
 
 
+async def stages_off_us(n: int = 20000) -> dict:
+    """Admit + finish of the cascade and shadow stages for a model with neither section."""
+    import time
+
+    from prometheus_client import CollectorRegistry
+    from llmesh.liveconfig.schema import MeshConfig
+    from llmesh.types import Message, Prompt, Sampling
+    from llmesh.gateway.cascade import CascadeMetrics, CascadeStage
+    from llmesh.gateway.pipeline import CompletionRequest, Context
+    from llmesh.gateway.shadow import ShadowMetrics, ShadowStage
+
+    config = MeshConfig.model_validate({"shadows": {"other": {"model": "b"}},
+                                        "cascades": {"smart": {"cheap": "a", "strong": "b", "min_confidence": -1}}})
+    registry = CollectorRegistry()
+    stages = [CascadeStage(lambda: config, CascadeMetrics(registry)),
+              ShadowStage(lambda: config, lambda req: None, FileShadowStore(Path("/nonexistent")),
+                          ShadowMetrics(registry))]
+    req = CompletionRequest(request_id="r", tenant="t", model=MODEL, timeout_s=10,
+                            prompt=Prompt(messages=(Message("user", "hi"),)), sampling=Sampling())
+    ctx = Context(req, {"status": "ok"}, None, asked=MODEL)
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(n):
+            for stage in stages:
+                await stage.admit(ctx)
+            for stage in reversed(stages):
+                await stage.finish(ctx)
+        best = min(best, (time.perf_counter() - start) / n * 1e6)
+    return {"stages_off_us_per_request": round(best, 3), "repeats": 5, "requests_each": n}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--chunks", type=int, default=32)
     parser.add_argument("--max-concurrency", type=int, default=4)
     args = parser.parse_args()
+    in_process = asyncio.run(stages_off_us())
+    note(f"stages off: {in_process['stages_off_us_per_request']:.2f} us per request")
     port = free_ports(1)[0]
     server = subprocess.Popen([sys.executable, "-m", "bench.instant_openai", "--port", str(port),
                                "--chunks", str(args.chunks)])
@@ -107,6 +143,7 @@ def main() -> None:
                 mesh.stop(signal.SIGINT)
     finally:
         terminate(server, signal.SIGTERM, 10.0)
+    results["in_process"] = in_process
     print(json.dumps({"bench": "shadow", "chunks": args.chunks, "results": results}, indent=2))
 
 
