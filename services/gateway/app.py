@@ -29,6 +29,9 @@ from llmesh.gateway.resilience import Breakers, RetryBudgetGate
 from llmesh.gateway.audit_stage import AuditStage
 from llmesh.gateway.coldstart import ColdStartStage, Holds, ScaledCatalog
 from llmesh.gateway.demand import DemandReporter
+from llmesh.gateway.cascade import CascadeMetrics, CascadeStage
+from llmesh.gateway.shadow import ShadowMetrics, ShadowStage
+from llmesh.shadow import FileShadowStore, RedisShadowStore
 from llmesh.gateway.auth import AuthenticateStage, Authenticator, JwtSettings, JwtVerifier
 from llmesh.gateway.grants import AuthorizeStage, access
 from llmesh.gateway.guard_stage import GuardStage
@@ -99,13 +102,19 @@ class GatewayApp:
         prompt_tokens = PromptTokens(settings.model_dir)  # one tokenizer per model for limits and picking
         self.audit = (AuditLog(settings.audit_file or mesh.state_dir / "audit.jsonl", fsync=settings.audit_fsync)
                       if settings.audit else None)
+        shadow_store = (RedisShadowStore(self.redis) if self.redis is not None
+                        else FileShadowStore(mesh.state_dir / "shadow"))
+        self.shadow = ShadowStage(current, lambda req: self.pipeline.upstream(req), shadow_store,
+                                  ShadowMetrics(platform.metrics))
         stages = [*([AuditStage(self.audit)] if self.audit else []),
                   AuthenticateStage(self.authenticator), ValidateStage(), AuthorizeStage(current),
+                  CascadeStage(current, CascadeMetrics(platform.metrics)),  # a cascade alias -> its cheap model
                   RouteStage(self.catalog, current),
                   LimitStage(limiter, current, TokenCounter(prompt_tokens), settings.reserve_tokens,
                              lease_s=settings.request_timeout_s),
                   GuardStage(current),
-                  ColdStartStage(self._ready, self.holds, current)]
+                  ColdStartStage(self._ready, self.holds, current),
+                  self.shadow]  # after the guards: a copy carries the prompt the engines may see
         breakers = Breakers(lambda: self.config.current.circuit_breaker,
                             on_state=lambda endpoint, state: self.metrics.breaker.labels(endpoint).set(int(state)))
         self.pipeline = Pipeline(self.picker, self.engines, self.catalog, self.cache, observe=self.metrics.observe,
@@ -132,7 +141,8 @@ class GatewayApp:
 
     def model_names(self) -> list[str]:
         """What clients may ask for: registered and served models, and split aliases."""
-        return sorted(set(self.catalog.names()) | set(self.config.current.splits))
+        config = self.config.current
+        return sorted(set(self.catalog.names()) | set(config.splits) | set(config.cascades))
 
     async def models_for(self, credential: str | None) -> list[str]:
         """The models this credential's tenant may use (401 for bad credentials)."""
@@ -169,6 +179,7 @@ class GatewayApp:
             task.cancel()
         await asyncio.gather(*self._tasks[:-1], return_exceptions=True)
         await self.pipeline.drain()
+        await self.shadow.close()
         await self.engines.close()
         await self.providers.close()
         if self.cache:

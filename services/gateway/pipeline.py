@@ -103,6 +103,15 @@ class Context:
     headers: dict[str, str] = field(default_factory=dict)
     filters: list[OutputFilter] = field(default_factory=list)
     notes: dict[str, Any] = field(default_factory=dict)  # a stage's own per-request state
+    asked: str = ""  # the model name the client asked for (an alias, before any stage rewrote it)
+    answer: list[str] | None = None  # a stage sets a list: the answer's text (before output filters) lands in it
+    upstream: Upstream | None = None  # a stage's way of getting the answer (cascade): wraps the plain call
+
+
+Call = Callable[["CompletionRequest"], AsyncIterator[Delta | Finish]]
+Upstream = Callable[["CompletionRequest", Call], AsyncIterator[Delta | Finish]]
+"""Given the request and the pipeline's call (endpoints, retries, fallbacks of the
+request's model, within the request's deadline), yields the answer."""
 
     @classmethod
     def of(cls, req: CompletionRequest) -> Context:
@@ -210,6 +219,7 @@ class Pipeline:
             ctx = Context(req, record, span)
         else:
             ctx.req, ctx.record, ctx.span = req, record, span
+        ctx.asked = req.model
         entered: list[Stage] = []
         try:
             for stage in self._stages:
@@ -223,21 +233,23 @@ class Pipeline:
                 if hit is not None:
                     text, finish = hit
                     ctx.headers[CACHE_HEADER] = "hit"  # HTTP header, gRPC metadata
+                    if ctx.answer is not None:
+                        ctx.answer.append(text)
                     record.ttft_ms = round((self._clock() - started) * 1000, 3)
                     self._count(record, finish)
                     yield Delta(text=_filtered(ctx.filters, text, last=True), tokens=finish.usage.completion_tokens)
                     yield finish
                     return
-            parts: list[str] = []
+            parts = ctx.answer if ctx.answer is not None else [] if cacheable else None
             record.policy = ctx.policy.routing
             filters = ctx.filters
             gate = LogprobGate() if filters and req.sampling.logprobs is not None else None
-            async with aclosing(self._generate(req, started + req.timeout_s, ctx.policy, ctx)) as items:
+            async with aclosing(self._answer(req, started + req.timeout_s, ctx)) as items:
                 async for item in items:
                     if record.ttft_ms is None:
                         record.ttft_ms = round((self._clock() - started) * 1000, 3)
                     if isinstance(item, Delta):
-                        if cacheable:
+                        if parts is not None:
                             parts.append(item.text)
                         if filters:
                             text = _filtered(filters, item.text)
@@ -278,6 +290,21 @@ class Pipeline:
                 await stage.finish(ctx)
             except Exception:  # noqa: BLE001 - one stage's bookkeeping never stops the others'
                 log.exception("stage finish failed", extra={"stage": type(stage).__name__})
+
+    def _answer(self, req: CompletionRequest, deadline: float, ctx: Context) -> AsyncIterator[Delta | Finish]:
+        if ctx.upstream is None:
+            return self._generate(req, deadline, ctx.policy, ctx)
+        # A stage answers (cascade); another model it asks gets that model's own policy.
+        call = lambda r: self._generate(  # noqa: E731
+            r, deadline, ctx.policy if r.model == req.model else self._config().policy(r.model), ctx)
+        return ctx.upstream(req, call)
+
+    def upstream(self, req: CompletionRequest) -> AsyncIterator[Delta | Finish]:
+        """The model's answer without the stages, the cache or a client: for copies of a
+        request that was already admitted (shadow). Its endpoints, retries and fallbacks
+        per the model's policy, outside the retry budget, within ``req.timeout_s``."""
+        ctx = Context(req, RequestRecord(req.model, req.tenant), INVALID_SPAN, policy=self._config().policy(req.model))
+        return self._attempts(req, self._clock() + req.timeout_s, ctx.policy, ctx)
 
     async def _generate(self, req: CompletionRequest, deadline: float, policy: ModelPolicy, ctx: Context
                         ) -> AsyncIterator[Delta | Finish]:

@@ -9,6 +9,7 @@
     llmesh audit    check the audit log's hash chain
     llmesh models   model registry: import, deploy, promote, rollback, history, eval
     llmesh cache    response cache: stats, invalidate
+    llmesh shadow   shadow traffic: report how a shadow version compared
     llmesh bench    run a benchmark from bench/ (cache, engine, gateway, guards, llamacpp)
 """
 
@@ -228,6 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
     models = add_models(sub)
     _add_layout_args(models)
     models.set_defaults(func=cmd_models)
+    from llmesh.cli.shadow import add_parser as add_shadow
+    add_shadow(sub)
     from llmesh.cli import cache
     cache.add_parser(sub, _add_layout_args)
     sub.choices["cache"].set_defaults(func=cmd_cache)
@@ -236,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 BENCHES = {"cache": "bench.cache", "engine": "bench.engine", "gateway": "bench.gateway",
            "governance": "bench.governance", "guards": "bench.guards", "llamacpp": "bench.llamacpp",
-           "routing": "bench.routing"}
+           "routing": "bench.routing", "shadow": "bench.shadow"}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -200,6 +200,31 @@ class Autoscaling(_Strict):
     retry_after_s: int = Field(default=5, ge=1, description="the Retry-After of that 503")
 
 
+class Shadow(_Strict):
+    """Copies of an alias's requests sent, after the primary answered, to another model
+    version; both answers are compared and recorded (``llmesh shadow report``). A copy
+    never delays the primary's answer; past ``max_concurrency`` copies in flight (per
+    alias, per gateway) new copies are dropped and counted."""
+    model: str = Field(min_length=1, description="the shadow version: a model or a provider-mapped model")
+    sample: float = Field(default=1.0, gt=0, le=1, description="share of requests copied")
+    max_concurrency: int = Field(default=4, ge=1, le=1024, description="copies in flight at most")
+
+
+class Cascade(_Strict):
+    """An alias answered by ``cheap`` first; when that answer's confidence (the mean
+    log probability of its tokens) is under ``min_confidence`` it is thrown away and
+    ``strong`` answers instead. Streams are held until the decision is made."""
+    cheap: str = Field(min_length=1)
+    strong: str = Field(min_length=1)
+    min_confidence: float = Field(le=0, description="mean token logprob (<= 0) an answer needs to be kept")
+
+    @model_validator(mode="after")
+    def _two_models(self) -> Cascade:
+        if self.cheap == self.strong:
+            raise ValueError("a cascade's cheap and strong models must differ")
+        return self
+
+
 class MeshConfig(_Strict):
     default: ModelPolicy = ModelPolicy()
     models: dict[str, ModelPolicy] = {}
@@ -214,6 +239,8 @@ class MeshConfig(_Strict):
     providers: dict[str, Provider] = Field(default={}, description="external OpenAI-compatible upstreams; "
                                            "a model they map is answered by them (directly or as a fallback)")
     autoscaling: Autoscaling = Autoscaling()
+    shadows: dict[str, Shadow] = Field(default={}, description="per name clients call (alias or model)")
+    cascades: dict[str, Cascade] = Field(default={}, description="aliases answered cheap-first")
 
     @model_validator(mode="after")
     def _aliases_are_not_models(self) -> MeshConfig:
@@ -223,6 +250,15 @@ class MeshConfig(_Strict):
         for alias, split in self.splits.items():
             if any(t.model == alias for t in split.targets):
                 raise ValueError(f"split '{alias}' targets itself")
+        taken = (set(self.splits) | set(self.models)) & set(self.cascades)
+        if taken:
+            raise ValueError(f"names used both as a cascade alias and a split or model: {sorted(taken)}")
+        for alias, cascade in self.cascades.items():
+            if {cascade.cheap, cascade.strong} & (set(self.cascades) | set(self.splits)):
+                raise ValueError(f"cascade '{alias}' must name two models, not itself, a split or another cascade")
+        for alias, shadow in self.shadows.items():
+            if shadow.model == alias:
+                raise ValueError(f"shadow of '{alias}' copies to itself")
         return self
 
     def tenant(self, name: str) -> TenantPolicy:
