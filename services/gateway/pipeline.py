@@ -107,16 +107,16 @@ class Context:
     answer: list[str] | None = None  # a stage sets a list: the answer's text (before output filters) lands in it
     upstream: Upstream | None = None  # a stage's way of getting the answer (cascade): wraps the plain call
 
+    @classmethod
+    def of(cls, req: CompletionRequest) -> Context:
+        """A blank context to hand to ``Pipeline.run``, which fills it in."""
+        return cls(req, RequestRecord(req.model, req.tenant), INVALID_SPAN)
+
 
 Call = Callable[["CompletionRequest"], AsyncIterator[Delta | Finish]]
 Upstream = Callable[["CompletionRequest", Call], AsyncIterator[Delta | Finish]]
 """Given the request and the pipeline's call (endpoints, retries, fallbacks of the
 request's model, within the request's deadline), yields the answer."""
-
-    @classmethod
-    def of(cls, req: CompletionRequest) -> Context:
-        """A blank context to hand to ``Pipeline.run``, which fills it in."""
-        return cls(req, RequestRecord(req.model, req.tenant), INVALID_SPAN)
 
 
 class Stage(Protocol):
