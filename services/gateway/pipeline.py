@@ -28,8 +28,8 @@ from llmesh.errors import (DeadlineExceeded, Internal, InvalidArgument, LlmeshEr
                            Unavailable)
 from llmesh.liveconfig.schema import MeshConfig, ModelPolicy, Provider
 from llmesh.telemetry import bind_trace_id, extract
-from llmesh.types import Delta, Finish, FinishReason, Priority, Prompt, Sampling, Usage
-from llmesh.validation import check_request
+from llmesh.types import Delta, Finish, FinishReason, Priority, Prompt, Sampling, Tools, Usage
+from llmesh.validation import check_request, uses_tools
 from llmesh.gateway.logprob_gate import LogprobGate
 from llmesh.gateway.picking import EndpointPicker, PickInput
 from llmesh.gateway.picking.types import work_tokens
@@ -82,6 +82,7 @@ class CompletionRequest:
     caller: Caller = Caller()
     priority: Priority = Priority.NORMAL
     continuation: str = ""  # answer text already sent, when a stream fails over to another engine
+    tools: Tools | None = None  # functions the model may call (OpenAI-compatible providers only)
 
 
 class OutputFilter(Protocol):
@@ -113,7 +114,8 @@ class Stage(Protocol):
 
 class ValidateStage:
     async def admit(self, ctx: Context) -> None:
-        check_request(ctx.req.model, ctx.req.prompt, ctx.req.sampling)
+        req = ctx.req
+        check_request(req.model, req.prompt, req.sampling, user=req.user, tools=req.tools, tools_allowed=True)
 
     async def finish(self, ctx: Context) -> None:
         pass
@@ -208,7 +210,8 @@ class Pipeline:
                 entered.append(stage)
                 await stage.admit(ctx)
             req = ctx.req
-            cacheable = self._cache is not None and self._cache.applies(req) and req.sampling.logprobs is None
+            cacheable = (self._cache is not None and req.sampling.logprobs is None and req.tools is None
+                         and self._cache.applies(req))
             if cacheable:
                 hit = await self._cache.lookup(req, span)
                 record["cache"] = "hit" if hit else "miss"
@@ -294,12 +297,19 @@ class Pipeline:
         emitted: list[str] = []
         work = work_tokens(req.prompt, req.sampling.max_tokens)  # what an engine's queue gains from it
         chain = (req.model, *policy.fallbacks)
+        needs_tools = uses_tools(req.prompt, req.tools)
         for model in chain:
             last_model = model == chain[-1]
             if state.mid_stream is not None:
                 raise state.mid_stream  # an answer under way is finished by its own model only
             target = req if model == req.model else replace(req, model=model)
             provider = config.provider_for(model) if self._providers is not None else None
+            if provider is None and needs_tools is not None:
+                # An llmesh engine cannot call tools: a fallback served by a provider may.
+                state.last_error = InvalidArgument(
+                    f"The model '{model}' is served by an llmesh engine, which cannot call tools; "
+                    f"'{needs_tools}' needs a model served by an OpenAI-compatible provider.", param=needs_tools)
+                continue
             tried: set[str] = set()
             for _ in range(1 if provider is not None else policy.max_attempts):
                 now = self._clock()
