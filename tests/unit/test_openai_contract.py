@@ -226,3 +226,23 @@ def test_logprobs_never_leak_what_the_masker_hid():
     assert len(entries) == 8 and all(e.logprob == -0.5 for e in entries)
     assert not any("bob" in e.token or "example" in e.token or any("example" in a for a, _ in e.top)
                    for e in entries)
+
+
+def test_tool_calls_in_answers_and_chunks():
+    from llmesh.types import ToolCall
+    from llmesh.gateway.openai_api import ToolCalls
+    pieces = [(ToolCall(0, "call_1", "weather", ""),), (ToolCall(0, "", "", '{"city":'),), (ToolCall(0, "", "", '"Paris"}'),)]
+    joined = ToolCalls()
+    for p in pieces:
+        joined.add(p)
+    answer = completion_json(CHAT, "r", "m", [Choice("", FinishReason.TOOL_CALLS, None, joined.json())], Usage(3, 4))
+    message = answer["choices"][0]["message"]
+    assert message == {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": '{"city":"Paris"}'}}]}
+    assert answer["choices"][0]["finish_reason"] == "tool_calls"
+    writer = ChunkWriter(CHAT, "r", "m", include_usage=False)
+    first = writer.delta("", 0, (), pieces[0])["choices"][0]["delta"]
+    assert first == {"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                                     "function": {"arguments": "", "name": "weather"}}]}
+    later = writer.delta("", 0, (), pieces[1])["choices"][0]["delta"]
+    assert later == {"tool_calls": [{"index": 0, "function": {"arguments": '{"city":'}}]}
