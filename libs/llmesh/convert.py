@@ -136,13 +136,20 @@ def tools_from_pb(pb: gateway_pb2.ChatRequest) -> Tools | None:
 
 
 def request_to_pb(model: str, prompt: Prompt, sampling: Sampling, *, user: str | None = None,
-                  tools: Tools | None = None) -> gateway_pb2.ChatRequest | gateway_pb2.CompleteRequest:
-    """A domain request as the Gateway's ChatRequest (a chat) or CompleteRequest."""
+                  tools: Tools | None = None, texts: bool = True) -> gateway_pb2.ChatRequest | gateway_pb2.CompleteRequest:
+    """A domain request as the Gateway's ChatRequest (a chat) or CompleteRequest.
+    ``texts=False`` leaves the prompt's texts out (for checking rules that have none on them)."""
     common = {"model": model, "sampling": sampling_to_pb(sampling), "user": user or ""}
     if prompt.messages is None:
-        return gateway_pb2.CompleteRequest(prompt=prompt.text or "", **common)
+        return gateway_pb2.CompleteRequest(prompt=prompt.text or "" if texts else "", **common)
     extra = tools_to_pb(tools) if tools is not None else {}
-    return gateway_pb2.ChatRequest(messages=messages_to_pb(prompt.messages), **common, **extra)
+    if texts:
+        messages = messages_to_pb(prompt.messages)
+    else:
+        messages = [common_pb2.ChatMessage(role=m.role, tool_calls=tool_calls_to_pb(m.tool_calls),
+                                           tool_call_id=m.tool_call_id) if m.tool_calls or m.tool_call_id
+                    else common_pb2.ChatMessage(role=m.role) for m in prompt.messages]
+    return gateway_pb2.ChatRequest(messages=messages, **common, **extra)
 
 
 def prompt_fields(prompt: Prompt, chat_type) -> dict:

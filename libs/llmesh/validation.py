@@ -57,6 +57,15 @@ def rule(message_type, field: str):
     return message_type.DESCRIPTOR.fields_by_name[field].GetOptions().Extensions[validate_pb2.field]
 
 
+@functools.cache
+def _texts_ruled() -> bool:
+    """Whether the protos put a rule on a prompt's texts (ChatMessage.content,
+    CompleteRequest.prompt); if not, they are not copied just to be checked."""
+    from llmesh.v1 import common_pb2, gateway_pb2
+    return bool(rule(common_pb2.ChatMessage, "content").ListFields()
+                or rule(gateway_pb2.CompleteRequest, "prompt").ListFields())
+
+
 def _wire_ranges(s: Sampling) -> None:
     if s.max_tokens is not None and not 0 <= s.max_tokens <= UINT32_MAX:
         raise InvalidArgument(f"max_tokens must be between 1 and {UINT32_MAX}, got {s.max_tokens}.",
@@ -137,7 +146,7 @@ def check_request(model: str, prompt: Prompt, sampling: Sampling, *, user: str |
         raise InvalidArgument("This model is served by an llmesh engine, which cannot call tools; "
                               f"'{param}' needs an OpenAI-compatible provider.", param=param.split("[")[0]
                               if param == "tools" else param)
-    check_message(request_to_pb(model, prompt, sampling, user=user, tools=tools),
+    check_message(request_to_pb(model, prompt, sampling, user=user, tools=tools, texts=_texts_ruled()),
                   lambda path: http_name(path, prompt.is_chat))
     if sampling.response_format is not None:
         check_response_format(sampling.response_format)

@@ -83,6 +83,7 @@ class CompletionRequest:
     priority: Priority = Priority.NORMAL
     continuation: str = ""  # answer text already sent, when a stream fails over to another engine
     tools: Tools | None = None  # functions the model may call (OpenAI-compatible providers only)
+    checked: bool = False  # the front already checked it against the protos' rules (gRPC: as it arrived)
 
 
 class OutputFilter(Protocol):
@@ -115,7 +116,8 @@ class Stage(Protocol):
 class ValidateStage:
     async def admit(self, ctx: Context) -> None:
         req = ctx.req
-        check_request(req.model, req.prompt, req.sampling, user=req.user, tools=req.tools, tools_allowed=True)
+        if not req.checked:
+            check_request(req.model, req.prompt, req.sampling, user=req.user, tools=req.tools, tools_allowed=True)
 
     async def finish(self, ctx: Context) -> None:
         pass

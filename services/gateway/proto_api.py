@@ -23,7 +23,7 @@ def chat_request(pb: gateway_pb2.ChatRequest, request_id: str, timeout_s: float,
     req = CompletionRequest(request_id=request_id, tenant="", model=pb.model,
                             prompt=Prompt(messages=messages_from_pb(pb.messages)), sampling=sampling_from_pb(pb.sampling),
                             timeout_s=timeout_s, user=pb.user or None, credential=credential,
-                            trace_headers=trace_headers, tools=tools_from_pb(pb))
+                            trace_headers=trace_headers, tools=tools_from_pb(pb), checked=True)
     return req, pb.n if pb.HasField("n") else 1
 
 
@@ -35,5 +35,5 @@ def complete_request(pb: gateway_pb2.CompleteRequest, request_id: str, timeout_s
         sampling = replace(sampling, max_tokens=TEXT_MAX_TOKENS)
     req = CompletionRequest(request_id=request_id, tenant="", model=pb.model, prompt=Prompt(text=pb.prompt),
                             sampling=sampling, timeout_s=timeout_s, user=pb.user or None, credential=credential,
-                            trace_headers=trace_headers, operation="text_completion")
+                            trace_headers=trace_headers, operation="text_completion", checked=True)
     return req, pb.n if pb.HasField("n") else 1
