@@ -136,18 +136,19 @@ def check_choices(n: int) -> None:
 
 
 def check_request(model: str, prompt: Prompt, sampling: Sampling, *, user: str | None = None,
-                  tools: Tools | None = None, tools_allowed: bool = False) -> None:
+                  tools: Tools | None = None, tools_allowed: bool = False, rules_checked: bool = False) -> None:
     """Every rule of the request as the gateway's ChatRequest/CompleteRequest states
-    them (errors name fields as the OpenAI API does). ``tools_allowed``: the caller
-    can serve tool calls (the gateway, for providers); an engine cannot."""
+    them (errors name fields as the OpenAI API does), and what they cannot state.
+    ``tools_allowed``: the caller can serve tool calls (the gateway, for providers); an
+    engine cannot. ``rules_checked``: the protobuf request was checked as it arrived."""
     from llmesh.convert import request_to_pb
     _wire_ranges(sampling)
     if not tools_allowed and (param := uses_tools(prompt, tools)) is not None:
         raise InvalidArgument("This model is served by an llmesh engine, which cannot call tools; "
-                              f"'{param}' needs an OpenAI-compatible provider.", param=param.split("[")[0]
-                              if param == "tools" else param)
-    check_message(request_to_pb(model, prompt, sampling, user=user, tools=tools, texts=_texts_ruled()),
-                  lambda path: http_name(path, prompt.is_chat))
+                              f"'{param}' needs an OpenAI-compatible provider.", param=param)
+    if not rules_checked:
+        check_message(request_to_pb(model, prompt, sampling, user=user, tools=tools, texts=_texts_ruled()),
+                      lambda path: http_name(path, prompt.is_chat))
     if sampling.response_format is not None:
         check_response_format(sampling.response_format)
     if tools is not None:

@@ -116,8 +116,8 @@ class Stage(Protocol):
 class ValidateStage:
     async def admit(self, ctx: Context) -> None:
         req = ctx.req
-        if not req.checked:
-            check_request(req.model, req.prompt, req.sampling, user=req.user, tools=req.tools, tools_allowed=True)
+        check_request(req.model, req.prompt, req.sampling, user=req.user, tools=req.tools, tools_allowed=True,
+                      rules_checked=req.checked)
 
     async def finish(self, ctx: Context) -> None:
         pass
