@@ -239,7 +239,8 @@ class Pipeline:
                         if filters:
                             text = _filtered(filters, item.text)
                             item = Delta(text=text, tokens=item.tokens,
-                                         logprobs=gate.feed(item.text, item.logprobs, text) if gate else ())
+                                         logprobs=gate.feed(item.text, item.logprobs, text) if gate else (),
+                                         tool_calls=item.tool_calls)  # their arguments are not rewritten
                     else:
                         self._count(record, item)
                         if cacheable:
