@@ -65,8 +65,7 @@ def request_body(req: CompletionRequest, remote_model: str) -> tuple[str, dict]:
 
 def message_json(m: Message) -> dict:
     out: dict = {"role": m.role, "content": m.content}
-    if m.tool_calls:
-        out["content"] = m.content or None
+    if m.tool_calls:  # content stays a string ("" with calls only): strict servers refuse null
         out["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
                              for c in m.tool_calls]
     if m.tool_call_id:

@@ -67,7 +67,7 @@ def test_tools_and_a_tool_conversation_in_their_format():
                                                                "parameters": schema, "strict": True}}]
     assert body["tool_choice"] == {"type": "function", "function": {"name": "weather"}}
     assert body["parallel_tool_calls"] is False
-    assert body["messages"][1] == {"role": "assistant", "content": None, "tool_calls": [
+    assert body["messages"][1] == {"role": "assistant", "content": "", "tool_calls": [
         {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": '{"city":"Paris"}'}}]}
     assert body["messages"][2] == {"role": "tool", "content": "sunny", "tool_call_id": "call_1"}
     _, plain = request_body(replace(req(conversation), tools=Tools(choice="none")), "gpt-x")
