@@ -15,10 +15,13 @@ import json
 from collections.abc import Callable
 
 import protovalidate
+from buf.validate import validate_pb2
 from google.protobuf.message import Message as PbMessage
 
+from llmesh.convert import request_to_pb, sampling_to_pb
 from llmesh.errors import InvalidArgument
 from llmesh.types import Prompt, ResponseFormat, Sampling, Tools
+from llmesh.v1 import common_pb2, gateway_pb2
 
 # The wire types of SamplingParams (common.proto): max_tokens is a uint32, seed an int64.
 # Out of these ranges a value cannot even be encoded, so they are checked first.
@@ -53,7 +56,6 @@ def check_message(msg: PbMessage, name: Callable[[str], str] = lambda path: path
 
 def rule(message_type, field: str):
     """The buf.validate rules of one field (e.g. ``rule(ChatRequest, "n").uint32.lte``)."""
-    from buf.validate import validate_pb2
     return message_type.DESCRIPTOR.fields_by_name[field].GetOptions().Extensions[validate_pb2.field]
 
 
@@ -61,7 +63,6 @@ def rule(message_type, field: str):
 def _texts_ruled() -> bool:
     """Whether the protos put a rule on a prompt's texts (ChatMessage.content,
     CompleteRequest.prompt); if not, they are not copied just to be checked."""
-    from llmesh.v1 import common_pb2, gateway_pb2
     return bool(rule(common_pb2.ChatMessage, "content").ListFields()
                 or rule(gateway_pb2.CompleteRequest, "prompt").ListFields())
 
@@ -73,7 +74,7 @@ def _wire_ranges(s: Sampling) -> None:
     if s.seed is not None and not INT64_MIN <= s.seed <= INT64_MAX:
         raise InvalidArgument(f"seed must be between {INT64_MIN} and {INT64_MAX}, got {s.seed}.", param="seed")
     if s.logprobs is not None and not 0 <= s.logprobs <= UINT32_MAX:
-        raise InvalidArgument(f"top_logprobs must be between 0 and 20, got {s.logprobs}.", param="top_logprobs")
+        raise InvalidArgument(f"top_logprobs is out of range, got {s.logprobs}.", param="top_logprobs")
 
 
 def http_name(path: str, chat: bool) -> str:
@@ -88,7 +89,6 @@ def http_name(path: str, chat: bool) -> str:
 
 
 def check_sampling(s: Sampling, chat: bool = True) -> None:
-    from llmesh.convert import sampling_to_pb
     _wire_ranges(s)
     check_message(sampling_to_pb(s), lambda path: http_name("sampling." + path, chat))
     if s.response_format is not None:
@@ -129,7 +129,6 @@ def uses_tools(prompt: Prompt, tools: Tools | None) -> str | None:
 
 def check_choices(n: int) -> None:
     """``n`` against the ChatRequest/CompleteRequest rule (1..16)."""
-    from llmesh.v1 import gateway_pb2
     if not 0 <= n <= UINT32_MAX:
         raise InvalidArgument(f"n must be between 1 and 16, got {n}.", param="n")
     check_message(gateway_pb2.CompleteRequest(model="n", n=n))
@@ -141,7 +140,6 @@ def check_request(model: str, prompt: Prompt, sampling: Sampling, *, user: str |
     them (errors name fields as the OpenAI API does), and what they cannot state.
     ``tools_allowed``: the caller can serve tool calls (the gateway, for providers); an
     engine cannot. ``rules_checked``: the protobuf request was checked as it arrived."""
-    from llmesh.convert import request_to_pb
     _wire_ranges(sampling)
     if not tools_allowed and (param := uses_tools(prompt, tools)) is not None:
         raise InvalidArgument("This model is served by an llmesh engine, which cannot call tools; "
