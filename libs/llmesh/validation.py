@@ -130,7 +130,7 @@ def uses_tools(prompt: Prompt, tools: Tools | None) -> str | None:
 def check_choices(n: int) -> None:
     """``n`` against the ChatRequest/CompleteRequest rule (1..16)."""
     if not 0 <= n <= UINT32_MAX:
-        raise InvalidArgument(f"n must be between 1 and 16, got {n}.", param="n")
+        raise InvalidArgument(f"n is out of range, got {n}.", param="n")
     check_message(gateway_pb2.CompleteRequest(model="n", n=n))
 
 
