@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from llmesh.errors import InvalidArgument
 from llmesh.kvhash import HashScheme
 from llmesh.types import (FinishReason, Message, Priority, Prompt, ResponseFormat, Sampling, TokenLogprob, Tool,
@@ -135,6 +137,13 @@ def tools_from_pb(pb: gateway_pb2.ChatRequest) -> Tools | None:
                  parallel=pb.parallel_tool_calls if pb.HasField("parallel_tool_calls") else None)
 
 
+@functools.lru_cache(maxsize=64)
+def _role_only(role: str) -> common_pb2.ChatMessage:
+    """A message with only its role (copied into each request that holds one): cheaper
+    than building it anew when only the rules on roles are to be checked."""
+    return common_pb2.ChatMessage(role=role)
+
+
 def request_to_pb(model: str, prompt: Prompt, sampling: Sampling, *, user: str | None = None,
                   tools: Tools | None = None, texts: bool = True) -> gateway_pb2.ChatRequest | gateway_pb2.CompleteRequest:
     """A domain request as the Gateway's ChatRequest (a chat) or CompleteRequest.
@@ -148,7 +157,7 @@ def request_to_pb(model: str, prompt: Prompt, sampling: Sampling, *, user: str |
     else:
         messages = [common_pb2.ChatMessage(role=m.role, tool_calls=tool_calls_to_pb(m.tool_calls),
                                            tool_call_id=m.tool_call_id) if m.tool_calls or m.tool_call_id
-                    else common_pb2.ChatMessage(role=m.role) for m in prompt.messages]
+                    else _role_only(m.role) for m in prompt.messages]
     return gateway_pb2.ChatRequest(messages=messages, **common, **extra)
 
 
