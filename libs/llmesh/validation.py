@@ -1,51 +1,103 @@
 """Request rules that hold whatever the transport: the gateway checks them before
-routing, the engine again before decoding (gRPC clients may call it directly)."""
+routing (for gRPC and HTTP callers alike), the engine again before decoding (gRPC
+clients may call it directly).
+
+The limits are declared once, as protovalidate rules (buf.validate) in protos/ where
+clients can read them, and enforced by buf's own validator: a domain request is
+checked in its protobuf form (llmesh.convert), so a rule changed in a .proto changes
+every front at once. What the rules cannot say (a JSON Schema that must parse, the
+wire types' ranges before anything is encoded, what an engine cannot do) is here."""
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Callable
 
+import protovalidate
+from buf.validate import validate_pb2
+from google.protobuf.message import Message as PbMessage
+
+from llmesh.convert import request_to_pb, sampling_to_pb
 from llmesh.errors import InvalidArgument
-from llmesh.types import Message, Prompt, ResponseFormat, Sampling
+from llmesh.types import Prompt, ResponseFormat, Sampling, Tools
+from llmesh.v1 import common_pb2, gateway_pb2
 
-MAX_STOP_SEQUENCES = 4
 # The wire types of SamplingParams (common.proto): max_tokens is a uint32, seed an int64.
+# Out of these ranges a value cannot even be encoded, so they are checked first.
 UINT32_MAX = 2**32 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-MAX_MESSAGES = 2048  # OpenAI's own limit on a conversation's length
-MAX_TOP_LOGPROBS = 20
-RESPONSE_FORMATS = frozenset({"json_object", "json_schema"})
-CHAT_ROLES = frozenset({"system", "user", "assistant"})
 
 
-def check_sampling(s: Sampling) -> None:
-    if s.max_tokens is not None and s.max_tokens < 1:
-        raise InvalidArgument(f"max_tokens must be at least 1, got {s.max_tokens}.", param="max_tokens")
-    if s.max_tokens is not None and s.max_tokens > UINT32_MAX:
-        raise InvalidArgument(f"max_tokens must be at most {UINT32_MAX}, got {s.max_tokens}.", param="max_tokens")
+@functools.cache
+def _validator() -> protovalidate.Validator:
+    """One per process: it compiles each message type's rules once, on first use."""
+    return protovalidate.Validator()
+
+
+def field_path(violation) -> str:
+    """``messages[3].role``, ``sampling.temperature``: the field as a caller names it."""
+    out = []
+    for element in violation.proto.field.elements:
+        out.append(("." if out else "") + element.field_name)
+        if element.subscript is not None:
+            out.append(f"[{element.subscript.value}]")
+    return "".join(out)
+
+
+def check_message(msg: PbMessage, name: Callable[[str], str] = lambda path: path) -> None:
+    """Raises InvalidArgument naming the first field that breaks its proto rules
+    (``name`` turns a proto field path into the caller's name for it)."""
+    violations = _validator().collect_violations(msg, fail_fast=True)
+    if violations:
+        param = name(field_path(violations[0]))
+        raise InvalidArgument(f"Invalid value for '{param}': {violations[0].proto.message}.", param=param)
+
+
+def rule(message_type, field: str):
+    """The buf.validate rules of one field (e.g. ``rule(ChatRequest, "n").uint32.lte``)."""
+    return message_type.DESCRIPTOR.fields_by_name[field].GetOptions().Extensions[validate_pb2.field]
+
+
+@functools.cache
+def _texts_ruled() -> bool:
+    """Whether the protos put a rule on a prompt's texts (ChatMessage.content,
+    CompleteRequest.prompt); if not, they are not copied just to be checked."""
+    return bool(rule(common_pb2.ChatMessage, "content").ListFields()
+                or rule(gateway_pb2.CompleteRequest, "prompt").ListFields())
+
+
+def _wire_ranges(s: Sampling) -> None:
+    if s.max_tokens is not None and not 0 <= s.max_tokens <= UINT32_MAX:
+        raise InvalidArgument(f"max_tokens must be between 1 and {UINT32_MAX}, got {s.max_tokens}.",
+                              param="max_tokens")
     if s.seed is not None and not INT64_MIN <= s.seed <= INT64_MAX:
         raise InvalidArgument(f"seed must be between {INT64_MIN} and {INT64_MAX}, got {s.seed}.", param="seed")
-    if s.temperature is not None and not 0.0 <= s.temperature <= 2.0:
-        raise InvalidArgument(f"temperature must be between 0 and 2, got {s.temperature}.",
-                              param="temperature")
-    if s.top_p is not None and not 0.0 < s.top_p <= 1.0:
-        raise InvalidArgument(f"top_p must be greater than 0 and at most 1, got {s.top_p}.", param="top_p")
-    if len(s.stop) > MAX_STOP_SEQUENCES:
-        raise InvalidArgument(f"stop takes at most {MAX_STOP_SEQUENCES} sequences, got {len(s.stop)}.",
-                              param="stop")
-    if any(not seq for seq in s.stop):
-        raise InvalidArgument("stop sequences must not be empty.", param="stop")
-    if s.logprobs is not None and not 0 <= s.logprobs <= MAX_TOP_LOGPROBS:
-        raise InvalidArgument(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {s.logprobs}.",
-                              param="top_logprobs")
+    if s.logprobs is not None and not 0 <= s.logprobs <= UINT32_MAX:
+        raise InvalidArgument(f"top_logprobs is out of range, got {s.logprobs}.", param="top_logprobs")
+
+
+def http_name(path: str, chat: bool) -> str:
+    """A proto field path as the OpenAI API names the parameter."""
+    if path == "sampling.logprobs":
+        return "top_logprobs" if chat else "logprobs"
+    if path.startswith("sampling.response_format.json_schema"):
+        return "response_format.json_schema"
+    if path.startswith("tool_choice."):
+        return "tool_choice"
+    return path.removeprefix("sampling.")
+
+
+def check_sampling(s: Sampling, chat: bool = True) -> None:
+    _wire_ranges(s)
+    check_message(sampling_to_pb(s), lambda path: http_name("sampling." + path, chat))
     if s.response_format is not None:
         check_response_format(s.response_format)
 
 
 def check_response_format(f: ResponseFormat) -> None:
-    if f.type not in RESPONSE_FORMATS:
-        raise InvalidArgument(f"response_format.type must be one of {sorted(RESPONSE_FORMATS)}, got '{f.type}'.",
-                              param="response_format.type")
+    """What the proto's rules cannot say: a schema only with json_schema, and one
+    that parses to a JSON object."""
     if f.type != "json_schema":
         if f.schema is not None:
             raise InvalidArgument(f"response_format of type '{f.type}' takes no schema.",
@@ -63,21 +115,57 @@ def check_response_format(f: ResponseFormat) -> None:
                               param="response_format.json_schema.schema")
 
 
-def check_messages(messages: tuple[Message, ...]) -> None:
-    if not messages:
-        raise InvalidArgument("messages must hold at least one message.", param="messages")
-    if len(messages) > MAX_MESSAGES:
-        raise InvalidArgument(f"messages holds {len(messages)} messages; at most {MAX_MESSAGES} are allowed.",
-                              param="messages")
-    for i, m in enumerate(messages):
-        if m.role not in CHAT_ROLES:
-            raise InvalidArgument(f"messages[{i}].role must be one of {sorted(CHAT_ROLES)}, got '{m.role}'.",
-                                  param=f"messages[{i}].role")
+def uses_tools(prompt: Prompt, tools: Tools | None) -> str | None:
+    """The parameter that needs tool calling (``tools``, ``messages[i].role``...), if any."""
+    if tools is not None and tools.functions:
+        return "tools"
+    for i, m in enumerate(prompt.messages or ()):
+        if m.role == "tool":
+            return f"messages[{i}].role"
+        if m.tool_calls:
+            return f"messages[{i}].tool_calls"
+    return None
 
 
-def check_request(model: str, prompt: Prompt, sampling: Sampling) -> None:
-    if not model:
-        raise InvalidArgument("model is required.", param="model")
-    if prompt.messages is not None:
-        check_messages(prompt.messages)
-    check_sampling(sampling)
+def check_choices(n: int) -> None:
+    """``n`` against the ChatRequest/CompleteRequest rule (1..16)."""
+    if not 0 <= n <= UINT32_MAX:
+        raise InvalidArgument(f"n is out of range, got {n}.", param="n")
+    check_message(gateway_pb2.CompleteRequest(model="n", n=n))
+
+
+def check_request(model: str, prompt: Prompt, sampling: Sampling, *, user: str | None = None,
+                  tools: Tools | None = None, tools_allowed: bool = False, rules_checked: bool = False) -> None:
+    """Every rule of the request as the gateway's ChatRequest/CompleteRequest states
+    them (errors name fields as the OpenAI API does), and what they cannot state.
+    ``tools_allowed``: the caller can serve tool calls (the gateway, for providers); an
+    engine cannot. ``rules_checked``: the protobuf request was checked as it arrived."""
+    _wire_ranges(sampling)
+    if not tools_allowed and (param := uses_tools(prompt, tools)) is not None:
+        raise InvalidArgument("This model is served by an llmesh engine, which cannot call tools; "
+                              f"'{param}' needs an OpenAI-compatible provider.", param=param)
+    if not rules_checked:
+        check_message(request_to_pb(model, prompt, sampling, user=user, tools=tools, texts=_texts_ruled()),
+                      lambda path: http_name(path, prompt.is_chat))
+    if sampling.response_format is not None:
+        check_response_format(sampling.response_format)
+    if tools is not None:
+        check_tools(tools)
+
+
+def check_tools(tools: Tools) -> None:
+    for i, tool in enumerate(tools.functions):
+        if tool.parameters:
+            try:
+                ok = isinstance(json.loads(tool.parameters), dict)
+            except ValueError:
+                ok = False
+            if not ok:
+                raise InvalidArgument(f"tools[{i}].function.parameters must be a JSON Schema object.",
+                                      param=f"tools[{i}].function.parameters")
+    if tools.choice == "function":
+        if tools.function not in {t.name for t in tools.functions}:
+            raise InvalidArgument(f"tool_choice names the function '{tools.function}', which is not in tools.",
+                                  param="tool_choice")
+    elif tools.choice in ("required",) and not tools.functions:
+        raise InvalidArgument("tool_choice 'required' needs tools.", param="tool_choice")

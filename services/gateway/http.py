@@ -22,7 +22,7 @@ from llmesh.errors import ErrorCode, InvalidArgument, LlmeshError
 from llmesh.logs import request_id_var
 from llmesh.types import Delta, Finish
 from llmesh.gateway.choices import UsageSum, choice_requests, merge
-from llmesh.gateway.openai_api import (CHAT, TEXT, ChatBody, Choice, ChunkWriter, CompletionBody, Shape,
+from llmesh.gateway.openai_api import (CHAT, TEXT, ChatBody, Choice, ChunkWriter, CompletionBody, Shape, ToolCalls,
                                        completion_json, error_json, parse)
 from llmesh.gateway.pipeline import CompletionRequest, Context, Pipeline
 
@@ -150,7 +150,7 @@ class HttpFront:
                                     sampling=sampling, timeout_s=self._timeout(headers),
                                     user=body.user, trace_headers=headers,
                                     operation="chat" if shape.chat else "text_completion",
-                                    credential=bearer(headers))
+                                    credential=bearer(headers), tools=body.tools_value())
             ctxs = [Context.of(r) for r in choice_requests(req, n)]
             items = merge([self._pipeline.run(c.req, c) for c in ctxs])
             want_logprobs = sampling.logprobs is not None
@@ -162,6 +162,7 @@ class HttpFront:
             texts: list[list[str]] = [[] for _ in range(n)]
             logprobs = [[] if want_logprobs else None for _ in range(n)]
             finishes: list[Finish | None] = [None] * n
+            calls = [ToolCalls() for _ in range(n)] if req.tools is not None else None
             total = UsageSum()
             async with aclosing(items):
                 async for i, item in items:
@@ -169,10 +170,13 @@ class HttpFront:
                         texts[i].append(item.text)
                         if want_logprobs:
                             logprobs[i].extend(item.logprobs)
+                        if item.tool_calls and calls is not None:
+                            calls[i].add(item.tool_calls)
                     else:
                         finishes[i] = item
                         total.add(item)
-            choices = [Choice("".join(texts[i]), finishes[i].reason, logprobs[i]) for i in range(n)]
+            choices = [Choice("".join(texts[i]), finishes[i].reason, logprobs[i],
+                              calls[i].json() if calls is not None else None) for i in range(n)]
             await _json(send, completion_json(shape, rid, body.model, choices, total.usage),
                         rid=rid, extra=ctxs[0].headers)
         except LlmeshError as exc:
@@ -214,14 +218,14 @@ class HttpFront:
                 total = UsageSum()
                 i, item = first
                 while True:
-                    if isinstance(item, Finish) or item.text or item.logprobs:
+                    if isinstance(item, Finish) or item.text or item.logprobs or item.tool_calls:
                         head = b""
                         if i not in started:
                             started.add(i)
                             role = writer.role(i)
                             head = _sse(role) if role is not None else b""
                         if isinstance(item, Delta):
-                            yield head + _sse(writer.delta(item.text, i, item.logprobs))
+                            yield head + _sse(writer.delta(item.text, i, item.logprobs, item.tool_calls))
                         else:
                             total.add(item)
                             yield head + _sse(writer.finish(item.reason, i))

@@ -13,15 +13,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from llmesh.errors import InvalidArgument
-from llmesh.types import FinishReason, Message, Prompt, ResponseFormat, Sampling, TokenLogprob, Usage
-
-MAX_CHOICES = 16
+from llmesh.types import FinishReason, Message, Prompt, ResponseFormat, Sampling, TokenLogprob, Tool, ToolCall, Tools, Usage
+from llmesh.validation import check_choices
 # Fields we do not act on but that change nothing about the answer; any other field
 # we do not know is refused (400 naming it) unless it holds the value that means "off".
 HARMLESS = frozenset({"store", "metadata", "service_tier"})
 OFF_VALUES: dict[str, tuple[Any, ...]] = {
     "presence_penalty": (0, None), "frequency_penalty": (0, None), "logit_bias": ({}, None),
-    "tools": ([], None), "tool_choice": ("none", None), "parallel_tool_calls": (None, True, False),
     "functions": ([], None), "function_call": ("none", None), "echo": (False, None), "best_of": (1, None),
     "suffix": (None, ""),
 }
@@ -77,9 +75,11 @@ class _Body(BaseModel):
     @property
     def choices(self) -> int:
         n = 1 if self.n is None else self.n
-        if not 1 <= n <= MAX_CHOICES:
-            raise InvalidArgument(f"n must be between 1 and {MAX_CHOICES}, got {n}.", param="n")
+        check_choices(n)
         return n
+
+    def tools_value(self) -> Tools | None:
+        return None
 
     def wanted_logprobs(self) -> int | None:
         """How many alternatives per token (0: the chosen token only); None: no logprobs."""
@@ -102,13 +102,55 @@ class _TextPart(BaseModel):
     text: str
 
 
+class _Function(BaseModel):
+    name: str
+    arguments: str = ""
+
+
+class _ToolCallIn(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: _Function
+
+
 class _MessageIn(BaseModel):
     role: str
-    content: str | list[_TextPart]
+    content: str | list[_TextPart] | None = None
+    tool_calls: list[_ToolCallIn] | None = None
+    tool_call_id: str | None = None
 
     def to_domain(self) -> Message:
-        content = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
-        return Message(role="system" if self.role == "developer" else self.role, content=content)
+        content = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content or ())
+        calls = tuple(ToolCall(i, c.id, c.function.name, c.function.arguments)
+                      for i, c in enumerate(self.tool_calls or ()))
+        return Message(role="system" if self.role == "developer" else self.role, content=content,
+                       tool_calls=calls, tool_call_id=self.tool_call_id or "")
+
+
+class _FunctionDef(BaseModel):
+    name: str
+    description: str | None = None
+    parameters: dict | None = None
+    strict: bool | None = None
+
+
+class _ToolIn(BaseModel):
+    type: Literal["function"]
+    function: _FunctionDef
+
+    def to_domain(self) -> Tool:
+        f = self.function
+        return Tool(f.name, f.description or "", json.dumps(f.parameters) if f.parameters is not None else "",
+                    f.strict)
+
+
+class _NamedFunction(BaseModel):
+    name: str
+
+
+class _NamedChoice(BaseModel):
+    type: Literal["function"]
+    function: _NamedFunction
 
 
 class ChatBody(_Body):
@@ -116,6 +158,17 @@ class ChatBody(_Body):
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
+    tools: list[_ToolIn] | None = None
+    tool_choice: Literal["auto", "none", "required"] | _NamedChoice | None = None
+    parallel_tool_calls: bool | None = None
+
+    def tools_value(self) -> Tools | None:
+        if not self.tools and self.tool_choice is None and self.parallel_tool_calls is None:
+            return None
+        choice, function = ((self.tool_choice.type, self.tool_choice.function.name)
+                            if isinstance(self.tool_choice, _NamedChoice) else (self.tool_choice or "auto", ""))
+        return Tools(functions=tuple(t.to_domain() for t in self.tools or ()), choice=choice, function=function,
+                     parallel=self.parallel_tool_calls)
 
     def wanted_logprobs(self) -> int | None:
         if not self.logprobs:
@@ -187,6 +240,40 @@ class Choice:
     text: str
     finish: FinishReason
     logprobs: list[TokenLogprob] | None  # None: not asked for
+    tool_calls: list[dict] | None = None  # joined from the streamed pieces (ToolCalls)
+
+
+class ToolCalls:
+    """Joins the streamed pieces of one answer's tool calls into OpenAI's message form."""
+
+    def __init__(self) -> None:
+        self._calls: dict[int, dict] = {}
+
+    def add(self, pieces: tuple[ToolCall, ...]) -> None:
+        for p in pieces:
+            call = self._calls.setdefault(p.index, {"id": "", "type": "function",
+                                                    "function": {"name": "", "arguments": ""}})
+            call["id"] = p.id or call["id"]
+            call["function"]["name"] = p.name or call["function"]["name"]
+            call["function"]["arguments"] += p.arguments
+
+    def json(self) -> list[dict] | None:
+        return [self._calls[i] for i in sorted(self._calls)] or None
+
+
+def tool_call_deltas(pieces: tuple[ToolCall, ...]) -> list[dict]:
+    """Streamed pieces as OpenAI's ``delta.tool_calls`` (id, type and name only where given)."""
+    out = []
+    for p in pieces:
+        d: dict = {"index": p.index}
+        if p.id:
+            d["id"], d["type"] = p.id, "function"
+        fn = {"arguments": p.arguments}
+        if p.name:
+            fn["name"] = p.name
+        d["function"] = fn
+        out.append(d)
+    return out
 
 
 def _alt(token: str, logprob: float) -> dict:
@@ -215,8 +302,11 @@ def completion_json(shape: Shape, rid: str, model: str, choices: list[Choice], u
     for i, c in enumerate(choices):
         lp = logprobs_json(shape, c.logprobs)
         if shape.chat:
-            out.append({"index": i, "message": {"role": "assistant", "content": c.text},
-                        "finish_reason": c.finish.value, "logprobs": lp})
+            message: dict = {"role": "assistant", "content": c.text}
+            if c.tool_calls:
+                message["content"] = c.text or None
+                message["tool_calls"] = c.tool_calls
+            out.append({"index": i, "message": message, "finish_reason": c.finish.value, "logprobs": lp})
         else:
             out.append({"index": i, "text": c.text, "finish_reason": c.finish.value, "logprobs": lp})
     return {"id": shape.id_prefix + rid, "object": shape.object, "created": int(time.time()),
@@ -246,14 +336,19 @@ class ChunkWriter:
         return self._chunk({"index": index, "delta": {"role": "assistant", "content": ""},
                             "finish_reason": None, "logprobs": None})
 
-    def delta(self, text: str, index: int = 0, logprobs: tuple[TokenLogprob, ...] = ()) -> dict:
+    def delta(self, text: str, index: int = 0, logprobs: tuple[TokenLogprob, ...] = (),
+              tool_calls: tuple[ToolCall, ...] = ()) -> dict:
         lp = None
         if self._logprobs:
             at = self._offsets.get(index, 0)
             lp = logprobs_json(self._shape, logprobs, at)
             self._offsets[index] = at + sum(len(t.token) for t in logprobs)
         if self._shape.chat:
-            return self._chunk({"index": index, "delta": {"content": text}, "finish_reason": None, "logprobs": lp})
+            delta: dict = {"content": text}
+            if tool_calls:
+                delta = {"tool_calls": tool_call_deltas(tool_calls)} if not text else {
+                    "content": text, "tool_calls": tool_call_deltas(tool_calls)}
+            return self._chunk({"index": index, "delta": delta, "finish_reason": None, "logprobs": lp})
         return self._chunk({"index": index, "text": text, "finish_reason": None, "logprobs": lp})
 
     def finish(self, reason: FinishReason, index: int = 0) -> dict:

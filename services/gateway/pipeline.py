@@ -28,8 +28,8 @@ from llmesh.errors import (DeadlineExceeded, Internal, InvalidArgument, LlmeshEr
                            QueueFull, Unavailable)
 from llmesh.liveconfig.schema import MeshConfig, ModelPolicy, Provider
 from llmesh.telemetry import bind_trace_id, extract
-from llmesh.types import Delta, Finish, FinishReason, Priority, Prompt, Sampling, Usage
-from llmesh.validation import check_request
+from llmesh.types import Delta, Finish, FinishReason, Priority, Prompt, Sampling, Tools, Usage
+from llmesh.validation import check_request, uses_tools
 from llmesh.gateway.logprob_gate import LogprobGate
 from llmesh.gateway.picking import EndpointPicker, PickInput
 from llmesh.gateway.picking.types import work_tokens
@@ -84,6 +84,8 @@ class CompletionRequest:
     caller: Caller = Caller()
     priority: Priority = Priority.NORMAL
     continuation: str = ""  # answer text already sent, when a stream fails over to another engine
+    tools: Tools | None = None  # functions the model may call (OpenAI-compatible providers only)
+    checked: bool = False  # the front already checked it against the protos' rules (gRPC: as it arrived)
 
 
 class OutputFilter(Protocol):
@@ -129,7 +131,9 @@ class Stage(Protocol):
 
 class ValidateStage:
     async def admit(self, ctx: Context) -> None:
-        check_request(ctx.req.model, ctx.req.prompt, ctx.req.sampling)
+        req = ctx.req
+        check_request(req.model, req.prompt, req.sampling, user=req.user, tools=req.tools, tools_allowed=True,
+                      rules_checked=req.checked)
 
     async def finish(self, ctx: Context) -> None:
         pass
@@ -226,7 +230,8 @@ class Pipeline:
                 entered.append(stage)
                 await stage.admit(ctx)
             req = ctx.req
-            cacheable = self._cache is not None and self._cache.applies(req) and req.sampling.logprobs is None
+            cacheable = (self._cache is not None and req.sampling.logprobs is None and req.tools is None
+                         and self._cache.applies(req))
             if cacheable:
                 hit = await self._cache.lookup(req, span)
                 record.cache = "hit" if hit else "miss"
@@ -254,7 +259,8 @@ class Pipeline:
                         if filters:
                             text = _filtered(filters, item.text)
                             item = Delta(text=text, tokens=item.tokens,
-                                         logprobs=gate.feed(item.text, item.logprobs, text) if gate else ())
+                                         logprobs=gate.feed(item.text, item.logprobs, text) if gate else (),
+                                         tool_calls=item.tool_calls)  # their arguments are not rewritten
                     else:
                         self._count(record, item)
                         if cacheable:
@@ -329,12 +335,19 @@ class Pipeline:
         emitted: list[str] = []
         work = work_tokens(req.prompt, req.sampling.max_tokens)  # what an engine's queue gains from it
         chain = (req.model, *policy.fallbacks)
+        needs_tools = uses_tools(req.prompt, req.tools)
         for model in chain:
             last_model = model == chain[-1]
             if state.mid_stream is not None:
                 raise state.mid_stream  # an answer under way is finished by its own model only
             target = req if model == req.model else replace(req, model=model)
             provider = config.provider_for(model) if self._providers is not None else None
+            if provider is None and needs_tools is not None:
+                # An llmesh engine cannot call tools: a fallback served by a provider may.
+                state.last_error = InvalidArgument(
+                    f"The model '{model}' is served by an llmesh engine, which cannot call tools; "
+                    f"'{needs_tools}' needs a model served by an OpenAI-compatible provider.", param=needs_tools)
+                continue
             tried: set[str] = set()
             for _ in range(1 if provider is not None else policy.max_attempts):
                 now = self._clock()

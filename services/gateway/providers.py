@@ -13,7 +13,7 @@ import orjson
 
 from llmesh.errors import DeadlineExceeded, Internal, InvalidArgument, LlmeshError, Overloaded, Unavailable
 from llmesh.liveconfig.schema import Provider
-from llmesh.types import Delta, Finish, FinishReason, TokenLogprob, Usage
+from llmesh.types import Delta, Finish, FinishReason, Message, TokenLogprob, ToolCall, Tools, Usage
 from llmesh.gateway.pipeline import CompletionRequest
 
 
@@ -43,7 +43,9 @@ def request_body(req: CompletionRequest, remote_model: str) -> tuple[str, dict]:
     if s.stop:
         body["stop"] = list(s.stop)
     if req.prompt.messages is not None:
-        body["messages"] = [{"role": m.role, "content": m.content} for m in req.prompt.messages]
+        body["messages"] = [message_json(m) for m in req.prompt.messages]
+        if req.tools is not None:
+            body.update(tools_json(req.tools))
         if s.logprobs is not None:
             body["logprobs"] = True
             body["top_logprobs"] = s.logprobs
@@ -59,6 +61,46 @@ def request_body(req: CompletionRequest, remote_model: str) -> tuple[str, dict]:
             fmt["json_schema"] = {"name": "response", "schema": orjson.loads(s.response_format.schema)}
         body["response_format"] = fmt
     return path, body
+
+
+def message_json(m: Message) -> dict:
+    out: dict = {"role": m.role, "content": m.content}
+    if m.tool_calls:  # content stays a string ("" with calls only): strict servers refuse null
+        out["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                             for c in m.tool_calls]
+    if m.tool_call_id:
+        out["tool_call_id"] = m.tool_call_id
+    return out
+
+
+def tools_json(t: Tools) -> dict:
+    """``tools``, ``tool_choice`` and ``parallel_tool_calls`` as OpenAI's API takes them."""
+    out: dict = {}
+    if t.functions:
+        out["tools"] = []
+        for f in t.functions:
+            fn: dict = {"name": f.name}
+            if f.description:
+                fn["description"] = f.description
+            if f.parameters:
+                fn["parameters"] = orjson.loads(f.parameters)
+            if f.strict is not None:
+                fn["strict"] = f.strict
+            out["tools"].append({"type": "function", "function": fn})
+        out["tool_choice"] = ({"type": "function", "function": {"name": t.function}} if t.choice == "function"
+                              else t.choice)
+    if t.parallel is not None and t.functions:
+        out["parallel_tool_calls"] = t.parallel
+    return out
+
+
+def _tool_calls(delta: dict) -> tuple[ToolCall, ...]:
+    return tuple(ToolCall(index=c.get("index", i), id=c.get("id") or "", name=(c.get("function") or {}).get("name") or "",
+                          arguments=(c.get("function") or {}).get("arguments") or "")
+                 for i, c in enumerate(delta.get("tool_calls") or ()))
+
+
+FINISH = {"length": FinishReason.LENGTH, "tool_calls": FinishReason.TOOL_CALLS, "function_call": FinishReason.TOOL_CALLS}
 
 
 def error_for_status(status: int, body: bytes) -> LlmeshError:
@@ -119,13 +161,15 @@ class ProviderClients:
                     if chunk.get("usage"):
                         usage = Usage(chunk["usage"].get("prompt_tokens", 0), chunk["usage"].get("completion_tokens", 0))
                     for choice in chunk.get("choices") or ():
-                        text = (choice.get("delta") or {}).get("content") or choice.get("text") or ""
+                        delta = choice.get("delta") or {}
+                        text = delta.get("content") or choice.get("text") or ""
                         logprobs = _logprobs(choice)
-                        if text or logprobs:
+                        calls = _tool_calls(delta)
+                        if text or logprobs or calls:
                             produced += 1
-                            yield Delta(text=text, tokens=max(1, len(logprobs)), logprobs=logprobs)
+                            yield Delta(text=text, tokens=max(1, len(logprobs)), logprobs=logprobs, tool_calls=calls)
                         if choice.get("finish_reason"):
-                            reason = FinishReason.LENGTH if choice["finish_reason"] == "length" else FinishReason.STOP
+                            reason = FINISH.get(choice["finish_reason"], FinishReason.STOP)
         except httpx.TimeoutException:
             raise DeadlineExceeded() from None
         except httpx.HTTPError as exc:

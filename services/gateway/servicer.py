@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 
-from llmesh.convert import finish_to_pb, logprobs_to_pb, messages_from_pb, sampling_from_pb, usage_to_pb
+from llmesh.convert import finish_to_pb, logprobs_to_pb, tool_calls_to_pb, usage_to_pb
 from llmesh.logs import request_id_var
 from llmesh.rpc.interceptor import REQUEST_ID_KEY
-from llmesh.types import Delta, Prompt
+from llmesh.types import Delta, Finish
 from llmesh.v1 import gateway_pb2, gateway_pb2_grpc
 
-from llmesh.gateway.pipeline import FAILOVER_HEADER, CompletionRequest, Context, Pipeline
+from llmesh.gateway.choices import choice_requests, merge
+from llmesh.gateway.pipeline import CompletionRequest, Context, Pipeline
+from llmesh.gateway.proto_api import chat_request, complete_request
 
 
 def credential(context) -> str | None:
@@ -31,34 +33,67 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         self._model_names = model_names
         self._default_timeout = default_timeout_s
 
-    async def Chat(self, request, context):
-        rid = request_id_var.get() or uuid.uuid4().hex  # the interceptor read x-request-id
+    def _call(self, context) -> tuple[str, float]:
+        """(request id, timeout): the interceptor read x-request-id; the deadline caps the timeout."""
+        rid = request_id_var.get() or uuid.uuid4().hex
         context.set_trailing_metadata(((REQUEST_ID_KEY, rid),))
         remaining = context.time_remaining()
-        timeout = self._default_timeout if remaining is None else min(remaining, self._default_timeout)
-        req = CompletionRequest(request_id=rid, tenant="", model=request.model,
-                                prompt=Prompt(messages=messages_from_pb(request.messages)),
-                                sampling=sampling_from_pb(request.sampling), timeout_s=timeout,
-                                credential=credential(context))
+        return rid, self._default_timeout if remaining is None else min(remaining, self._default_timeout)
+
+    async def Chat(self, request, context):
+        rid, timeout = self._call(context)
+        req, n = chat_request(request, rid, timeout, credential(context))
         chat_id = "chatcmpl-" + rid
-        first = True
-        ctx = Context.of(req)
-        async with aclosing(self._pipeline.run(req, ctx)) as items:
-            async for item in items:
-                if isinstance(item, Delta):
-                    if not item.text and not item.logprobs:
-                        continue
-                    msg = gateway_pb2.ChatResponse(id=chat_id, text=item.text, logprobs=logprobs_to_pb(item.logprobs))
-                else:
-                    msg = gateway_pb2.ChatResponse(id=chat_id, finish_reason=finish_to_pb(item.reason),
-                                                   usage=usage_to_pb(item.usage))
-                if first:  # the first message also says who speaks: one write less before the first token
-                    msg.role, msg.model, first = "assistant", request.model, False
-                    if ctx.headers:  # rate-limit facts, as the HTTP front's headers
-                        await context.send_initial_metadata(tuple(ctx.headers.items()))
+
+        def message(index: int, item: Delta | Finish) -> gateway_pb2.ChatResponse:
+            if isinstance(item, Delta):
+                return gateway_pb2.ChatResponse(id=chat_id, index=index, text=item.text,
+                                                logprobs=logprobs_to_pb(item.logprobs),
+                                                tool_calls=tool_calls_to_pb(item.tool_calls))
+            return gateway_pb2.ChatResponse(id=chat_id, index=index, finish_reason=finish_to_pb(item.reason),
+                                            usage=usage_to_pb(item.usage))
+
+        async with aclosing(self._stream(req, n, context, message)) as replies:
+            async for msg in replies:
+                if msg.model:
+                    msg.role = "assistant"  # a choice's first message also says who speaks
                 yield msg
-        if FAILOVER_HEADER in ctx.headers:  # the answer moved engines mid-stream: say so in the trailer
-            context.set_trailing_metadata(((REQUEST_ID_KEY, rid), (FAILOVER_HEADER, ctx.headers[FAILOVER_HEADER])))
+
+    async def Complete(self, request, context):
+        rid, timeout = self._call(context)
+        req, n = complete_request(request, rid, timeout, credential(context))
+        cmpl_id = "cmpl-" + rid
+
+        def message(index: int, item: Delta | Finish) -> gateway_pb2.CompleteResponse:
+            if isinstance(item, Delta):
+                return gateway_pb2.CompleteResponse(id=cmpl_id, index=index, text=item.text,
+                                                    logprobs=logprobs_to_pb(item.logprobs))
+            return gateway_pb2.CompleteResponse(id=cmpl_id, index=index, finish_reason=finish_to_pb(item.reason),
+                                                usage=usage_to_pb(item.usage))
+
+        async with aclosing(self._stream(req, n, context, message)) as replies:
+            async for msg in replies:
+                yield msg
+
+    async def _stream(self, req: CompletionRequest, n: int, context, message) -> AsyncIterator:
+        """Runs the request's choices; each choice's first message carries the model.
+        Response headers of the HTTP front travel as metadata: the stages' (rate-limit
+        facts, cache hit) in the initial metadata, all of them again in the trailers,
+        once failover and fallback are known."""
+        ctxs = [Context.of(r) for r in choice_requests(req, n)]
+        started: set[int] = set()
+        async with aclosing(merge([self._pipeline.run(c.req, c) for c in ctxs])) as items:
+            async for index, item in items:
+                if isinstance(item, Delta) and not (item.text or item.logprobs or item.tool_calls):
+                    continue
+                msg = message(index, item)
+                if index not in started:
+                    started.add(index)
+                    msg.model = req.model
+                    if not started - {index} and ctxs[0].headers:  # the call's first message
+                        await context.send_initial_metadata(tuple(ctxs[0].headers.items()))
+                yield msg
+        context.set_trailing_metadata(((REQUEST_ID_KEY, req.request_id), *ctxs[0].headers.items()))
 
     async def ListModels(self, request, context):
         return gateway_pb2.GatewayListModelsResponse(models=await self._model_names(credential(context)))

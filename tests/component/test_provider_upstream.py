@@ -101,3 +101,44 @@ async def test_an_unreachable_provider_is_unavailable():
         assert info.value.reason == "provider_error"
     finally:
         await providers.close()
+
+
+async def test_tool_calls_pass_through_the_provider_and_the_guards(openai_server):
+    """A named tool choice: llama-cpp-python's server constrains the real model to the
+    function's parameters and streams the call back; the PII guards' output filters
+    leave the call alone, and the tool's answer goes back in the next turn."""
+    import json
+    from dataclasses import replace
+
+    from llmesh.types import Tool, Tools
+    from llmesh.gateway.guard_stage import GuardStage
+    from llmesh.gateway.guards.pii import PiiMasker
+    from llmesh.gateway.pipeline import RouteStage, ValidateStage
+
+    weather = {"type": "object", "required": ["city"], "additionalProperties": False,
+               "properties": {"city": {"type": "string", "maxLength": 20}}}
+    tools = Tools(functions=(Tool("get_weather", "The weather in a city", json.dumps(weather)),), choice="function",
+                  function="get_weather")
+    guarded = MeshConfig(providers={"local": Provider(base_url=openai_server, models={"hosted": REMOTE})})
+    assert guarded.tenant("t").guards.output_pii == "mask"  # the default: PII in answers is masked
+    providers = ProviderClients()
+    pipeline = Pipeline(EndpointPicker(), EngineClients(), Catalog(), config=lambda: guarded, providers=providers,
+                        stages=[ValidateStage(), GuardStage(lambda: guarded, PiiMasker()),
+                                RouteStage(Catalog(), lambda: guarded)])
+    try:
+        ask = CompletionRequest(request_id="t", tenant="t", model="hosted", timeout_s=60, tools=tools,
+                                prompt=Prompt(messages=(Message("user", "Weather in Paris? Mail bob@example.com"),)),
+                                sampling=Sampling(max_tokens=40, temperature=0.0))
+        deltas, finish, _ = await run(pipeline, ask)
+        pieces = [c for d in deltas for c in d.tool_calls]
+        assert finish.reason.value == "tool_calls" and pieces[0].name == "get_weather" and pieces[0].id
+        args = json.loads("".join(p.arguments for p in pieces))
+        assert set(args) == {"city"}
+        call = replace(pieces[0], arguments=json.dumps(args))
+        turn = replace(ask, tools=replace(tools, choice="none"), prompt=Prompt(messages=(
+            *ask.prompt.messages, Message("assistant", "", tool_calls=(call,)),
+            Message("tool", "Sunny, 21 C", tool_call_id=call.id))))
+        deltas, finish, _ = await run(pipeline, turn)
+        assert "".join(d.text for d in deltas) and finish.reason.value in ("stop", "length")
+    finally:
+        await providers.close()

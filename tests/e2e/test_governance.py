@@ -31,11 +31,12 @@ CONFIG = {
     "tenants": {
         "acme": {"models": [SIM], "max_tokens": 64},
         "burst": {"models": [SIM]},
+        "paced": {"models": [SIM]},
         "budgeted": {"models": [SIM], "budget": {"tokens": 300, "period": "day"}},
         "*": {"models": [SIM]},
     },
     "groups": {"eng": {"models": [SIM, "assistant"]}},
-    "rate_limits": {"burst": {"tokens_per_minute": TPM}},
+    "rate_limits": {"burst": {"tokens_per_minute": TPM}, "paced": {"requests_per_minute": 2}},
     "prices": {SIM: {"input_per_1k": 0.5, "output_per_1k": 1.5}},
     "splits": {"assistant": {"targets": [{"model": SIM, "weight": 1}]}},
 }
@@ -216,6 +217,28 @@ def test_revoked_key_fails_on_every_replica_within_a_second(gov):
     late = [(url, status) for url, sent, status in seen if sent >= 1.0]
     assert {url for url, _ in late} == set(gov["urls"])  # each replica was asked after the second
     assert all(status == 401 for _, status in late), late
+
+
+def test_rate_limit_facts_reach_grpc_callers_in_metadata(gov):
+    """What HTTP callers read in x-ratelimit-* headers, gRPC callers read in the initial
+    metadata and the trailers; a refusal is RESOURCE_EXHAUSTED with retry-after."""
+    key, _ = create_key(gov, "paced")
+    md = (("authorization", f"Bearer {key}"),)
+    request = gateway_pb2.ChatRequest(model=SIM, messages=[common_pb2.ChatMessage(role="user", content="hi")],
+                                      sampling=common_pb2.SamplingParams(max_tokens=3))
+    with grpc.insecure_channel(gov["grpc"][0]) as ch:
+        stub = gateway_pb2_grpc.GatewayStub(ch)
+        call = stub.Chat(request, metadata=md, timeout=30)
+        assert list(call)[-1].usage.completion_tokens == 3
+        initial, trailers = dict(call.initial_metadata()), dict(call.trailing_metadata())
+        assert initial["x-ratelimit-limit-requests"] == trailers["x-ratelimit-limit-requests"] == "2"
+        assert trailers["x-ratelimit-remaining-requests"] == "1" and trailers["x-request-id"]
+        list(stub.Chat(request, metadata=md, timeout=30))
+        with pytest.raises(grpc.RpcError) as err:
+            list(stub.Chat(request, metadata=md, timeout=30))
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    refused = dict(err.value.trailing_metadata())
+    assert int(refused["retry-after"]) >= 1 and refused["x-ratelimit-remaining-requests"] == "0"
 
 
 def test_three_gateways_share_one_tokens_per_minute_limit(gov):

@@ -58,7 +58,7 @@ def test_bad_bodies_are_invalid_arguments_naming_the_field(raw, param):
 def test_value_rules_name_the_field(fields, param):
     body = parse(ChatBody, chat(**fields))
     with pytest.raises(InvalidArgument) as info:
-        check_request(body.model, body.prompt(), body.sampling_params())
+        check_request(body.model, body.prompt(), body.sampling_params(), user=body.user)
     assert info.value.param == param
 
 

@@ -10,7 +10,7 @@ import pytest
 from llmesh.convert import logprobs_from_pb, logprobs_to_pb, sampling_from_pb, sampling_to_pb
 from llmesh.errors import InvalidArgument, Unavailable
 from llmesh.types import Delta, Finish, FinishReason, ResponseFormat, Sampling, TokenLogprob, Usage
-from llmesh.validation import check_sampling
+from llmesh.validation import check_request, check_sampling
 from llmesh.gateway.choices import UsageSum, choice_requests, merge
 from llmesh.gateway.openai_api import CHAT, TEXT, ChatBody, Choice, ChunkWriter, CompletionBody, completion_json, parse
 from llmesh.gateway.pipeline import CompletionRequest
@@ -69,7 +69,6 @@ def test_schema_text_that_is_not_an_object_is_refused():
 
 
 @pytest.mark.parametrize("field, value", [
-    ("tools", [{"type": "function", "function": {"name": "f"}}]), ("tool_choice", "auto"),
     ("logit_bias", {"1": 5}), ("presence_penalty", 0.5), ("frequency_penalty", 1.0), ("modalities", ["audio"]),
     ("made_up_field", 1),
 ])
@@ -77,6 +76,42 @@ def test_unsupported_parameters_are_refused_by_name(field, value):
     with pytest.raises(InvalidArgument) as info:
         parse(ChatBody, chat(**{field: value})).sampling_params()
     assert info.value.param == field and field in info.value.message
+
+
+WEATHER = {"type": "function", "function": {"name": "weather", "description": "Weather in a city",
+                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+
+
+def test_tools_map_to_domain_and_engines_refuse_them_by_name():
+    body = parse(ChatBody, chat(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "weather"}},
+                                parallel_tool_calls=False))
+    tools = body.tools_value()
+    assert [t.name for t in tools.functions] == ["weather"] and tools.choice == "function"
+    assert json.loads(tools.functions[0].parameters)["properties"]["city"] == {"type": "string"}
+    assert tools.function == "weather" and tools.parallel is False
+    check_request("m", body.prompt(), body.sampling_params(), tools=tools, tools_allowed=True)
+    with pytest.raises(InvalidArgument) as info:  # an llmesh engine cannot call tools
+        check_request("m", body.prompt(), body.sampling_params(), tools=tools)
+    assert info.value.param == "tools"
+    with pytest.raises(InvalidArgument) as info:  # a named function must be offered
+        named = parse(ChatBody, chat(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "x"}}))
+        check_request("m", named.prompt(), named.sampling_params(), tools=named.tools_value(), tools_allowed=True)
+    assert info.value.param == "tool_choice"
+    with pytest.raises(InvalidArgument) as info:  # text completions have no tools
+        parse(CompletionBody, orjson.dumps({"model": "m", "prompt": "x", "tools": [WEATHER]})).sampling_params()
+    assert info.value.param == "tools"
+
+
+def test_a_tool_conversation_maps_to_domain():
+    body = parse(ChatBody, chat(messages=[
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": '{"city":"Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}], tools=[WEATHER]))
+    _, assistant, tool = body.prompt().messages
+    assert assistant.content == "" and assistant.tool_calls[0].name == "weather"
+    assert tool.tool_call_id == "call_1"
+    check_request("m", body.prompt(), body.sampling_params(), tools=body.tools_value(), tools_allowed=True)
 
 
 def test_off_values_and_harmless_fields_pass():
@@ -191,3 +226,23 @@ def test_logprobs_never_leak_what_the_masker_hid():
     assert len(entries) == 8 and all(e.logprob == -0.5 for e in entries)
     assert not any("bob" in e.token or "example" in e.token or any("example" in a for a, _ in e.top)
                    for e in entries)
+
+
+def test_tool_calls_in_answers_and_chunks():
+    from llmesh.types import ToolCall
+    from llmesh.gateway.openai_api import ToolCalls
+    pieces = [(ToolCall(0, "call_1", "weather", ""),), (ToolCall(0, "", "", '{"city":'),), (ToolCall(0, "", "", '"Paris"}'),)]
+    joined = ToolCalls()
+    for p in pieces:
+        joined.add(p)
+    answer = completion_json(CHAT, "r", "m", [Choice("", FinishReason.TOOL_CALLS, None, joined.json())], Usage(3, 4))
+    message = answer["choices"][0]["message"]
+    assert message == {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": '{"city":"Paris"}'}}]}
+    assert answer["choices"][0]["finish_reason"] == "tool_calls"
+    writer = ChunkWriter(CHAT, "r", "m", include_usage=False)
+    first = writer.delta("", 0, (), pieces[0])["choices"][0]["delta"]
+    assert first == {"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                                     "function": {"arguments": "", "name": "weather"}}]}
+    later = writer.delta("", 0, (), pieces[1])["choices"][0]["delta"]
+    assert later == {"tool_calls": [{"index": 0, "function": {"arguments": '{"city":'}}]}

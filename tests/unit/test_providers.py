@@ -48,3 +48,33 @@ def test_key_from_env_or_file(tmp_path, monkeypatch):
     with pytest.raises(Unavailable):
         api_key(Provider(base_url="u", models={}, api_key_env="LLMESH_TEST_PROVIDER_UNSET"))
     assert api_key(Provider(base_url="u", models={})) is None
+
+
+def test_tools_and_a_tool_conversation_in_their_format():
+    from dataclasses import replace
+
+    from llmesh.types import Tool, ToolCall, Tools
+    from llmesh.gateway.providers import _tool_calls
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+    conversation = Prompt(messages=(
+        Message("user", "Weather in Paris?"),
+        Message("assistant", "", tool_calls=(ToolCall(0, "call_1", "weather", '{"city":"Paris"}'),)),
+        Message("tool", "sunny", tool_call_id="call_1")))
+    tools = Tools(functions=(Tool("weather", "Weather in a city", json.dumps(schema), True),), choice="function",
+                  function="weather", parallel=False)
+    _, body = request_body(replace(req(conversation), tools=tools), "gpt-x")
+    assert body["tools"] == [{"type": "function", "function": {"name": "weather", "description": "Weather in a city",
+                                                               "parameters": schema, "strict": True}}]
+    assert body["tool_choice"] == {"type": "function", "function": {"name": "weather"}}
+    assert body["parallel_tool_calls"] is False
+    assert body["messages"][1] == {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": '{"city":"Paris"}'}}]}
+    assert body["messages"][2] == {"role": "tool", "content": "sunny", "tool_call_id": "call_1"}
+    _, plain = request_body(replace(req(conversation), tools=Tools(choice="none")), "gpt-x")
+    assert "tools" not in plain and "tool_choice" not in plain
+    # their streamed pieces as ours
+    assert _tool_calls({"tool_calls": [{"index": 0, "id": "c", "type": "function",
+                                        "function": {"name": "weather", "arguments": ""}}]}) == (
+        ToolCall(0, "c", "weather", ""),)
+    assert _tool_calls({"tool_calls": [{"index": 0, "function": {"arguments": '{"ci'}}]}) == (
+        ToolCall(0, "", "", '{"ci'),)

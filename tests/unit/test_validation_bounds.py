@@ -4,8 +4,9 @@ INVALID_ARGUMENT before anything tries to encode them."""
 import pytest
 
 from llmesh.errors import InvalidArgument
-from llmesh.types import Message, Sampling
-from llmesh.validation import MAX_MESSAGES, check_messages, check_sampling
+from llmesh.types import Message, Prompt, Sampling
+from llmesh.v1 import gateway_pb2
+from llmesh.validation import check_request, check_sampling, rule
 
 
 @pytest.mark.parametrize("sampling,param", [
@@ -23,6 +24,12 @@ def test_the_edges_of_the_wire_types_are_accepted():
 
 
 def test_a_conversation_longer_than_the_limit_is_refused():
-    check_messages(tuple(Message(role="user", content="x") for _ in range(MAX_MESSAGES)))
-    with pytest.raises(InvalidArgument, match="at most 2048"):
-        check_messages(tuple(Message(role="user", content="x") for _ in range(MAX_MESSAGES + 1)))
+    most = rule(gateway_pb2.ChatRequest, "messages").repeated.max_items  # the limit the proto declares
+    assert most == 2048
+
+    def conversation(n):
+        return Prompt(messages=tuple(Message(role="user", content="x") for _ in range(n)))
+    check_request("m", conversation(most), Sampling())
+    with pytest.raises(InvalidArgument, match="no more than 2048") as info:
+        check_request("m", conversation(most + 1), Sampling())
+    assert info.value.param == "messages"

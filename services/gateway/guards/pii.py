@@ -48,7 +48,7 @@ import ipaddress
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from llmesh.types import Message
 
@@ -427,8 +427,8 @@ class PiiMasker:
             placeholders = Placeholders()
             placeholders.reserve(m.content for m in messages)
         counts: Counter[str] = Counter()
-        out = tuple(m if not m.content else Message(m.role, self.mask_part(m.content, placeholders, counts)[0])
-                    for m in messages)
+        out = tuple(m if not m.content else replace(m, content=self.mask_part(m.content, placeholders, counts)[0])
+                    for m in messages)  # a message's tool calls and call id are kept
         return MaskedChat(out, dict(placeholders.found), counts, placeholders)
 
     def mask_part(self, text: str, placeholders: Placeholders, counts: Counter[str]) -> tuple[str, str | None]:
