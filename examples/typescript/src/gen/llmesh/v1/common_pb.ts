@@ -4,13 +4,14 @@
 
 import type { GenEnum, GenFile, GenMessage } from "@bufbuild/protobuf/codegenv2";
 import { enumDesc, fileDesc, messageDesc } from "@bufbuild/protobuf/codegenv2";
+import { file_buf_validate_validate } from "../../buf/validate/validate_pb.js";
 import type { Message } from "@bufbuild/protobuf";
 
 /**
  * Describes the file llmesh/v1/common.proto.
  */
 export const file_llmesh_v1_common: GenFile = /*@__PURE__*/
-  fileDesc("ChZsbG1lc2gvdjEvY29tbW9uLnByb3RvEglsbG1lc2gudjEiLAoLQ2hhdE1lc3NhZ2USDAoEcm9sZRgBIAEoCRIPCgdjb250ZW50GAIgASgJIoICCg5TYW1wbGluZ1BhcmFtcxIXCgptYXhfdG9rZW5zGAEgASgNSACIAQESGAoLdGVtcGVyYXR1cmUYAiABKAJIAYgBARISCgV0b3BfcBgDIAEoAkgCiAEBEgwKBHN0b3AYBCADKAkSEQoEc2VlZBgFIAEoA0gDiAEBEhUKCGxvZ3Byb2JzGAYgASgNSASIAQESMgoPcmVzcG9uc2VfZm9ybWF0GAcgASgLMhkubGxtZXNoLnYxLlJlc3BvbnNlRm9ybWF0Qg0KC19tYXhfdG9rZW5zQg4KDF90ZW1wZXJhdHVyZUIICgZfdG9wX3BCBwoFX3NlZWRCCwoJX2xvZ3Byb2JzIjMKDlJlc3BvbnNlRm9ybWF0EgwKBHR5cGUYASABKAkSEwoLanNvbl9zY2hlbWEYAiABKAkijwEKDFRva2VuTG9ncHJvYhINCgV0b2tlbhgBIAEoCRIPCgdsb2dwcm9iGAIgASgCEjAKA3RvcBgDIAMoCzIjLmxsbWVzaC52MS5Ub2tlbkxvZ3Byb2IuQWx0ZXJuYXRpdmUaLQoLQWx0ZXJuYXRpdmUSDQoFdG9rZW4YASABKAkSDwoHbG9ncHJvYhgCIAEoAiI5CgVVc2FnZRIVCg1wcm9tcHRfdG9rZW5zGAEgASgNEhkKEWNvbXBsZXRpb25fdG9rZW5zGAIgASgNIoMBCglNb2RlbEluZm8SDAoEbmFtZRgBIAEoCRIOCgZmb3JtYXQYAiABKAkSEgoKc2l6ZV9ieXRlcxgDIAEoBBIOCgZzaGEyNTYYBCABKAkSFgoOY29udGV4dF9sZW5ndGgYBSABKA0SDAoEcGF0aBgGIAEoCRIOCgZzb3VyY2UYByABKAkqXgoIUHJpb3JpdHkSGAoUUFJJT1JJVFlfVU5TUEVDSUZJRUQQABIQCgxQUklPUklUWV9MT1cQARITCg9QUklPUklUWV9OT1JNQUwQAhIRCg1QUklPUklUWV9ISUdIEAMqXwoMRmluaXNoUmVhc29uEh0KGUZJTklTSF9SRUFTT05fVU5TUEVDSUZJRUQQABIWChJGSU5JU0hfUkVBU09OX1NUT1AQARIYChRGSU5JU0hfUkVBU09OX0xFTkdUSBACYgZwcm90bzM");
+  fileDesc("ChZsbG1lc2gvdjEvY29tbW9uLnByb3RvEglsbG1lc2gudjEipgEKC0NoYXRNZXNzYWdlEjIKBHJvbGUYASABKAlCJLpIIXIfUgZzeXN0ZW1SBHVzZXJSCWFzc2lzdGFudFIEdG9vbBIPCgdjb250ZW50GAIgASgJEjIKCnRvb2xfY2FsbHMYAyADKAsyEy5sbG1lc2gudjEuVG9vbENhbGxCCbpIBpIBAxCAARIeCgx0b29sX2NhbGxfaWQYBCABKAlCCLpIBXIDGIACIskCCg5TYW1wbGluZ1BhcmFtcxIgCgptYXhfdG9rZW5zGAEgASgNQge6SAQqAigBSACIAQESKQoLdGVtcGVyYXR1cmUYAiABKAJCD7pIDAoKHQAAAEAtAAAAAEgBiAEBEiMKBXRvcF9wGAMgASgCQg+6SAwKCh0AAIA/JQAAAABIAogBARIfCgRzdG9wGAQgAygJQhG6SA6SAQsQBCIHcgUQARiAAhIRCgRzZWVkGAUgASgDSAOIAQESHgoIbG9ncHJvYnMYBiABKA1CB7pIBCoCGBRIBIgBARIyCg9yZXNwb25zZV9mb3JtYXQYByABKAsyGS5sbG1lc2gudjEuUmVzcG9uc2VGb3JtYXRCDQoLX21heF90b2tlbnNCDgoMX3RlbXBlcmF0dXJlQggKBl90b3BfcEIHCgVfc2VlZEILCglfbG9ncHJvYnMiXwoOUmVzcG9uc2VGb3JtYXQSLQoEdHlwZRgBIAEoCUIfukgcchpSC2pzb25fb2JqZWN0Ugtqc29uX3NjaGVtYRIeCgtqc29uX3NjaGVtYRgCIAEoCUIJukgGcgQogIBAIo8BCgxUb2tlbkxvZ3Byb2ISDQoFdG9rZW4YASABKAkSDwoHbG9ncHJvYhgCIAEoAhIwCgN0b3AYAyADKAsyIy5sbG1lc2gudjEuVG9rZW5Mb2dwcm9iLkFsdGVybmF0aXZlGi0KC0FsdGVybmF0aXZlEg0KBXRva2VuGAEgASgJEg8KB2xvZ3Byb2IYAiABKAIiOQoFVXNhZ2USFQoNcHJvbXB0X3Rva2VucxgBIAEoDRIZChFjb21wbGV0aW9uX3Rva2VucxgCIAEoDSJZCghUb29sQ2FsbBINCgVpbmRleBgBIAEoDRIUCgJpZBgCIAEoCUIIukgFcgMYgAISFQoEbmFtZRgDIAEoCUIHukgEcgIYQBIRCglhcmd1bWVudHMYBCABKAkigwEKCU1vZGVsSW5mbxIMCgRuYW1lGAEgASgJEg4KBmZvcm1hdBgCIAEoCRISCgpzaXplX2J5dGVzGAMgASgEEg4KBnNoYTI1NhgEIAEoCRIWCg5jb250ZXh0X2xlbmd0aBgFIAEoDRIMCgRwYXRoGAYgASgJEg4KBnNvdXJjZRgHIAEoCSpeCghQcmlvcml0eRIYChRQUklPUklUWV9VTlNQRUNJRklFRBAAEhAKDFBSSU9SSVRZX0xPVxABEhMKD1BSSU9SSVRZX05PUk1BTBACEhEKDVBSSU9SSVRZX0hJR0gQAyp9CgxGaW5pc2hSZWFzb24SHQoZRklOSVNIX1JFQVNPTl9VTlNQRUNJRklFRBAAEhYKEkZJTklTSF9SRUFTT05fU1RPUBABEhgKFEZJTklTSF9SRUFTT05fTEVOR1RIEAISHAoYRklOSVNIX1JFQVNPTl9UT09MX0NBTExTEANiBnByb3RvMw", [file_buf_validate_validate]);
 
 /**
  * One message of a chat conversation.
@@ -19,16 +20,35 @@ export const file_llmesh_v1_common: GenFile = /*@__PURE__*/
  */
 export type ChatMessage = Message<"llmesh.v1.ChatMessage"> & {
   /**
-   * system | user | assistant
+   * Who speaks: system | user | assistant | tool ("developer" on the HTTP API is
+   * taken as system).
    *
    * @generated from field: string role = 1;
    */
   role: string;
 
   /**
+   * The text, UTF-8. May be empty for an assistant message that only calls tools.
+   *
    * @generated from field: string content = 2;
    */
   content: string;
+
+  /**
+   * Assistant messages only: the tool calls the model made in that turn (as it
+   * returned them), so the conversation can carry on with the tools' results.
+   *
+   * @generated from field: repeated llmesh.v1.ToolCall tool_calls = 3;
+   */
+  toolCalls: ToolCall[];
+
+  /**
+   * Tool messages only: the id of the tool call this message answers (at most 256
+   * characters).
+   *
+   * @generated from field: string tool_call_id = 4;
+   */
+  toolCallId: string;
 };
 
 /**
@@ -46,26 +66,39 @@ export const ChatMessageSchema: GenMessage<ChatMessage> = /*@__PURE__*/
  */
 export type SamplingParams = Message<"llmesh.v1.SamplingParams"> & {
   /**
+   * Most tokens to generate, 1 and up (uint32); unset: until the model stops or the
+   * context is full.
+   *
    * @generated from field: optional uint32 max_tokens = 1;
    */
   maxTokens?: number | undefined;
 
   /**
+   * Sampling temperature, 0..2 (0: greedy); unset: the model's default.
+   *
    * @generated from field: optional float temperature = 2;
    */
   temperature?: number | undefined;
 
   /**
+   * Nucleus sampling: the smallest token set whose probability reaches top_p,
+   * greater than 0 and at most 1; unset: 1.
+   *
    * @generated from field: optional float top_p = 3;
    */
   topP?: number | undefined;
 
   /**
+   * Up to 4 non-empty sequences (at most 256 characters each) that end the answer;
+   * the sequence itself is not returned.
+   *
    * @generated from field: repeated string stop = 4;
    */
   stop: string[];
 
   /**
+   * Seed for sampling: the same seed and request give the same answer (int64).
+   *
    * @generated from field: optional int64 seed = 5;
    */
   seed?: bigint | undefined;
@@ -95,18 +128,20 @@ export const SamplingParamsSchema: GenMessage<SamplingParams> = /*@__PURE__*/
   messageDesc(file_llmesh_v1_common, 1);
 
 /**
+ * A constraint on the answer's shape.
+ *
  * @generated from message llmesh.v1.ResponseFormat
  */
 export type ResponseFormat = Message<"llmesh.v1.ResponseFormat"> & {
   /**
-   * json_object | json_schema
+   * json_object (any JSON object) | json_schema (JSON matching json_schema).
    *
    * @generated from field: string type = 1;
    */
   type: string;
 
   /**
-   * json_schema only: the JSON Schema, as JSON text
+   * json_schema only: the JSON Schema, as JSON text (a JSON object, at most 1 MiB).
    *
    * @generated from field: string json_schema = 2;
    */
@@ -127,17 +162,21 @@ export const ResponseFormatSchema: GenMessage<ResponseFormat> = /*@__PURE__*/
  */
 export type TokenLogprob = Message<"llmesh.v1.TokenLogprob"> & {
   /**
+   * The generated token's text.
+   *
    * @generated from field: string token = 1;
    */
   token: string;
 
   /**
+   * Natural log of its probability (<= 0).
+   *
    * @generated from field: float logprob = 2;
    */
   logprob: number;
 
   /**
-   * best first
+   * The most likely tokens at this position, best first (sampling.logprobs of them).
    *
    * @generated from field: repeated llmesh.v1.TokenLogprob.Alternative top = 3;
    */
@@ -152,15 +191,21 @@ export const TokenLogprobSchema: GenMessage<TokenLogprob> = /*@__PURE__*/
   messageDesc(file_llmesh_v1_common, 3);
 
 /**
+ * A likely token at this position and its log probability.
+ *
  * @generated from message llmesh.v1.TokenLogprob.Alternative
  */
 export type TokenLogprob_Alternative = Message<"llmesh.v1.TokenLogprob.Alternative"> & {
   /**
+   * The token's text.
+   *
    * @generated from field: string token = 1;
    */
   token: string;
 
   /**
+   * Natural log of its probability (<= 0).
+   *
    * @generated from field: float logprob = 2;
    */
   logprob: number;
@@ -174,15 +219,22 @@ export const TokenLogprob_AlternativeSchema: GenMessage<TokenLogprob_Alternative
   messageDesc(file_llmesh_v1_common, 3, 0);
 
 /**
+ * Tokens a request used.
+ *
  * @generated from message llmesh.v1.Usage
  */
 export type Usage = Message<"llmesh.v1.Usage"> & {
   /**
+   * Tokens in the prompt (after the chat template).
+   *
    * @generated from field: uint32 prompt_tokens = 1;
    */
   promptTokens: number;
 
   /**
+   * Tokens generated (all choices together in a total; one choice's on its own
+   * last message).
+   *
    * @generated from field: uint32 completion_tokens = 2;
    */
   completionTokens: number;
@@ -196,45 +248,99 @@ export const UsageSchema: GenMessage<Usage> = /*@__PURE__*/
   messageDesc(file_llmesh_v1_common, 4);
 
 /**
+ * A function call the model made (OpenAI's "tool_calls"). In a streamed answer a
+ * call arrives in pieces: its first piece has index, id and name; later pieces with
+ * the same index add to arguments.
+ *
+ * @generated from message llmesh.v1.ToolCall
+ */
+export type ToolCall = Message<"llmesh.v1.ToolCall"> & {
+  /**
+   * Which of the turn's calls this is (0, 1, ...), for joining streamed pieces.
+   *
+   * @generated from field: uint32 index = 1;
+   */
+  index: number;
+
+  /**
+   * The call's id (at most 256 characters); a tool message answers it by this id.
+   *
+   * @generated from field: string id = 2;
+   */
+  id: string;
+
+  /**
+   * The function's name (at most 64 characters).
+   *
+   * @generated from field: string name = 3;
+   */
+  name: string;
+
+  /**
+   * The call's arguments, JSON text (a piece of it when streamed).
+   *
+   * @generated from field: string arguments = 4;
+   */
+  arguments: string;
+};
+
+/**
+ * Describes the message llmesh.v1.ToolCall.
+ * Use `create(ToolCallSchema)` to create a new message.
+ */
+export const ToolCallSchema: GenMessage<ToolCall> = /*@__PURE__*/
+  messageDesc(file_llmesh_v1_common, 5);
+
+/**
  * A stable description of a model.
  *
  * @generated from message llmesh.v1.ModelInfo
  */
 export type ModelInfo = Message<"llmesh.v1.ModelInfo"> & {
   /**
+   * The model's name, as clients ask for it.
+   *
    * @generated from field: string name = 1;
    */
   name: string;
 
   /**
-   * gguf | safetensors | sim
+   * The artifact's format: gguf | safetensors | sim.
    *
    * @generated from field: string format = 2;
    */
   format: string;
 
   /**
+   * The artifact's size in bytes.
+   *
    * @generated from field: uint64 size_bytes = 3;
    */
   sizeBytes: bigint;
 
   /**
+   * The artifact's SHA-256, hex.
+   *
    * @generated from field: string sha256 = 4;
    */
   sha256: string;
 
   /**
+   * The model's context window, in tokens.
+   *
    * @generated from field: uint32 context_length = 5;
    */
   contextLength: number;
 
   /**
+   * Where the artifact lies on the model store.
+   *
    * @generated from field: string path = 6;
    */
   path: string;
 
   /**
-   * where the artifact came from (lineage)
+   * Where the artifact came from (lineage).
    *
    * @generated from field: string source = 7;
    */
@@ -246,7 +352,7 @@ export type ModelInfo = Message<"llmesh.v1.ModelInfo"> & {
  * Use `create(ModelInfoSchema)` to create a new message.
  */
 export const ModelInfoSchema: GenMessage<ModelInfo> = /*@__PURE__*/
-  messageDesc(file_llmesh_v1_common, 5);
+  messageDesc(file_llmesh_v1_common, 6);
 
 /**
  * A request's priority class (its tenant's, set by the gateway). An engine's wait
@@ -292,6 +398,8 @@ export const PrioritySchema: GenEnum<Priority> = /*@__PURE__*/
   enumDesc(file_llmesh_v1_common, 0);
 
 /**
+ * Why an answer ended.
+ *
  * @generated from enum llmesh.v1.FinishReason
  */
 export enum FinishReason {
@@ -313,6 +421,13 @@ export enum FinishReason {
    * @generated from enum value: FINISH_REASON_LENGTH = 2;
    */
   LENGTH = 2,
+
+  /**
+   * the model called tools (see ChatResponse.tool_calls)
+   *
+   * @generated from enum value: FINISH_REASON_TOOL_CALLS = 3;
+   */
+  TOOL_CALLS = 3,
 }
 
 /**

@@ -4,7 +4,8 @@
 
 import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
-import type { ChatMessage, FinishReason, SamplingParams, TokenLogprob, Usage } from "./common_pb.js";
+import { file_buf_validate_validate } from "../../buf/validate/validate_pb.js";
+import type { ChatMessage, FinishReason, SamplingParams, TokenLogprob, ToolCall, Usage } from "./common_pb.js";
 import { file_llmesh_v1_common } from "./common_pb.js";
 import type { Message } from "@bufbuild/protobuf";
 
@@ -12,26 +13,74 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file llmesh/v1/gateway.proto.
  */
 export const file_llmesh_v1_gateway: GenFile = /*@__PURE__*/
-  fileDesc("ChdsbG1lc2gvdjEvZ2F0ZXdheS5wcm90bxIJbGxtZXNoLnYxInMKC0NoYXRSZXF1ZXN0Eg0KBW1vZGVsGAEgASgJEigKCG1lc3NhZ2VzGAIgAygLMhYubGxtZXNoLnYxLkNoYXRNZXNzYWdlEisKCHNhbXBsaW5nGAMgASgLMhkubGxtZXNoLnYxLlNhbXBsaW5nUGFyYW1zIsEBCgxDaGF0UmVzcG9uc2USCgoCaWQYASABKAkSDAoEcm9sZRgCIAEoCRIMCgR0ZXh0GAMgASgJEi4KDWZpbmlzaF9yZWFzb24YBCABKA4yFy5sbG1lc2gudjEuRmluaXNoUmVhc29uEh8KBXVzYWdlGAUgASgLMhAubGxtZXNoLnYxLlVzYWdlEg0KBW1vZGVsGAYgASgJEikKCGxvZ3Byb2JzGAcgAygLMhcubGxtZXNoLnYxLlRva2VuTG9ncHJvYiIaChhHYXRld2F5TGlzdE1vZGVsc1JlcXVlc3QiKwoZR2F0ZXdheUxpc3RNb2RlbHNSZXNwb25zZRIOCgZtb2RlbHMYASADKAkynQEKB0dhdGV3YXkSOQoEQ2hhdBIWLmxsbWVzaC52MS5DaGF0UmVxdWVzdBoXLmxsbWVzaC52MS5DaGF0UmVzcG9uc2UwARJXCgpMaXN0TW9kZWxzEiMubGxtZXNoLnYxLkdhdGV3YXlMaXN0TW9kZWxzUmVxdWVzdBokLmxsbWVzaC52MS5HYXRld2F5TGlzdE1vZGVsc1Jlc3BvbnNlYgZwcm90bzM", [file_llmesh_v1_common]);
+  fileDesc("ChdsbG1lc2gvdjEvZ2F0ZXdheS5wcm90bxIJbGxtZXNoLnYxItYCCgtDaGF0UmVxdWVzdBIZCgVtb2RlbBgBIAEoCUIKukgHcgUQARiAAhI1CghtZXNzYWdlcxgCIAMoCzIWLmxsbWVzaC52MS5DaGF0TWVzc2FnZUILukgIkgEFCAEQgBASKwoIc2FtcGxpbmcYAyABKAsyGS5sbG1lc2gudjEuU2FtcGxpbmdQYXJhbXMSFgoEdXNlchgEIAEoCUIIukgFcgMYgAISGQoBbhgFIAEoDUIJukgGKgQYECgBSACIAQESKQoFdG9vbHMYBiADKAsyDy5sbG1lc2gudjEuVG9vbEIJukgGkgEDEIABEioKC3Rvb2xfY2hvaWNlGAcgASgLMhUubGxtZXNoLnYxLlRvb2xDaG9pY2USIAoTcGFyYWxsZWxfdG9vbF9jYWxscxgIIAEoCEgBiAEBQgQKAl9uQhYKFF9wYXJhbGxlbF90b29sX2NhbGxzIpABCgRUb29sEioKBG5hbWUYASABKAlCHLpIGXIXMhVeW2EtekEtWjAtOV8tXXsxLDY0fSQSHQoLZGVzY3JpcHRpb24YAiABKAlCCLpIBXIDGIAgEh0KCnBhcmFtZXRlcnMYAyABKAlCCbpIBnIEKICAQBITCgZzdHJpY3QYBCABKAhIAIgBAUIJCgdfc3RyaWN0IlwKClRvb2xDaG9pY2USMwoEbW9kZRgBIAEoCUIlukgiciBSBGF1dG9SBG5vbmVSCHJlcXVpcmVkUghmdW5jdGlvbhIZCghmdW5jdGlvbhgCIAEoCUIHukgEcgIYQCL5AQoMQ2hhdFJlc3BvbnNlEgoKAmlkGAEgASgJEgwKBHJvbGUYAiABKAkSDAoEdGV4dBgDIAEoCRIuCg1maW5pc2hfcmVhc29uGAQgASgOMhcubGxtZXNoLnYxLkZpbmlzaFJlYXNvbhIfCgV1c2FnZRgFIAEoCzIQLmxsbWVzaC52MS5Vc2FnZRINCgVtb2RlbBgGIAEoCRIpCghsb2dwcm9icxgHIAMoCzIXLmxsbWVzaC52MS5Ub2tlbkxvZ3Byb2ISDQoFaW5kZXgYCCABKA0SJwoKdG9vbF9jYWxscxgJIAMoCzITLmxsbWVzaC52MS5Ub29sQ2FsbCKiAQoPQ29tcGxldGVSZXF1ZXN0EhkKBW1vZGVsGAEgASgJQgq6SAdyBRABGIACEg4KBnByb21wdBgCIAEoCRIrCghzYW1wbGluZxgDIAEoCzIZLmxsbWVzaC52MS5TYW1wbGluZ1BhcmFtcxIWCgR1c2VyGAQgASgJQgi6SAVyAxiAAhIZCgFuGAUgASgNQgm6SAYqBBgQKAFIAIgBAUIECgJfbiLGAQoQQ29tcGxldGVSZXNwb25zZRIKCgJpZBgBIAEoCRIMCgR0ZXh0GAIgASgJEi4KDWZpbmlzaF9yZWFzb24YAyABKA4yFy5sbG1lc2gudjEuRmluaXNoUmVhc29uEh8KBXVzYWdlGAQgASgLMhAubGxtZXNoLnYxLlVzYWdlEg0KBW1vZGVsGAUgASgJEikKCGxvZ3Byb2JzGAYgAygLMhcubGxtZXNoLnYxLlRva2VuTG9ncHJvYhINCgVpbmRleBgHIAEoDSIaChhHYXRld2F5TGlzdE1vZGVsc1JlcXVlc3QiKwoZR2F0ZXdheUxpc3RNb2RlbHNSZXNwb25zZRIOCgZtb2RlbHMYASADKAky5AEKB0dhdGV3YXkSOQoEQ2hhdBIWLmxsbWVzaC52MS5DaGF0UmVxdWVzdBoXLmxsbWVzaC52MS5DaGF0UmVzcG9uc2UwARJFCghDb21wbGV0ZRIaLmxsbWVzaC52MS5Db21wbGV0ZVJlcXVlc3QaGy5sbG1lc2gudjEuQ29tcGxldGVSZXNwb25zZTABElcKCkxpc3RNb2RlbHMSIy5sbG1lc2gudjEuR2F0ZXdheUxpc3RNb2RlbHNSZXF1ZXN0GiQubGxtZXNoLnYxLkdhdGV3YXlMaXN0TW9kZWxzUmVzcG9uc2ViBnByb3RvMw", [file_buf_validate_validate, file_llmesh_v1_common]);
 
 /**
+ * A chat completion request (OpenAI's POST /v1/chat/completions).
+ *
  * @generated from message llmesh.v1.ChatRequest
  */
 export type ChatRequest = Message<"llmesh.v1.ChatRequest"> & {
   /**
+   * The model or alias to answer with (1..256 characters).
+   *
    * @generated from field: string model = 1;
    */
   model: string;
 
   /**
+   * The conversation so far, oldest first: 1..2048 messages.
+   *
    * @generated from field: repeated llmesh.v1.ChatMessage messages = 2;
    */
   messages: ChatMessage[];
 
   /**
+   * Sampling and length controls; unset fields take the model's defaults.
+   *
    * @generated from field: llmesh.v1.SamplingParams sampling = 3;
    */
   sampling?: SamplingParams | undefined;
+
+  /**
+   * The end user, as the caller names them (at most 256 characters): keeps one user
+   * on one arm of a traffic split (A/B, canary) and sticky to an engine.
+   *
+   * @generated from field: string user = 4;
+   */
+  user: string;
+
+  /**
+   * How many answers (choices) to generate, 1..16; unset: 1. Each is a request of
+   * its own for limits and the cache; with a seed, choice i samples with seed + i.
+   *
+   * @generated from field: optional uint32 n = 5;
+   */
+  n?: number | undefined;
+
+  /**
+   * Functions the model may call, at most 128. Served by OpenAI-compatible
+   * providers only: a model served by an llmesh engine refuses a request with
+   * tools with INVALID_ARGUMENT naming "tools".
+   *
+   * @generated from field: repeated llmesh.v1.Tool tools = 6;
+   */
+  tools: Tool[];
+
+  /**
+   * Whether and which tool to call; unset: "auto" when tools are given.
+   *
+   * @generated from field: llmesh.v1.ToolChoice tool_choice = 7;
+   */
+  toolChoice?: ToolChoice | undefined;
+
+  /**
+   * Whether the model may call several tools in one turn; unset: the provider's
+   * default.
+   *
+   * @generated from field: optional bool parallel_tool_calls = 8;
+   */
+  parallelToolCalls?: boolean | undefined;
 };
 
 /**
@@ -42,48 +91,148 @@ export const ChatRequestSchema: GenMessage<ChatRequest> = /*@__PURE__*/
   messageDesc(file_llmesh_v1_gateway, 0);
 
 /**
- * The first message carries role "assistant" and the model, with the first
- * text; text deltas follow; the last one carries finish_reason and usage.
+ * A function the model may call.
+ *
+ * @generated from message llmesh.v1.Tool
+ */
+export type Tool = Message<"llmesh.v1.Tool"> & {
+  /**
+   * The function's name: 1..64 characters of a-z, A-Z, 0-9, _ and -.
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * What it does, for the model (at most 4096 characters).
+   *
+   * @generated from field: string description = 2;
+   */
+  description: string;
+
+  /**
+   * Its parameters as a JSON Schema, JSON text (at most 1 MiB); empty: none.
+   *
+   * @generated from field: string parameters = 3;
+   */
+  parameters: string;
+
+  /**
+   * Set: the provider is asked to follow the schema exactly (OpenAI's strict mode).
+   *
+   * @generated from field: optional bool strict = 4;
+   */
+  strict?: boolean | undefined;
+};
+
+/**
+ * Describes the message llmesh.v1.Tool.
+ * Use `create(ToolSchema)` to create a new message.
+ */
+export const ToolSchema: GenMessage<Tool> = /*@__PURE__*/
+  messageDesc(file_llmesh_v1_gateway, 1);
+
+/**
+ * Whether and which tool the model calls.
+ *
+ * @generated from message llmesh.v1.ToolChoice
+ */
+export type ToolChoice = Message<"llmesh.v1.ToolChoice"> & {
+  /**
+   * auto (the model decides) | none (no call) | required (at least one call) |
+   * function (the function named below).
+   *
+   * @generated from field: string mode = 1;
+   */
+  mode: string;
+
+  /**
+   * Mode "function" only: the function's name.
+   *
+   * @generated from field: string function = 2;
+   */
+  function: string;
+};
+
+/**
+ * Describes the message llmesh.v1.ToolChoice.
+ * Use `create(ToolChoiceSchema)` to create a new message.
+ */
+export const ToolChoiceSchema: GenMessage<ToolChoice> = /*@__PURE__*/
+  messageDesc(file_llmesh_v1_gateway, 2);
+
+/**
+ * One message of a streamed chat answer. A choice's first message carries role
+ * "assistant" and the model with its first text; text deltas follow; its last
+ * message carries finish_reason and that choice's usage. With n > 1 the choices'
+ * messages interleave, told apart by index.
  *
  * @generated from message llmesh.v1.ChatResponse
  */
 export type ChatResponse = Message<"llmesh.v1.ChatResponse"> & {
   /**
+   * "chatcmpl-" and the request id: the same on every message of one call.
+   *
    * @generated from field: string id = 1;
    */
   id: string;
 
   /**
+   * "assistant" on a choice's first message, else empty.
+   *
    * @generated from field: string role = 2;
    */
   role: string;
 
   /**
+   * Text generated since the previous message of this choice.
+   *
    * @generated from field: string text = 3;
    */
   text: string;
 
   /**
+   * On a choice's last message: why it ended.
+   *
    * @generated from field: llmesh.v1.FinishReason finish_reason = 4;
    */
   finishReason: FinishReason;
 
   /**
+   * On a choice's last message: the prompt's and this choice's tokens.
+   *
    * @generated from field: llmesh.v1.Usage usage = 5;
    */
   usage?: Usage | undefined;
 
   /**
+   * The model asked for, on a choice's first message.
+   *
    * @generated from field: string model = 6;
    */
   model: string;
 
   /**
-   * with sampling.logprobs set: one per token behind text
+   * With sampling.logprobs set: one per token behind text.
    *
    * @generated from field: repeated llmesh.v1.TokenLogprob logprobs = 7;
    */
   logprobs: TokenLogprob[];
+
+  /**
+   * The choice this message belongs to, 0..n-1.
+   *
+   * @generated from field: uint32 index = 8;
+   */
+  index: number;
+
+  /**
+   * Pieces of the tool calls the model is making (see ToolCall); finish_reason is
+   * FINISH_REASON_TOOL_CALLS at the end.
+   *
+   * @generated from field: repeated llmesh.v1.ToolCall tool_calls = 9;
+   */
+  toolCalls: ToolCall[];
 };
 
 /**
@@ -91,9 +240,125 @@ export type ChatResponse = Message<"llmesh.v1.ChatResponse"> & {
  * Use `create(ChatResponseSchema)` to create a new message.
  */
 export const ChatResponseSchema: GenMessage<ChatResponse> = /*@__PURE__*/
-  messageDesc(file_llmesh_v1_gateway, 1);
+  messageDesc(file_llmesh_v1_gateway, 3);
 
 /**
+ * A text completion request (OpenAI's POST /v1/completions): the prompt is
+ * continued as it is, with no chat template.
+ *
+ * @generated from message llmesh.v1.CompleteRequest
+ */
+export type CompleteRequest = Message<"llmesh.v1.CompleteRequest"> & {
+  /**
+   * The model or alias to answer with (1..256 characters).
+   *
+   * @generated from field: string model = 1;
+   */
+  model: string;
+
+  /**
+   * The text to continue (UTF-8).
+   *
+   * @generated from field: string prompt = 2;
+   */
+  prompt: string;
+
+  /**
+   * Sampling and length controls; max_tokens unset is 16, as on the HTTP API.
+   *
+   * @generated from field: llmesh.v1.SamplingParams sampling = 3;
+   */
+  sampling?: SamplingParams | undefined;
+
+  /**
+   * The end user (at most 256 characters): keeps them on one arm of a traffic split.
+   *
+   * @generated from field: string user = 4;
+   */
+  user: string;
+
+  /**
+   * How many answers (choices) to generate, 1..16; unset: 1.
+   *
+   * @generated from field: optional uint32 n = 5;
+   */
+  n?: number | undefined;
+};
+
+/**
+ * Describes the message llmesh.v1.CompleteRequest.
+ * Use `create(CompleteRequestSchema)` to create a new message.
+ */
+export const CompleteRequestSchema: GenMessage<CompleteRequest> = /*@__PURE__*/
+  messageDesc(file_llmesh_v1_gateway, 4);
+
+/**
+ * One message of a streamed text completion: text deltas, then per choice a last
+ * message with finish_reason and usage.
+ *
+ * @generated from message llmesh.v1.CompleteResponse
+ */
+export type CompleteResponse = Message<"llmesh.v1.CompleteResponse"> & {
+  /**
+   * "cmpl-" and the request id: the same on every message of one call.
+   *
+   * @generated from field: string id = 1;
+   */
+  id: string;
+
+  /**
+   * Text generated since the previous message of this choice.
+   *
+   * @generated from field: string text = 2;
+   */
+  text: string;
+
+  /**
+   * On a choice's last message: why it ended.
+   *
+   * @generated from field: llmesh.v1.FinishReason finish_reason = 3;
+   */
+  finishReason: FinishReason;
+
+  /**
+   * On a choice's last message: the prompt's and this choice's tokens.
+   *
+   * @generated from field: llmesh.v1.Usage usage = 4;
+   */
+  usage?: Usage | undefined;
+
+  /**
+   * The model asked for, on each choice's first message.
+   *
+   * @generated from field: string model = 5;
+   */
+  model: string;
+
+  /**
+   * With sampling.logprobs set: one per token behind text.
+   *
+   * @generated from field: repeated llmesh.v1.TokenLogprob logprobs = 6;
+   */
+  logprobs: TokenLogprob[];
+
+  /**
+   * The choice this message belongs to, 0..n-1.
+   *
+   * @generated from field: uint32 index = 7;
+   */
+  index: number;
+};
+
+/**
+ * Describes the message llmesh.v1.CompleteResponse.
+ * Use `create(CompleteResponseSchema)` to create a new message.
+ */
+export const CompleteResponseSchema: GenMessage<CompleteResponse> = /*@__PURE__*/
+  messageDesc(file_llmesh_v1_gateway, 5);
+
+/**
+ * Asks for the models the caller may use.
+ *
  * @generated from message llmesh.v1.GatewayListModelsRequest
  */
 export type GatewayListModelsRequest = Message<"llmesh.v1.GatewayListModelsRequest"> & {
@@ -104,13 +369,17 @@ export type GatewayListModelsRequest = Message<"llmesh.v1.GatewayListModelsReque
  * Use `create(GatewayListModelsRequestSchema)` to create a new message.
  */
 export const GatewayListModelsRequestSchema: GenMessage<GatewayListModelsRequest> = /*@__PURE__*/
-  messageDesc(file_llmesh_v1_gateway, 2);
+  messageDesc(file_llmesh_v1_gateway, 6);
 
 /**
+ * The models the caller may use.
+ *
  * @generated from message llmesh.v1.GatewayListModelsResponse
  */
 export type GatewayListModelsResponse = Message<"llmesh.v1.GatewayListModelsResponse"> & {
   /**
+   * Model and alias names, as Chat and Complete take them.
+   *
    * @generated from field: repeated string models = 1;
    */
   models: string[];
@@ -121,15 +390,26 @@ export type GatewayListModelsResponse = Message<"llmesh.v1.GatewayListModelsResp
  * Use `create(GatewayListModelsResponseSchema)` to create a new message.
  */
 export const GatewayListModelsResponseSchema: GenMessage<GatewayListModelsResponse> = /*@__PURE__*/
-  messageDesc(file_llmesh_v1_gateway, 3);
+  messageDesc(file_llmesh_v1_gateway, 7);
 
 /**
- * The front door for gRPC clients. The same pipeline serves the HTTP API.
+ * The front door for gRPC clients. The same pipeline serves the OpenAI-compatible
+ * HTTP API, with the same semantics and status codes (README: "gRPC and HTTP").
+ *
+ * Request metadata: `authorization` ("Bearer <API key or JWT>"), `x-request-id` (else
+ * one is made up), W3C `traceparent`; the call's deadline is the request's timeout
+ * (capped by the gateway's own). Response metadata: the initial metadata carries the
+ * rate-limit facts (`x-ratelimit-*`) and `x-llmesh-cache: hit` for a cached answer;
+ * the trailers carry `x-request-id`, the same rate-limit facts, `x-llmesh-failover`
+ * (times the answer moved engines mid-stream) and `x-llmesh-fallback` (the fallback
+ * model that answered). A refusal's trailers carry `retry-after` (seconds) as well.
  *
  * @generated from service llmesh.v1.Gateway
  */
 export const Gateway: GenService<{
   /**
+   * A chat completion, streamed: see ChatResponse.
+   *
    * @generated from rpc llmesh.v1.Gateway.Chat
    */
   chat: {
@@ -138,6 +418,18 @@ export const Gateway: GenService<{
     output: typeof ChatResponseSchema;
   },
   /**
+   * A text completion of a raw prompt (OpenAI's /v1/completions), streamed.
+   *
+   * @generated from rpc llmesh.v1.Gateway.Complete
+   */
+  complete: {
+    methodKind: "server_streaming";
+    input: typeof CompleteRequestSchema;
+    output: typeof CompleteResponseSchema;
+  },
+  /**
+   * The models the caller's credential may use.
+   *
    * @generated from rpc llmesh.v1.Gateway.ListModels
    */
   listModels: {

@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file llmesh/v1/scheduler.proto.
  */
 export const file_llmesh_v1_scheduler: GenFile = /*@__PURE__*/
-  fileDesc("ChlsbG1lc2gvdjEvc2NoZWR1bGVyLnByb3RvEglsbG1lc2gudjEiswIKDEVuZ2luZVJlcG9ydBITCgtlbmRwb2ludF9pZBgBIAEoCRIPCgdhZGRyZXNzGAIgASgJEg8KB2JhY2tlbmQYAyABKAkSDgoGbW9kZWxzGAQgAygJEiMKBGxvYWQYBSABKAsyFS5sbG1lc2gudjEuRW5naW5lTG9hZBIQCghkcmFpbmluZxgGIAEoCBIsCghoYXJkd2FyZRgHIAEoCzIaLmxsbWVzaC52MS5IYXJkd2FyZVByb2ZpbGUSJgoJc2VsZl90ZXN0GAggASgLMhMubGxtZXNoLnYxLlNlbGZUZXN0EiUKCWt2X2V2ZW50cxgJIAMoCzISLmxsbWVzaC52MS5LdkV2ZW50EigKB2t2X2hhc2gYCiABKAsyFy5sbG1lc2gudjEuS3ZIYXNoU2NoZW1lImUKDEt2SGFzaFNjaGVtZRIMCgRraW5kGAEgASgJEhIKCmJsb2NrX3NpemUYAiABKA0SDAoEYWxnbxgDIAEoCRIMCgRzZWVkGAQgASgJEhcKD2hhc2hfYmxvY2tfc2l6ZRgFIAEoDSKfAQoHS3ZFdmVudBIlCgRraW5kGAEgASgOMhcubGxtZXNoLnYxLkt2RXZlbnQuS2luZBIUCgxibG9ja19oYXNoZXMYAiADKAQSEwoLcGFyZW50X2hhc2gYAyABKAQiQgoES2luZBIUChBLSU5EX1VOU1BFQ0lGSUVEEAASCgoGU1RPUkVEEAESCwoHUkVNT1ZFRBACEgsKB0NMRUFSRUQQAyKkAQoHR3B1SW5mbxIMCgRuYW1lGAEgASgJEhoKEm1lbW9yeV90b3RhbF9ieXRlcxgCIAEoBBIZChFtZW1vcnlfdXNlZF9ieXRlcxgDIAEoBBIcChRlY2NfZXJyb3JzX2NvcnJlY3RlZBgEIAEoBBIeChZlY2NfZXJyb3JzX3VuY29ycmVjdGVkGAUgASgEEhYKDmRyaXZlcl92ZXJzaW9uGAYgASgJIpUBCg9IYXJkd2FyZVByb2ZpbGUSEQoJY3B1X21vZGVsGAEgASgJEhEKCWNwdV9jb3JlcxgCIAEoDRIaChJtZW1vcnlfdG90YWxfYnl0ZXMYAyABKAQSHgoWbWVtb3J5X2F2YWlsYWJsZV9ieXRlcxgEIAEoBBIgCgRncHVzGAUgAygLMhIubGxtZXNoLnYxLkdwdUluZm8iUAoIU2VsZlRlc3QSCgoCb2sYASABKAgSDgoGZGV0YWlsGAIgASgJEhQKDGNoZWNrZWRfdW5peBgDIAEoARISCgpsYXRlbmN5X21zGAQgASgBIgsKCVJlcG9ydEFjayIXChVXYXRjaEVuZHBvaW50c1JlcXVlc3QiFgoUTGlzdEVuZHBvaW50c1JlcXVlc3QixwIKCEVuZHBvaW50EhMKC2VuZHBvaW50X2lkGAEgASgJEg8KB2FkZHJlc3MYAiABKAkSDwoHYmFja2VuZBgDIAEoCRIOCgZtb2RlbHMYBCADKAkSIwoEbG9hZBgFIAEoCzIVLmxsbWVzaC52MS5FbmdpbmVMb2FkEg8KB2hlYWx0aHkYBiABKAgSGQoRbGFzdF9yZXBvcnRfYWdlX3MYByABKAESLAoIaGFyZHdhcmUYCCABKAsyGi5sbG1lc2gudjEuSGFyZHdhcmVQcm9maWxlEiYKCXNlbGZfdGVzdBgJIAEoCzITLmxsbWVzaC52MS5TZWxmVGVzdBIRCglrdl9ibG9ja3MYCiABKAQSKAoHa3ZfaGFzaBgLIAEoCzIXLmxsbWVzaC52MS5Ldkhhc2hTY2hlbWUSEAoIZGVncmFkZWQYDCABKAkiaQoNRW5kcG9pbnRUYWJsZRImCgllbmRwb2ludHMYASADKAsyEy5sbG1lc2gudjEuRW5kcG9pbnQSDwoHdmVyc2lvbhgCIAEoBBIfCgJrdhgDIAMoCzITLmxsbWVzaC52MS5LdkJsb2NrcyJQCghLdkJsb2NrcxITCgtlbmRwb2ludF9pZBgBIAEoCRIOCgZyZXN5bmMYAiABKAgSDgoGc3RvcmVkGAMgAygEEg8KB3JlbW92ZWQYBCADKAQy4gEKCVNjaGVkdWxlchI5CgZSZXBvcnQSFy5sbG1lc2gudjEuRW5naW5lUmVwb3J0GhQubGxtZXNoLnYxLlJlcG9ydEFjaygBEk4KDldhdGNoRW5kcG9pbnRzEiAubGxtZXNoLnYxLldhdGNoRW5kcG9pbnRzUmVxdWVzdBoYLmxsbWVzaC52MS5FbmRwb2ludFRhYmxlMAESSgoNTGlzdEVuZHBvaW50cxIfLmxsbWVzaC52MS5MaXN0RW5kcG9pbnRzUmVxdWVzdBoYLmxsbWVzaC52MS5FbmRwb2ludFRhYmxlYgZwcm90bzM", [file_llmesh_v1_engine]);
+  fileDesc("ChlsbG1lc2gvdjEvc2NoZWR1bGVyLnByb3RvEglsbG1lc2gudjEi2wIKDEVuZ2luZVJlcG9ydBITCgtlbmRwb2ludF9pZBgBIAEoCRIPCgdhZGRyZXNzGAIgASgJEg8KB2JhY2tlbmQYAyABKAkSDgoGbW9kZWxzGAQgAygJEiMKBGxvYWQYBSABKAsyFS5sbG1lc2gudjEuRW5naW5lTG9hZBIQCghkcmFpbmluZxgGIAEoCBIsCghoYXJkd2FyZRgHIAEoCzIaLmxsbWVzaC52MS5IYXJkd2FyZVByb2ZpbGUSJgoJc2VsZl90ZXN0GAggASgLMhMubGxtZXNoLnYxLlNlbGZUZXN0EiUKCWt2X2V2ZW50cxgJIAMoCzISLmxsbWVzaC52MS5LdkV2ZW50EigKB2t2X2hhc2gYCiABKAsyFy5sbG1lc2gudjEuS3ZIYXNoU2NoZW1lEiYKBnNlcnZlZBgLIAMoCzIWLmxsbWVzaC52MS5TZXJ2ZWRNb2RlbCJaCgtTZXJ2ZWRNb2RlbBIMCgRuYW1lGAEgASgJEhYKDmNvbnRleHRfbGVuZ3RoGAIgASgNEhIKCmJhc2VfbW9kZWwYAyABKAkSEQoJaW5fZmxpZ2h0GAQgASgNImUKDEt2SGFzaFNjaGVtZRIMCgRraW5kGAEgASgJEhIKCmJsb2NrX3NpemUYAiABKA0SDAoEYWxnbxgDIAEoCRIMCgRzZWVkGAQgASgJEhcKD2hhc2hfYmxvY2tfc2l6ZRgFIAEoDSKfAQoHS3ZFdmVudBIlCgRraW5kGAEgASgOMhcubGxtZXNoLnYxLkt2RXZlbnQuS2luZBIUCgxibG9ja19oYXNoZXMYAiADKAQSEwoLcGFyZW50X2hhc2gYAyABKAQiQgoES2luZBIUChBLSU5EX1VOU1BFQ0lGSUVEEAASCgoGU1RPUkVEEAESCwoHUkVNT1ZFRBACEgsKB0NMRUFSRUQQAyKkAQoHR3B1SW5mbxIMCgRuYW1lGAEgASgJEhoKEm1lbW9yeV90b3RhbF9ieXRlcxgCIAEoBBIZChFtZW1vcnlfdXNlZF9ieXRlcxgDIAEoBBIcChRlY2NfZXJyb3JzX2NvcnJlY3RlZBgEIAEoBBIeChZlY2NfZXJyb3JzX3VuY29ycmVjdGVkGAUgASgEEhYKDmRyaXZlcl92ZXJzaW9uGAYgASgJIpUBCg9IYXJkd2FyZVByb2ZpbGUSEQoJY3B1X21vZGVsGAEgASgJEhEKCWNwdV9jb3JlcxgCIAEoDRIaChJtZW1vcnlfdG90YWxfYnl0ZXMYAyABKAQSHgoWbWVtb3J5X2F2YWlsYWJsZV9ieXRlcxgEIAEoBBIgCgRncHVzGAUgAygLMhIubGxtZXNoLnYxLkdwdUluZm8iUAoIU2VsZlRlc3QSCgoCb2sYASABKAgSDgoGZGV0YWlsGAIgASgJEhQKDGNoZWNrZWRfdW5peBgDIAEoARISCgpsYXRlbmN5X21zGAQgASgBIgsKCVJlcG9ydEFjayIXChVXYXRjaEVuZHBvaW50c1JlcXVlc3QiFgoUTGlzdEVuZHBvaW50c1JlcXVlc3Qi7wIKCEVuZHBvaW50EhMKC2VuZHBvaW50X2lkGAEgASgJEg8KB2FkZHJlc3MYAiABKAkSDwoHYmFja2VuZBgDIAEoCRIOCgZtb2RlbHMYBCADKAkSIwoEbG9hZBgFIAEoCzIVLmxsbWVzaC52MS5FbmdpbmVMb2FkEg8KB2hlYWx0aHkYBiABKAgSGQoRbGFzdF9yZXBvcnRfYWdlX3MYByABKAESLAoIaGFyZHdhcmUYCCABKAsyGi5sbG1lc2gudjEuSGFyZHdhcmVQcm9maWxlEiYKCXNlbGZfdGVzdBgJIAEoCzITLmxsbWVzaC52MS5TZWxmVGVzdBIRCglrdl9ibG9ja3MYCiABKAQSKAoHa3ZfaGFzaBgLIAEoCzIXLmxsbWVzaC52MS5Ldkhhc2hTY2hlbWUSEAoIZGVncmFkZWQYDCABKAkSJgoGc2VydmVkGA0gAygLMhYubGxtZXNoLnYxLlNlcnZlZE1vZGVsImkKDUVuZHBvaW50VGFibGUSJgoJZW5kcG9pbnRzGAEgAygLMhMubGxtZXNoLnYxLkVuZHBvaW50Eg8KB3ZlcnNpb24YAiABKAQSHwoCa3YYAyADKAsyEy5sbG1lc2gudjEuS3ZCbG9ja3MiUAoIS3ZCbG9ja3MSEwoLZW5kcG9pbnRfaWQYASABKAkSDgoGcmVzeW5jGAIgASgIEg4KBnN0b3JlZBgDIAMoBBIPCgdyZW1vdmVkGAQgAygEIocBCgxQbGFjZVJlcXVlc3QSDQoFbW9kZWwYASABKAkSEAoIcmVwbGljYXMYAiABKA0SFAoMbWVtb3J5X2J5dGVzGAMgASgEEhgKEGdwdXNfcGVyX3JlcGxpY2EYBCABKA0SEAoIYmFja2VuZHMYBSADKAkSFAoMYXZvaWRfbW9kZWxzGAYgAygJIl8KCVBsYWNlbWVudBITCgtlbmRwb2ludF9pZBgBIAEoCRIPCgdhZGRyZXNzGAIgASgJEhMKC2dwdV9pbmRpY2VzGAMgAygNEhcKD2FscmVhZHlfc2VydmluZxgEIAEoCCI5Cg1QbGFjZVJlc3BvbnNlEigKCnBsYWNlbWVudHMYASADKAsyFC5sbG1lc2gudjEuUGxhY2VtZW50IlAKE1JlcG9ydERlbWFuZFJlcXVlc3QSEgoKZ2F0ZXdheV9pZBgBIAEoCRIlCgRoZWxkGAIgAygLMhcubGxtZXNoLnYxLkhlbGRSZXF1ZXN0cyJDCgxIZWxkUmVxdWVzdHMSDQoFbW9kZWwYASABKAkSDQoFY291bnQYAiABKA0SFQoNb2xkZXN0X3dhaXRfcxgDIAEoASIWChRSZXBvcnREZW1hbmRSZXNwb25zZSIRCg9HZXRTY2FsZVJlcXVlc3QiOQoQR2V0U2NhbGVSZXNwb25zZRIlCgZtb2RlbHMYASADKAsyFS5sbG1lc2gudjEuTW9kZWxTY2FsZSJtCgpNb2RlbFNjYWxlEg0KBW1vZGVsGAEgASgJEg8KB2Rlc2lyZWQYAiABKA0SDQoFcmVhZHkYAyABKA0SDwoHd2FpdGluZxgEIAEoDRIPCgdydW5uaW5nGAUgASgNEg4KBnJlYXNvbhgGIAEoCTK0AwoJU2NoZWR1bGVyEjkKBlJlcG9ydBIXLmxsbWVzaC52MS5FbmdpbmVSZXBvcnQaFC5sbG1lc2gudjEuUmVwb3J0QWNrKAESTgoOV2F0Y2hFbmRwb2ludHMSIC5sbG1lc2gudjEuV2F0Y2hFbmRwb2ludHNSZXF1ZXN0GhgubGxtZXNoLnYxLkVuZHBvaW50VGFibGUwARJKCg1MaXN0RW5kcG9pbnRzEh8ubGxtZXNoLnYxLkxpc3RFbmRwb2ludHNSZXF1ZXN0GhgubGxtZXNoLnYxLkVuZHBvaW50VGFibGUSOgoFUGxhY2USFy5sbG1lc2gudjEuUGxhY2VSZXF1ZXN0GhgubGxtZXNoLnYxLlBsYWNlUmVzcG9uc2USTwoMUmVwb3J0RGVtYW5kEh4ubGxtZXNoLnYxLlJlcG9ydERlbWFuZFJlcXVlc3QaHy5sbG1lc2gudjEuUmVwb3J0RGVtYW5kUmVzcG9uc2USQwoIR2V0U2NhbGUSGi5sbG1lc2gudjEuR2V0U2NhbGVSZXF1ZXN0GhsubGxtZXNoLnYxLkdldFNjYWxlUmVzcG9uc2ViBnByb3RvMw", [file_llmesh_v1_engine]);
 
 /**
  * @generated from message llmesh.v1.EngineReport
@@ -78,6 +78,14 @@ export type EngineReport = Message<"llmesh.v1.EngineReport"> & {
    * @generated from field: llmesh.v1.KvHashScheme kv_hash = 10;
    */
   kvHash?: KvHashScheme | undefined;
+
+  /**
+   * What requests may name here, with each one's context length: the model, then
+   * any LoRA adapters loaded on it (none on backends without adapters).
+   *
+   * @generated from field: repeated llmesh.v1.ServedModel served = 11;
+   */
+  served: ServedModel[];
 };
 
 /**
@@ -86,6 +94,46 @@ export type EngineReport = Message<"llmesh.v1.EngineReport"> & {
  */
 export const EngineReportSchema: GenMessage<EngineReport> = /*@__PURE__*/
   messageDesc(file_llmesh_v1_scheduler, 0);
+
+/**
+ * @generated from message llmesh.v1.ServedModel
+ */
+export type ServedModel = Message<"llmesh.v1.ServedModel"> & {
+  /**
+   * what a request names: the model or a LoRA adapter
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * prompt + completion tokens a request to it may hold
+   *
+   * @generated from field: uint32 context_length = 2;
+   */
+  contextLength: number;
+
+  /**
+   * set for a LoRA adapter: the model it adapts
+   *
+   * @generated from field: string base_model = 3;
+   */
+  baseModel: string;
+
+  /**
+   * requests naming it running or queued on this engine now
+   *
+   * @generated from field: uint32 in_flight = 4;
+   */
+  inFlight: number;
+};
+
+/**
+ * Describes the message llmesh.v1.ServedModel.
+ * Use `create(ServedModelSchema)` to create a new message.
+ */
+export const ServedModelSchema: GenMessage<ServedModel> = /*@__PURE__*/
+  messageDesc(file_llmesh_v1_scheduler, 1);
 
 /**
  * How an engine names its KV blocks, so that a router can hash a request's tokens the
@@ -135,7 +183,7 @@ export type KvHashScheme = Message<"llmesh.v1.KvHashScheme"> & {
  * Use `create(KvHashSchemeSchema)` to create a new message.
  */
 export const KvHashSchemeSchema: GenMessage<KvHashScheme> = /*@__PURE__*/
-  messageDesc(file_llmesh_v1_scheduler, 1);
+  messageDesc(file_llmesh_v1_scheduler, 2);
 
 /**
  * A change in an engine's KV cache, in blocks named by chained hashes (a block's
@@ -167,7 +215,7 @@ export type KvEvent = Message<"llmesh.v1.KvEvent"> & {
  * Use `create(KvEventSchema)` to create a new message.
  */
 export const KvEventSchema: GenMessage<KvEvent> = /*@__PURE__*/
-  messageDesc(file_llmesh_v1_scheduler, 2);
+  messageDesc(file_llmesh_v1_scheduler, 3);
 
 /**
  * @generated from enum llmesh.v1.KvEvent.Kind
@@ -200,7 +248,7 @@ export enum KvEvent_Kind {
  * Describes the enum llmesh.v1.KvEvent.Kind.
  */
 export const KvEvent_KindSchema: GenEnum<KvEvent_Kind> = /*@__PURE__*/
-  enumDesc(file_llmesh_v1_scheduler, 2, 0);
+  enumDesc(file_llmesh_v1_scheduler, 3, 0);
 
 /**
  * @generated from message llmesh.v1.GpuInfo
@@ -242,7 +290,7 @@ export type GpuInfo = Message<"llmesh.v1.GpuInfo"> & {
  * Use `create(GpuInfoSchema)` to create a new message.
  */
 export const GpuInfoSchema: GenMessage<GpuInfo> = /*@__PURE__*/
-  messageDesc(file_llmesh_v1_scheduler, 3);
+  messageDesc(file_llmesh_v1_scheduler, 4);
 
 /**
  * @generated from message llmesh.v1.HardwareProfile
@@ -281,7 +329,7 @@ export type HardwareProfile = Message<"llmesh.v1.HardwareProfile"> & {
  * Use `create(HardwareProfileSchema)` to create a new message.
  */
 export const HardwareProfileSchema: GenMessage<HardwareProfile> = /*@__PURE__*/
-  messageDesc(file_llmesh_v1_scheduler, 4);
+  messageDesc(file_llmesh_v1_scheduler, 5);
 
 /**
  * @generated from message llmesh.v1.SelfTest
@@ -317,7 +365,7 @@ export type SelfTest = Message<"llmesh.v1.SelfTest"> & {
  * Use `create(SelfTestSchema)` to create a new message.
  */
 export const SelfTestSchema: GenMessage<SelfTest> = /*@__PURE__*/
-  messageDesc(file_llmesh_v1_scheduler, 5);
+  messageDesc(file_llmesh_v1_scheduler, 6);
 
 /**
  * @generated from message llmesh.v1.ReportAck
@@ -330,7 +378,7 @@ export type ReportAck = Message<"llmesh.v1.ReportAck"> & {
  * Use `create(ReportAckSchema)` to create a new message.
  */
 export const ReportAckSchema: GenMessage<ReportAck> = /*@__PURE__*/
-  messageDesc(file_llmesh_v1_scheduler, 6);
+  messageDesc(file_llmesh_v1_scheduler, 7);
 
 /**
  * @generated from message llmesh.v1.WatchEndpointsRequest
@@ -343,7 +391,7 @@ export type WatchEndpointsRequest = Message<"llmesh.v1.WatchEndpointsRequest"> &
  * Use `create(WatchEndpointsRequestSchema)` to create a new message.
  */
 export const WatchEndpointsRequestSchema: GenMessage<WatchEndpointsRequest> = /*@__PURE__*/
-  messageDesc(file_llmesh_v1_scheduler, 7);
+  messageDesc(file_llmesh_v1_scheduler, 8);
 
 /**
  * @generated from message llmesh.v1.ListEndpointsRequest
@@ -356,7 +404,7 @@ export type ListEndpointsRequest = Message<"llmesh.v1.ListEndpointsRequest"> & {
  * Use `create(ListEndpointsRequestSchema)` to create a new message.
  */
 export const ListEndpointsRequestSchema: GenMessage<ListEndpointsRequest> = /*@__PURE__*/
-  messageDesc(file_llmesh_v1_scheduler, 8);
+  messageDesc(file_llmesh_v1_scheduler, 9);
 
 /**
  * @generated from message llmesh.v1.Endpoint
@@ -428,6 +476,13 @@ export type Endpoint = Message<"llmesh.v1.Endpoint"> & {
    * @generated from field: string degraded = 12;
    */
   degraded: string;
+
+  /**
+   * as the engine last reported it
+   *
+   * @generated from field: repeated llmesh.v1.ServedModel served = 13;
+   */
+  served: ServedModel[];
 };
 
 /**
@@ -435,7 +490,7 @@ export type Endpoint = Message<"llmesh.v1.Endpoint"> & {
  * Use `create(EndpointSchema)` to create a new message.
  */
 export const EndpointSchema: GenMessage<Endpoint> = /*@__PURE__*/
-  messageDesc(file_llmesh_v1_scheduler, 9);
+  messageDesc(file_llmesh_v1_scheduler, 10);
 
 /**
  * @generated from message llmesh.v1.EndpointTable
@@ -467,7 +522,7 @@ export type EndpointTable = Message<"llmesh.v1.EndpointTable"> & {
  * Use `create(EndpointTableSchema)` to create a new message.
  */
 export const EndpointTableSchema: GenMessage<EndpointTable> = /*@__PURE__*/
-  messageDesc(file_llmesh_v1_scheduler, 10);
+  messageDesc(file_llmesh_v1_scheduler, 11);
 
 /**
  * @generated from message llmesh.v1.KvBlocks
@@ -505,7 +560,259 @@ export type KvBlocks = Message<"llmesh.v1.KvBlocks"> & {
  * Use `create(KvBlocksSchema)` to create a new message.
  */
 export const KvBlocksSchema: GenMessage<KvBlocks> = /*@__PURE__*/
-  messageDesc(file_llmesh_v1_scheduler, 11);
+  messageDesc(file_llmesh_v1_scheduler, 12);
+
+/**
+ * @generated from message llmesh.v1.PlaceRequest
+ */
+export type PlaceRequest = Message<"llmesh.v1.PlaceRequest"> & {
+  /**
+   * the served name; engines already serving it keep their replica
+   *
+   * @generated from field: string model = 1;
+   */
+  model: string;
+
+  /**
+   * at least 1
+   *
+   * @generated from field: uint32 replicas = 2;
+   */
+  replicas: number;
+
+  /**
+   * one replica's need, headroom included; split evenly over its GPUs
+   *
+   * @generated from field: uint64 memory_bytes = 3;
+   */
+  memoryBytes: bigint;
+
+  /**
+   * 0: the replica runs in CPU memory; k: tensor parallel over k GPUs of one node
+   *
+   * @generated from field: uint32 gpus_per_replica = 4;
+   */
+  gpusPerReplica: number;
+
+  /**
+   * only engines of these backends; empty: any
+   *
+   * @generated from field: repeated string backends = 5;
+   */
+  backends: string[];
+
+  /**
+   * leave engines serving one of these alone (a load would replace it)
+   *
+   * @generated from field: repeated string avoid_models = 6;
+   */
+  avoidModels: string[];
+};
+
+/**
+ * Describes the message llmesh.v1.PlaceRequest.
+ * Use `create(PlaceRequestSchema)` to create a new message.
+ */
+export const PlaceRequestSchema: GenMessage<PlaceRequest> = /*@__PURE__*/
+  messageDesc(file_llmesh_v1_scheduler, 13);
+
+/**
+ * @generated from message llmesh.v1.Placement
+ */
+export type Placement = Message<"llmesh.v1.Placement"> & {
+  /**
+   * @generated from field: string endpoint_id = 1;
+   */
+  endpointId: string;
+
+  /**
+   * @generated from field: string address = 2;
+   */
+  address: string;
+
+  /**
+   * The GPUs the replica takes, by index in the engine's HardwareProfile.gpus; empty
+   * for a replica in CPU memory or one the engine already serves.
+   *
+   * @generated from field: repeated uint32 gpu_indices = 3;
+   */
+  gpuIndices: number[];
+
+  /**
+   * @generated from field: bool already_serving = 4;
+   */
+  alreadyServing: boolean;
+};
+
+/**
+ * Describes the message llmesh.v1.Placement.
+ * Use `create(PlacementSchema)` to create a new message.
+ */
+export const PlacementSchema: GenMessage<Placement> = /*@__PURE__*/
+  messageDesc(file_llmesh_v1_scheduler, 14);
+
+/**
+ * @generated from message llmesh.v1.PlaceResponse
+ */
+export type PlaceResponse = Message<"llmesh.v1.PlaceResponse"> & {
+  /**
+   * one per replica
+   *
+   * @generated from field: repeated llmesh.v1.Placement placements = 1;
+   */
+  placements: Placement[];
+};
+
+/**
+ * Describes the message llmesh.v1.PlaceResponse.
+ * Use `create(PlaceResponseSchema)` to create a new message.
+ */
+export const PlaceResponseSchema: GenMessage<PlaceResponse> = /*@__PURE__*/
+  messageDesc(file_llmesh_v1_scheduler, 15);
+
+/**
+ * @generated from message llmesh.v1.ReportDemandRequest
+ */
+export type ReportDemandRequest = Message<"llmesh.v1.ReportDemandRequest"> & {
+  /**
+   * @generated from field: string gateway_id = 1;
+   */
+  gatewayId: string;
+
+  /**
+   * models with none held may be left out
+   *
+   * @generated from field: repeated llmesh.v1.HeldRequests held = 2;
+   */
+  held: HeldRequests[];
+};
+
+/**
+ * Describes the message llmesh.v1.ReportDemandRequest.
+ * Use `create(ReportDemandRequestSchema)` to create a new message.
+ */
+export const ReportDemandRequestSchema: GenMessage<ReportDemandRequest> = /*@__PURE__*/
+  messageDesc(file_llmesh_v1_scheduler, 16);
+
+/**
+ * @generated from message llmesh.v1.HeldRequests
+ */
+export type HeldRequests = Message<"llmesh.v1.HeldRequests"> & {
+  /**
+   * @generated from field: string model = 1;
+   */
+  model: string;
+
+  /**
+   * @generated from field: uint32 count = 2;
+   */
+  count: number;
+
+  /**
+   * how long the longest-held one has waited
+   *
+   * @generated from field: double oldest_wait_s = 3;
+   */
+  oldestWaitS: number;
+};
+
+/**
+ * Describes the message llmesh.v1.HeldRequests.
+ * Use `create(HeldRequestsSchema)` to create a new message.
+ */
+export const HeldRequestsSchema: GenMessage<HeldRequests> = /*@__PURE__*/
+  messageDesc(file_llmesh_v1_scheduler, 17);
+
+/**
+ * @generated from message llmesh.v1.ReportDemandResponse
+ */
+export type ReportDemandResponse = Message<"llmesh.v1.ReportDemandResponse"> & {
+};
+
+/**
+ * Describes the message llmesh.v1.ReportDemandResponse.
+ * Use `create(ReportDemandResponseSchema)` to create a new message.
+ */
+export const ReportDemandResponseSchema: GenMessage<ReportDemandResponse> = /*@__PURE__*/
+  messageDesc(file_llmesh_v1_scheduler, 18);
+
+/**
+ * @generated from message llmesh.v1.GetScaleRequest
+ */
+export type GetScaleRequest = Message<"llmesh.v1.GetScaleRequest"> & {
+};
+
+/**
+ * Describes the message llmesh.v1.GetScaleRequest.
+ * Use `create(GetScaleRequestSchema)` to create a new message.
+ */
+export const GetScaleRequestSchema: GenMessage<GetScaleRequest> = /*@__PURE__*/
+  messageDesc(file_llmesh_v1_scheduler, 19);
+
+/**
+ * @generated from message llmesh.v1.GetScaleResponse
+ */
+export type GetScaleResponse = Message<"llmesh.v1.GetScaleResponse"> & {
+  /**
+   * @generated from field: repeated llmesh.v1.ModelScale models = 1;
+   */
+  models: ModelScale[];
+};
+
+/**
+ * Describes the message llmesh.v1.GetScaleResponse.
+ * Use `create(GetScaleResponseSchema)` to create a new message.
+ */
+export const GetScaleResponseSchema: GenMessage<GetScaleResponse> = /*@__PURE__*/
+  messageDesc(file_llmesh_v1_scheduler, 20);
+
+/**
+ * @generated from message llmesh.v1.ModelScale
+ */
+export type ModelScale = Message<"llmesh.v1.ModelScale"> & {
+  /**
+   * @generated from field: string model = 1;
+   */
+  model: string;
+
+  /**
+   * @generated from field: uint32 desired = 2;
+   */
+  desired: number;
+
+  /**
+   * healthy replicas now
+   *
+   * @generated from field: uint32 ready = 3;
+   */
+  ready: number;
+
+  /**
+   * engine queues plus held requests
+   *
+   * @generated from field: uint32 waiting = 4;
+   */
+  waiting: number;
+
+  /**
+   * @generated from field: uint32 running = 5;
+   */
+  running: number;
+
+  /**
+   * up | waiting_time | idle | spare | bounds | steady
+   *
+   * @generated from field: string reason = 6;
+   */
+  reason: string;
+};
+
+/**
+ * Describes the message llmesh.v1.ModelScale.
+ * Use `create(ModelScaleSchema)` to create a new message.
+ */
+export const ModelScaleSchema: GenMessage<ModelScale> = /*@__PURE__*/
+  messageDesc(file_llmesh_v1_scheduler, 21);
 
 /**
  * Knows every engine endpoint and its load; pushes the endpoint table to gateways.
@@ -543,6 +850,44 @@ export const Scheduler: GenService<{
     methodKind: "unary";
     input: typeof ListEndpointsRequestSchema;
     output: typeof EndpointTableSchema;
+  },
+  /**
+   * Plans where a model's replicas go over the fleet as last reported (it reserves
+   * nothing): bin-packs them onto engines by memory need (best fit; idle engines
+   * first), a tensor-parallel replica on gpus_per_replica GPUs of one node or not at
+   * all. All or nothing: FAILED_PRECONDITION when the fleet cannot hold the request
+   * however free it were (too few eligible engines, no node with that many GPUs),
+   * RESOURCE_EXHAUSTED when memory is short now; INVALID_ARGUMENT for a bad request.
+   *
+   * @generated from rpc llmesh.v1.Scheduler.Place
+   */
+  place: {
+    methodKind: "unary";
+    input: typeof PlaceRequestSchema;
+    output: typeof PlaceResponseSchema;
+  },
+  /**
+   * A gateway says how many requests it holds per model because no replica is
+   * ready (scale from zero); sent when a hold starts and every second while any
+   * lasts. The autoscaler counts them as waiting. A report replaces the gateway's last.
+   *
+   * @generated from rpc llmesh.v1.Scheduler.ReportDemand
+   */
+  reportDemand: {
+    methodKind: "unary";
+    input: typeof ReportDemandRequestSchema;
+    output: typeof ReportDemandResponseSchema;
+  },
+  /**
+   * The autoscaler's decisions: desired replicas per scaled model (the local
+   * launcher of `llmesh up` polls this; KEDA reads the same from /metrics).
+   *
+   * @generated from rpc llmesh.v1.Scheduler.GetScale
+   */
+  getScale: {
+    methodKind: "unary";
+    input: typeof GetScaleRequestSchema;
+    output: typeof GetScaleResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_llmesh_v1_scheduler, 0);
