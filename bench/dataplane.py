@@ -20,6 +20,7 @@ import asyncio
 import json
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -76,23 +77,33 @@ async def timed(one, pids: dict[str, int], concurrency: int, requests: int) -> d
     return r
 
 
-async def fronts(direct: str, gateway: str, router: str, gw_pid: int, router_pid: int, requests: int) -> dict:
-    """The gateway and vllm-router, each alone in front of the same instant server, one connection."""
+async def fronts(direct: str, gateway: str, router: str, gw_pid: int, router_pid: int, requests: int,
+                 rounds: int) -> dict:
+    """The gateway and vllm-router, each alone in front of the same instant server, one
+    connection; ``rounds`` alternating rounds (the machine's load drifts), the median p50."""
     out = {}
+    targets = (("direct", direct, {}), ("gateway", gateway, {"gateway": gw_pid}),
+               ("vllm_router", router, {"router": router_pid}))
     async with httpx.AsyncClient(timeout=60) as client:
         for stream in (False, True):
+            runs: dict[str, list[dict]] = {name: [] for name, _, _ in targets}
+            for k in range(rounds):
+                for name, url, pids in targets[k % 3:] + targets[:k % 3]:
+                    runs[name].append(await timed(lambda i, u=url: provider_bench.call(client, u, stream), pids, 1,
+                                                  max(requests // rounds, 1)))
             row = {}
-            for name, url, pids in (("direct", direct, {}), ("gateway", gateway, {"gateway": gw_pid}),
-                                    ("vllm_router", router, {"router": router_pid})):
-                r = await timed(lambda i, u=url: provider_bench.call(client, u, stream), pids, 1, requests)
-                row[name] = {k: r[k] for k in ("requests", "errors", "requests_per_s", "ttft_ms_p50", "ttft_ms_p99")
-                             if k in r} | {k: v for k, v in r.items() if k.endswith("cpu_ms_per_request")}
+            for name, rs in runs.items():
+                n = sum(r["requests"] for r in rs)
+                row[name] = {"requests": n, "errors": sum(r["errors"] for r in rs),
+                             "ms_p50": round(statistics.median(r["ttft_ms_p50"] for r in rs), 3),
+                             "ms_p99": round(statistics.median(r["ttft_ms_p99"] for r in rs), 3)}
+                for key in rs[0]:
+                    if key.endswith("cpu_ms_per_request"):
+                        row[name][key] = round(sum(r[key] * r["requests"] for r in rs) / max(n, 1), 3)
             for name in ("gateway", "vllm_router"):
-                row[name]["added_ms_p50"] = round(row[name]["ttft_ms_p50"] - row["direct"]["ttft_ms_p50"], 3)
+                row[name]["added_ms_p50"] = round(row[name]["ms_p50"] - row["direct"]["ms_p50"], 3)
             row["gateway_over_router_cpu"] = round(row["gateway"]["gateway_cpu_ms_per_request"]
                                                    / max(row["vllm_router"]["router_cpu_ms_per_request"], 1e-3), 2)
-            row["gateway_over_router_added_p50"] = round(row["gateway"]["added_ms_p50"]
-                                                         / max(row["vllm_router"]["added_ms_p50"], 1e-3), 2)
             key = "stream" if stream else "plain"
             out[key] = row
             note(f"{key:<6} gateway CPU {row['gateway']['gateway_cpu_ms_per_request']:.3f} ms/req, added p50 "
@@ -180,7 +191,7 @@ def front_section(args, tmp: Path) -> dict:
             gw_pid = child_pid(mesh.proc.pid, "llmesh.gateway")
             out = {"fronts_c1": asyncio.run(fronts(base_url + "/chat/completions", mesh.layout.http_url
                                                    + "/v1/chat/completions", router_url, gw_pid, router.pid,
-                                                   args.requests)),
+                                                   args.requests, args.rounds)),
                    "sim_0ms_c1": asyncio.run(engine_cost(mesh, args.chunks, args.requests))}
         finally:
             mesh.stop(signal.SIGINT)
@@ -220,6 +231,7 @@ def load_section(args, tmp: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=300, help="requests per one-connection measurement")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of the one-connection runs")
     parser.add_argument("--chunks", type=int, default=32, help="chunks per streamed answer (tokens on the sim)")
     parser.add_argument("--levels", default="1,32,256")
     parser.add_argument("--level-requests", default="60,320,1024")
