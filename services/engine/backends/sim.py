@@ -104,6 +104,14 @@ class SimBackend:
         return self.prefix_queries, self.prefix_hits
 
     async def stream(self, tokens: list[int], params: DecodeParams) -> AsyncIterator[str]:
+        async with contextlib.aclosing(self.stream_steps(tokens, params)) as steps:
+            async for pieces in steps:
+                for piece in pieces:
+                    yield piece
+
+    async def stream_steps(self, tokens: list[int], params: DecodeParams) -> AsyncIterator[list]:
+        """``stream``'s pieces, every piece ready at once in one list (a consumer
+        that fell behind the steps takes the backlog in one go)."""
         if params.adapter is not None:
             raise NotFound(f"the sim backend serves no adapters; {params.adapter!r} is not loaded")
         if any(not 0 <= t < VOCAB_SIZE for t in tokens):
@@ -119,9 +127,17 @@ class SimBackend:
         if self._loop_task is None or self._loop_task.done():
             self._loop_task = asyncio.create_task(self._run(), name="sim-steps")
         self._work.set()
+        out = seq.out
         try:
-            while (item := await seq.out.get()) is not _END:
-                yield item
+            while True:
+                pieces = [await out.get()]
+                while not out.empty():
+                    pieces.append(out.get_nowait())
+                if _END in pieces:
+                    if pieces[0] is not _END:
+                        yield pieces[:pieces.index(_END)]
+                    return
+                yield pieces
         finally:
             seq.cancelled = True
 
