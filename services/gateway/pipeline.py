@@ -82,6 +82,7 @@ class CompletionRequest:
     caller: Caller = Caller()
     priority: Priority = Priority.NORMAL
     continuation: str = ""  # answer text already sent, when a stream fails over to another engine
+    stream: bool = True  # False: the client takes the answer at once (upstreams may send it whole)
 
 
 class OutputFilter(Protocol):

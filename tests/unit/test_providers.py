@@ -2,6 +2,7 @@
 errors as ours, their key from the environment or a file."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -9,7 +10,7 @@ from llmesh.errors import InvalidArgument, Overloaded, Unavailable
 from llmesh.liveconfig.schema import Provider
 from llmesh.types import Message, Prompt, ResponseFormat, Sampling
 from llmesh.gateway.pipeline import CompletionRequest
-from llmesh.gateway.providers import api_key, error_for_status, request_body
+from llmesh.gateway.providers import _Events, api_key, error_for_status, request_body
 
 
 def req(prompt: Prompt, **sampling) -> CompletionRequest:
@@ -30,6 +31,11 @@ def test_chat_body_uses_their_model_name_and_streams_with_usage():
     assert path == "/completions" and body["prompt"] == "once" and body["logprobs"] == 1
 
 
+def test_a_client_that_takes_the_answer_at_once_asks_for_it_unstreamed():
+    _, body = request_body(replace(req(Prompt(messages=(Message("user", "hi"),)), max_tokens=3), stream=False), "m")
+    assert "stream" not in body and "stream_options" not in body and body["max_tokens"] == 3
+
+
 @pytest.mark.parametrize("status, cls, reason", [
     (429, Overloaded, "provider_rate_limited"), (401, Unavailable, "provider_auth"),
     (400, InvalidArgument, "provider_rejected"), (503, Unavailable, "provider_error"),
@@ -48,3 +54,10 @@ def test_key_from_env_or_file(tmp_path, monkeypatch):
     with pytest.raises(Unavailable):
         api_key(Provider(base_url="u", models={}, api_key_env="LLMESH_TEST_PROVIDER_UNSET"))
     assert api_key(Provider(base_url="u", models={})) is None
+
+
+def test_events_split_across_reads_and_after_done_ignored():
+    events = _Events()
+    assert events.feed(b'data: {"a": 1}\n\ndata: {"b"') == [b'{"a": 1}']
+    assert events.feed(b': 2}\r\n\r\n: a comment\n\n') == [b'{"b": 2}']
+    assert events.feed(b'data: [DONE]\n\ndata: {"late": 1}\n\n') == [] and events.done
