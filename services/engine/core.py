@@ -36,8 +36,8 @@ class _Timing:
         if item.tokens:
             if self.first is None:
                 self.first = now
-            elif self.last is not None:  # several tokens in one item share the gap since the last
-                self.gaps.extend([(now - self.last) / item.tokens] * item.tokens)
+            elif self.last is not None:  # one observation an item (a step, as vLLM's); its tokens share the gap
+                self.gaps.append((now - self.last) / item.tokens)
             self.last = now
 
     def record(self, m: EngineMetrics) -> None:

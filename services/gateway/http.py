@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 
@@ -127,7 +127,7 @@ class HttpFront:
 
     async def _complete(self, scope: dict, receive: Receive, send: Send, body_cls, shape: Shape) -> None:
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        rid = headers.get(REQUEST_ID) or uuid.uuid4().hex
+        rid = headers.get(REQUEST_ID) or os.urandom(16).hex()  # uuid4's randomness, a third of its cost
         request_id_var.set(rid)
         try:
             async with asyncio.timeout(self._body_timeout):

@@ -88,6 +88,7 @@ class SimBackend:
         self._loop_task: asyncio.Task | None = None
         self.prefix_queries = 0
         self.prefix_hits = 0
+        self._word_tokens = {w: sim_token(w) for w in _WORDS}
 
     def tokenize(self, prompt: Prompt) -> list[int]:
         return sim_tokenize(prompt)
@@ -199,7 +200,7 @@ class SimBackend:
                 text = Token(text, TokenLogprob(text, lp, top))
             seq.out.put_nowait(text)
             seq.produced += 1
-            seq.tokens.append(sim_token(word))  # the answer joins the sequence's KV, as in an engine
+            seq.tokens.append(self._word_tokens[word])  # the answer joins the sequence's KV, as in an engine
             self.kv_blocks.grow(seq, seq.tokens)
             if seq.produced >= min(seq.params.max_new_tokens, self.profile.output_tokens):
                 seq.out.put_nowait(_END)
