@@ -28,7 +28,7 @@ SERVER_OPTIONS = (
     # Our clients ping every 20 s (rpc.channels), also on a call that sends nothing for a while (a
     # queued request, a non-streamed answer being generated whole): accept that, or after two
     # pings the default (one per 5 min) answers GOAWAY too_many_pings and the channel's calls fail.
-    ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+    ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
     ("grpc.so_reuseport", 0),
 )
 
