@@ -26,7 +26,7 @@ LLAMA_FLAVOR  := $(shell uname -m)-native
 endif
 LLAMA_WHEELS  := $(HOME)/.cache/llmesh/wheels/llama-cpp-python-$(LLAMA_VERSION)-$(LLAMA_FLAVOR)
 
-.PHONY: install tools vllm-modules run test test-unit test-e2e bench gpu-smoke protos model lock clean deploy-check images buf-check \
+.PHONY: install tools vllm-modules run test test-unit test-e2e bench gpu-smoke protos model lock clean deploy-check images bench-tools buf-check \
         ts-example
 
 install: $(VENV)/.installed $(GEN) $(MODELS)/smollm2-135m-instruct/model.json $(MODELS)/all-minilm-l6-v2/model.json
@@ -129,8 +129,12 @@ images:
 test-unit: install
 	$(BIN)/python -m pytest -q tests/unit
 
-bench: install
+bench: install bench-tools
 	$(BIN)/python -m bench
+
+# bench.dataplane's peers and profiler (pyproject's bench extra): vLLM's Rust router, py-spy
+bench-tools: install
+	$(BIN)/python -m pip install --quiet 'vllm-router==0.1.17' 'py-spy==0.4.3'
 
 # On a machine with an NVIDIA GPU: the vllm backend against vLLM's own server.
 # MODEL is a local Hugging Face model directory (e.g. Qwen2.5-0.5B-Instruct).

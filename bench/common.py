@@ -48,6 +48,7 @@ class Sample:
     ttft_s: float
     total_s: float
     tokens: int
+    messages: int = 0  # stream messages the answer came in, where the caller counts them
 
 
 async def drive(one: Callable[[int], Awaitable[Sample]], concurrency: int, requests: int) -> dict:

@@ -35,12 +35,13 @@ async def engine_call(stub, tokens: int) -> Sample:
     req = engine_pb2.GenerateRequest(model=MODEL, sampling=sampling(tokens), chat=engine_pb2.ChatInput(
         messages=[common_pb2.ChatMessage(role="user", content=PROMPT)]))
     start = time.perf_counter()
-    ttft, n = None, 0
+    ttft, n, messages = None, 0, 0
     async for resp in stub.Generate(req, timeout=60):
         if resp.text and ttft is None:
             ttft = time.perf_counter() - start
         n += resp.token_count
-    return Sample(ttft, time.perf_counter() - start, n)
+        messages += 1
+    return Sample(ttft, time.perf_counter() - start, n, messages)
 
 
 async def gateway_grpc_call(stub, tokens: int) -> Sample:

@@ -12,7 +12,8 @@ from llmesh.errors import ContextLengthExceeded, InvalidArgument, ModelNotFound
 from llmesh.types import Delta, Finish, FinishReason, Priority, Prompt, Sampling, Usage
 from llmesh.validation import check_request
 from llmesh.engine.admission import Admission
-from llmesh.engine.backends.base import CONTINUATION, LOGPROBS, RESPONSE_FORMAT, Backend, DecodeParams, Token
+from llmesh.engine.backends.base import (CONTINUATION, LOGPROBS, RESPONSE_FORMAT, Backend, DecodeParams, Token,
+                                        steps_of)
 from llmesh.engine.metrics import EngineMetrics
 from llmesh.engine.stops import StopMatcher
 
@@ -35,8 +36,8 @@ class _Timing:
         if item.tokens:
             if self.first is None:
                 self.first = now
-            elif self.last is not None:
-                self.gaps.append(now - self.last)
+            elif self.last is not None:  # one observation an item (a step, as vLLM's); its tokens share the gap
+                self.gaps.append((now - self.last) / item.tokens)
             self.last = now
 
     def record(self, m: EngineMetrics) -> None:
@@ -132,20 +133,33 @@ class EngineCore:
                       ) -> AsyncIterator[Delta | Finish]:
         matcher = StopMatcher(stop)
         produced = 0
-        pieces = backend.stream(tokens, params)
+        steps = steps_of(backend, tokens, params)
         try:
-            async for piece in pieces:
-                produced += 1
-                if isinstance(piece, Token):
-                    text, logprobs = matcher.feed(piece.text), (piece.logprob,)
-                else:
-                    text, logprobs = matcher.feed(piece), ()
-                if text or logprobs or matcher.stopped:
-                    yield Delta(text=text, tokens=1, logprobs=logprobs)
+            async for pieces in steps:  # every piece ready now becomes one Delta
+                texts: list[str] = []
+                logprobs: list = []
+                count = 0
+                for piece in pieces:
+                    produced += 1
+                    if isinstance(piece, Token):
+                        text = matcher.feed(piece.text)
+                        logprobs.append(piece.logprob)
+                        count += 1
+                    else:
+                        text = matcher.feed(piece)
+                        if text or matcher.stopped:
+                            count += 1
+                    if text:
+                        texts.append(text)
+                    if matcher.stopped:
+                        break
+                if count:
+                    yield Delta(text=texts[0] if len(texts) == 1 else "".join(texts), tokens=count,
+                                logprobs=tuple(logprobs))
                 if matcher.stopped:
                     break
         finally:
-            await pieces.aclose()
+            await steps.aclose()
         if matcher.stopped:
             reason = FinishReason.STOP
         else:

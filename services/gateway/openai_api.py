@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from llmesh.errors import InvalidArgument
@@ -313,6 +314,10 @@ def completion_json(shape: Shape, rid: str, model: str, choices: list[Choice], u
             "model": model, "choices": out, "usage": usage_json(usage)}
 
 
+def sse(obj: dict) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
 class ChunkWriter:
     """Builds the SSE events of one streamed response."""
 
@@ -323,12 +328,26 @@ class ChunkWriter:
         self._include_usage = include_usage
         self._logprobs = logprobs
         self._offsets: dict[int, int] = {}
+        self._frames: dict[int, tuple[bytes, bytes]] = {}  # per choice: the bytes around a delta's text
 
     def _chunk(self, choice: dict) -> dict:
         out = dict(self._base, choices=[choice])
         if self._include_usage:
             out["usage"] = None
         return out
+
+    def delta_sse(self, text: str, index: int = 0, logprobs: tuple[TokenLogprob, ...] = (),
+                  tool_calls: tuple[ToolCall, ...] = ()) -> bytes:
+        """``delta`` as one SSE event, byte for byte what encoding the dict gives; without
+        logprobs or tool calls only the text is encoded, between bytes built once per choice."""
+        if self._logprobs or tool_calls:
+            return sse(self.delta(text, index, logprobs, tool_calls))
+        frame = self._frames.get(index)
+        if frame is None:
+            probe = orjson.dumps(self.delta("\x00", index))  # the text's place, found by a marker
+            head, _, tail = probe.rpartition(b'"\\u0000"')
+            frame = self._frames[index] = (b"data: " + head, tail + b"\n\n")
+        return frame[0] + orjson.dumps(text) + frame[1]
 
     def role(self, index: int = 0) -> dict | None:
         if not self._shape.chat:

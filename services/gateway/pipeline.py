@@ -86,6 +86,7 @@ class CompletionRequest:
     continuation: str = ""  # answer text already sent, when a stream fails over to another engine
     tools: Tools | None = None  # functions the model may call (OpenAI-compatible providers only)
     checked: bool = False  # the front already checked it against the protos' rules (gRPC: as it arrived)
+    stream: bool = True  # False: the client takes the answer at once (upstreams may send it whole)
 
 
 class OutputFilter(Protocol):

@@ -35,7 +35,8 @@ def api_key(p: Provider) -> str | None:
 def request_body(req: CompletionRequest, remote_model: str) -> tuple[str, dict]:
     """(path, JSON body) for the provider."""
     s = req.sampling
-    body: dict = {"model": remote_model, "stream": True, "stream_options": {"include_usage": True}}
+    body: dict = ({"model": remote_model, "stream": True, "stream_options": {"include_usage": True}} if req.stream
+                  else {"model": remote_model})  # a client that takes the answer at once: one JSON body
     for name, value in (("max_tokens", s.max_tokens), ("temperature", s.temperature), ("top_p", s.top_p),
                         ("seed", s.seed)):
         if value is not None:
@@ -132,6 +133,34 @@ def _logprobs(choice: dict) -> tuple[TokenLogprob, ...]:
     return ()
 
 
+class _Events:
+    """Server-sent events from a byte stream: the ``data`` of each complete event,
+    up to ``[DONE]`` (what follows it is read and ignored)."""
+
+    def __init__(self) -> None:
+        self._rest = b""
+        self.done = False
+
+    def feed(self, raw: bytes) -> list[bytes]:
+        buf = self._rest + raw if self._rest else raw
+        if b"\r" in buf:
+            buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        *events, self._rest = buf.split(b"\n\n")
+        out = []
+        for event in events:
+            if self.done:
+                break
+            for line in event.split(b"\n"):
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    self.done = True
+                    break
+                out.append(data)
+        return out
+
+
 class ProviderClients:
     def __init__(self) -> None:
         self._http = httpx.AsyncClient(http2=False, timeout=None)
@@ -144,32 +173,45 @@ class ProviderClients:
         if key:
             headers["authorization"] = f"Bearer {key}"
         reason, usage, produced = FinishReason.STOP, None, 0
+        if not body.get("stream"):
+            async for item in self._whole(provider.base_url.rstrip("/") + path, body, headers, timeout_s):
+                yield item
+            return
         try:
             async with self._http.stream("POST", provider.base_url.rstrip("/") + path, content=orjson.dumps(body),
                                          headers=headers, timeout=timeout_s) as resp:
                 if resp.status_code != 200:
                     raise error_for_status(resp.status_code, await resp.aread())
-                async for line in resp.aiter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        break
-                    chunk = orjson.loads(data)
-                    if "error" in chunk:
-                        raise Unavailable(f"The provider failed mid-answer: {chunk['error']}", reason="provider_error")
-                    if chunk.get("usage"):
-                        usage = Usage(chunk["usage"].get("prompt_tokens", 0), chunk["usage"].get("completion_tokens", 0))
-                    for choice in chunk.get("choices") or ():
-                        delta = choice.get("delta") or {}
-                        text = delta.get("content") or choice.get("text") or ""
-                        logprobs = _logprobs(choice)
-                        calls = _tool_calls(delta)
-                        if text or logprobs or calls:
-                            produced += 1
-                            yield Delta(text=text, tokens=max(1, len(logprobs)), logprobs=logprobs, tool_calls=calls)
-                        if choice.get("finish_reason"):
-                            reason = FINISH.get(choice["finish_reason"], FinishReason.STOP)
+                events = _Events()
+                # Every event one read brought becomes one Delta; reading to the end returns the connection to the pool.
+                async for raw in resp.aiter_bytes():
+                    texts: list[str] = []
+                    logprobs: list[TokenLogprob] = []
+                    calls: list[ToolCall] = []
+                    tokens = 0
+                    for data in events.feed(raw):
+                        chunk = orjson.loads(data)
+                        if "error" in chunk:
+                            raise Unavailable(f"The provider failed mid-answer: {chunk['error']}",
+                                              reason="provider_error")
+                        if chunk.get("usage"):
+                            usage = Usage(chunk["usage"].get("prompt_tokens", 0),
+                                          chunk["usage"].get("completion_tokens", 0))
+                        for choice in chunk.get("choices") or ():
+                            delta = choice.get("delta") or {}
+                            text = delta.get("content") or choice.get("text") or ""
+                            lps = _logprobs(choice)
+                            pieces = _tool_calls(delta)
+                            if text or lps or pieces:
+                                produced += 1
+                                tokens += max(1, len(lps))
+                                texts.append(text)
+                                logprobs.extend(lps)
+                                calls.extend(pieces)
+                            if choice.get("finish_reason"):
+                                reason = FINISH.get(choice["finish_reason"], FinishReason.STOP)
+                    if tokens:
+                        yield Delta(text="".join(texts), tokens=tokens, logprobs=tuple(logprobs), tool_calls=tuple(calls))
         except httpx.TimeoutException:
             raise DeadlineExceeded() from None
         except httpx.HTTPError as exc:
@@ -177,6 +219,31 @@ class ProviderClients:
         except orjson.JSONDecodeError:
             raise Internal("The provider sent a malformed stream.", reason="provider_error") from None
         yield Finish(reason=reason, usage=usage or Usage(0, produced))
+
+    async def _whole(self, url: str, body: dict, headers: dict, timeout_s: float) -> AsyncIterator[Delta | Finish]:
+        """A non-streamed call: the answer in one body, as one Delta and the Finish."""
+        try:
+            resp = await self._http.post(url, content=orjson.dumps(body), headers=headers, timeout=timeout_s)
+            if resp.status_code != 200:
+                raise error_for_status(resp.status_code, resp.content)
+            answer = orjson.loads(resp.content)
+            choice = (answer.get("choices") or [{}])[0]
+            message = choice.get("message") or {}
+            text = message.get("content") or choice.get("text") or ""
+            logprobs = _logprobs(choice)
+            calls = _tool_calls(message)
+            u = answer.get("usage") or {}
+        except httpx.TimeoutException:
+            raise DeadlineExceeded() from None
+        except httpx.HTTPError as exc:
+            raise Unavailable(f"The provider cannot be reached: {type(exc).__name__}.", reason="provider_error") from None
+        except (orjson.JSONDecodeError, AttributeError, IndexError, TypeError):
+            raise Internal("The provider sent a malformed answer.", reason="provider_error") from None
+        completion = u.get("completion_tokens", len(logprobs) or int(bool(text)))
+        if text or logprobs or calls:
+            yield Delta(text=text, tokens=completion, logprobs=logprobs, tool_calls=calls)
+        reason = FINISH.get(choice.get("finish_reason") or "stop", FinishReason.STOP)
+        yield Finish(reason=reason, usage=Usage(u.get("prompt_tokens", 0), completion))
 
     async def close(self) -> None:
         await self._http.aclose()

@@ -47,7 +47,7 @@ class EngineClients:
                        ) -> AsyncIterator[Delta | Finish]:
         request = engine_pb2.GenerateRequest(
             request_id=req.request_id, model=req.model, sampling=sampling_to_pb(req.sampling),
-            priority=priority_to_pb(req.priority), continuation=req.continuation,
+            priority=priority_to_pb(req.priority), continuation=req.continuation, whole=not req.stream,
             **prompt_fields(req.prompt, engine_pb2.ChatInput))
         span = self._tracer.start_span("llmesh.v1.Engine/Generate", context=child_context(parent),
                                        kind=SpanKind.CLIENT, attributes={"server.address": address})
@@ -55,10 +55,11 @@ class EngineClients:
                                             metadata=((REQUEST_ID_KEY, req.request_id), *inject(span)))
         try:
             async for resp in call:
+                if resp.text or resp.token_count or resp.logprobs:  # the last may carry text too (whole)
+                    yield Delta(text=resp.text, tokens=resp.token_count,
+                                logprobs=logprobs_from_pb(resp.logprobs) if resp.logprobs else ())
                 if resp.finish_reason:
                     yield Finish(reason=finish_from_pb(resp.finish_reason), usage=usage_from_pb(resp.usage))
-                else:
-                    yield Delta(text=resp.text, tokens=resp.token_count, logprobs=logprobs_from_pb(resp.logprobs))
         except grpc.aio.AioRpcError as exc:
             span.set_status(Status(StatusCode.ERROR, exc.code().name))
             if exc.code() == grpc.StatusCode.CANCELLED:

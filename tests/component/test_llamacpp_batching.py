@@ -87,3 +87,17 @@ async def test_a_burst_with_one_system_prompt_computes_it_once(backend):
     assert backend._runner.prefix_copies - copies == 3
     assert backend.prefix_cache_stats()[1] - hits == 3 * (len(prompt) - 1)
     assert burst[0][1] and all(pieces == burst[0][1] for _, pieces in burst)
+
+
+async def test_a_consumer_that_fell_behind_gets_the_backlog_in_one_step(backend):
+    """``stream_steps`` hands over every piece that is ready at once: the engine sends
+    them as one message. The pieces are the ones ``stream`` yields, in order."""
+    tokens = backend.tokenize(Prompt(messages=(Message("user", "Name the planets of the solar system."),)))
+    _, expected = await run(backend, tokens, 16)
+    steps = []
+    async with aclosing(backend.stream_steps(tokens, DecodeParams(16, 0.0, 1.0, 0))) as stream:
+        async for pieces in stream:
+            steps.append(pieces)
+            await asyncio.sleep(0.15)  # busy elsewhere while the runner decodes on
+    assert [p for pieces in steps for p in pieces] == expected
+    assert len(steps) < len(expected) and max(len(pieces) for pieces in steps) > 1

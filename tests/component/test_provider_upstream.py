@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -89,6 +90,10 @@ async def test_falls_back_to_the_provider_when_every_engine_is_down(openai_serve
         # The same greedy question asked of the provider directly gives the same text.
         direct, _, _ = await run(pipeline, request("hosted"))
         assert "".join(d.text for d in direct) == text
+        # A client that takes the answer at once gets it from one non-streamed call: one Delta, their usage.
+        whole, finish, _ = await run(pipeline, replace(request("pool-model", logprobs=1), stream=False))
+        assert [d.text for d in whole] == [text] and finish.usage.completion_tokens == 8
+        assert finish.usage.prompt_tokens > 0 and len(whole[0].logprobs) == 8
     finally:
         await providers.close()
 

@@ -86,3 +86,12 @@ def test_chunks_follow_openai_stream_shape():
     text = ChunkWriter(TEXT, "rid", "m", include_usage=False)
     assert text.role() is None and text.usage(Usage(1, 1)) is None
     assert text.delta("x")["choices"][0]["text"] == "x" and "usage" not in text.delta("x")
+
+
+def test_pre_encoded_delta_events_are_the_dicts_encoded():
+    for shape in (CHAT, TEXT):
+        for usage in (True, False):
+            w = ChunkWriter(shape, "rid", 'm"odel', include_usage=usage)
+            for text in ("hey", "", 'é\n"\\', "\x00"):
+                for index in (0, 2):
+                    assert w.delta_sse(text, index) == b"data: " + orjson.dumps(w.delta(text, index)) + b"\n\n"

@@ -2,6 +2,7 @@
 errors as ours, their key from the environment or a file."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -9,7 +10,7 @@ from llmesh.errors import InvalidArgument, Overloaded, Unavailable
 from llmesh.liveconfig.schema import Provider
 from llmesh.types import Message, Prompt, ResponseFormat, Sampling
 from llmesh.gateway.pipeline import CompletionRequest
-from llmesh.gateway.providers import api_key, error_for_status, request_body
+from llmesh.gateway.providers import _Events, api_key, error_for_status, request_body
 
 
 def req(prompt: Prompt, **sampling) -> CompletionRequest:
@@ -28,6 +29,11 @@ def test_chat_body_uses_their_model_name_and_streams_with_usage():
     assert body["response_format"]["json_schema"]["schema"] == {"type": "object"}
     path, body = request_body(req(Prompt(text="once"), logprobs=1), "m")
     assert path == "/completions" and body["prompt"] == "once" and body["logprobs"] == 1
+
+
+def test_a_client_that_takes_the_answer_at_once_asks_for_it_unstreamed():
+    _, body = request_body(replace(req(Prompt(messages=(Message("user", "hi"),)), max_tokens=3), stream=False), "m")
+    assert "stream" not in body and "stream_options" not in body and body["max_tokens"] == 3
 
 
 @pytest.mark.parametrize("status, cls, reason", [
@@ -78,3 +84,10 @@ def test_tools_and_a_tool_conversation_in_their_format():
         ToolCall(0, "c", "weather", ""),)
     assert _tool_calls({"tool_calls": [{"index": 0, "function": {"arguments": '{"ci'}}]}) == (
         ToolCall(0, "", "", '{"ci'),)
+
+
+def test_events_split_across_reads_and_after_done_ignored():
+    events = _Events()
+    assert events.feed(b'data: {"a": 1}\n\ndata: {"b"') == [b'{"a": 1}']
+    assert events.feed(b': 2}\r\n\r\n: a comment\n\n') == [b'{"b": 2}']
+    assert events.feed(b'data: [DONE]\n\ndata: {"late": 1}\n\n') == [] and events.done

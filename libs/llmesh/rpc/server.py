@@ -25,6 +25,10 @@ SERVER_OPTIONS = (
     ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.http2.max_pings_without_data", 0),
     ("grpc.keepalive_permit_without_calls", 1),
+    # Our clients ping every 20 s (rpc.channels), also on a call that sends nothing for a while (a
+    # queued request, a non-streamed answer being generated whole): accept that, or after two
+    # pings the default (one per 5 min) answers GOAWAY too_many_pings and the channel's calls fail.
+    ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
     ("grpc.so_reuseport", 0),
 )
 

@@ -43,6 +43,22 @@ RESPONSE_FORMAT = "response_format"
 CONTINUATION = "continuation"  # the backend has ``tokenize_continuation(text) -> list[int]``
 
 
+def steps_of(backend: Backend, tokens: list[int], params: DecodeParams) -> AsyncIterator[list]:
+    """The backend's pieces grouped as they become ready: its own ``stream_steps``
+    (every piece a decode step produced, or a backlog, in one list) where it has
+    one, else one piece a list. The engine sends each group as one message."""
+    steps = getattr(backend, "stream_steps", None)
+    return steps(tokens, params) if steps is not None else _one_by_one(backend.stream(tokens, params))
+
+
+async def _one_by_one(pieces: AsyncIterator) -> AsyncIterator[list]:
+    try:
+        async for piece in pieces:
+            yield [piece]
+    finally:
+        await pieces.aclose()
+
+
 @dataclass(frozen=True, slots=True)
 class Token:
     """A generated token's text with its log probabilities (backends that report them)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from pathlib import Path
 
 from llmesh.errors import Internal, InvalidArgument, ModelNotFound, NotFound
@@ -100,6 +101,14 @@ class LlamaCppBackend:
             self._loop.call_soon_threadsafe(_dispatch, results)
 
     async def stream(self, tokens: list[int], params: DecodeParams) -> AsyncIterator[str]:
+        async with aclosing(self.stream_steps(tokens, params)) as steps:
+            async for pieces in steps:
+                for piece in pieces:
+                    yield piece
+
+    async def stream_steps(self, tokens: list[int], params: DecodeParams) -> AsyncIterator[list]:
+        """``stream``'s pieces, every piece ready at once in one list: a step's, or several
+        steps' when the consumer fell behind."""
         if params.adapter is not None:
             raise NotFound(f"the llamacpp backend serves no adapters; {params.adapter!r} is not loaded")
         self._loop = asyncio.get_running_loop()
@@ -111,11 +120,20 @@ class LlamaCppBackend:
         done = False
         try:
             while not done:
-                pieces, error, done = await queue.get()
-                if error is not None:
-                    raise Internal(f"llama.cpp failed this request: {error}") from error
-                for piece in pieces:
-                    yield piece
+                batch: list = []
+                entry = await queue.get()
+                while True:
+                    pieces, error, done = entry
+                    if error is not None:
+                        if batch:
+                            yield batch
+                        raise Internal(f"llama.cpp failed this request: {error}") from error
+                    batch.extend(pieces)
+                    if done or queue.empty():
+                        break
+                    entry = queue.get_nowait()
+                if batch:
+                    yield batch
         finally:
             if not done:
                 self._runner.cancel(seq)

@@ -88,6 +88,7 @@ class SimBackend:
         self._loop_task: asyncio.Task | None = None
         self.prefix_queries = 0
         self.prefix_hits = 0
+        self._word_tokens = {w: sim_token(w) for w in _WORDS}
 
     def tokenize(self, prompt: Prompt) -> list[int]:
         return sim_tokenize(prompt)
@@ -104,6 +105,14 @@ class SimBackend:
         return self.prefix_queries, self.prefix_hits
 
     async def stream(self, tokens: list[int], params: DecodeParams) -> AsyncIterator[str]:
+        async with contextlib.aclosing(self.stream_steps(tokens, params)) as steps:
+            async for pieces in steps:
+                for piece in pieces:
+                    yield piece
+
+    async def stream_steps(self, tokens: list[int], params: DecodeParams) -> AsyncIterator[list]:
+        """``stream``'s pieces, every piece ready at once in one list (a consumer
+        that fell behind the steps takes the backlog in one go)."""
         if params.adapter is not None:
             raise NotFound(f"the sim backend serves no adapters; {params.adapter!r} is not loaded")
         if any(not 0 <= t < VOCAB_SIZE for t in tokens):
@@ -119,9 +128,17 @@ class SimBackend:
         if self._loop_task is None or self._loop_task.done():
             self._loop_task = asyncio.create_task(self._run(), name="sim-steps")
         self._work.set()
+        out = seq.out
         try:
-            while (item := await seq.out.get()) is not _END:
-                yield item
+            while True:
+                pieces = [await out.get()]
+                while not out.empty():
+                    pieces.append(out.get_nowait())
+                if _END in pieces:
+                    if pieces[0] is not _END:
+                        yield pieces[:pieces.index(_END)]
+                    return
+                yield pieces
         finally:
             seq.cancelled = True
 
@@ -183,7 +200,7 @@ class SimBackend:
                 text = Token(text, TokenLogprob(text, lp, top))
             seq.out.put_nowait(text)
             seq.produced += 1
-            seq.tokens.append(sim_token(word))  # the answer joins the sequence's KV, as in an engine
+            seq.tokens.append(self._word_tokens[word])  # the answer joins the sequence's KV, as in an engine
             self.kv_blocks.grow(seq, seq.tokens)
             if seq.produced >= min(seq.params.max_new_tokens, self.profile.output_tokens):
                 seq.out.put_nowait(_END)

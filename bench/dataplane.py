@@ -1,0 +1,271 @@
+"""The data plane's own cost, in one run, as ratios against what sits beside it:
+
+- the gateway in front of an instant OpenAI-compatible server (bench.instant_openai),
+  non-streamed and streamed (``--chunks`` chunks), one connection: gateway CPU per
+  request and added p50, beside vLLM's Rust router (``vllm-router``, started here,
+  pointed at the same server) under the same load;
+- the gateway in front of a sim engine at 0 ms per step: gateway CPU per request
+  (non-streamed and streamed), and the engine wrapper's own CPU per request;
+- added TTFT at 1, 32 and 256 streams and the gateway/direct throughput at 256,
+  gRPC and HTTP (bench.gateway's measurement, sim engine at ``--decode-ms``);
+- 1,000 concurrent HTTP streams through one gateway: errors, p50/p99, peak RSS.
+
+    python -m bench.dataplane [--requests 300] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from llmesh.rpc.channels import insecure_channel
+from llmesh.testing import Mesh, free_layout, free_ports, port_open, terminate, wait_until
+from llmesh.v1 import engine_pb2_grpc
+from bench import gateway as gw_bench
+from bench import provider as provider_bench
+from bench.common import Sample, child_pid, cpu_seconds, drive, note, pct
+
+SIM = gw_bench.MODEL
+QUIET = {"LLMESH_GATEWAY_LOG_LEVEL": "warning", "LLMESH_ENGINE_LOG_LEVEL": "warning"}
+
+
+def rss_mib(pid: int, field: str = "VmRSS") -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return round(int(line.split()[1]) / 1024, 1)
+    raise LookupError(field)
+
+
+def router_binary() -> str:
+    found = shutil.which("vllm-router") or str(Path(sys.executable).with_name("vllm-router"))
+    if not Path(found).exists():
+        raise SystemExit("vllm-router is not installed: .venv/bin/pip install -e '.[bench]'")
+    return found
+
+
+def start_router(upstream: str) -> tuple[subprocess.Popen, str]:
+    port = free_ports(1)[0]
+    proc = subprocess.Popen([router_binary(), "--host", "127.0.0.1", "--port", str(port), "--worker-urls", upstream,
+                             "--policy", "round_robin", "--log-level", "warning"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    if not wait_until(lambda: port_open(port) or proc.poll() is not None, 30) or proc.poll() is not None:
+        terminate(proc, signal.SIGTERM, 5)
+        raise RuntimeError("vllm-router did not start")
+    return proc, f"http://127.0.0.1:{port}/v1/chat/completions"
+
+
+async def timed(one, pids: dict[str, int], concurrency: int, requests: int) -> dict:
+    """``drive`` with the CPU each named process spent, per request."""
+    await drive(one, concurrency, min(20, requests))  # warm connections and code
+    before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    r = await drive(one, concurrency, requests)
+    n = max(r["requests"], 1)
+    r["requests_per_s"] = round(r["requests"] / r["wall_s"], 1)
+    for name, pid in pids.items():
+        r[f"{name}_cpu_ms_per_request"] = round((cpu_seconds(pid) - before[name]) * 1000 / n, 3)
+    return r
+
+
+async def fronts(direct: str, gateway: str, router: str, gw_pid: int, router_pid: int, requests: int,
+                 rounds: int) -> dict:
+    """The gateway and vllm-router, each alone in front of the same instant server, one
+    connection; ``rounds`` alternating rounds (the machine's load drifts), the median p50."""
+    out = {}
+    targets = (("direct", direct, {}), ("gateway", gateway, {"gateway": gw_pid}),
+               ("vllm_router", router, {"router": router_pid}))
+    async with httpx.AsyncClient(timeout=60) as client:
+        for stream in (False, True):
+            runs: dict[str, list[dict]] = {name: [] for name, _, _ in targets}
+            for k in range(rounds):
+                for name, url, pids in targets[k % 3:] + targets[:k % 3]:
+                    runs[name].append(await timed(lambda i, u=url: provider_bench.call(client, u, stream), pids, 1,
+                                                  max(requests // rounds, 1)))
+            row = {}
+            for name, rs in runs.items():
+                n = sum(r["requests"] for r in rs)
+                row[name] = {"requests": n, "errors": sum(r["errors"] for r in rs),
+                             "ms_p50": round(statistics.median(r["ttft_ms_p50"] for r in rs), 3),
+                             "ms_p99": round(statistics.median(r["ttft_ms_p99"] for r in rs), 3)}
+                for key in rs[0]:
+                    if key.endswith("cpu_ms_per_request"):
+                        row[name][key] = round(sum(r[key] * r["requests"] for r in rs) / max(n, 1), 3)
+            for name in ("gateway", "vllm_router"):
+                row[name]["added_ms_p50"] = round(row[name]["ms_p50"] - row["direct"]["ms_p50"], 3)
+            row["gateway_over_router_cpu"] = round(row["gateway"]["gateway_cpu_ms_per_request"]
+                                                   / max(row["vllm_router"]["router_cpu_ms_per_request"], 1e-3), 2)
+            key = "stream" if stream else "plain"
+            out[key] = row
+            note(f"{key:<6} gateway CPU {row['gateway']['gateway_cpu_ms_per_request']:.3f} ms/req, added p50 "
+                 f"{row['gateway']['added_ms_p50']:.2f} ms | vllm-router CPU "
+                 f"{row['vllm_router']['router_cpu_ms_per_request']:.3f} ms/req, added p50 "
+                 f"{row['vllm_router']['added_ms_p50']:.2f} ms")
+    return out
+
+
+async def sim_plain(client: httpx.AsyncClient, url: str, tokens: int) -> Sample:
+    body = {"model": SIM, "messages": [{"role": "user", "content": gw_bench.PROMPT}], "max_tokens": tokens,
+            "temperature": 0.7}
+    start = time.perf_counter()
+    resp = await client.post(url, json=body)
+    resp.raise_for_status()
+    total = time.perf_counter() - start
+    return Sample(total, total, resp.json()["usage"]["completion_tokens"])
+
+
+async def engine_cost(mesh: Mesh, tokens: int, requests: int) -> dict:
+    """Sim engine at 0 ms per step: what its wrapper spends per request, and what the
+    gateway spends per request in front of it (one connection)."""
+    gw_pid = child_pid(mesh.proc.pid, "llmesh.gateway")
+    eng_pid = child_pid(mesh.proc.pid, "llmesh.engine")
+    pids = {"gateway": gw_pid, "engine": eng_pid}
+    url = mesh.layout.http_url + "/v1/chat/completions"
+    out = {}
+    async with insecure_channel(mesh.layout.engine_address(0)) as ech, httpx.AsyncClient(timeout=60) as http:
+        engine = engine_pb2_grpc.EngineStub(ech)
+        messages: list[int] = []
+
+        async def direct(i: int) -> Sample:
+            s = await gw_bench.engine_call(engine, tokens)
+            messages.append(s.messages)
+            return s
+
+        for name, one in (("engine_direct_stream", direct),
+                          ("gateway_http_plain", lambda i: sim_plain(http, url, tokens)),
+                          ("gateway_http_stream", lambda i: gw_bench.gateway_http_call(http, url, tokens))):
+            r = await timed(one, pids, 1, requests)
+            out[name] = {k: r[k] for k in ("requests", "errors", "requests_per_s", "ttft_ms_p50", "gateway_cpu_ms_per_request",
+                                           "engine_cpu_ms_per_request")}
+            note(f"sim {name:<22} engine CPU {r['engine_cpu_ms_per_request']:.3f} ms/req, gateway CPU "
+                 f"{r['gateway_cpu_ms_per_request']:.3f} ms/req")
+    out["engine_wrapper_cpu_ms_per_request"] = out["engine_direct_stream"]["engine_cpu_ms_per_request"]
+    out["engine_direct_stream"]["messages_per_answer_mean"] = round(statistics.fmean(messages), 2)
+    return out
+
+
+async def many_streams(mesh: Mesh, streams: int, tokens: int) -> dict:
+    """``streams`` HTTP streams at once through the gateway, twice (memory must not grow)."""
+    gw_pid = child_pid(mesh.proc.pid, "llmesh.gateway")
+    url = mesh.layout.http_url + "/v1/chat/completions"
+    out: dict = {"rss_mib_before": rss_mib(gw_pid)}
+    limits = httpx.Limits(max_connections=streams + 16, max_keepalive_connections=streams + 16)
+    async with httpx.AsyncClient(timeout=120, limits=limits) as http:
+        for round_ in (1, 2):
+            totals: list[float] = []
+
+            async def one(i: int) -> Sample:
+                s = await gw_bench.gateway_http_call(http, url, tokens)
+                totals.append(s.total_s * 1000)
+                return s
+
+            r = await drive(one, streams, streams)
+            out[f"round{round_}"] = {"requests": r["requests"], "errors": r["errors"], "wall_s": r["wall_s"],
+                                     "ttft_ms_p50": r["ttft_ms_p50"], "ttft_ms_p99": r["ttft_ms_p99"],
+                                     "total_ms_p50": round(pct(totals, 50), 1), "total_ms_p99": round(pct(totals, 99), 1),
+                                     "rss_mib_after": rss_mib(gw_pid)}
+            note(f"{streams} streams round {round_}: {r['errors']} errors, total p50 {pct(totals, 50):.0f} ms, "
+                 f"p99 {pct(totals, 99):.0f} ms, RSS {rss_mib(gw_pid)} MiB")
+    out["rss_mib_peak"] = rss_mib(gw_pid, "VmHWM")
+    return out
+
+
+def front_section(args, tmp: Path) -> dict:
+    port = free_ports(1)[0]
+    upstream = subprocess.Popen([sys.executable, "-m", "bench.instant_openai", "--port", str(port),
+                                 "--chunks", str(args.chunks)])
+    base_url = f"http://127.0.0.1:{port}/v1"
+    router = None
+    try:
+        assert wait_until(lambda: port_open(port), 20), "the instant server did not start"
+        router, router_url = start_router(f"http://127.0.0.1:{port}")
+        cfg = tmp / "llmesh.yaml"
+        cfg.write_text(provider_bench.config(base_url, True))
+        mesh = Mesh(layout=free_layout(1), engines="sim", model_dir=tmp / "models-a", log_dir=tmp / "logs-a",
+                    args=["--no-cache"],
+                    env={"LLMESH_CONFIG_FILE": str(cfg), "LLMESH_ENGINE_SIM_DECODE_MS_PER_TOKEN": "0",
+                         "LLMESH_ENGINE_SIM_OUTPUT_TOKENS": str(args.chunks), **QUIET})
+        mesh.start(timeout_s=90)
+        try:
+            gw_pid = child_pid(mesh.proc.pid, "llmesh.gateway")
+            out = {"fronts_c1": asyncio.run(fronts(base_url + "/chat/completions", mesh.layout.http_url
+                                                   + "/v1/chat/completions", router_url, gw_pid, router.pid,
+                                                   args.requests, args.rounds)),
+                   "sim_0ms_c1": asyncio.run(engine_cost(mesh, args.chunks, args.requests))}
+        finally:
+            mesh.stop(signal.SIGINT)
+    finally:
+        if router is not None:
+            terminate(router, signal.SIGTERM, 10.0)
+        terminate(upstream, signal.SIGTERM, 10.0)
+    return out
+
+
+def load_section(args, tmp: Path) -> dict:
+    # The answer's PII masking (on by default) holds back a word that could still become PII until
+    # the next token shows it did not: one decode step of TTFT that is the guard's, not overhead.
+    cfg = tmp / "load.yaml"
+    cfg.write_text(json.dumps({"tenants": {"*": {"guards": {"output_pii": args.output_pii}}}}))
+    mesh = Mesh(layout=free_layout(1), engines="sim", model_dir=tmp / "models-b", log_dir=tmp / "logs-b",
+                args=["--no-cache"],
+                env={"LLMESH_CONFIG_FILE": str(cfg), "LLMESH_ENGINE_SIM_DECODE_MS_PER_TOKEN": str(args.decode_ms),
+                     "LLMESH_ENGINE_SIM_PREFILL_MS_PER_TOKEN": "0",
+                     "LLMESH_ENGINE_MAX_RUNNING": "1024", "LLMESH_ENGINE_MAX_WAITING": "1024", **QUIET})
+    mesh.start(timeout_s=90)
+    try:
+        levels = [int(x) for x in args.levels.split(",")]
+        counts = [int(x) for x in args.level_requests.split(",")]
+        ttft = asyncio.run(gw_bench.measure(mesh, levels, counts, args.tokens,
+                                            ["engine_grpc", "gateway_grpc", "gateway_http"]))
+        summary = {}
+        for level in levels:
+            row = ttft[f"c{level}"]
+            summary[f"c{level}"] = {f"{path}_added_ttft_ms_p50": row[path]["added_ttft_ms_p50"]
+                                    for path in ("gateway_grpc", "gateway_http")}
+            summary[f"c{level}"] |= {f"{path}_throughput_ratio": round(row[path]["tokens_per_s"]
+                                                                        / row["engine_grpc"]["tokens_per_s"], 3)
+                                     for path in ("gateway_grpc", "gateway_http")}
+        streams = asyncio.run(many_streams(mesh, args.streams, args.tokens))
+    finally:
+        mesh.stop(signal.SIGINT)
+    return {"ttft_summary": summary, "ttft": ttft, f"streams_{args.streams}": streams}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=300, help="requests per one-connection measurement")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of the one-connection runs")
+    parser.add_argument("--chunks", type=int, default=32, help="chunks per streamed answer (tokens on the sim)")
+    parser.add_argument("--levels", default="1,32,256")
+    parser.add_argument("--level-requests", default="60,320,1024")
+    parser.add_argument("--tokens", type=int, default=16, help="tokens per answer in the TTFT and 1,000-stream runs")
+    parser.add_argument("--decode-ms", type=float, default=25.0, help="sim step time for the TTFT runs")
+    parser.add_argument("--streams", type=int, default=1000)
+    parser.add_argument("--output-pii", choices=("mask", "off"), default="mask",
+                        help="the answer's PII masking in the TTFT and 1,000-stream runs (mask: the default)")
+    parser.add_argument("--sections", default="fronts,load")
+    parser.add_argument("--json", action="store_true", help="print only the JSON document on stdout (the default)")
+    args = parser.parse_args()
+    sections = args.sections.split(",")
+    results: dict = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        if "fronts" in sections:
+            results |= front_section(args, Path(tmp))
+        if "load" in sections:
+            results |= load_section(args, Path(tmp))
+    print(json.dumps({"bench": "dataplane", "chunks": args.chunks, "requests": args.requests,
+                      "output_pii": args.output_pii,
+                      "results": results}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
