@@ -111,9 +111,10 @@ class Reporter:
             if self._done.is_set():
                 return
             self._changed.clear()
-            try:
-                await asyncio.wait_for(self._changed.wait(), self._interval)
-            except asyncio.TimeoutError:
+            try:  # asyncio.timeout: 3.11's wait_for can swallow a cancel that lands as the wait ends
+                async with asyncio.timeout(self._interval):
+                    await self._changed.wait()
+            except TimeoutError:
                 pass
             if not self._done.is_set():
                 await asyncio.sleep(self._min_gap)

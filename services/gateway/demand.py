@@ -51,8 +51,11 @@ class DemandReporter:
                     if channel is not None:
                         await channel.close()
                         channel = None
+                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that
+                # lands as the wait ends, and this loop would then never stop
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._holds.changed.wait(), self._interval)
+                    async with asyncio.timeout(self._interval):
+                        await self._holds.changed.wait()
         finally:
             if channel is not None:
                 await channel.close()
