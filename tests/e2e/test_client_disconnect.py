@@ -108,3 +108,16 @@ def test_grpc_error_trailers_keep_the_request_id(mesh):
     trailers = dict(err.value.trailing_metadata())
     assert trailers["x-request-id"] == "grpc-err-1"
     assert trailers["llmesh-error-reason"]  # the error's own trailers are still there
+
+
+def test_streamed_request_is_cancelled_after_its_first_token(mesh):
+    body = {"model": SIM, "messages": [{"role": "user", "content": "go on"}], "max_tokens": 4000, "stream": True}
+    with httpx.Client(base_url=mesh.layout.http_url, timeout=10) as client:
+        with client.stream("POST", "/v1/chat/completions", json=body,
+                           headers={"x-request-id": "gone-midway"}) as answer:
+            assert answer.status_code == 200
+            lines = answer.iter_lines()
+            assert next(line for line in lines if line.startswith("data: "))
+            assert running(mesh) == 1
+    check_stopped(mesh, "gone-midway")
+    assert access_record(mesh, "gone-midway")["ttft_ms"] is not None
