@@ -79,6 +79,13 @@ def check_stopped(mesh: Mesh, rid: str) -> None:
     answer = httpx.post(mesh.layout.http_url + "/v1/chat/completions", timeout=30, json={
         "model": SIM, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
     assert answer.status_code == 200, answer.text
+    # A client that stays to the end still gets the whole stream.
+    with httpx.Client(base_url=mesh.layout.http_url, timeout=30) as client:
+        with client.stream("POST", "/v1/chat/completions", json={
+                "model": SIM, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                "stream": True}) as streamed:
+            assert streamed.status_code == 200
+            assert [line for line in streamed.iter_lines() if line][-1] == "data: [DONE]"
 
 
 def test_non_streamed_request_is_cancelled_when_the_client_leaves(mesh):
