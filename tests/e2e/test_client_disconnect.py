@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import re
 import threading
-import time
 
 import grpc
 import httpx
@@ -70,10 +69,9 @@ def give_up_early(mesh: Mesh, body: dict, rid: str) -> None:
 
 
 def check_stopped(mesh: Mesh, rid: str) -> None:
-    gone = time.monotonic()
     assert wait_until(lambda: running(mesh) == 0, 2.5), "the engine kept generating for a client that left"
-    assert time.monotonic() - gone < 2.5
-    assert wait_until(lambda: access_record(mesh, rid) is not None, 5), (mesh.log_dir / "gateway.log").read_text()[-3000:]
+    assert wait_until(lambda: access_record(mesh, rid) is not None, 5), \
+        (mesh.log_dir / "gateway.log").read_text()[-3000:]
     assert access_record(mesh, rid)["status"] == "cancelled"
     # The cancelled request's concurrency lease is settled: the next request is admitted.
     answer = httpx.post(mesh.layout.http_url + "/v1/chat/completions", timeout=30, json={
