@@ -84,6 +84,34 @@ async def _read_body(receive: Receive) -> bytes:
             return b"".join(chunks)
 
 
+@contextlib.asynccontextmanager
+async def _cancelled_on_disconnect(receive: Receive) -> AsyncIterator[None]:
+    """Cancels the work inside when the client goes away (the ASGI server only says so
+    on ``receive``), which cancels the pipeline and so the engine call; the CancelledError
+    ends here. Streamed or not, before or after the first token."""
+    task = asyncio.current_task()
+    gone = False
+
+    async def watch() -> None:
+        nonlocal gone
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        gone = True
+        task.cancel()
+
+    watcher = asyncio.create_task(watch())
+    try:
+        yield
+    except asyncio.CancelledError:
+        if not gone:
+            raise
+        task.uncancel()
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+
+
 class HttpFront:
     def __init__(self, pipeline: Pipeline, models: Callable[[str | None], Awaitable[list[str]]],
                  ready: Callable[[], bool], default_timeout_s: float, body_timeout_s: float = 30.0):
@@ -137,6 +165,11 @@ class HttpFront:
                                {"connection": "close"})
         except LlmeshError as exc:
             return await _error(send, exc, rid)
+        async with _cancelled_on_disconnect(receive):
+            await self._answer(send, rid, headers, raw, body_cls, shape)
+
+    async def _answer(self, send: Send, rid: str, headers: dict[str, str], raw: bytes, body_cls,
+                      shape: Shape) -> None:
         try:
             body = parse(body_cls, raw)
             prompt = body.prompt() if shape.chat else body.prompt_value()
@@ -155,7 +188,7 @@ class HttpFront:
                 # Wait for the first item so an early failure still gets its status code.
                 first = await anext(items)
                 writer = ChunkWriter(shape, rid, body.model, body.include_usage, logprobs=want_logprobs)
-                return await self._stream(receive, send, rid, writer, first, items, ctxs[0].headers)
+                return await self._stream(send, rid, writer, first, items, ctxs[0].headers)
             texts: list[list[str]] = [[] for _ in range(n)]
             logprobs = [[] if want_logprobs else None for _ in range(n)]
             finishes: list[Finish | None] = [None] * n
@@ -179,32 +212,17 @@ class HttpFront:
         except LlmeshError as exc:
             await _error(send, exc, rid)
 
-    async def _stream(self, receive: Receive, send: Send, rid: str, writer: ChunkWriter,
+    async def _stream(self, send: Send, rid: str, writer: ChunkWriter,
                       first: tuple[int, Delta | Finish], items: AsyncIterator[tuple[int, Delta | Finish]],
                       extra: dict[str, str]) -> None:
-        """SSE; a client that goes away cancels the stream, which cancels the engine call."""
+        """SSE; a client that goes away cancels the stream (_cancelled_on_disconnect)."""
         await send({"type": "http.response.start", "status": 200, "headers": [
             (b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
             (REQUEST_ID.encode(), rid.encode()), *_encode(extra)]})
-        producer = asyncio.current_task()
-
-        async def watch_disconnect() -> None:
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            producer.cancel()
-
-        watcher = asyncio.create_task(watch_disconnect())
-        try:
-            async for chunk in self._events(writer, first, items):
+        async with aclosing(self._events(writer, first, items)) as events:  # closed when a send is cancelled
+            async for chunk in events:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except asyncio.CancelledError:
-            if not watcher.done():
-                raise
-        finally:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _events(self, writer: ChunkWriter, first: tuple[int, Delta | Finish],
                       items: AsyncIterator[tuple[int, Delta | Finish]]) -> AsyncIterator[bytes]:

@@ -30,11 +30,18 @@ def _request_id(context: grpc.aio.ServicerContext) -> str:
     return uuid.uuid4().hex
 
 
+def _merged(already, error) -> tuple[tuple[str, str | bytes], ...]:
+    """What the servicer set before the error (x-request-id, ...) plus the error's own
+    trailers; a key the error sets is the error's."""
+    ours = {key for key, _ in error}
+    return (*((k, v) for k, v in already or () if k not in ours), *error)
+
+
 async def _abort(context: grpc.aio.ServicerContext, exc: BaseException, method: str) -> None:
     if isinstance(exc, grpc.aio.AbortError):
         raise exc
     if isinstance(exc, LlmeshError):
-        context.set_trailing_metadata(trailing_metadata(exc))
+        context.set_trailing_metadata(_merged(context.trailing_metadata(), trailing_metadata(exc)))
         await context.abort(grpc_code(exc), exc.message)
     log.exception("unhandled error", extra={"method": method})
     await context.abort(grpc.StatusCode.INTERNAL, "internal error")
