@@ -10,9 +10,9 @@ from llmesh.v1 import common_pb2
 
 
 async def chat(address: str, model: str, prompt: str, max_tokens: int | None,
-               temperature: float | None) -> int:
-    # No deadline, as before: the answer streams until the model stops or the user interrupts.
-    async with AsyncClient(address, timeout_s=None, options=CHANNEL_OPTIONS) as client:
+               temperature: float | None, credential: str | None = None) -> int:
+    # No deadline: the answer streams until the model stops or the user interrupts.
+    async with AsyncClient(address, credential=credential, timeout_s=None, options=CHANNEL_OPTIONS) as client:
         try:
             async for chunk in client.stream(model=model, messages=[{"role": "user", "content": prompt}],
                                              max_tokens=max_tokens, temperature=temperature):
