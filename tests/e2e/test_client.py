@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import ipaddress
+import json
 import shutil
 import signal
 import subprocess
@@ -14,6 +15,7 @@ import time
 from pathlib import Path
 
 import grpc
+import jsonschema
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -25,6 +27,7 @@ from llmesh.client import (AsyncClient, Client, DeadlineExceededError, InvalidAr
 from llmesh.testing import free_ports, port_open, terminate, wait_until
 from llmesh.v1 import common_pb2, gateway_pb2
 from tests.e2e.conftest import SMOL
+from tests.e2e.test_grpc_parity import WEATHER, tool_provider  # noqa: F401 (a fixture)
 from tests.e2e.test_openai_api import engine_load
 
 pytestmark = pytest.mark.e2e
@@ -150,6 +153,118 @@ def test_unavailable_is_retried_then_surfaced_typed(mesh):
         with pytest.raises(UnavailableError) as info:
             list(stream)
     assert stream.attempts == 3 and info.value.message
+
+
+# --- Complete: text completions of a raw prompt -----------------------------------------
+
+ONCE = "Once upon a time, in a small village,"
+
+
+def test_complete_collects_a_text_completion(client):
+    result = client.complete(model=SMOL, prompt=ONCE, temperature=0.0, max_tokens=8,
+                             metadata={"x-request-id": "client-complete-1"})
+    assert result.text.strip() and result.id == "cmpl-client-complete-1" and result.model == SMOL
+    assert result.finish_reason == common_pb2.FINISH_REASON_LENGTH and result.usage.completion_tokens == 8
+    assert result.request_id == "client-complete-1" and len(result.choices) == 1
+    again = client.complete(gateway_pb2.CompleteRequest(model=SMOL, prompt=ONCE), temperature=0.0, max_tokens=8)
+    assert again.text == result.text  # greedy: the same continuation, from a request message too
+
+
+def test_stream_complete_yields_token_by_token(client):
+    with client.stream_complete(model=SMOL, prompt=ONCE, temperature=0.0, max_tokens=10) as stream:
+        chunks = list(stream)
+    assert len([c for c in chunks if c.text]) > 3 and isinstance(chunks[0], gateway_pb2.CompleteResponse)
+    assert chunks[-1].usage.completion_tokens == 10 and stream.attempts == 1
+
+
+async def test_async_complete_and_its_typed_errors(mesh):
+    async with AsyncClient(mesh.layout.address("gateway"), timeout_s=120) as client:
+        result = await client.complete(model=SMOL, prompt=ONCE, temperature=0.0, max_tokens=6)
+        assert result.usage.completion_tokens == 6 and result.text.strip()
+        chunks = [c async for c in client.stream_complete(model=SMOL, prompt=ONCE, max_tokens=4)]
+        assert chunks[-1].usage.completion_tokens == 4
+        with pytest.raises(NotFoundError) as info:
+            await client.complete(model="no-such-model", prompt=ONCE)
+        assert info.value.reason == "model_not_found"
+
+
+def test_complete_deadline_and_retries_are_those_of_chat(client, mesh, tight_engine):
+    began = time.monotonic()
+    with pytest.raises(DeadlineExceededError):
+        client.complete(model="sim-tight", prompt=ONCE, max_tokens=64, timeout_s=0.4)
+    assert time.monotonic() - began < 2.0
+    assert wait_until(lambda: engine_load(tight_engine).running == 0, 2.0)
+    with pytest.raises(InvalidArgumentError) as info:
+        client.complete(model=SMOL, prompt=ONCE, n=17)
+    assert "n" in (info.value.param or "")
+    policy = RetryPolicy(max_attempts=3, initial_backoff_s=0.05)
+    with Client(mesh.layout.address("gateway"), retry=policy, timeout_s=30) as other:
+        stream = other.stream_complete(model="unserved-model", prompt=ONCE)
+        with pytest.raises(UnavailableError):
+            list(stream)
+    assert stream.attempts == 3
+
+
+# --- n > 1: one choice per index -----------------------------------------------------------
+
+def test_n_choices_are_collected_one_per_index(client):
+    result = client.chat(model=SMOL, messages=HI, n=3, temperature=1.0, seed=7, max_tokens=6, logprobs=2)
+    assert [c.index for c in result.choices] == [0, 1, 2]
+    by_index = {i: "".join(r.text for r in result.responses if r.index == i) for i in range(3)}
+    for choice in result.choices:
+        assert choice.text == by_index[choice.index] and choice.role == "assistant"
+        assert choice.finish_reason and 0 < choice.usage.completion_tokens <= 6
+        assert len(choice.logprobs) == choice.usage.completion_tokens
+        assert "".join(lp.token for lp in choice.logprobs) == choice.text
+    assert result.text == result.choices[0].text and result.usage == result.choices[0].usage
+    assert len({c.text for c in result.choices}) > 1  # seed + i: the choices differ
+
+
+def test_n_completions_stream_with_their_index(client):
+    with client.stream_complete(model=SMOL, prompt=ONCE, n=2, temperature=1.0, seed=3, max_tokens=5) as stream:
+        chunks = list(stream)
+    assert {c.index for c in chunks} == {0, 1}
+    finishes = [c.index for c in chunks if c.finish_reason]
+    assert sorted(finishes) == [0, 1]
+    result = client.complete(model=SMOL, prompt=ONCE, n=2, temperature=1.0, seed=3, max_tokens=5)
+    assert [c.usage.completion_tokens for c in result.choices] == [5, 5]
+    assert [c.text for c in result.choices] == ["".join(c.text for c in chunks if c.index == i) for i in (0, 1)]
+
+
+# --- tool calls, joined from streamed pieces -------------------------------------------------
+
+def test_tool_calls_are_joined_in_the_collected_result(client, tool_provider):  # noqa: F811
+    result = client.chat(model=tool_provider, messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+                         tools=[{"name": "get_weather", "description": "The weather in a city",
+                                 "parameters": json.dumps(WEATHER)}],
+                         tool_choice={"mode": "function", "function": "get_weather"}, temperature=0.0, max_tokens=40)
+    assert result.finish_reason == common_pb2.FINISH_REASON_TOOL_CALLS
+    (call,) = result.tool_calls
+    assert call.id and call.name == "get_weather" and call.index == 0
+    assert len([p for r in result.responses for p in r.tool_calls]) > 1  # it came in pieces
+    jsonschema.validate(json.loads(call.arguments), WEATHER)
+    # the joined call goes back as the assistant's turn, with the tool's answer
+    follow = client.chat(model=tool_provider, tools=[{"name": "get_weather", "parameters": json.dumps(WEATHER)}],
+                         tool_choice={"mode": "none"}, temperature=0.0, max_tokens=12,
+                         messages=[{"role": "user", "content": "What is the weather in Paris?"},
+                                   common_pb2.ChatMessage(role="assistant", tool_calls=[call]),
+                                   {"role": "tool", "tool_call_id": call.id, "content": "Sunny, 21 C"}])
+    assert follow.text and not follow.tool_calls
+
+
+# --- llmesh chat: the CLI streams through llmesh.client ------------------------------------
+
+def llmesh_chat(mesh, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "llmesh", "chat", "--base-port", str(mesh.layout.base_port), *args],
+                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+
+
+def test_the_chat_cli_streams_an_answer_and_reports_errors(mesh):
+    out = llmesh_chat(mesh, "-m", SMOL, "--max-tokens", "5", "--temperature", "0", "What is 2+2?")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() and "[FINISH_REASON_LENGTH; " in out.stderr and "+ 5 completion tokens]" in out.stderr
+    out = llmesh_chat(mesh, "-m", "nope", "Hi")
+    assert out.returncode == 1 and "llmesh chat: NOT_FOUND: The model 'nope' does not exist." in out.stderr
 
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "python"

@@ -5,6 +5,7 @@ call starts (retried until it is up) and one killed mid-stream (never retried)."
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -75,6 +76,23 @@ def test_the_key_travels_as_authorization_metadata(creds_mesh):
         with pytest.raises(PermissionDeniedError) as info:  # acme's grant is sim-small only
             client.chat(model="smollm2-135m-instruct", messages=HI, max_tokens=3)
         assert info.value.reason == "model_not_allowed" and info.value.param == "model"
+        completion = client.complete(model=SIM, prompt="hello there", max_tokens=3)
+        assert completion.usage.completion_tokens == 3 and completion.text
+    with Client(address, timeout_s=30) as anonymous:
+        with pytest.raises(UnauthenticatedError):
+            anonymous.complete(model=SIM, prompt="hello there", max_tokens=3)
+
+
+def test_the_chat_cli_sends_the_key_from_the_environment(creds_mesh):
+    def llmesh_chat(env: dict) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "llmesh", "chat", "--base-port",
+                               str(creds_mesh["mesh"].layout.base_port), "-m", SIM, "--max-tokens", "3", "hello"],
+                              capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL, env=env)
+    keyless = {k: v for k, v in os.environ.items() if k != "LLMESH_API_KEY"}
+    out = llmesh_chat({**keyless, "LLMESH_API_KEY": creds_mesh["key"]})
+    assert out.returncode == 0 and out.stdout.strip() and "+ 3 completion tokens]" in out.stderr, out.stderr
+    out = llmesh_chat(keyless)
+    assert out.returncode == 1 and "llmesh chat: UNAUTHENTICATED: " in out.stderr
 
 
 def test_a_gateway_down_when_the_call_starts_is_retried_until_it_serves(creds_mesh):

@@ -1,27 +1,21 @@
-"""``llmesh chat``: stream one answer from the gateway's gRPC API to the terminal."""
+"""``llmesh chat``: stream one answer from the gateway's gRPC API to the terminal, with llmesh.client."""
 
 from __future__ import annotations
 
 import sys
 
-import grpc
-
-from llmesh.rpc.channels import insecure_channel
-from llmesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from llmesh.client import AsyncClient, GatewayError
+from llmesh.rpc.channels import CHANNEL_OPTIONS
+from llmesh.v1 import common_pb2
 
 
 async def chat(address: str, model: str, prompt: str, max_tokens: int | None,
-               temperature: float | None) -> int:
-    sampling = common_pb2.SamplingParams()
-    if max_tokens is not None:
-        sampling.max_tokens = max_tokens
-    if temperature is not None:
-        sampling.temperature = temperature
-    request = gateway_pb2.ChatRequest(model=model, sampling=sampling,
-                                      messages=[common_pb2.ChatMessage(role="user", content=prompt)])
-    async with insecure_channel(address) as channel:
+               temperature: float | None, credential: str | None = None) -> int:
+    # No deadline: the answer streams until the model stops or the user interrupts.
+    async with AsyncClient(address, credential=credential, timeout_s=None, options=CHANNEL_OPTIONS) as client:
         try:
-            async for chunk in gateway_pb2_grpc.GatewayStub(channel).Chat(request):
+            async for chunk in client.stream(model=model, messages=[{"role": "user", "content": prompt}],
+                                             max_tokens=max_tokens, temperature=temperature):
                 sys.stdout.write(chunk.text)
                 sys.stdout.flush()
                 if chunk.finish_reason:
@@ -29,7 +23,7 @@ async def chat(address: str, model: str, prompt: str, max_tokens: int | None,
                     print(f"\n[{common_pb2.FinishReason.Name(chunk.finish_reason)}; "
                           f"{u.prompt_tokens} prompt + {u.completion_tokens} completion tokens]",
                           file=sys.stderr)
-        except grpc.aio.AioRpcError as exc:
-            print(f"\nllmesh chat: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        except GatewayError as exc:
+            print(f"\nllmesh chat: {exc.code.name}: {exc.message}", file=sys.stderr)
             return 1
     return 0

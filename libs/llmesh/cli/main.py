@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import sys
 from pathlib import Path
@@ -159,7 +160,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     from llmesh.cli.chat import chat
 
     return asyncio.run(chat(_layout(args).address("gateway"), args.model, args.prompt,
-                            args.max_tokens, args.temperature))
+                            args.max_tokens, args.temperature, os.environ.get("LLMESH_API_KEY")))
 
 
 def cmd_config(args: argparse.Namespace) -> int:
@@ -209,7 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="where `llmesh up` keeps its logs and supervisor.json (restart counts)")
     status.set_defaults(func=cmd_status)
 
-    chat = sub.add_parser("chat", help="stream a chat answer")
+    chat = sub.add_parser("chat", help="stream a chat answer (API key from LLMESH_API_KEY, if set)")
     _add_layout_args(chat)
     chat.add_argument("-m", "--model", required=True)
     chat.add_argument("prompt")

@@ -7,14 +7,14 @@
             print(chunk.text, end="")
 """
 
-from llmesh.client.aio import AsyncChatStream, AsyncClient
-from llmesh.client.core import ChatResult, RetryPolicy
+from llmesh.client.aio import AsyncClient, AsyncStream
+from llmesh.client.core import Choice, Result, RetryPolicy
 from llmesh.client.errors import (CancelledError, DeadlineExceededError, FailedPreconditionError, GatewayError,
                                   InternalError, InvalidArgumentError, NotFoundError, PermissionDeniedError,
                                   ResourceExhaustedError, UnauthenticatedError, UnavailableError)
-from llmesh.client.sync import ChatStream, Client
+from llmesh.client.sync import Client, Stream
 
-__all__ = ["AsyncChatStream", "AsyncClient", "CancelledError", "ChatResult", "ChatStream", "Client",
+__all__ = ["AsyncClient", "AsyncStream", "CancelledError", "Choice", "Client",
            "DeadlineExceededError", "FailedPreconditionError", "GatewayError", "InternalError",
            "InvalidArgumentError", "NotFoundError", "PermissionDeniedError", "ResourceExhaustedError",
-           "RetryPolicy", "UnauthenticatedError", "UnavailableError"]
+           "Result", "RetryPolicy", "Stream", "UnauthenticatedError", "UnavailableError"]

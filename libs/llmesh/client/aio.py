@@ -8,13 +8,14 @@ from collections.abc import AsyncIterator
 import grpc
 from google.protobuf.message import Message
 
-from llmesh.client.core import (ChatResult, Deadline, RetryPolicy, as_dict, build_request, call_metadata,
+from llmesh.client.core import (Deadline, Result, RetryPolicy, as_dict, build_request, call_metadata,
                                 channel_credentials, gateway_methods)
 from llmesh.client.errors import from_rpc_error
 
 
-class AsyncChatStream:
-    """The answer's ChatResponse messages as they arrive: ``async for``. ``aclose()``,
+class AsyncStream:
+    """The answer's messages (ChatResponse or CompleteResponse, each with its choice's
+    ``index``) as they arrive: ``async for``. ``aclose()``,
     leaving its ``async with`` block or cancelling the task that reads it cancels the RPC."""
 
     def __init__(self, rpc, request: Message, metadata, deadline: Deadline, policy: RetryPolicy):
@@ -42,7 +43,7 @@ class AsyncChatStream:
                 self._call.cancel()  # a no-op once the call has ended
             await asyncio.sleep(delay)
 
-    def __aiter__(self) -> AsyncChatStream:
+    def __aiter__(self) -> AsyncStream:
         return self
 
     async def __anext__(self) -> Message:
@@ -51,7 +52,7 @@ class AsyncChatStream:
     async def aclose(self) -> None:
         await self._messages.aclose()
 
-    async def __aenter__(self) -> AsyncChatStream:
+    async def __aenter__(self) -> AsyncStream:
         return self
 
     async def __aexit__(self, *exc) -> None:
@@ -76,27 +77,46 @@ class AsyncClient:
         self._timeout_s = timeout_s
         self._retry = retry or RetryPolicy()
         self._methods = gateway_methods()
-        chat, models = self._methods["Chat"], self._methods["ListModels"]
-        self._chat = self._channel.unary_stream(chat.path, request_serializer=chat.request_type.SerializeToString,
-                                                response_deserializer=chat.response_type.FromString)
+        self._streams = {name: self._channel.unary_stream(
+            m.path, request_serializer=m.request_type.SerializeToString,
+            response_deserializer=m.response_type.FromString)
+            for name, m in self._methods.items() if name in ("Chat", "Complete")}
+        models = self._methods["ListModels"]
         self._models = self._channel.unary_unary(models.path,
                                                  request_serializer=models.request_type.SerializeToString,
                                                  response_deserializer=models.response_type.FromString)
 
-    def stream(self, request: Message | None = None, /, *, timeout_s: float | None = ..., metadata=None,
-               **fields) -> AsyncChatStream:
-        """Start a chat (see ``Client.stream``); iterate the result with ``async for``."""
-        req = build_request(self._methods["Chat"].request_type, request, fields)
+    def _start(self, method: str, request: Message | None, timeout_s, metadata, fields: dict) -> AsyncStream:
+        req = build_request(self._methods[method].request_type, request, fields)
         deadline = Deadline(self._timeout_s if timeout_s is ... else timeout_s)
-        return AsyncChatStream(self._chat, req, call_metadata(self._credential, metadata), deadline, self._retry)
+        return AsyncStream(self._streams[method], req, call_metadata(self._credential, metadata), deadline,
+                           self._retry)
+
+    @staticmethod
+    async def _collect(stream: AsyncStream) -> Result:
+        async with stream:
+            result = Result(responses=[m async for m in stream])
+            result.initial_metadata = await stream.initial_metadata()
+            result.trailing_metadata = await stream.trailing_metadata()
+        return result
+
+    def stream(self, request: Message | None = None, /, *, timeout_s: float | None = ..., metadata=None,
+               **fields) -> AsyncStream:
+        """Start a chat (see ``Client.stream``); iterate the result with ``async for``."""
+        return self._start("Chat", request, timeout_s, metadata, fields)
 
     async def chat(self, request: Message | None = None, /, *, timeout_s: float | None = ..., metadata=None,
-                   **fields) -> ChatResult:
-        async with self.stream(request, timeout_s=timeout_s, metadata=metadata, **fields) as answer:
-            result = ChatResult(responses=[m async for m in answer])
-            result.initial_metadata = await answer.initial_metadata()
-            result.trailing_metadata = await answer.trailing_metadata()
-        return result
+                   **fields) -> Result:
+        return await self._collect(self.stream(request, timeout_s=timeout_s, metadata=metadata, **fields))
+
+    def stream_complete(self, request: Message | None = None, /, *, timeout_s: float | None = ..., metadata=None,
+                        **fields) -> AsyncStream:
+        """Start a text completion (see ``Client.stream_complete``); iterate it with ``async for``."""
+        return self._start("Complete", request, timeout_s, metadata, fields)
+
+    async def complete(self, request: Message | None = None, /, *, timeout_s: float | None = ..., metadata=None,
+                       **fields) -> Result:
+        return await self._collect(self.stream_complete(request, timeout_s=timeout_s, metadata=metadata, **fields))
 
     async def list_models(self, *, timeout_s: float | None = ..., metadata=None) -> list:
         deadline = Deadline(self._timeout_s if timeout_s is ... else timeout_s)

@@ -110,27 +110,102 @@ class RetryPolicy:
 
 
 @dataclass
-class ChatResult:
-    """A whole answer collected from the stream."""
-    responses: list = field(default_factory=list)  # every ChatResponse, in order
+class Choice:
+    """One answer of a call, joined from its streamed messages (those with its ``index``)."""
+    index: int
+    text: str = ""
+    role: str = ""                 # "assistant" for a chat answer; empty for a text completion
+    finish_reason: int = 0         # a common_pb2.FinishReason value; 0 while the choice is unfinished
+    usage: Message | None = None   # the prompt's and this choice's tokens, from its last message
+    logprobs: list = field(default_factory=list)    # TokenLogprob messages, one per token, in order
+    tool_calls: list = field(default_factory=list)  # whole ToolCall messages, ordered by their index
+
+
+def _add_tool_call(calls: dict[int, Message], piece: Message) -> None:
+    """Join a streamed tool-call piece onto the call with its index: the first piece
+    names the call (id, function name), the following ones carry more argument text."""
+    call = calls.get(piece.index)
+    if call is None:
+        call = calls[piece.index] = type(piece)()
+        call.CopyFrom(piece)
+        return
+    call.id = call.id or piece.id
+    call.name = call.name or piece.name
+    call.arguments += piece.arguments
+
+
+def collect_choices(responses: list) -> list[Choice]:
+    """The answers in ChatResponse or CompleteResponse messages, by index: n > 1
+    choices interleave on the stream and are told apart by their ``index``."""
+    choices: dict[int, Choice] = {}
+    texts: dict[int, list[str]] = {}
+    calls: dict[int, dict[int, Message]] = {}
+    for response in responses:
+        i = response.index
+        choice = choices.setdefault(i, Choice(index=i))
+        texts.setdefault(i, []).append(response.text)
+        choice.role = choice.role or getattr(response, "role", "")
+        choice.logprobs.extend(response.logprobs)
+        for piece in getattr(response, "tool_calls", ()):
+            _add_tool_call(calls.setdefault(i, {}), piece)
+        if response.finish_reason:
+            choice.finish_reason = response.finish_reason
+        if response.HasField("usage"):
+            choice.usage = response.usage
+    for i, choice in choices.items():
+        choice.text = "".join(texts[i])
+        choice.tool_calls = [calls[i][k] for k in sorted(calls.get(i, {}))]
+    return [choices[i] for i in sorted(choices)]
+
+
+@dataclass
+class Result:
+    """A whole answer (Chat or Complete) collected from the stream. ``choices`` has one
+    Choice per index; ``text``, ``finish_reason``, ``usage``, ``logprobs`` and
+    ``tool_calls`` are choice 0's, the whole answer when n is 1."""
+    responses: list = field(default_factory=list)  # every ChatResponse/CompleteResponse, in order
     initial_metadata: dict[str, str] = field(default_factory=dict)  # e.g. x-llmesh-cache, rate-limit facts
     trailing_metadata: dict[str, str] = field(default_factory=dict)  # x-request-id, failover marker
+    choices: list[Choice] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.choices = collect_choices(self.responses)
+
+    @property
+    def _first(self) -> Choice:
+        return self.choices[0] if self.choices else Choice(index=0)
 
     @property
     def text(self) -> str:
-        return "".join(r.text for r in self.responses)
+        return self._first.text
+
+    @property
+    def finish_reason(self) -> int:
+        return self._first.finish_reason
+
+    @property
+    def usage(self):
+        return self._first.usage
+
+    @property
+    def logprobs(self) -> list:
+        return self._first.logprobs
+
+    @property
+    def tool_calls(self) -> list:
+        return self._first.tool_calls
+
+    @property
+    def id(self) -> str:
+        return self.responses[0].id if self.responses else ""
+
+    @property
+    def model(self) -> str:
+        return next((r.model for r in self.responses if r.model), "")
 
     @property
     def last(self):
         return self.responses[-1]
-
-    @property
-    def finish_reason(self) -> int:
-        return self.last.finish_reason
-
-    @property
-    def usage(self):
-        return self.last.usage
 
     @property
     def request_id(self) -> str | None:

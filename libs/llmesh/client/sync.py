@@ -1,4 +1,5 @@
-"""The blocking client: ``Client(address).chat(...)``, ``.stream(...)``, ``.list_models()``."""
+"""The blocking client: ``Client(address).chat(...)``, ``.stream(...)``, ``.complete(...)``,
+``.stream_complete(...)``, ``.list_models()``."""
 
 from __future__ import annotations
 
@@ -8,14 +9,15 @@ from collections.abc import Iterator
 import grpc
 from google.protobuf.message import Message
 
-from llmesh.client.core import (ChatResult, Deadline, RetryPolicy, as_dict, build_request, call_metadata,
+from llmesh.client.core import (Deadline, Result, RetryPolicy, as_dict, build_request, call_metadata,
                                 channel_credentials, gateway_methods)
 from llmesh.client.errors import from_rpc_error
 
 
-class ChatStream:
-    """The answer's ChatResponse messages as they arrive. Iterate it; ``close()``
-    (or leaving its ``with`` block) cancels the RPC."""
+class Stream:
+    """The answer's messages (ChatResponse or CompleteResponse) as they arrive; with
+    n > 1 the choices' messages interleave, each with its ``index``. Iterate it;
+    ``close()`` (or leaving its ``with`` block) cancels the RPC."""
 
     def __init__(self, rpc, request: Message, metadata, deadline: Deadline, policy: RetryPolicy):
         self._rpc, self._request, self._metadata = rpc, request, metadata
@@ -42,7 +44,7 @@ class ChatStream:
                 self._call.cancel()  # a no-op once the call has ended
             time.sleep(delay)
 
-    def __iter__(self) -> ChatStream:
+    def __iter__(self) -> Stream:
         return self
 
     def __next__(self) -> Message:
@@ -51,7 +53,7 @@ class ChatStream:
     def close(self) -> None:
         self._messages.close()
 
-    def __enter__(self) -> ChatStream:
+    def __enter__(self) -> Stream:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -81,29 +83,49 @@ class Client:
         self._timeout_s = timeout_s
         self._retry = retry or RetryPolicy()
         self._methods = gateway_methods()
-        chat, models = self._methods["Chat"], self._methods["ListModels"]
-        self._chat = self._channel.unary_stream(chat.path, request_serializer=chat.request_type.SerializeToString,
-                                                response_deserializer=chat.response_type.FromString)
+        self._streams = {name: self._channel.unary_stream(
+            m.path, request_serializer=m.request_type.SerializeToString,
+            response_deserializer=m.response_type.FromString)
+            for name, m in self._methods.items() if name in ("Chat", "Complete")}
+        models = self._methods["ListModels"]
         self._models = self._channel.unary_unary(models.path,
                                                  request_serializer=models.request_type.SerializeToString,
                                                  response_deserializer=models.response_type.FromString)
 
-    def stream(self, request: Message | None = None, /, *, timeout_s: float | None = ..., metadata=None,
-               **fields) -> ChatStream:
-        """Start a chat; ``fields`` are ChatRequest fields (``model``, ``messages`` as dicts)
-        or sampling fields (``max_tokens``, ``temperature``, ...), merged onto ``request``."""
-        req = build_request(self._methods["Chat"].request_type, request, fields)
+    def _start(self, method: str, request: Message | None, timeout_s, metadata, fields: dict) -> Stream:
+        req = build_request(self._methods[method].request_type, request, fields)
         deadline = Deadline(self._timeout_s if timeout_s is ... else timeout_s)
-        return ChatStream(self._chat, req, call_metadata(self._credential, metadata), deadline, self._retry)
+        return Stream(self._streams[method], req, call_metadata(self._credential, metadata), deadline, self._retry)
+
+    @staticmethod
+    def _collect(stream: Stream) -> Result:
+        with stream:
+            result = Result(responses=list(stream))
+            result.initial_metadata = stream.initial_metadata()
+            result.trailing_metadata = stream.trailing_metadata()
+        return result
+
+    def stream(self, request: Message | None = None, /, *, timeout_s: float | None = ..., metadata=None,
+               **fields) -> Stream:
+        """Start a chat; ``fields`` are ChatRequest fields (``model``, ``messages`` as dicts,
+        ``n``, ``tools``) or sampling fields (``max_tokens``, ``temperature``, ...), merged onto ``request``."""
+        return self._start("Chat", request, timeout_s, metadata, fields)
 
     def chat(self, request: Message | None = None, /, *, timeout_s: float | None = ..., metadata=None,
-             **fields) -> ChatResult:
-        """The whole answer: every streamed message collected, with the call's metadata."""
-        with self.stream(request, timeout_s=timeout_s, metadata=metadata, **fields) as answer:
-            result = ChatResult(responses=list(answer))
-            result.initial_metadata = answer.initial_metadata()
-            result.trailing_metadata = answer.trailing_metadata()
-        return result
+             **fields) -> Result:
+        """The whole answer: every streamed message collected by choice, with the call's metadata."""
+        return self._collect(self.stream(request, timeout_s=timeout_s, metadata=metadata, **fields))
+
+    def stream_complete(self, request: Message | None = None, /, *, timeout_s: float | None = ..., metadata=None,
+                        **fields) -> Stream:
+        """Start a text completion of a raw prompt; ``fields`` are CompleteRequest fields
+        (``model``, ``prompt``, ``n``) or sampling fields, merged onto ``request``."""
+        return self._start("Complete", request, timeout_s, metadata, fields)
+
+    def complete(self, request: Message | None = None, /, *, timeout_s: float | None = ..., metadata=None,
+                 **fields) -> Result:
+        """The whole text completion, collected by choice, with the call's metadata."""
+        return self._collect(self.stream_complete(request, timeout_s=timeout_s, metadata=metadata, **fields))
 
     def list_models(self, *, timeout_s: float | None = ..., metadata=None) -> list:
         """The models this caller may use."""
