@@ -33,6 +33,7 @@ from llmesh.rpc.channels import insecure_channel
 from llmesh.testing import Mesh, free_layout, free_ports, port_open, terminate, wait_until
 from llmesh.v1 import engine_pb2_grpc
 from bench import gateway as gw_bench
+from bench import instant_openai
 from bench import provider as provider_bench
 from bench.common import Sample, child_pid, cpu_seconds, drive, note, pct
 
@@ -180,14 +181,14 @@ async def many_streams(mesh: Mesh, streams: int, tokens: int) -> dict:
 
 
 def front_section(args, tmp: Path) -> dict:
-    port = free_ports(1)[0]
-    upstream = subprocess.Popen([sys.executable, "-m", "bench.instant_openai", "--port", str(port),
-                                 "--chunks", str(args.chunks)])
-    base_url = f"http://127.0.0.1:{port}/v1"
+    with instant_openai.running(args.chunks) as base_url:
+        return _fronts_against(args, tmp, base_url)
+
+
+def _fronts_against(args, tmp: Path, base_url: str) -> dict:
     router = None
     try:
-        assert wait_until(lambda: port_open(port), 20), "the instant server did not start"
-        router, router_url = start_router(f"http://127.0.0.1:{port}")
+        router, router_url = start_router(base_url.removesuffix("/v1"))
         cfg = tmp / "llmesh.yaml"
         cfg.write_text(provider_bench.config(base_url, True))
         mesh = Mesh(layout=free_layout(1), engines="sim", model_dir=tmp / "models-a", log_dir=tmp / "logs-a",
@@ -206,7 +207,6 @@ def front_section(args, tmp: Path) -> dict:
     finally:
         if router is not None:
             terminate(router, signal.SIGTERM, 10.0)
-        terminate(upstream, signal.SIGTERM, 10.0)
     return out
 
 

@@ -7,9 +7,30 @@ completions, non-streamed or streamed in ``--chunks`` chunks (the last with usag
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
 
 import orjson
 import uvicorn
+
+from llmesh.testing import free_ports, port_open, terminate, wait_until
+
+
+@contextlib.contextmanager
+def running(chunks: int) -> Iterator[str]:
+    """This server in its own process on a free port while the block runs: its base URL
+    (``http://127.0.0.1:PORT/v1``)."""
+    port = free_ports(1)[0]
+    server = subprocess.Popen([sys.executable, "-m", "bench.instant_openai", "--port", str(port),
+                               "--chunks", str(chunks)])
+    try:
+        assert wait_until(lambda: port_open(port), 20), "the instant server did not start"
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        terminate(server, signal.SIGTERM, 10.0)
 
 
 def app_for(chunks: int):

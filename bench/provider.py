@@ -13,15 +13,14 @@ import argparse
 import asyncio
 import json
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
 
-from llmesh.testing import Mesh, free_layout, free_ports, port_open, terminate, wait_until
+from llmesh.testing import Mesh, free_layout
+from bench import instant_openai
 from bench.common import Sample, child_pid, cpu_seconds, drive, note, sse_call
 
 MODEL = "hosted"
@@ -87,31 +86,23 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=32)
     parser.add_argument("--levels", default="1,32")
     args = parser.parse_args()
-    port = free_ports(1)[0]
-    server = subprocess.Popen([sys.executable, "-m", "bench.instant_openai", "--port", str(port),
-                               "--chunks", str(args.chunks)])
-    base_url = f"http://127.0.0.1:{port}/v1"
-    try:
-        assert wait_until(lambda: port_open(port), 20), "the instant server did not start"
-        with tempfile.TemporaryDirectory() as tmp:
-            cfg = Path(tmp) / "llmesh.yaml"
-            cfg.write_text(config(base_url, True))
-            mesh = Mesh(layout=free_layout(1), engines="sim", model_dir=Path(tmp) / "models",
-                        log_dir=Path(tmp) / "logs",
-                        env={"LLMESH_CONFIG_FILE": str(cfg), "LLMESH_GATEWAY_LOG_LEVEL": "warning",
-                             "LLMESH_ENGINE_LOG_LEVEL": "warning"})
-            mesh.start(timeout_s=60)
-            try:
-                gw_pid = child_pid(mesh.proc.pid, "llmesh.gateway")
-                gateway = mesh.layout.http_url + "/v1/chat/completions"
-                levels = [int(x) for x in args.levels.split(",")]
-                results = asyncio.run(measure(base_url + "/chat/completions", gateway, gw_pid, args.requests, levels))
-                results["resilience_on_vs_off_stream_c1"] = asyncio.run(
-                    overhead(gateway, gw_pid, args.requests, cfg, base_url))
-            finally:
-                mesh.stop(signal.SIGINT)
-    finally:
-        terminate(server, signal.SIGTERM, 10.0)
+    with instant_openai.running(args.chunks) as base_url, tempfile.TemporaryDirectory() as tmp:
+        cfg = Path(tmp) / "llmesh.yaml"
+        cfg.write_text(config(base_url, True))
+        mesh = Mesh(layout=free_layout(1), engines="sim", model_dir=Path(tmp) / "models",
+                    log_dir=Path(tmp) / "logs",
+                    env={"LLMESH_CONFIG_FILE": str(cfg), "LLMESH_GATEWAY_LOG_LEVEL": "warning",
+                         "LLMESH_ENGINE_LOG_LEVEL": "warning"})
+        mesh.start(timeout_s=60)
+        try:
+            gw_pid = child_pid(mesh.proc.pid, "llmesh.gateway")
+            gateway = mesh.layout.http_url + "/v1/chat/completions"
+            levels = [int(x) for x in args.levels.split(",")]
+            results = asyncio.run(measure(base_url + "/chat/completions", gateway, gw_pid, args.requests, levels))
+            results["resilience_on_vs_off_stream_c1"] = asyncio.run(
+                overhead(gateway, gw_pid, args.requests, cfg, base_url))
+        finally:
+            mesh.stop(signal.SIGINT)
     print(json.dumps({"bench": "provider", "chunks": args.chunks, "results": results}, indent=2))
 
 

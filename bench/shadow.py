@@ -17,15 +17,14 @@ import argparse
 import asyncio
 import json
 import signal
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import httpx
 
 from llmesh.shadow import FileShadowStore
-from llmesh.testing import Mesh, free_layout, free_ports, port_open, terminate, wait_until
+from llmesh.testing import Mesh, free_layout
+from bench import instant_openai
 from bench.common import child_pid, cpu_seconds, drive, note
 from bench.provider import MODEL, call
 
@@ -120,29 +119,21 @@ def main() -> None:
     args = parser.parse_args()
     in_process = asyncio.run(stages_off_us())
     note(f"stages off: {in_process['stages_off_us_per_request']:.2f} us per request")
-    port = free_ports(1)[0]
-    server = subprocess.Popen([sys.executable, "-m", "bench.instant_openai", "--port", str(port),
-                               "--chunks", str(args.chunks)])
-    base_url = f"http://127.0.0.1:{port}/v1"
-    try:
-        assert wait_until(lambda: port_open(port), 20), "the instant server did not start"
-        with tempfile.TemporaryDirectory() as tmp:
-            cfg = Path(tmp) / "llmesh.yaml"
-            cfg.write_text(config(base_url, 0, args.max_concurrency))
-            logs = Path(tmp) / "logs"
-            mesh = Mesh(layout=free_layout(1), engines="sim", model_dir=Path(tmp) / "models", log_dir=logs,
-                        env={"LLMESH_CONFIG_FILE": str(cfg), "LLMESH_GATEWAY_LOG_LEVEL": "warning",
-                             "LLMESH_ENGINE_LOG_LEVEL": "warning"})
-            mesh.start(timeout_s=60)
-            try:
-                gw_pid = child_pid(mesh.proc.pid, "llmesh.gateway")
-                results = asyncio.run(measure(mesh.layout.http_url + "/v1/chat/completions", gw_pid, args.requests,
-                                              cfg, base_url, args.max_concurrency,
-                                              FileShadowStore(logs / "state" / "shadow")))
-            finally:
-                mesh.stop(signal.SIGINT)
-    finally:
-        terminate(server, signal.SIGTERM, 10.0)
+    with instant_openai.running(args.chunks) as base_url, tempfile.TemporaryDirectory() as tmp:
+        cfg = Path(tmp) / "llmesh.yaml"
+        cfg.write_text(config(base_url, 0, args.max_concurrency))
+        logs = Path(tmp) / "logs"
+        mesh = Mesh(layout=free_layout(1), engines="sim", model_dir=Path(tmp) / "models", log_dir=logs,
+                    env={"LLMESH_CONFIG_FILE": str(cfg), "LLMESH_GATEWAY_LOG_LEVEL": "warning",
+                         "LLMESH_ENGINE_LOG_LEVEL": "warning"})
+        mesh.start(timeout_s=60)
+        try:
+            gw_pid = child_pid(mesh.proc.pid, "llmesh.gateway")
+            results = asyncio.run(measure(mesh.layout.http_url + "/v1/chat/completions", gw_pid, args.requests,
+                                          cfg, base_url, args.max_concurrency,
+                                          FileShadowStore(logs / "state" / "shadow")))
+        finally:
+            mesh.stop(signal.SIGINT)
     results["in_process"] = in_process
     print(json.dumps({"bench": "shadow", "chunks": args.chunks, "results": results}, indent=2))
 

@@ -5,14 +5,12 @@ local OpenAI-compatible server (bench.instant_openai) in its own process."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 
 import openai
 import pytest
 
-from llmesh.testing import free_ports, port_open, terminate, wait_until
+from bench import instant_openai
 
 CHUNKS = 8
 EXPECTED = "".join(f" w{i}" for i in range(CHUNKS))
@@ -20,22 +18,18 @@ EXPECTED = "".join(f" w{i}" for i in range(CHUNKS))
 
 @pytest.fixture
 def provider_config(mesh, config_file):
-    port = free_ports(1)[0]
-    server = subprocess.Popen([sys.executable, "-m", "bench.instant_openai", "--port", str(port),
-                               "--chunks", str(CHUNKS)])
     before = config_file.read_text()
-    try:
-        assert wait_until(lambda: port_open(port), 20)
-        config_file.write_text(json.dumps({
-            "default": {"max_attempts": 2},
-            "models": {"unserved-model": {"fallbacks": ["hosted"]}},
-            "providers": {"local": {"base_url": f"http://127.0.0.1:{port}/v1", "models": {"hosted": "instant"}}},
-        }))
-        yield
-    finally:
-        config_file.write_text(before)
-        terminate(server, 15, 10.0)
-        time.sleep(1.5)  # the restored config is live again before the next test
+    with instant_openai.running(CHUNKS) as base_url:
+        try:
+            config_file.write_text(json.dumps({
+                "default": {"max_attempts": 2},
+                "models": {"unserved-model": {"fallbacks": ["hosted"]}},
+                "providers": {"local": {"base_url": base_url, "models": {"hosted": "instant"}}},
+            }))
+            yield
+        finally:
+            config_file.write_text(before)
+    time.sleep(1.5)  # the restored config is live again before the next test
 
 
 def test_no_engine_falls_back_to_the_provider(client, provider_config):

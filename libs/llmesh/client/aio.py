@@ -9,7 +9,7 @@ import grpc
 from google.protobuf.message import Message
 
 from llmesh.client.core import (Deadline, Result, RetryPolicy, as_dict, build_request, call_metadata,
-                                channel_credentials, gateway_methods)
+                                bind, open_channel)
 from llmesh.client.errors import from_rpc_error
 
 
@@ -70,21 +70,12 @@ class AsyncClient:
 
     def __init__(self, address: str, *, credential: str | None = None, tls: bool | grpc.ChannelCredentials = False,
                  timeout_s: float | None = 60.0, retry: RetryPolicy | None = None, options=None):
-        creds = channel_credentials(tls)
-        self._channel = (grpc.aio.secure_channel(address, creds, options=options) if creds
-                         else grpc.aio.insecure_channel(address, options=options))
+        self._channel = open_channel(grpc.aio, address, tls, options)
         self._credential = credential
         self._timeout_s = timeout_s
         self._retry = retry or RetryPolicy()
-        self._methods = gateway_methods()
-        self._streams = {name: self._channel.unary_stream(
-            m.path, request_serializer=m.request_type.SerializeToString,
-            response_deserializer=m.response_type.FromString)
-            for name, m in self._methods.items() if name in ("Chat", "Complete")}
-        models = self._methods["ListModels"]
-        self._models = self._channel.unary_unary(models.path,
-                                                 request_serializer=models.request_type.SerializeToString,
-                                                 response_deserializer=models.response_type.FromString)
+        bound = bind(self._channel)
+        self._methods, self._streams, self._models = bound.methods, bound.streams, bound.list_models
 
     def _start(self, method: str, request: Message | None, timeout_s, metadata, fields: dict) -> AsyncStream:
         req = build_request(self._methods[method].request_type, request, fields)

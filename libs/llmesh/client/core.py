@@ -220,3 +220,29 @@ def channel_credentials(tls: bool | grpc.ChannelCredentials) -> grpc.ChannelCred
     if tls is True:
         return grpc.ssl_channel_credentials()
     return tls or None
+
+
+def open_channel(module, address: str, tls: bool | grpc.ChannelCredentials, options):
+    """A channel from ``module`` (``grpc`` or ``grpc.aio``: the same calls), TLS or not."""
+    creds = channel_credentials(tls)
+    return (module.secure_channel(address, creds, options=options) if creds
+            else module.insecure_channel(address, options=options))
+
+
+@dataclass
+class Bound:
+    """The Gateway's methods as callables on one channel (sync or aio)."""
+    methods: dict[str, Method]
+    streams: dict  # Chat, Complete: unary-stream callables
+    list_models: object  # unary-unary callable
+
+
+def bind(channel) -> Bound:
+    methods = gateway_methods()
+    streams = {name: channel.unary_stream(m.path, request_serializer=m.request_type.SerializeToString,
+                                          response_deserializer=m.response_type.FromString)
+               for name, m in methods.items() if name in ("Chat", "Complete")}
+    models = methods["ListModels"]
+    return Bound(methods, streams, channel.unary_unary(models.path,
+                                                       request_serializer=models.request_type.SerializeToString,
+                                                       response_deserializer=models.response_type.FromString))
