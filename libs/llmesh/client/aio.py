@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 import grpc
 from google.protobuf.message import Message
 
-from llmesh.client.core import (Deadline, Result, RetryPolicy, as_dict, build_request, call_metadata,
-                                bind, open_channel)
+from llmesh.client.core import (Deadline, Result, RetryPolicy, as_dict, call_metadata,
+                                ClientBase)
 from llmesh.client.errors import from_rpc_error
 
 
@@ -65,23 +65,13 @@ class AsyncStream:
         return as_dict(await self._call.trailing_metadata()) if self._call else {}
 
 
-class AsyncClient:
+class AsyncClient(ClientBase):
     """The asyncio twin of ``llmesh.client.Client`` (same arguments); create it inside a running loop."""
 
-    def __init__(self, address: str, *, credential: str | None = None, tls: bool | grpc.ChannelCredentials = False,
-                 timeout_s: float | None = 60.0, retry: RetryPolicy | None = None, options=None):
-        self._channel = open_channel(grpc.aio, address, tls, options)
-        self._credential = credential
-        self._timeout_s = timeout_s
-        self._retry = retry or RetryPolicy()
-        bound = bind(self._channel)
-        self._methods, self._streams, self._models = bound.methods, bound.streams, bound.list_models
+    _grpc = grpc.aio
 
     def _start(self, method: str, request: Message | None, timeout_s, metadata, fields: dict) -> AsyncStream:
-        req = build_request(self._methods[method].request_type, request, fields)
-        deadline = Deadline(self._timeout_s if timeout_s is ... else timeout_s)
-        return AsyncStream(self._streams[method], req, call_metadata(self._credential, metadata), deadline,
-                           self._retry)
+        return AsyncStream(*self._call_parts(method, request, timeout_s, metadata, fields))
 
     @staticmethod
     async def _collect(stream: AsyncStream) -> Result:
@@ -110,7 +100,7 @@ class AsyncClient:
         return await self._collect(self.stream_complete(request, timeout_s=timeout_s, metadata=metadata, **fields))
 
     async def list_models(self, *, timeout_s: float | None = ..., metadata=None) -> list:
-        deadline = Deadline(self._timeout_s if timeout_s is ... else timeout_s)
+        deadline = self._deadline(timeout_s)
         request = self._methods["ListModels"].request_type()
         attempts = 0
         while True:

@@ -222,27 +222,36 @@ def channel_credentials(tls: bool | grpc.ChannelCredentials) -> grpc.ChannelCred
     return tls or None
 
 
-def open_channel(module, address: str, tls: bool | grpc.ChannelCredentials, options):
-    """A channel from ``module`` (``grpc`` or ``grpc.aio``: the same calls), TLS or not."""
-    creds = channel_credentials(tls)
-    return (module.secure_channel(address, creds, options=options) if creds
-            else module.insecure_channel(address, options=options))
+class ClientBase:
+    """What ``Client`` and ``AsyncClient`` share: the channel (from ``_grpc``, the
+    ``grpc`` or ``grpc.aio`` module: the same calls), the Gateway's methods bound to
+    it, and the parts of one call."""
 
+    _grpc = grpc
 
-@dataclass
-class Bound:
-    """The Gateway's methods as callables on one channel (sync or aio)."""
-    methods: dict[str, Method]
-    streams: dict  # Chat, Complete: unary-stream callables
-    list_models: object  # unary-unary callable
+    def __init__(self, address: str, *, credential: str | None = None, tls: bool | grpc.ChannelCredentials = False,
+                 timeout_s: float | None = 60.0, retry: RetryPolicy | None = None, options=None):
+        creds = channel_credentials(tls)
+        self._channel = (self._grpc.secure_channel(address, creds, options=options) if creds
+                         else self._grpc.insecure_channel(address, options=options))
+        self._credential = credential
+        self._timeout_s = timeout_s
+        self._retry = retry or RetryPolicy()
+        self._methods = gateway_methods()
+        self._streams = {name: self._channel.unary_stream(
+            m.path, request_serializer=m.request_type.SerializeToString,
+            response_deserializer=m.response_type.FromString)
+            for name, m in self._methods.items() if name in ("Chat", "Complete")}
+        models = self._methods["ListModels"]
+        self._models = self._channel.unary_unary(models.path,
+                                                 request_serializer=models.request_type.SerializeToString,
+                                                 response_deserializer=models.response_type.FromString)
 
+    def _deadline(self, timeout_s) -> Deadline:
+        """``...``: the client's default timeout; None: no deadline."""
+        return Deadline(self._timeout_s if timeout_s is ... else timeout_s)
 
-def bind(channel) -> Bound:
-    methods = gateway_methods()
-    streams = {name: channel.unary_stream(m.path, request_serializer=m.request_type.SerializeToString,
-                                          response_deserializer=m.response_type.FromString)
-               for name, m in methods.items() if name in ("Chat", "Complete")}
-    models = methods["ListModels"]
-    return Bound(methods, streams, channel.unary_unary(models.path,
-                                                       request_serializer=models.request_type.SerializeToString,
-                                                       response_deserializer=models.response_type.FromString))
+    def _call_parts(self, method: str, request: Message | None, timeout_s, metadata, fields: dict) -> tuple:
+        """A stream's arguments: its callable, request, metadata, deadline and retry policy."""
+        return (self._streams[method], build_request(self._methods[method].request_type, request, fields),
+                call_metadata(self._credential, metadata), self._deadline(timeout_s), self._retry)

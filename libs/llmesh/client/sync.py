@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import grpc
 from google.protobuf.message import Message
 
-from llmesh.client.core import (Deadline, Result, RetryPolicy, as_dict, build_request, call_metadata,
-                                bind, open_channel)
+from llmesh.client.core import (Deadline, Result, RetryPolicy, as_dict, call_metadata,
+                                ClientBase)
 from llmesh.client.errors import from_rpc_error
 
 
@@ -66,7 +66,7 @@ class Stream:
         return as_dict(self._call.trailing_metadata()) if self._call else {}
 
 
-class Client:
+class Client(ClientBase):
     """A blocking client for the gateway's gRPC API.
 
     ``credential`` is an API key or a JWT, sent as ``authorization: Bearer ...``;
@@ -74,19 +74,10 @@ class Client:
     ``timeout_s`` is the default deadline of each call (all its attempts together).
     """
 
-    def __init__(self, address: str, *, credential: str | None = None, tls: bool | grpc.ChannelCredentials = False,
-                 timeout_s: float | None = 60.0, retry: RetryPolicy | None = None, options=None):
-        self._channel = open_channel(grpc, address, tls, options)
-        self._credential = credential
-        self._timeout_s = timeout_s
-        self._retry = retry or RetryPolicy()
-        bound = bind(self._channel)
-        self._methods, self._streams, self._models = bound.methods, bound.streams, bound.list_models
+    _grpc = grpc
 
     def _start(self, method: str, request: Message | None, timeout_s, metadata, fields: dict) -> Stream:
-        req = build_request(self._methods[method].request_type, request, fields)
-        deadline = Deadline(self._timeout_s if timeout_s is ... else timeout_s)
-        return Stream(self._streams[method], req, call_metadata(self._credential, metadata), deadline, self._retry)
+        return Stream(*self._call_parts(method, request, timeout_s, metadata, fields))
 
     @staticmethod
     def _collect(stream: Stream) -> Result:
@@ -120,7 +111,7 @@ class Client:
 
     def list_models(self, *, timeout_s: float | None = ..., metadata=None) -> list:
         """The models this caller may use."""
-        deadline = Deadline(self._timeout_s if timeout_s is ... else timeout_s)
+        deadline = self._deadline(timeout_s)
         request = self._methods["ListModels"].request_type()
         attempts = 0
         while True:
