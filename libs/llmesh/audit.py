@@ -67,6 +67,22 @@ def record_hash(record: Mapping) -> str:
     return hashlib.sha256(canonical(body)).hexdigest()
 
 
+def worker_file(path: str | os.PathLike, index: int) -> Path:
+    """The log of worker ``index`` of a gateway run as several processes, beside ``path``
+    (``audit.jsonl`` -> ``audit.worker0.jsonl``): one chain per process, and a restarted
+    worker continues its own file."""
+    p = Path(path)
+    return p.with_name(f"{p.stem}.worker{index}{p.suffix}")
+
+
+def chain_files(path: str | os.PathLike) -> list[Path]:
+    """``path`` if it exists, then the worker logs beside it, in worker order."""
+    p = Path(path)
+    workers = [(int(f.stem.rpartition(".worker")[2]), f) for f in p.parent.glob(f"{p.stem}.worker*{p.suffix}")
+               if f.stem.rpartition(".worker")[2].isdigit()]
+    return [p] * p.exists() + [f for _, f in sorted(workers)]
+
+
 def _check_value(name: str, value: object) -> None:
     if value is None or isinstance(value, bool | int | float):
         return

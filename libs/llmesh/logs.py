@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextvars
 import logging
 import sys
+from collections.abc import Mapping
 
 import orjson
 
@@ -20,9 +21,11 @@ _STD_ATTRS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None)).keys(
 
 
 class JsonFormatter(logging.Formatter):
-    def __init__(self, service: str):
+    def __init__(self, service: str, fields: Mapping[str, object] | None = None):
+        """``fields``: added to every line (a worker process's index)."""
         super().__init__()
         self.service = service
+        self.fields = dict(fields or {})
 
     def format(self, record: logging.LogRecord) -> str:
         out = {
@@ -31,6 +34,7 @@ class JsonFormatter(logging.Formatter):
             "service": self.service,
             "logger": record.name,
             "msg": record.getMessage(),
+            **self.fields,
         }
         rid = request_id_var.get()
         if rid:
@@ -46,9 +50,9 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(out, default=str).decode()
 
 
-def setup_logging(service: str, level: str = "info") -> None:
+def setup_logging(service: str, level: str = "info", fields: Mapping[str, object] | None = None) -> None:
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter(service))
+    handler.setFormatter(JsonFormatter(service, fields))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -51,14 +51,14 @@ def _etcd(mesh: MeshSettings):
     return etcd_client(mesh.etcd_address)
 
 
-def build_platform(service: str, mesh: MeshSettings) -> Platform:
-    etcd = _etcd(mesh) if "etcd" in (mesh.discovery, mesh.config_backend) else None
+def build_registry(mesh: MeshSettings, etcd=None) -> Registry:
+    """Where services register: etcd, Consul, or nothing to do (static addresses)."""
     if mesh.discovery == "etcd":
         from llmesh.discovery.etcd import EtcdRegistry
-        registry: Registry = EtcdRegistry(etcd, prefix=mesh.discovery_prefix, ttl_s=mesh.registry_ttl_s)
-    elif mesh.discovery == "consul":
+        return EtcdRegistry(etcd or _etcd(mesh), prefix=mesh.discovery_prefix, ttl_s=mesh.registry_ttl_s)
+    if mesh.discovery == "consul":
         from llmesh.discovery.consul import ConsulRegistry
-        registry = ConsulRegistry(
+        return ConsulRegistry(
             mesh.consul_address, token=mesh.consul_token,
             ca_file=str(mesh.consul_ca_file) if mesh.consul_ca_file else None,
             cert_file=str(mesh.consul_cert_file) if mesh.consul_cert_file else None,
@@ -66,8 +66,12 @@ def build_platform(service: str, mesh: MeshSettings) -> Platform:
             check_interval_s=mesh.consul_check_interval_s, check_timeout_s=mesh.consul_check_timeout_s,
             deregister_after_s=mesh.consul_deregister_after_s, wait_s=mesh.consul_wait_s,
             resync_s=mesh.consul_resync_s)
-    else:
-        registry = StaticRegistry()
+    return StaticRegistry()
+
+
+def build_platform(service: str, mesh: MeshSettings) -> Platform:
+    etcd = _etcd(mesh) if "etcd" in (mesh.discovery, mesh.config_backend) else None
+    registry = build_registry(mesh, etcd)
     store: ConfigStore | None = None
     if mesh.config_backend == "etcd":
         store = EtcdStore(etcd, mesh.etcd_address, mesh.config_prefix)

@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 import uvloop
@@ -60,13 +61,43 @@ def _env_name(name: str) -> str:
     return f"LLMESH_{name.upper()}_ADVERTISE_ADDRESS"
 
 
-async def serve(name: str, build: Callable[[Platform], App], settings: ServiceSettings, mesh: MeshSettings) -> None:
-    """Build and start the app; register it at its advertise address; on SIGTERM or
-    SIGINT deregister first, then give in-flight work ``grace_s`` seconds. The app is
-    built inside the loop so it may create channels."""
+def check_advertisable(name: str, settings: ServiceSettings, mesh: MeshSettings) -> None:
     if mesh.discovery != "static" and settings.advertise_address is None and unspecified(settings.address):
         raise StartFailed(f"{name} listens on {settings.address}, which names no host other services can dial; "
                           f"set {_env_name(name)} to the address they reach it at (e.g. the pod IP and port)")
+
+
+class Registration:
+    """One instance of a service in discovery, from start until ``end``: registered in the
+    background (retrying while the registry is away), deregistered first thing on stop."""
+
+    def __init__(self, name: str, registry, mesh: MeshSettings, address: str, health_service: str):
+        self.instance = Instance(name, f"{name}-{socket.gethostname()}-{os.getpid()}", address, health_service)
+        self._registry = registry
+        backend = {"etcd": mesh.etcd_address, "consul": mesh.consul_address}.get(mesh.discovery, "static")
+        self._task = asyncio.create_task(_register(registry, self.instance, backend))
+
+    async def end(self) -> None:
+        self._task.cancel()
+        with contextlib.suppress(Exception):  # deregister first: no new work is routed here
+            await asyncio.wait_for(self._registry.deregister(self.instance), 2)
+
+
+@dataclass(frozen=True)
+class Worker:
+    """This process is worker ``index`` of several sharing the service's ports under a
+    supervisor (llmesh.workers), which registers the one instance in discovery and serves
+    the merged /metrics; ``ready`` is called once the app serves."""
+    index: int
+    ready: Callable[[], None]
+
+
+async def serve(name: str, build: Callable[[Platform], App], settings: ServiceSettings, mesh: MeshSettings,
+                worker: Worker | None = None) -> None:
+    """Build and start the app; register it at its advertise address; on SIGTERM or
+    SIGINT deregister first, then give in-flight work ``grace_s`` seconds. The app is
+    built inside the loop so it may create channels."""
+    check_advertisable(name, settings, mesh)
     grace = settings.grace_s
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()
@@ -78,19 +109,20 @@ async def serve(name: str, build: Callable[[Platform], App], settings: ServiceSe
     except ConfigUnavailable as exc:
         raise StartFailed(str(exc)) from exc
     metrics_server = None
-    if settings.metrics_port is not None:
+    if settings.metrics_port is not None and worker is None:
         metrics_server = serve_metrics(platform.metrics, settings.host, settings.metrics_port)
     app = build(platform)
     await app.start()
-    instance = Instance(name, f"{name}-{socket.gethostname()}-{os.getpid()}",
-                        settings.advertise_address or app.advertise_address, app.health_service)
-    backend = {"etcd": mesh.etcd_address, "consul": mesh.consul_address}.get(mesh.discovery, "static")
-    registering = asyncio.create_task(_register(platform.registry, instance, backend))
+    registration = None
+    if worker is None:
+        registration = Registration(name, platform.registry, mesh, settings.advertise_address or app.advertise_address,
+                                    app.health_service)
+    else:
+        worker.ready()
     await stopping.wait()
     log.info("stopping", extra={"grace_s": grace})
-    registering.cancel()
-    with contextlib.suppress(Exception):  # deregister first: no new work is routed here
-        await asyncio.wait_for(platform.registry.deregister(instance), 2)
+    if registration is not None:
+        await registration.end()
     await app.stop(grace)
     await platform.config.stop()
     await platform.close()  # watches and registry keepers end here, none left blocking the exit
@@ -100,9 +132,10 @@ async def serve(name: str, build: Callable[[Platform], App], settings: ServiceSe
     log.info("stopped")
 
 
-def run(name: str, settings: ServiceSettings, build: Callable[[ServiceSettings, Platform], App]) -> None:
-    setup_logging(name, settings.log_level)
-    main = serve(name, lambda platform: build(settings, platform), settings, MeshSettings())
+def run(name: str, settings: ServiceSettings, build: Callable[[ServiceSettings, Platform], App],
+        worker: Worker | None = None) -> None:
+    setup_logging(name, settings.log_level, {"worker": worker.index} if worker else None)
+    main = serve(name, lambda platform: build(settings, platform), settings, MeshSettings(), worker)
     try:
         if settings.event_loop == "uvloop":
             # ~15% less CPU per wake-up here, and 0.3-2 ms less added TTFT (bench/gateway.py).

@@ -18,6 +18,7 @@ from llmesh.audit import AuditLog
 from llmesh.keys import FileKeyStore, KeyStore, RedisKeyStore
 from llmesh.platform import Platform, standalone_platform
 from llmesh.rpc.server import GrpcServer, ServiceBinding
+from llmesh.workers import reuse_port_socket
 from llmesh.v1 import gateway_pb2_grpc
 from llmesh.gateway.config import GatewaySettings
 from llmesh.gateway.picking import EndpointPicker, PickInput
@@ -127,7 +128,8 @@ class GatewayApp:
                               settings.request_timeout_s, settings.body_timeout_s)
         self.grpc = GrpcServer(settings.address, [ServiceBinding(
             "llmesh.v1.Gateway", GatewayServicer(self.pipeline, self.models_for, settings.request_timeout_s),
-            gateway_pb2_grpc.add_GatewayServicer_to_server)], tracer=platform.tracing.tracer)
+            gateway_pb2_grpc.add_GatewayServicer_to_server)], tracer=platform.tracing.tracer,
+            reuse_port=settings.workers > 1)  # worker processes share the ports (llmesh.workers)
         self._uvicorn = _EmbeddedUvicorn(uvicorn.Config(
             self.http.app, host=settings.http_host, port=settings.http_port, log_config=None,
             access_log=False, lifespan="off", http="httptools", loop="none", interface="asgi3",
@@ -162,7 +164,9 @@ class GatewayApp:
                        asyncio.create_task(self.model_catalog.run(), name="model-catalog"),
                        asyncio.create_task(self.demand.run(), name="demand-reporter")]
         await self.grpc.start()
-        self._tasks.append(asyncio.create_task(self._uvicorn.serve(), name="http"))
+        sockets = ([reuse_port_socket(self.settings.http_host, self.settings.http_port)]
+                   if self.settings.workers > 1 else None)
+        self._tasks.append(asyncio.create_task(self._uvicorn.serve(sockets), name="http"))
         while not self._uvicorn.started:
             if self._tasks[-1].done():
                 self._tasks[-1].result()  # re-raise the bind error

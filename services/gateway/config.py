@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from llmesh.settings import DEFAULT_PORTS, ServiceSettings, default_address
@@ -16,6 +16,8 @@ class GatewaySettings(ServiceSettings):
     port: int = DEFAULT_PORTS["gateway"]
     http_host: str = "127.0.0.1"
     http_port: int = Field(default=DEFAULT_PORTS["gateway_http"], ge=0, le=65535)
+    workers: int = Field(default=1, ge=1, le=256, description="worker processes sharing the HTTP and gRPC ports "
+                         "(SO_REUSEPORT) under one supervisor; more than 1 needs LLMESH_REDIS_URL and fixed ports")
     scheduler_address: str = default_address("scheduler")
     modelmgr_address: str | None = default_address("modelmgr")
     cache_address: str | None = default_address("cache")
@@ -40,5 +42,13 @@ class GatewaySettings(ServiceSettings):
     model_dir: Path | None = Field(default=None, description="where to read models' tokenizers for admission")
     reserve_tokens: int = Field(default=512, ge=1, description="output tokens reserved when max_tokens is unset")
     audit: bool = Field(default=True, description="one hash-chained record per request")
-    audit_file: Path | None = Field(default=None, description="default <state_dir>/audit.jsonl; one per gateway process")
+    audit_file: Path | None = Field(default=None, description="default <state_dir>/audit.jsonl; one per gateway process "
+                                  "(worker i of several writes <stem>.worker<i><suffix>)")
     audit_fsync: bool = Field(default=False, description="fsync every written batch")
+
+    @model_validator(mode="after")
+    def _workers_share_fixed_ports(self) -> GatewaySettings:
+        if self.workers > 1 and 0 in (self.port, self.http_port):
+            raise ValueError("workers > 1 share fixed ports: set LLMESH_GATEWAY_PORT and LLMESH_GATEWAY_HTTP_PORT "
+                             "(0, any free port, would give each worker its own)")
+        return self

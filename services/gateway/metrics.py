@@ -34,8 +34,9 @@ class GatewayMetrics:
         self.retry_budget_exhausted = Counter("llmesh_retry_budget_exhausted",
                                               "Requests that failed because the retry budget was spent.",
                                               registry=registry)
+        # Each worker process has its own breakers: with several, one series per live worker (a pid label).
         self.breaker = Gauge("llmesh_circuit_breaker_state", "0 closed, 1 open, 2 half-open.", ("endpoint",),
-                             registry=registry)
+                             registry=registry, multiprocess_mode="liveall")
         self.limits_fallback = Counter("llmesh_limits_fallback", "Admissions decided by this replica's local "
                                        "limiter because Redis did not answer.", registry=registry)
         self.picks = Counter("llmesh_endpoint_picks", "Endpoint choices by routing policy.",

@@ -2,6 +2,8 @@
 
     llmesh audit verify [--file PATH] [--head SEQ:HASH] [--json]
 
+A gateway run as several worker processes writes one chain per worker
+(``audit.worker0.jsonl``, ...) beside the file: each is checked, one report (JSON line) per file.
 Exit status 0 when every line chains to the one before it (a summary with the head to keep
 elsewhere), 1 with the lines that were edited, inserted or removed, or a truncated tail,
 2 when the file cannot be read."""
@@ -14,7 +16,7 @@ import os
 import sys
 from pathlib import Path
 
-from llmesh.audit import verify
+from llmesh.audit import chain_files, verify
 from llmesh.settings import MeshSettings
 
 
@@ -27,6 +29,16 @@ def _head(text: str) -> tuple[int, str]:
 
 def run(args: argparse.Namespace) -> int:
     path = Path(args.file or os.environ.get("LLMESH_GATEWAY_AUDIT_FILE") or MeshSettings().state_dir / "audit.jsonl")
+    # A gateway run as several workers writes one chain per worker beside the file it was given.
+    files = chain_files(path) or [path]
+    if args.head is not None and len(files) > 1:
+        print(f"llmesh audit: {path} has {len(files)} chains ({', '.join(f.name for f in files)}); "
+              "a head belongs to one: name it with --file", file=sys.stderr)
+        return 2
+    return max(_verify_one(f, args) for f in files)
+
+
+def _verify_one(path: Path, args: argparse.Namespace) -> int:
     try:
         report = verify(path, head=args.head)
     except OSError as exc:

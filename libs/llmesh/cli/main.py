@@ -75,7 +75,11 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(f"llmesh: {exc}", file=sys.stderr)
         return 2
     spec = MeshSpec(layout=layout, engines=engines, model_dir=args.model_dir.resolve(),
-                    log_dir=args.log_dir.resolve(), grace_s=args.grace, cache=not args.no_cache)
+                    log_dir=args.log_dir.resolve(), grace_s=args.grace, cache=not args.no_cache,
+                    gateway_workers=args.gateway_workers)
+    if args.gateway_workers < 1:
+        print("llmesh: --gateway-workers must be >= 1", file=sys.stderr)
+        return 2
     if "llamacpp" in engines and not (spec.model_dir / spec.model).is_dir():
         print(f"llmesh: no model '{spec.model}' in {spec.model_dir}; run 'make model' first", file=sys.stderr)
         return 2
@@ -197,6 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--log-dir", type=Path, default=Path("var/log"))
     up.add_argument("--no-cache", action="store_true", help="the gateway skips the response cache")
     up.add_argument("--grace", type=float, default=10.0, help="seconds in-flight work gets on stop")
+    up.add_argument("--gateway-workers", type=int, default=1, metavar="N",
+                    help="gateway worker processes sharing its ports (more than 1 needs LLMESH_REDIS_URL)")
     up.add_argument("--max-restarts", type=int, default=5,
                     help="a service that dies is restarted (backoff 0.5 s doubling to 10 s); more exits than "
                          "this within --restart-window stops the mesh")

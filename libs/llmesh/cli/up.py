@@ -16,12 +16,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmesh.rpc.health import health_status
 from llmesh.cli.layout import CORE_SERVICES, Layout
+from llmesh.restarts import RestartBudget, RestartPolicy
 
 _PR_SET_PDEATHSIG = 1
 
@@ -67,6 +67,7 @@ class MeshSpec:
     sim_model: str = "sim-small"
     grace_s: float = 10.0
     cache: bool = True
+    gateway_workers: int = 1       # worker processes under the gateway's supervisor (llmesh.workers)
 
 
 def base_env() -> dict[str, str]:
@@ -118,7 +119,8 @@ def plan(spec: MeshSpec) -> list[Child]:
         "LLMESH_GATEWAY_SCHEDULER_ADDRESS": lay.address("scheduler"),
         "LLMESH_GATEWAY_MODELMGR_ADDRESS": lay.address("modelmgr"),
         "LLMESH_GATEWAY_CACHE_ADDRESS": lay.address("cache") if spec.cache else "",
-        "LLMESH_GATEWAY_GRACE_S": str(spec.grace_s), "LLMESH_GATEWAY_MODEL_DIR": str(spec.model_dir), **metrics("gateway", "GATEWAY")})
+        "LLMESH_GATEWAY_GRACE_S": str(spec.grace_s), "LLMESH_GATEWAY_MODEL_DIR": str(spec.model_dir),
+        "LLMESH_GATEWAY_WORKERS": str(spec.gateway_workers), **metrics("gateway", "GATEWAY")})
     assert [c.name for c in children[:3]] == list(CORE_SERVICES)
     return children
 
@@ -160,32 +162,6 @@ def stop_all(children: list[Child], grace_s: float) -> list[tuple[str, int]]:
                 child.proc.kill()
                 child.proc.wait()
     return [(c.name, c.proc.returncode) for c in children if c.proc is not None]
-
-
-@dataclass(frozen=True)
-class RestartPolicy:
-    """A dead child is restarted after ``backoff_initial_s``, doubling per restart up to
-    ``backoff_max_s``; more than ``max_restarts`` exits within ``window_s`` and we give up."""
-    max_restarts: int = 5
-    window_s: float = 60.0
-    backoff_initial_s: float = 0.5
-    backoff_max_s: float = 10.0
-
-
-@dataclass
-class RestartBudget:
-    policy: RestartPolicy
-    recent: deque = field(default_factory=deque)   # monotonic times of restarts inside the window
-
-    def next_delay(self, now: float) -> float | None:
-        """Seconds to wait before restarting a child that just died, or None: budget spent."""
-        while self.recent and now - self.recent[0] > self.policy.window_s:
-            self.recent.popleft()
-        if len(self.recent) >= self.policy.max_restarts:
-            return None
-        delay = min(self.policy.backoff_initial_s * 2 ** len(self.recent), self.policy.backoff_max_s)
-        self.recent.append(now)
-        return delay
 
 
 @dataclass

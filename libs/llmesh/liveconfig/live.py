@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -35,8 +36,10 @@ class LiveConfig:
         self._rejected = Counter("llmesh_config_rejected", "config documents rejected as invalid",
                                  ["service"], registry=metrics)
         self._applied = Counter("llmesh_config_applied", "config documents applied", ["service"], registry=metrics)
+        # Worker processes of one service (llmesh.workers) each follow the config: the merged value
+        # is the oldest revision any live one runs.
         self._revision = Gauge("llmesh_config_revision", "revision of the config in force", ["service"],
-                               registry=metrics)
+                               registry=metrics, multiprocess_mode="livemin")
         self._task: asyncio.Task | None = None
 
     def offer(self, version: Version) -> bool:
@@ -104,7 +107,7 @@ class LiveConfig:
             return
         try:
             self._snapshot.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self._snapshot.with_suffix(".tmp")
+            tmp = self._snapshot.with_suffix(f".{os.getpid()}.tmp")  # worker processes may save at once
             tmp.write_text(f"# revision {version.revision}\n{version.text}")
             tmp.replace(self._snapshot)
         except OSError as exc:

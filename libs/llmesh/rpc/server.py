@@ -29,8 +29,13 @@ SERVER_OPTIONS = (
     # queued request, a non-streamed answer being generated whole): accept that, or after two
     # pings the default (one per 5 min) answers GOAWAY too_many_pings and the channel's calls fail.
     ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
-    ("grpc.so_reuseport", 0),
 )
+
+
+def server_options(reuse_port: bool = False) -> tuple[tuple[str, int], ...]:
+    """SERVER_OPTIONS plus SO_REUSEPORT: off (a second server on a taken port fails to
+    bind), or on for worker processes that share one port (the kernel spreads connections)."""
+    return (*SERVER_OPTIONS, ("grpc.so_reuseport", int(reuse_port)))
 
 
 @dataclass(frozen=True)
@@ -43,9 +48,11 @@ class ServiceBinding:
 
 class GrpcServer:
     def __init__(self, address: str, bindings: Sequence[ServiceBinding], tracer: Tracer | None = None,
-                 identity: Identity | None = None):
-        """``identity`` decides who may call the admin RPCs (None: anyone, for in-process tests)."""
+                 identity: Identity | None = None, reuse_port: bool = False):
+        """``identity`` decides who may call the admin RPCs (None: anyone, for in-process tests);
+        ``reuse_port``: bind with SO_REUSEPORT, beside other processes on the same port."""
         self._address = address
+        self._reuse_port = reuse_port
         self._identity = identity
         self._tracer = tracer
         self._bindings = bindings
@@ -57,7 +64,7 @@ class GrpcServer:
         if self._identity:
             self._identity.check_bind(self._address)
         server = grpc.aio.server(interceptors=[ErrorInterceptor(self._tracer, self._identity)],
-                                 options=SERVER_OPTIONS)
+                                 options=server_options(self._reuse_port))
         for binding in self._bindings:
             binding.add_to_server(binding.servicer, server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)

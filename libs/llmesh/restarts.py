@@ -1,0 +1,33 @@
+"""How often a dead child process is restarted: exponential backoff within a budget of
+restarts per window (``llmesh up``'s children, a gateway's worker processes)."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """A dead child is restarted after ``backoff_initial_s``, doubling per restart up to
+    ``backoff_max_s``; more than ``max_restarts`` exits within ``window_s`` and we give up."""
+    max_restarts: int = 5
+    window_s: float = 60.0
+    backoff_initial_s: float = 0.5
+    backoff_max_s: float = 10.0
+
+
+@dataclass
+class RestartBudget:
+    policy: RestartPolicy
+    recent: deque = field(default_factory=deque)   # monotonic times of restarts inside the window
+
+    def next_delay(self, now: float) -> float | None:
+        """Seconds to wait before restarting a child that just died, or None: budget spent."""
+        while self.recent and now - self.recent[0] > self.policy.window_s:
+            self.recent.popleft()
+        if len(self.recent) >= self.policy.max_restarts:
+            return None
+        delay = min(self.policy.backoff_initial_s * 2 ** len(self.recent), self.policy.backoff_max_s)
+        self.recent.append(now)
+        return delay

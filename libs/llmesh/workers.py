@@ -1,0 +1,248 @@
+"""Several worker processes of one service on the same ports, under one supervisor.
+
+Each worker binds the service's ports with SO_REUSEPORT (:func:`reuse_port_socket`, and
+``GrpcServer(reuse_port=True)``), so the kernel spreads new connections over them and one
+service uses every core. The supervisor (:func:`supervise`):
+
+- starts ``count`` workers (``argv`` + ``--worker I --ready-fd FD``) and waits for each to
+  write one byte on its pipe once it serves; if one does not, it stops the others and exits 1;
+- registers the one instance in discovery (the workers register nothing), at the service's
+  address: it lives as long as the service, while any single worker may die and come back;
+- serves the workers' metrics merged on the service's metrics port (prometheus_client's
+  multiprocess mode in a fresh directory per run, removed on exit; the files of a dead
+  worker's live gauges are dropped, its counters still count);
+- restarts a worker that exits unexpectedly, with backoff, within a budget of restarts per
+  window per worker (``RestartPolicy``); past it, it stops everything and exits 1;
+- on SIGTERM or SIGINT deregisters, forwards SIGTERM to every worker (each drains its own
+  in-flight work within ``grace_s``), waits for them, SIGKILLs what is left after that."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+import os
+import shutil
+import signal
+import socket
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import uvloop
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+
+from llmesh.logs import setup_logging
+from llmesh.metrics_http import serve_metrics
+from llmesh.platform import build_registry
+from llmesh.restarts import RestartBudget, RestartPolicy
+from llmesh.service import Registration, StartFailed, check_advertisable
+from llmesh.settings import MeshSettings, ServiceSettings
+
+log = logging.getLogger("llmesh.workers")
+READY = b"r"
+_PR_SET_PDEATHSIG = 1
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+class WorkersFailed(RuntimeError):
+    """Workers did not start, or one kept dying past its restart budget."""
+
+
+def reuse_port_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to host:port with SO_REUSEPORT (not yet listening), for a server
+    that shares its port with the other workers."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def ready_signal(fd: int) -> Callable[[], None]:
+    """What a worker calls once it serves: one byte on the pipe its supervisor reads."""
+    def ready() -> None:
+        os.write(fd, READY)
+        os.close(fd)
+    return ready
+
+
+def _die_with_parent() -> None:
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+@dataclass
+class _Slot:
+    index: int
+    budget: RestartBudget
+    proc: asyncio.subprocess.Process | None = None
+    pids: list[int] = field(default_factory=list)  # every process this slot ran
+
+
+class Supervisor:
+    """Starts, watches, restarts and stops ``count`` worker processes."""
+
+    def __init__(self, argv: Sequence[str], count: int, env: dict[str, str], *, grace_s: float,
+                 ready_timeout_s: float = 60.0, policy: RestartPolicy = RestartPolicy(),
+                 on_exit: Callable[[int], None] = lambda pid: None, on_restart: Callable[[], None] = lambda: None):
+        self._argv = list(argv)
+        self._env = env
+        self._grace = grace_s
+        self._ready_timeout = ready_timeout_s
+        self._on_exit = on_exit          # a worker process ended (its pid)
+        self._on_restart = on_restart
+        self.slots = [_Slot(i, RestartBudget(policy)) for i in range(count)]
+        self.failed = asyncio.Event()    # a worker kept dying: the service must stop
+        self._watchers: list[asyncio.Task] = []
+
+    def pids(self) -> list[int]:
+        return [s.proc.pid for s in self.slots if s.proc is not None and s.proc.returncode is None]
+
+    async def start(self) -> None:
+        ready = await asyncio.gather(*(self._spawn(slot) for slot in self.slots), return_exceptions=True)
+        if not all(r is True for r in ready):
+            await self.stop()
+            errors = sorted({f"{type(r).__name__}: {r}" for r in ready if isinstance(r, BaseException)})
+            raise WorkersFailed(f"{sum(r is not True for r in ready)} of {len(self.slots)} workers did not start"
+                                + (f" ({'; '.join(errors)})" if errors else ""))
+        self._watchers = [asyncio.create_task(self._watch(slot), name=f"worker-{slot.index}")
+                          for slot in self.slots]
+
+    async def _spawn(self, slot: _Slot) -> bool:
+        """Start the slot's worker; True once it says it serves, False if it died or took
+        longer than the ready timeout (then it is killed)."""
+        r, w = os.pipe()
+        try:
+            slot.proc = await asyncio.create_subprocess_exec(
+                *self._argv, "--worker", str(slot.index), "--ready-fd", str(w), env=self._env, pass_fds=(w,),
+                stdin=asyncio.subprocess.DEVNULL, preexec_fn=_die_with_parent)
+        except BaseException:
+            os.close(r)
+            raise
+        finally:
+            os.close(w)
+        proc = slot.proc
+        slot.pids.append(proc.pid)
+        log.info("worker started", extra={"worker": slot.index, "pid": proc.pid})
+        reader = asyncio.ensure_future(asyncio.to_thread(os.read, r, 1))
+        reader.add_done_callback(lambda _: os.close(r))  # the read ends when the worker writes or exits
+        done, _ = await asyncio.wait({reader}, timeout=self._ready_timeout)
+        if not done:
+            log.error("worker not ready in time; killing it", extra={
+                "worker": slot.index, "pid": proc.pid, "timeout_s": self._ready_timeout})
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+        ok = await reader == READY
+        if ok:
+            log.info("worker ready", extra={"worker": slot.index, "pid": proc.pid})
+        return ok
+
+    async def _watch(self, slot: _Slot) -> None:
+        while True:
+            code = await slot.proc.wait()
+            self._on_exit(slot.proc.pid)
+            delay = slot.budget.next_delay(time.monotonic())
+            extra = {"worker": slot.index, "pid": slot.proc.pid, "exit_code": code}
+            if delay is None:
+                log.error("worker keeps exiting; restart budget spent, stopping the service", extra=extra)
+                self.failed.set()
+                return
+            log.warning("worker exited; restarting it", extra={**extra, "restart_in_s": delay})
+            await asyncio.sleep(delay)
+            self._on_restart()
+            await self._spawn(slot)  # not ready: its exit comes round this loop and spends budget
+
+    async def stop(self) -> list[int | None]:
+        """SIGTERM every worker, wait ``grace_s`` + 5 s, SIGKILL the rest; their exit codes."""
+        for task in self._watchers:
+            task.cancel()
+        await asyncio.gather(*self._watchers, return_exceptions=True)
+        live = [s.proc for s in self.slots if s.proc is not None and s.proc.returncode is None]
+        for proc in live:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+        if live:
+            _, late = await asyncio.wait([asyncio.ensure_future(p.wait()) for p in live], timeout=self._grace + 5)
+            if late:
+                log.warning("workers still running after the grace period; killing them",
+                            extra={"pids": [p.pid for p in live if p.returncode is None]})
+            for proc in live:
+                if proc.returncode is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        proc.kill()
+                    await proc.wait()
+        for proc in live:
+            self._on_exit(proc.pid)
+        codes = [s.proc.returncode if s.proc is not None else None for s in self.slots]
+        log.info("workers stopped", extra={"exit_codes": codes})
+        return codes
+
+
+async def _supervise(name: str, settings: ServiceSettings, argv: Sequence[str], count: int,
+                     health_service: str, policy: RestartPolicy) -> int:
+    mesh = MeshSettings()
+    check_advertisable(name, settings, mesh)
+    loop = asyncio.get_running_loop()
+    stopping = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    env = {k: v for k, v in os.environ.items() if k != MULTIPROC_ENV}
+    metrics_dir, metrics_server, restarts = None, None, None
+    try:
+        if settings.metrics_port is not None:
+            metrics_dir = tempfile.mkdtemp(prefix=f"llmesh-{name}-metrics-")  # fresh: nothing from an earlier run
+            env[MULTIPROC_ENV] = metrics_dir
+            registry = CollectorRegistry()
+            MultiProcessCollector(registry, path=metrics_dir)
+            restarts = Counter("llmesh_worker_restarts", "Worker processes restarted after an unexpected exit.",
+                               registry=registry)
+            metrics_server = serve_metrics(registry, settings.host, settings.metrics_port)
+        supervisor = Supervisor(
+            argv, count, env, grace_s=settings.grace_s, policy=policy,
+            on_exit=(lambda pid: mark_process_dead(pid, metrics_dir)) if metrics_dir else (lambda pid: None),
+            on_restart=restarts.inc if restarts is not None else (lambda: None))
+        await supervisor.start()
+        registry_backend = build_registry(mesh)
+        registration = Registration(name, registry_backend, mesh, settings.advertise_address or settings.address,
+                                    health_service)
+        log.info("workers serving", extra={"workers": count, "pids": supervisor.pids(),
+                                           "address": settings.address})
+        waits = [asyncio.ensure_future(stopping.wait()), asyncio.ensure_future(supervisor.failed.wait())]
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for w in waits:
+            w.cancel()
+        log.info("stopping", extra={"grace_s": settings.grace_s})
+        await registration.end()
+        with contextlib.suppress(Exception):
+            await registry_backend.close()
+        await supervisor.stop()
+        log.info("stopped")
+        return 1 if supervisor.failed.is_set() else 0
+    finally:
+        if metrics_server is not None:
+            metrics_server.shutdown()
+            metrics_server.server_close()
+        if metrics_dir is not None:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+def supervise(name: str, settings: ServiceSettings, argv: Sequence[str], count: int, health_service: str,
+              policy: RestartPolicy = RestartPolicy()) -> None:
+    """Run ``count`` workers of ``name`` (each started as ``argv``) until SIGTERM or SIGINT."""
+    setup_logging(name, settings.log_level, {"role": "supervisor"})
+    main = _supervise(name, settings, argv, count, health_service, policy)
+    try:
+        code = uvloop.run(main) if settings.event_loop == "uvloop" else asyncio.run(main)
+    except (OSError, StartFailed, WorkersFailed) as exc:
+        log.error("cannot start", extra={"error": str(exc)})
+        raise SystemExit(1) from exc
+    if code:
+        raise SystemExit(code)
