@@ -214,7 +214,7 @@ async def _supervise(name: str, settings: ServiceSettings, argv: Sequence[str], 
         registration = Registration(name, registry_backend, mesh, settings.advertise_address or settings.address,
                                     health_service)
         log.info("workers serving", extra={"workers": count, "pids": supervisor.pids(),
-                                           "address": settings.address})
+                                           "address": settings.address, "metrics_dir": metrics_dir})
         waits = [asyncio.ensure_future(stopping.wait()), asyncio.ensure_future(supervisor.failed.wait())]
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         for w in waits:
