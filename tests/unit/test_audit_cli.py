@@ -72,3 +72,24 @@ def test_missing_file_and_bad_head_are_usage_errors(tmp_path):
     assert done.returncode == 2 and "cannot read" in done.stderr
     done = llmesh("audit", "verify", "--file", str(tmp_path / "none.jsonl"), "--head", "12:abc")
     assert done.returncode == 2 and "SEQ:HASH" in done.stderr
+
+
+def test_a_gateway_of_several_workers_has_one_chain_each_and_verify_checks_them_all(tmp_path):
+    from llmesh.audit import worker_file
+    path = tmp_path / "audit.jsonl"
+    for i in (0, 1, 10):
+        make_log(worker_file(path, i), n=2 + i)
+    (tmp_path / "audit.workerX.jsonl").write_text("not a worker's chain\n")  # not a worker index: ignored
+    done = llmesh("audit", "verify", "--json", env={"LLMESH_STATE_DIR": str(tmp_path)})
+    assert done.returncode == 0, done.stderr
+    reports = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [(Path(r["file"]).name, r["records"], r["ok"]) for r in reports] == [
+        ("audit.worker0.jsonl", 2, True), ("audit.worker1.jsonl", 3, True), ("audit.worker10.jsonl", 12, True)]
+    lines = worker_file(path, 1).read_text().splitlines(keepends=True)
+    worker_file(path, 1).write_text("".join(lines[:1] + lines[2:]))  # a record removed from worker 1's chain
+    done = llmesh("audit", "verify", "--file", str(path))
+    assert done.returncode == 1
+    assert "audit.worker1.jsonl: TAMPERED" in done.stderr and "audit.worker0.jsonl: intact, 2 records" in done.stdout
+    # a head belongs to one chain: with several, name the file
+    done = llmesh("audit", "verify", "--file", str(path), "--head", f"1:{'0' * 64}")
+    assert done.returncode == 2 and "name it with --file" in done.stderr
