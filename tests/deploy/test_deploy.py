@@ -220,6 +220,25 @@ def test_umbrella_wires_services_by_release_name(helm_dir):
     assert env["LLMESH_GATEWAY_HTTP_PORT"] == "8080"
 
 
+def test_gateway_workers_value_sets_the_setting_and_is_checked(helm_dir, allowed_env, tmp_path):
+    values = tmp_path / "workers.yaml"
+    values.write_text(yaml.safe_dump({"workers": 4, "mesh": {"redis_url": "redis://redis:6379/0"},
+                                      "resources": {"requests": {"cpu": "4", "memory": "1Gi"}}}))
+    assert checks.chart_problems(helm_dir / "gateway", [values], allowed_env) == []
+    docs, _ = checks.render(helm_dir / "gateway", [values])
+    gateway = next(d for d in docs if d["kind"] == "Deployment")
+    env = {e["name"]: e.get("value") for e in gateway["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["LLMESH_GATEWAY_WORKERS"] == "4" and env["LLMESH_REDIS_URL"] == "redis://redis:6379/0"
+    default, _ = checks.render(helm_dir / "gateway", [])
+    env = {e["name"]: e.get("value") for e in next(d for d in default if d["kind"] == "Deployment")
+           ["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["LLMESH_GATEWAY_WORKERS"] == "1"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"workers": 0}))
+    docs, problems = checks.render(helm_dir / "gateway", [bad])
+    assert docs == [] and any("workers" in p for p in problems), problems
+
+
 def test_external_consul_and_etcd_bind_services_to_the_pod_ip(helm_dir, allowed_env, tmp_path):
     """What a service registers in Consul is its bound address: the pod IP, not 0.0.0.0."""
     values = tmp_path / "external.yaml"

@@ -28,7 +28,7 @@ UMBRELLA = "llmesh"
 # Settings the charts set themselves (from port, metricsPort, httpPort, graceSeconds, the pod):
 # where a pod is reached is the pod's IP, never a value.
 COMMON_MANAGED = {"host", "port", "metrics_port", "grace_s", "advertise_address"}
-MANAGED = {"gateway": {"http_host", "http_port"}, "engine": {"endpoint_id"}}
+MANAGED = {"gateway": {"http_host", "http_port", "workers"}, "engine": {"endpoint_id"}}
 # the mounted ConfigMap, the pod's state volume and the mounted service secret (serviceSecret)
 MESH_MANAGED = {"config_file", "state_dir", "service_secret_file"}
 
@@ -129,6 +129,9 @@ def service_schema(service: str, cls: type[ServiceSettings]) -> dict:
     }
     if service == "gateway":
         props["httpPort"] = _port()
+        props["workers"] = {"type": "integer", "minimum": 1, "maximum": 256,
+                            "description": "worker processes sharing the ports (LLMESH_GATEWAY_WORKERS); "
+                                           "more than 1 needs Redis; request about one CPU each"}
     if service == "engine":
         props["autoscaling"] = _obj({"enabled": {"type": "boolean"}, "keda": _obj({
             "prometheusAddress": {"type": "string", "minLength": 1},

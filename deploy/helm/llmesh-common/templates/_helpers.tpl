@@ -88,5 +88,9 @@ registers there and what others dial. */}}
 - name: {{ $prefix }}HTTP_PORT
   value: {{ .Values.httpPort | quote }}
 {{- end }}
+{{- if .Values.workers }}
+- name: {{ $prefix }}WORKERS
+  value: {{ .Values.workers | quote }}
+{{- end }}
 {{- include "llmesh.settingsEnv" (list . $prefix .Values.settings) }}
 {{- end -}}
