@@ -36,6 +36,7 @@ from bench import gateway as gw_bench
 from bench import instant_openai
 from bench import provider as provider_bench
 from bench.common import Sample, child_pid, cpu_seconds, drive, note, pct
+from bench.workers import gateway_workers
 
 SIM = gw_bench.MODEL
 QUIET = {"LLMESH_GATEWAY_LOG_LEVEL": "warning", "LLMESH_ENGINE_LOG_LEVEL": "warning"}
@@ -216,10 +217,11 @@ def load_section(args, tmp: Path) -> dict:
     cfg = tmp / "load.yaml"
     cfg.write_text(json.dumps({"tenants": {"*": {"guards": {"output_pii": args.output_pii}}}}))
     mesh = Mesh(layout=free_layout(1), engines="sim", model_dir=tmp / "models-b", log_dir=tmp / "logs-b",
-                args=["--no-cache"],
+                args=["--no-cache", *args.gateway_args],
                 env={"LLMESH_CONFIG_FILE": str(cfg), "LLMESH_ENGINE_SIM_DECODE_MS_PER_TOKEN": str(args.decode_ms),
                      "LLMESH_ENGINE_SIM_PREFILL_MS_PER_TOKEN": "0",
-                     "LLMESH_ENGINE_MAX_RUNNING": "1024", "LLMESH_ENGINE_MAX_WAITING": "1024", **QUIET})
+                     "LLMESH_ENGINE_MAX_RUNNING": "1024", "LLMESH_ENGINE_MAX_WAITING": "1024", **QUIET,
+                     **args.gateway_env})
     mesh.start(timeout_s=90)
     try:
         levels = [int(x) for x in args.levels.split(",")]
@@ -253,17 +255,20 @@ def main() -> None:
     parser.add_argument("--output-pii", choices=("mask", "off"), default="mask",
                         help="the answer's PII masking in the TTFT and 1,000-stream runs (mask: the default)")
     parser.add_argument("--sections", default="fronts,load")
+    parser.add_argument("--gateway-workers", type=int, default=None, metavar="N",
+                        help="load section: a gateway of N worker processes, with Redis (bench.workers)")
     parser.add_argument("--json", action="store_true", help="print only the JSON document on stdout (the default)")
     args = parser.parse_args()
     sections = args.sections.split(",")
     results: dict = {}
-    with tempfile.TemporaryDirectory() as tmp:
+    with (tempfile.TemporaryDirectory() as tmp,
+          gateway_workers(args.gateway_workers, Path(tmp)) as (args.gateway_args, args.gateway_env)):
         if "fronts" in sections:
             results |= front_section(args, Path(tmp))
         if "load" in sections:
             results |= load_section(args, Path(tmp))
     print(json.dumps({"bench": "dataplane", "chunks": args.chunks, "requests": args.requests,
-                      "output_pii": args.output_pii,
+                      "output_pii": args.output_pii, "gateway_workers": args.gateway_workers,
                       "results": results}, indent=2))
 
 
