@@ -93,3 +93,17 @@ def test_a_gateway_of_several_workers_has_one_chain_each_and_verify_checks_them_
     # a head belongs to one chain: with several, name the file
     done = llmesh("audit", "verify", "--file", str(path), "--head", f"1:{'0' * 64}")
     assert done.returncode == 2 and "name it with --file" in done.stderr
+
+
+def test_usage_without_redis_sums_every_worker_chain(tmp_path):
+    from llmesh.audit import worker_file
+    for i, tokens in ((0, 5), (1, 7)):
+        with AuditLog(worker_file(tmp_path / "audit.jsonl", i)) as log:
+            log.append("request", {"tenant": "acme", "model": "m", "decision": "allowed", "prompt_tokens": tokens,
+                                   "completion_tokens": 1})
+    env = {k: v for k, v in os.environ.items() if k != "LLMESH_REDIS_URL"} | {"LLMESH_STATE_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-m", "llmesh", "usage", "--csv"], capture_output=True, text=True,
+                          timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+    row = done.stdout.splitlines()[1].split(",")
+    assert row[1:6] == ["acme", "m", "2", "12", "2"]

@@ -130,9 +130,10 @@ def audit_usage_rows(paths: list[Path]) -> list[dict]:
 
 
 async def usage_main(args) -> int:
+    from llmesh.audit import chain_files  # the default log and the worker logs beside it
     client = _redis(args)
     if client is None:
-        rows = [r for r in audit_usage_rows(args.audit_file or [args.audit_default]) if args.tenant in (None, r["tenant"])
+        rows = [r for r in audit_usage_rows(args.audit_file or chain_files(args.audit_default)) if args.tenant in (None, r["tenant"])
                 and (not args.day or r["day"] in args.day)]
         return _print_usage(rows, args.csv)
     try:
@@ -197,6 +198,7 @@ def add_parsers(sub) -> None:
     usage.add_argument("--last", type=int, default=7)
     usage.add_argument("--csv", action="store_true")
     usage.add_argument("--audit-file", type=Path, action="append",
-                       help="without Redis: the gateways' audit logs to sum (default <state_dir>/audit.jsonl)")
+                       help="without Redis: the gateways' audit logs to sum (default <state_dir>/audit.jsonl and the "
+                            "worker logs beside it, audit.worker<i>.jsonl)")
     redis_arg(usage)
     usage.set_defaults(func=lambda a: asyncio.run(usage_main(a)), audit_default=state / "audit.jsonl")
