@@ -42,3 +42,61 @@ def test_workers_that_cannot_bind_fail_the_gateway(tmp_path):
                                   "LLMESH_GATEWAY_HTTP_PORT": str(http_port)})
     assert done.returncode == 1, done.stderr[-2000:]
     assert any("2 of 2 workers did not start" in e for e in errors(done)), done.stderr[-2000:]
+
+
+async def test_several_workers_are_one_gateway_instance_in_etcd(etcd, redis_server, tmp_path):
+    """The supervisor registers the gateway once, at its shared address; a worker's death and
+    restart leave that registration alone; SIGTERM removes it."""
+    import asyncio
+    import uuid
+
+    from llmesh.discovery.etcd import EtcdRegistry, etcd_client
+    from llmesh.testing import Service, pid_alive
+
+    grpc_port, http_port = free_ports(2)
+    prefix = f"/workers-{uuid.uuid4().hex[:8]}"
+    svc = Service("llmesh.gateway", {
+        "LLMESH_GATEWAY_WORKERS": "2", "LLMESH_REDIS_URL": redis_server.url, "LLMESH_DISCOVERY": "etcd",
+        "LLMESH_ETCD_ADDRESS": etcd.address, "LLMESH_DISCOVERY_PREFIX": prefix, "LLMESH_CONFIG_BACKEND": "none",
+        "LLMESH_GATEWAY_PORT": str(grpc_port), "LLMESH_GATEWAY_HTTP_PORT": str(http_port),
+        "LLMESH_GATEWAY_CACHE_ADDRESS": "", "LLMESH_GATEWAY_GRACE_S": "2"}, tmp_path / "gateway.log")
+    registry = EtcdRegistry(etcd_client(etcd.address), prefix=prefix)
+
+    def log() -> list[dict]:
+        return [json.loads(x) for x in svc.log_path.read_text().splitlines() if x.startswith("{")]
+
+    async def until(predicate, timeout_s: float = 30.0) -> bool:
+        for _ in range(int(timeout_s / 0.1)):
+            if await predicate():
+                return True
+            await asyncio.sleep(0.1)
+        return False
+
+    async def instances() -> list:
+        return await registry.resolve("gateway")
+
+    svc.start()
+    try:
+        assert await until(lambda: _one(instances)), svc.log_path.read_text()[-3000:]
+        (gateway,) = await instances()
+        assert gateway.address == f"127.0.0.1:{grpc_port}" and str(svc.proc.pid) in gateway.instance_id
+        worker = next(r["pid"] for r in log() if r.get("msg") == "worker ready")
+        os.kill(worker, 9)
+        assert await until(lambda: _ready_again(log, worker)), svc.log_path.read_text()[-3000:]
+        assert [i.instance_id for i in await instances()] == [gateway.instance_id]
+        svc.proc.send_signal(15)
+        assert await asyncio.to_thread(svc.proc.wait, 30) == 0
+        assert await instances() == []  # deregistered on stop, not left to the lease
+        assert not [r["pid"] for r in log() if r.get("msg") == "worker ready" and pid_alive(r["pid"])]
+    finally:
+        svc.stop()
+        await registry.close()
+
+
+async def _one(instances) -> bool:
+    return len(await instances()) == 1
+
+
+async def _ready_again(log, dead: int) -> bool:
+    ready = [r for r in log() if r.get("msg") == "worker ready"]
+    return len(ready) == 3 and ready[-1]["pid"] != dead

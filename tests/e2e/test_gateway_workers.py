@@ -129,6 +129,9 @@ def test_both_workers_serve_and_metrics_are_merged(gateway):
     # one /metrics for the gateway: the sum over the workers
     assert _ok_requests(gateway) == gateway.sent
     assert gateway.metric("llmesh_e2e_request_latency_seconds_count") == gateway.sent
+    scrape = httpx.get(f"http://127.0.0.1:{gateway.metrics_port}/metrics",
+                       headers={"Accept": "application/openmetrics-text"}, timeout=5)
+    assert scrape.headers["content-type"].startswith("text/plain; version=0.0.4")  # classic text, always
 
 
 def _audit_files(gw: Gateway) -> list[Path]:
