@@ -14,7 +14,8 @@ service uses every core. The supervisor (:func:`supervise`):
 - restarts a worker that exits unexpectedly, with backoff, within a budget of restarts per
   window per worker (``RestartPolicy``); past it, it stops everything and exits 1;
 - on SIGTERM or SIGINT deregisters, forwards SIGTERM to every worker (each drains its own
-  in-flight work within ``grace_s``), waits for them, SIGKILLs what is left after that."""
+  in-flight work within ``grace_s``), waits for them, SIGKILLs what is left after that.
+Workers get SIGTERM if the supervisor dies (PR_SET_PDEATHSIG), so none is orphaned."""
 
 from __future__ import annotations
 
@@ -46,6 +47,9 @@ log = logging.getLogger("llmesh.workers")
 READY = b"r"
 _PR_SET_PDEATHSIG = 1
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+# A worker drains within grace_s and then closes its clients; past this margin it is killed, still
+# inside what `llmesh up` (grace + 2 s) and the Helm chart (grace + 5 s) give the whole gateway.
+STOP_MARGIN_S = 1.5
 
 
 class WorkersFailed(RuntimeError):
@@ -161,7 +165,7 @@ class Supervisor:
             await self._spawn(slot)  # not ready: its exit comes round this loop and spends budget
 
     async def stop(self) -> list[int | None]:
-        """SIGTERM every worker, wait ``grace_s`` + 5 s, SIGKILL the rest; their exit codes."""
+        """SIGTERM every worker, wait ``grace_s`` + STOP_MARGIN_S, SIGKILL the rest; their exit codes."""
         for task in self._watchers:
             task.cancel()
         await asyncio.gather(*self._watchers, return_exceptions=True)
@@ -170,7 +174,8 @@ class Supervisor:
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGTERM)
         if live:
-            _, late = await asyncio.wait([asyncio.ensure_future(p.wait()) for p in live], timeout=self._grace + 5)
+            waits = [asyncio.ensure_future(p.wait()) for p in live]
+            _, late = await asyncio.wait(waits, timeout=self._grace + STOP_MARGIN_S)
             if late:
                 log.warning("workers still running after the grace period; killing them",
                             extra={"pids": [p.pid for p in live if p.returncode is None]})

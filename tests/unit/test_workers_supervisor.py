@@ -12,7 +12,7 @@ import pytest
 
 from llmesh.restarts import RestartPolicy
 from llmesh.testing import pid_alive
-from llmesh.workers import Supervisor, WorkersFailed
+from llmesh.workers import STOP_MARGIN_S, Supervisor, WorkersFailed
 
 # A worker as the supervisor starts it: argv ends with --worker I --ready-fd FD.
 WORKER = r"""
@@ -22,7 +22,7 @@ fd = int(args[args.index("--ready-fd") + 1])
 mode = os.environ["MODE"]
 if mode == "dies":
     sys.exit(3)
-signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+signal.signal(signal.SIGTERM, signal.SIG_IGN if mode == "stubborn" else (lambda *_: sys.exit(0)))
 if mode != "slow":
     os.write(fd, b"r")
     os.close(fd)
@@ -36,10 +36,10 @@ while True:
 FAST = RestartPolicy(max_restarts=2, window_s=60, backoff_initial_s=0.01, backoff_max_s=0.05)
 
 
-def supervisor(mode: str, count: int = 2, **kw) -> tuple[Supervisor, list[int], list[str]]:
+def supervisor(mode: str, count: int = 2, grace_s: float = 2, **kw) -> tuple[Supervisor, list[int], list[str]]:
     exits: list[int] = []
     restarts: list[str] = []
-    sup = Supervisor([sys.executable, "-c", WORKER], count, {**os.environ, "MODE": mode}, grace_s=2,
+    sup = Supervisor([sys.executable, "-c", WORKER], count, {**os.environ, "MODE": mode}, grace_s=grace_s,
                      on_exit=exits.append, on_restart=lambda: restarts.append("r"), **kw)
     return sup, exits, restarts
 
@@ -92,3 +92,12 @@ async def test_a_worker_that_keeps_crashing_spends_its_budget_and_fails_the_serv
     assert restarts == ["r", "r"]  # max_restarts, then it gives up
     assert len(exits) == 3 and sup.pids() == []
     await sup.stop()
+
+
+async def test_a_worker_that_ignores_sigterm_is_killed_after_the_grace_period():
+    sup, exits, _ = supervisor("stubborn", count=1, grace_s=0.2)
+    await sup.start()
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    assert await sup.stop() == [-signal.SIGKILL]
+    assert 0.2 < loop.time() - t0 < 0.2 + STOP_MARGIN_S + 1
