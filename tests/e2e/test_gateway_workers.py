@@ -84,14 +84,14 @@ def gateway(sim_mesh, redis_server, tmp_path_factory):
                          or gw.service.proc.poll() is not None, 60)
     assert started and gw.service.proc.poll() is None, gw.service.log_path.read_text()[-3000:]
     # the sim engine is routable once the scheduler's feed reached both workers
-    assert wait_until(lambda: _models(gw) == [MODEL] * 4, 30), gw.service.log_path.read_text()[-3000:]
+    assert wait_until(lambda: _models(gw) == [MODEL] * 8, 30), gw.service.log_path.read_text()[-3000:]
     yield gw
     gw.service.stop(signal.SIGKILL)
 
 
 def _models(gw: Gateway) -> list[str]:
     out = []
-    for _ in range(4):
+    for _ in range(8):  # each on a connection of its own: both workers answer, most likely
         try:
             with httpx.Client(timeout=5) as client:
                 out += [m["id"] for m in client.get(gw.url + "/v1/models").json()["data"]]
