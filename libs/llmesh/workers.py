@@ -9,8 +9,9 @@ service uses every core. The supervisor (:func:`supervise`):
 - registers the one instance in discovery (the workers register nothing), at the service's
   address: it lives as long as the service, while any single worker may die and come back;
 - serves the workers' metrics merged on the service's metrics port (prometheus_client's
-  multiprocess mode in a fresh directory per run, removed on exit; the files of a dead
-  worker's live gauges are dropped, its counters still count);
+  multiprocess mode in a fresh directory per run, removed on exit, or by the next run if this
+  supervisor was killed; the files of a dead worker's live gauges are dropped, its counters
+  still count);
 - restarts a worker that exits unexpectedly, with backoff, within a budget of restarts per
   window per worker (``RestartPolicy``); past it, it stops everything and exits 1;
 - on SIGTERM or SIGINT deregisters, forwards SIGTERM to every worker (each drains its own
@@ -31,6 +32,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import uvloop
 from prometheus_client import CollectorRegistry, Counter
@@ -191,6 +193,18 @@ class Supervisor:
         return codes
 
 
+def fresh_metrics_dir(name: str, parent: str | None = None) -> str:
+    """A new, empty directory for this run's metrics files, named after this process;
+    those a supervisor killed before it could remove them (its pid gone) are removed."""
+    root = Path(parent or tempfile.gettempdir())
+    prefix = f"llmesh-{name}-metrics-"
+    for old in root.glob(prefix + "*"):
+        pid = old.name.removeprefix(prefix).partition("-")[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(old, ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=root)
+
+
 async def _supervise(name: str, settings: ServiceSettings, argv: Sequence[str], count: int,
                      health_service: str, policy: RestartPolicy) -> int:
     mesh = MeshSettings()
@@ -203,7 +217,7 @@ async def _supervise(name: str, settings: ServiceSettings, argv: Sequence[str], 
     metrics_dir, metrics_server, restarts = None, None, None
     try:
         if settings.metrics_port is not None:
-            metrics_dir = tempfile.mkdtemp(prefix=f"llmesh-{name}-metrics-")  # fresh: nothing from an earlier run
+            metrics_dir = fresh_metrics_dir(name)
             env[MULTIPROC_ENV] = metrics_dir
             registry = CollectorRegistry()
             MultiProcessCollector(registry, path=metrics_dir)

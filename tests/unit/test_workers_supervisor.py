@@ -7,12 +7,13 @@ import asyncio
 import os
 import signal
 import sys
+from pathlib import Path
 
 import pytest
 
 from llmesh.restarts import RestartPolicy
 from llmesh.testing import pid_alive
-from llmesh.workers import STOP_MARGIN_S, Supervisor, WorkersFailed
+from llmesh.workers import STOP_MARGIN_S, Supervisor, WorkersFailed, fresh_metrics_dir
 
 # A worker as the supervisor starts it: argv ends with --worker I --ready-fd FD.
 WORKER = r"""
@@ -101,3 +102,16 @@ async def test_a_worker_that_ignores_sigterm_is_killed_after_the_grace_period():
     t0 = loop.time()
     assert await sup.stop() == [-signal.SIGKILL]
     assert 0.2 < loop.time() - t0 < 0.2 + STOP_MARGIN_S + 1
+
+
+def test_each_run_gets_a_fresh_metrics_dir_and_those_of_dead_supervisors_go(tmp_path):
+    import subprocess
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f"llmesh-gateway-metrics-{dead.stdout.strip()}-abc"
+    stale.mkdir()
+    (stale / "counter_1.db").write_bytes(b"x")
+    alive = tmp_path / f"llmesh-gateway-metrics-{os.getppid()}-def"  # a supervisor still running
+    alive.mkdir()
+    fresh = Path(fresh_metrics_dir("gateway", str(tmp_path)))
+    assert fresh.name.startswith(f"llmesh-gateway-metrics-{os.getpid()}-") and not list(fresh.iterdir())
+    assert not stale.exists() and alive.exists()
