@@ -59,6 +59,12 @@ class _Timing:
 
 
 @dataclass(frozen=True, slots=True)
+class LastDelta(Delta):
+    """The answer's last Delta: only the Finish follows, with nothing awaited in between,
+    so a consumer may send the two together (one message fewer an answer)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Defaults:
     temperature: float = 1.0
     top_p: float = 1.0
@@ -121,20 +127,23 @@ class EngineCore:
                         if plain:
                             produced += len(pieces)
                             count = len(pieces) - pieces.count("")  # "": a character not complete yet
-                            if not count:
-                                continue
-                            delta = Delta(pieces[0] if len(pieces) == 1 else "".join(pieces), count)
+                            ends = produced >= params.max_new_tokens
+                            if count:
+                                text = pieces[0] if len(pieces) == 1 else "".join(pieces)
+                                delta = LastDelta(text, count) if ends else Delta(text, count)
                         else:
                             delta, taken = self._delta(pieces, matcher)
                             produced += taken
-                            if delta is None:
-                                if matcher.stopped:
-                                    break
-                                continue
-                        timing.sent(delta.tokens)
-                        yield delta
-                        if matcher.stopped:
-                            break
+                            count = delta is not None
+                            # with stop strings, a length end may still flush held-back text
+                            ends = matcher.stopped or (produced >= params.max_new_tokens and not matcher.active)
+                            if ends and count:
+                                delta = LastDelta(delta.text, delta.tokens, delta.logprobs)
+                        if count:
+                            timing.sent(delta.tokens)
+                            yield delta
+                        if matcher.stopped or produced >= params.max_new_tokens:
+                            break  # the backend has nothing more for this answer
                 finally:
                     await steps.aclose()
                 if matcher.stopped:

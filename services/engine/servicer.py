@@ -9,7 +9,7 @@ from opentelemetry import trace
 from llmesh.convert import finish_to_pb, logprobs_to_pb, priority_from_pb, prompt_from_pb, sampling_from_pb, usage_to_pb
 from llmesh.types import Delta
 from llmesh.v1 import engine_pb2, engine_pb2_grpc
-from llmesh.engine.core import EngineCore
+from llmesh.engine.core import EngineCore, LastDelta
 from llmesh.engine.lifecycle import LoadedModel, ModelLifecycle
 
 
@@ -29,8 +29,8 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         response = engine_pb2.GenerateResponse
         async with aclosing(items):
             async for item in items:
-                if type(item) is Delta:
-                    if whole:  # a non-streamed request: everything goes out with the finish
+                if isinstance(item, Delta):
+                    if whole or type(item) is LastDelta:  # goes out with the finish: a whole answer, a last Delta
                         texts.append(item.text)
                         logprobs.extend(item.logprobs)
                         tokens += item.tokens
