@@ -92,11 +92,20 @@ async def grpc_floor(messages: int, requests: int) -> dict:
     with bare_server() as (address, pid):
         async with insecure_channel(address) as channel:
             stub = engine_pb2_grpc.EngineStub(channel)
+            seen: list[int] = []
+
+            async def call(n: int):
+                s = await gw_bench.engine_call(stub, n)
+                seen.append(s.messages)
+                return s
+
             for key, n in (("cpu_ms_one_message", 1), ("cpu_ms_per_request", messages)):
-                await drive(lambda i: gw_bench.engine_call(stub, n), 1, min(20, requests))  # warm
+                await drive(lambda i: call(n), 1, min(20, requests))  # warm
+                seen.clear()
                 before = cpu_seconds(pid)
-                r = await drive(lambda i: gw_bench.engine_call(stub, n), 1, requests)
+                r = await drive(lambda i: call(n), 1, requests)
                 out[key] = round((cpu_seconds(pid) - before) * 1000 / max(r["requests"], 1), 3)
+            out["messages_seen_mean"] = round(sum(seen) / max(len(seen), 1), 2)
     out["cpu_ms_per_added_message"] = round((out["cpu_ms_per_request"] - out["cpu_ms_one_message"])
                                             / (messages - 1), 4)
     return out
