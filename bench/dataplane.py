@@ -126,8 +126,13 @@ async def sim_plain(client: httpx.AsyncClient, url: str, tokens: int) -> Sample:
 
 
 async def engine_cost(mesh: Mesh, tokens: int, requests: int) -> dict:
-    """Sim engine at 0 ms per step: what its wrapper spends per request, and what the
-    gateway spends per request in front of it (one connection)."""
+    """Sim engine at 0 ms per step: what its process spends per request and, of that, its
+    wrapper's share (the process less what the sim backend alone spends on the same answers,
+    bench.engine_floor), next to a bare grpc.aio servicer sending as many messages (the
+    floor under any Python gRPC wrapper); and what the gateway spends in front of it. One
+    connection throughout."""
+    from bench import engine_floor
+
     gw_pid = child_pid(mesh.proc.pid, "llmesh.gateway")
     eng_pid = child_pid(mesh.proc.pid, "llmesh.engine")
     pids = {"gateway": gw_pid, "engine": eng_pid}
@@ -150,8 +155,19 @@ async def engine_cost(mesh: Mesh, tokens: int, requests: int) -> dict:
                                            "engine_cpu_ms_per_request")}
             note(f"sim {name:<22} engine CPU {r['engine_cpu_ms_per_request']:.3f} ms/req, gateway CPU "
                  f"{r['gateway_cpu_ms_per_request']:.3f} ms/req")
-    out["engine_wrapper_cpu_ms_per_request"] = out["engine_direct_stream"]["engine_cpu_ms_per_request"]
-    out["engine_direct_stream"]["messages_per_answer_mean"] = round(statistics.fmean(messages), 2)
+    process = out["engine_direct_stream"]["engine_cpu_ms_per_request"]
+    mean_messages = statistics.fmean(messages)
+    out["engine_direct_stream"]["messages_per_answer_mean"] = round(mean_messages, 2)
+    sim = await asyncio.to_thread(engine_floor.sim_alone, SIM, gw_bench.PROMPT, tokens,
+                                  gw_bench.sampling(tokens).temperature, requests)
+    floor = await engine_floor.grpc_floor(round(mean_messages), requests)
+    wrapper = round(process - sim["cpu_ms_per_request"], 3)
+    out |= {"engine_process_cpu_ms_per_request": process, "sim_backend_alone": sim,
+            "engine_wrapper_cpu_ms_per_request": wrapper, "grpc_aio_floor": floor,
+            "engine_wrapper_above_grpc_floor_cpu_ms_per_request": round(wrapper - floor["cpu_ms_per_request"], 3)}
+    note(f"sim engine process {process:.3f} ms/req = sim alone {sim['cpu_ms_per_request']:.3f} + wrapper "
+         f"{wrapper:.3f}; bare grpc.aio at {floor['messages']} messages {floor['cpu_ms_per_request']:.3f} ms/req "
+         f"({floor['cpu_ms_one_message']:.3f} for one, {floor['cpu_ms_per_added_message']:.4f} a message more)")
     return out
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from llmesh.errors import ContextLengthExceeded, InvalidArgument, ModelNotFound
 from llmesh.types import Delta, Finish, FinishReason, Priority, Prompt, Sampling, Usage
@@ -21,43 +21,47 @@ from llmesh.engine.stops import StopMatcher
 class _Timing:
     """One request's timestamps, turned into vLLM's per-request metrics at the end."""
 
+    __slots__ = ("arrived", "started", "first", "last", "gaps")
+
     def __init__(self, arrived: float, started: float):
         self.arrived, self.started = arrived, started
         self.first: float | None = None
         self.last: float | None = None
-        self.finish: Finish | None = None
         self.gaps: list[float] = []
 
-    def saw(self, item: Delta | Finish) -> None:
+    def sent(self, tokens: int) -> None:
+        """A Delta with ``tokens`` tokens goes out now: one observation a step (as vLLM's),
+        its tokens sharing the gap since the previous one."""
         now = time.monotonic()
-        if isinstance(item, Finish):
-            self.finish = item
-            return
-        if item.tokens:
-            if self.first is None:
-                self.first = now
-            elif self.last is not None:  # one observation an item (a step, as vLLM's); its tokens share the gap
-                self.gaps.append((now - self.last) / item.tokens)
-            self.last = now
+        if self.first is None:
+            self.first = now
+        else:
+            self.gaps.append((now - self.last) / tokens)
+        self.last = now
 
-    def record(self, m: EngineMetrics) -> None:
-        if self.finish is None:
-            return
-        usage = self.finish.usage
+    def record(self, m: EngineMetrics, finish: Finish) -> None:
+        usage = finish.usage
         m.queue_time.observe(self.started - self.arrived)
         m.prompt_tokens.inc(usage.prompt_tokens)
         m.generation_tokens.inc(usage.completion_tokens)
         m.request_prompt_tokens.observe(usage.prompt_tokens)
         m.request_generation_tokens.observe(usage.completion_tokens)
-        m.success(self.finish.reason.value)
+        m.success(finish.reason.value)
         end = time.monotonic()
         m.e2e.observe(end - self.arrived)
         if self.first is not None:
             m.ttft.observe(self.first - self.arrived)
-            if usage.completion_tokens > 1 and self.last is not None:
+            if usage.completion_tokens > 1:
                 m.tpot.observe((self.last - self.first) / (usage.completion_tokens - 1))
+        itl = m.itl
         for gap in self.gaps:
-            m.itl.observe(gap)
+            itl.observe(gap)
+
+
+@dataclass(frozen=True, slots=True)
+class LastDelta(Delta):
+    """The answer's last Delta: only the Finish follows, with nothing awaited in between,
+    so a consumer may send the two together (one message fewer an answer)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,22 +109,54 @@ class EngineCore:
                 raise InvalidArgument(f"The {backend.name} backend cannot continue an answer.", param="continuation")
             answered = backend.tokenize_continuation(continuation)
             tokens = tokens + answered
-        params = replace(self._decode_params(backend, len(tokens), sampling, model, priority),
-                         continued_tokens=len(answered))
+        params = self._decode_params(backend, len(tokens), sampling, model, priority, len(answered))
         arrived = time.monotonic()
         key = id(backend)
         self._active[key] = self._active.get(key, 0) + 1
         self._by_name[model] = self._by_name.get(model, 0) + 1
         try:
-            async with (self.admission.slot(priority),
-                        aclosing(self._decode(backend, tokens, params, sampling.stop)) as items):
-                started = time.monotonic()
-                timing = _Timing(arrived, started)
-                async for item in items:
-                    timing.saw(item)
-                    yield item
+            async with self.admission.slot(priority):
+                timing = _Timing(arrived, time.monotonic())
+                # Decoding is inline (no generator of its own): one generator a message fewer.
+                matcher = StopMatcher(sampling.stop)
+                plain = not matcher.active and params.logprobs is None  # every piece is a str, final as it comes
+                produced = 0
+                steps = steps_of(backend, tokens, params)
+                try:
+                    async for pieces in steps:  # every piece ready now becomes one Delta
+                        if plain:
+                            produced += len(pieces)
+                            count = len(pieces) - pieces.count("")  # "": a character not complete yet
+                            ends = produced >= params.max_new_tokens
+                            if count:
+                                text = pieces[0] if len(pieces) == 1 else "".join(pieces)
+                                delta = LastDelta(text, count) if ends else Delta(text, count)
+                        else:
+                            delta, taken = self._delta(pieces, matcher)
+                            produced += taken
+                            count = delta is not None
+                            # with stop strings, a length end may still flush held-back text
+                            ends = matcher.stopped or (produced >= params.max_new_tokens and not matcher.active)
+                            if ends and count:
+                                delta = LastDelta(delta.text, delta.tokens, delta.logprobs)
+                        if count:
+                            timing.sent(delta.tokens)
+                            yield delta
+                        if matcher.stopped or produced >= params.max_new_tokens:
+                            break  # the backend has nothing more for this answer
+                finally:
+                    await steps.aclose()
+                if matcher.stopped:
+                    reason = FinishReason.STOP
+                else:
+                    rest = matcher.flush()
+                    if rest:
+                        yield Delta(text=rest, tokens=0)
+                    reason = FinishReason.LENGTH if produced >= params.max_new_tokens else FinishReason.STOP
+                finish = Finish(reason=reason, usage=Usage(prompt_tokens=len(tokens), completion_tokens=produced))
                 if self.metrics is not None:
-                    timing.record(self.metrics)
+                    timing.record(self.metrics, finish)
+                yield finish
         finally:
             self._active[key] -= 1
             if not self._active[key]:
@@ -129,45 +165,31 @@ class EngineCore:
             if not self._by_name[model]:
                 del self._by_name[model]
 
-    async def _decode(self, backend: Backend, tokens: list[int], params: DecodeParams, stop: tuple[str, ...]
-                      ) -> AsyncIterator[Delta | Finish]:
-        matcher = StopMatcher(stop)
-        produced = 0
-        steps = steps_of(backend, tokens, params)
-        try:
-            async for pieces in steps:  # every piece ready now becomes one Delta
-                texts: list[str] = []
-                logprobs: list = []
-                count = 0
-                for piece in pieces:
-                    produced += 1
-                    if isinstance(piece, Token):
-                        text = matcher.feed(piece.text)
-                        logprobs.append(piece.logprob)
-                        count += 1
-                    else:
-                        text = matcher.feed(piece)
-                        if text or matcher.stopped:
-                            count += 1
-                    if text:
-                        texts.append(text)
-                    if matcher.stopped:
-                        break
-                if count:
-                    yield Delta(text=texts[0] if len(texts) == 1 else "".join(texts), tokens=count,
-                                logprobs=tuple(logprobs))
-                if matcher.stopped:
-                    break
-        finally:
-            await steps.aclose()
-        if matcher.stopped:
-            reason = FinishReason.STOP
-        else:
-            rest = matcher.flush()
-            if rest:
-                yield Delta(text=rest, tokens=0)
-            reason = FinishReason.LENGTH if produced >= params.max_new_tokens else FinishReason.STOP
-        yield Finish(reason=reason, usage=Usage(prompt_tokens=len(tokens), completion_tokens=produced))
+    @staticmethod
+    def _delta(pieces: list, matcher: StopMatcher) -> tuple[Delta | None, int]:
+        """One step's pieces through the stop strings, with their logprobs: the Delta (None
+        when nothing became final) and the pieces taken, up to a stop string (``matcher.stopped``)."""
+        texts: list[str] = []
+        logprobs: list = []
+        count = taken = 0
+        for piece in pieces:
+            taken += 1
+            if isinstance(piece, Token):
+                text = matcher.feed(piece.text)
+                logprobs.append(piece.logprob)
+                count += 1
+            else:
+                text = matcher.feed(piece)
+                if text or matcher.stopped:
+                    count += 1
+            if text:
+                texts.append(text)
+            if matcher.stopped:
+                break
+        if not count:
+            return None, taken
+        return Delta(text=texts[0] if len(texts) == 1 else "".join(texts), tokens=count,
+                     logprobs=tuple(logprobs)), taken
 
     async def self_test(self, backend: Backend | None = None) -> tuple[bool, str, float]:
         """One greedy token from a tiny prompt, straight through the backend (no
@@ -206,7 +228,7 @@ class EngineCore:
                                   param="response_format")
 
     def _decode_params(self, backend: Backend, prompt_tokens: int, sampling: Sampling, adapter: str,
-                       priority: Priority) -> DecodeParams:
+                       priority: Priority, continued_tokens: int = 0) -> DecodeParams:
         ctx = backend.context_length
         room = ctx - prompt_tokens
         if room <= 0:
@@ -218,4 +240,4 @@ class EngineCore:
         return DecodeParams(max_new_tokens=sampling.max_tokens or room, temperature=temperature,
                             top_p=top_p, seed=sampling.seed, adapter=adapter if adapter != backend.model else None,
                             priority=priority, logprobs=sampling.logprobs,
-                            response_format=sampling.response_format)
+                            response_format=sampling.response_format, continued_tokens=continued_tokens)

@@ -64,9 +64,13 @@ class EngineMetrics:
         self.model = model
         for name, family in self._families.items():
             setattr(self, name, family.labels(model))
+        self._success_by_reason: dict[str, Counter] = {}  # this model's children, looked up once
 
     def success(self, finished_reason: str) -> None:
-        self._success.labels(self.model, finished_reason).inc()
+        child = self._success_by_reason.get(finished_reason)
+        if child is None:
+            child = self._success_by_reason[finished_reason] = self._success.labels(self.model, finished_reason)
+        child.inc()
 
     def refused(self, priority: Priority, reason: str) -> None:
         self._refused.labels(self.model, priority.name.lower(), reason).inc()

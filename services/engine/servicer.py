@@ -9,7 +9,7 @@ from opentelemetry import trace
 from llmesh.convert import finish_to_pb, logprobs_to_pb, priority_from_pb, prompt_from_pb, sampling_from_pb, usage_to_pb
 from llmesh.types import Delta
 from llmesh.v1 import engine_pb2, engine_pb2_grpc
-from llmesh.engine.core import EngineCore
+from llmesh.engine.core import EngineCore, LastDelta
 from llmesh.engine.lifecycle import LoadedModel, ModelLifecycle
 
 
@@ -26,27 +26,28 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         texts: list[str] = []
         logprobs: list = []
         tokens = 0
+        response = engine_pb2.GenerateResponse
         async with aclosing(items):
             async for item in items:
                 if isinstance(item, Delta):
-                    if whole:  # a non-streamed request: everything goes out with the finish
+                    if whole or type(item) is LastDelta:  # goes out with the finish: a whole answer, a last Delta
                         texts.append(item.text)
                         logprobs.extend(item.logprobs)
                         tokens += item.tokens
+                    elif item.logprobs:
+                        yield response(text=item.text, token_count=item.tokens, logprobs=logprobs_to_pb(item.logprobs))
                     else:
-                        yield engine_pb2.GenerateResponse(text=item.text, token_count=item.tokens,
-                                                          logprobs=logprobs_to_pb(item.logprobs)
-                                                          if item.logprobs else None)
+                        yield response(text=item.text, token_count=item.tokens)
                 else:
                     span = trace.get_current_span()  # the interceptor's server span
-                    span.set_attribute("gen_ai.request.model", request.model)
-                    span.set_attribute("gen_ai.usage.input_tokens", item.usage.prompt_tokens)
-                    span.set_attribute("gen_ai.usage.output_tokens", item.usage.completion_tokens)
-                    span.set_attribute("gen_ai.response.finish_reasons", [item.reason.value])
-                    yield engine_pb2.GenerateResponse(text="".join(texts), token_count=tokens,
-                                                      logprobs=logprobs_to_pb(tuple(logprobs)) if logprobs else None,
-                                                      finish_reason=finish_to_pb(item.reason),
-                                                      usage=usage_to_pb(item.usage))
+                    if span.is_recording():
+                        span.set_attribute("gen_ai.request.model", request.model)
+                        span.set_attribute("gen_ai.usage.input_tokens", item.usage.prompt_tokens)
+                        span.set_attribute("gen_ai.usage.output_tokens", item.usage.completion_tokens)
+                        span.set_attribute("gen_ai.response.finish_reasons", [item.reason.value])
+                    yield response(text="".join(texts), token_count=tokens,
+                                   logprobs=logprobs_to_pb(tuple(logprobs)) if logprobs else None,
+                                   finish_reason=finish_to_pb(item.reason), usage=usage_to_pb(item.usage))
 
     async def Tokenize(self, request, context):
         count = self._core.count_tokens(request.model, prompt_from_pb(request))

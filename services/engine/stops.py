@@ -11,6 +11,11 @@ class StopMatcher:
         self._pending = ""
         self.stopped = False
 
+    @property
+    def active(self) -> bool:
+        """Whether there is any stop string to look for (without one, feed returns its text)."""
+        return bool(self._stops)
+
     def feed(self, text: str) -> str:
         """Adds generated text; returns the part that is now final. After a stop
         string is seen, ``stopped`` is set and everything from it on is dropped."""

@@ -36,6 +36,9 @@ async def test_whole_answers_in_one_message_with_the_streamed_text():
             req.whole = True
             whole = [r async for r in stub.Generate(req, timeout=10)]
         assert len(streamed) > 2 and len(whole) == 1
+        # cut at max_tokens: the last text goes out with the finish, no message without text
+        assert streamed[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH
+        assert all(r.text and r.token_count for r in streamed) and sum(r.token_count for r in streamed) == 12
         one = whole[0]
         assert one.text == "".join(r.text for r in streamed) and one.token_count == 12
         assert [t.token for t in one.logprobs] == [t.token for r in streamed for t in r.logprobs]

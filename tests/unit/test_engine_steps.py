@@ -11,7 +11,7 @@ from llmesh.types import Delta, Finish, Prompt, Sampling
 from llmesh.engine.admission import Admission
 from llmesh.engine.backends.base import DecodeParams, steps_of
 from llmesh.engine.backends.sim import SimBackend, SimProfile
-from llmesh.engine.core import EngineCore
+from llmesh.engine.core import EngineCore, LastDelta
 
 
 def sim() -> SimBackend:
@@ -73,4 +73,24 @@ async def test_a_backend_without_steps_is_taken_one_piece_a_step():
     steps = [s async for s in steps_of(OneByOne(backend), backend.tokenize(Prompt(text="x")),
                                        DecodeParams(6, 0.0, 1.0, 0))]
     assert len(steps) == 6 and all(len(s) == 1 for s in steps)
+    await backend.close()
+
+
+async def test_the_last_delta_is_marked_when_only_the_finish_can_follow():
+    """max_tokens or a stop string ends the answer: its last Delta is a LastDelta (the engine
+    sends it with the Finish); an answer the backend ends itself ends with a plain Delta."""
+    backend = SimBackend("sim-t", 4096, SimProfile(decode_ms_base=0.0, output_tokens=10))
+    core = EngineCore(backend, Admission(4, 4))
+    for sampling in (Sampling(max_tokens=6, temperature=0.7, seed=3),
+                     Sampling(max_tokens=6, temperature=0.7, seed=3, logprobs=1)):
+        for slow in (False, True):
+            deltas, finish = await collect(core, sampling, slow=slow)
+            assert type(deltas[-1]) is LastDelta and not any(type(d) is LastDelta for d in deltas[:-1])
+            assert finish.reason.value == "length" and sum(d.tokens for d in deltas) == 6
+    text = "".join(d.text for d in (await collect(core, Sampling(max_tokens=6, temperature=0.7, seed=3), False))[0])
+    stopped, finish = await collect(core, Sampling(max_tokens=6, temperature=0.7, seed=3,
+                                                   stop=(" " + text.split(" ")[3],)), slow=False)
+    assert finish.reason.value == "stop" and type(stopped[-1]) is LastDelta
+    ended, finish = await collect(core, Sampling(max_tokens=20, temperature=0.7, seed=3), slow=False)
+    assert finish.usage.completion_tokens == 10 and type(ended[-1]) is Delta  # the sim's answer length
     await backend.close()

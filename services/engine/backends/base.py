@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
@@ -52,6 +53,7 @@ def steps_of(backend: Backend, tokens: list[int], params: DecodeParams) -> Async
     return _one_by_one(backend.stream(tokens, params))
 
 
+@functools.lru_cache(maxsize=64)  # asked on every request, of a handful of backend classes
 def _steps_are_current(cls: type) -> bool:
     """Whether ``stream_steps`` is defined, and not older than ``stream``: a subclass that
     overrides ``stream`` alone (a test's backend) is streamed through its own ``stream``."""

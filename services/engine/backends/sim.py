@@ -19,7 +19,7 @@ import math
 import random
 from collections import deque
 from collections.abc import AsyncIterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from llmesh.errors import InvalidArgument, NotFound
@@ -56,16 +56,26 @@ class SimProfile:
         return cls(**json.loads(path.read_text()))
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Seq:
     tokens: list[int]        # prompt, then each generated token
     params: DecodeParams
-    out: asyncio.Queue
     rng: random.Random
+    limit: int               # tokens it produces: max_new_tokens, capped by the profile's answer length
     blocks: int = 0          # reserved for prompt + answer
     uncached: int = 0
     produced: int = 0
     cancelled: bool = False
+    ready: list = field(default_factory=list)  # produced, not yet taken by its stream
+    waiter: asyncio.Future | None = None       # its stream, waiting for the next piece
+
+    def put(self, piece) -> None:
+        self.ready.append(piece)
+        waiter = self.waiter
+        if waiter is not None:
+            self.waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
 
 
 class SimBackend:
@@ -86,6 +96,7 @@ class SimBackend:
         self._reserved = 0
         self._work = asyncio.Event()
         self._loop_task: asyncio.Task | None = None
+        self._gone = False  # a stream has ended since the last step
         self.prefix_queries = 0
         self.prefix_hits = 0
         self._word_tokens = {w: sim_token(w) for w in _WORDS}
@@ -115,32 +126,33 @@ class SimBackend:
         that fell behind the steps takes the backlog in one go)."""
         if params.adapter is not None:
             raise NotFound(f"the sim backend serves no adapters; {params.adapter!r} is not loaded")
-        if any(not 0 <= t < VOCAB_SIZE for t in tokens):
+        if tokens and (min(tokens) < 0 or max(tokens) >= VOCAB_SIZE):
             raise InvalidArgument("the prompt holds token ids outside the vocabulary")
         seed = params.seed if params.seed is not None else 0
         rng = random.Random(hash((tuple(tokens), seed, params.temperature)))
-        seq = _Seq(list(tokens), params, asyncio.Queue(), rng)
-        seq.blocks = math.ceil((len(tokens) + min(params.max_new_tokens, self.profile.output_tokens))
-                               / self.profile.block_size)
+        seq = _Seq(list(tokens), params, rng, min(params.max_new_tokens, self.profile.output_tokens))
+        seq.blocks = math.ceil((len(tokens) + seq.limit) / self.profile.block_size)
         if seq.blocks > self.profile.kv_blocks:
             raise InvalidArgument(f"the request needs {seq.blocks} KV blocks; the engine has {self.profile.kv_blocks}")
         self._enqueue(seq)
         if self._loop_task is None or self._loop_task.done():
             self._loop_task = asyncio.create_task(self._run(), name="sim-steps")
         self._work.set()
-        out = seq.out
+        loop = asyncio.get_running_loop()
         try:
             while True:
-                pieces = [await out.get()]
-                while not out.empty():
-                    pieces.append(out.get_nowait())
-                if _END in pieces:
-                    if pieces[0] is not _END:
-                        yield pieces[:pieces.index(_END)]
+                if not seq.ready:
+                    seq.waiter = loop.create_future()
+                    await seq.waiter
+                pieces, seq.ready = seq.ready, []
+                if pieces[-1] is _END:  # nothing follows the end
+                    if len(pieces) > 1:
+                        yield pieces[:-1]
                     return
                 yield pieces
         finally:
             seq.cancelled = True
+            self._gone = True
 
     def _enqueue(self, seq: _Seq) -> None:
         """Behind every waiter of its priority class or a higher one, as the engine's queue orders them."""
@@ -179,31 +191,36 @@ class SimBackend:
         return joined
 
     async def _step(self) -> None:
-        for seq in [s for s in self._running if s.cancelled]:
-            self._leave(seq)
-        joined = self._admit()
-        if not self._running:
+        running = self._running
+        if self._gone:  # a stream ended: drop its sequence if it had not finished
+            self._gone = False
+            for seq in [s for s in running if s.cancelled]:
+                self._leave(seq)
+        joined = self._admit() if self._waiting else ()
+        if not running:
             if self._waiting:
                 await asyncio.sleep(self.profile.decode_ms_base / 1000.0)
             return
-        decoding = [s for s in self._running if s not in joined]
-        await asyncio.sleep(self.profile.step_s(len(decoding), sum(s.uncached for s in joined)))
-        for seq in list(self._running):
+        prefill = sum(s.uncached for s in joined) if joined else 0
+        await asyncio.sleep(self.profile.step_s(len(running) - len(joined), prefill))
+        block_size, word_tokens = self.profile.block_size, self._word_tokens
+        for seq in list(running):
             if seq.cancelled:
                 self._leave(seq)
                 continue
-            word = _WORDS[seq.rng.randrange(len(_WORDS))]
+            word = seq.rng.choice(_WORDS)  # the draw randrange(len(_WORDS)) makes, with less argument checking
             text = word if seq.produced == 0 and not seq.params.continues else " " + word
             if seq.params.logprobs is not None:
                 lp = -math.log(len(_WORDS))
                 top = tuple((w if text == word else " " + w, lp) for w in _WORDS[:seq.params.logprobs])
                 text = Token(text, TokenLogprob(text, lp, top))
-            seq.out.put_nowait(text)
+            seq.put(text)
             seq.produced += 1
-            seq.tokens.append(self._word_tokens[word])  # the answer joins the sequence's KV, as in an engine
-            self.kv_blocks.grow(seq, seq.tokens)
-            if seq.produced >= min(seq.params.max_new_tokens, self.profile.output_tokens):
-                seq.out.put_nowait(_END)
+            seq.tokens.append(word_tokens[word])  # the answer joins the sequence's KV, as in an engine
+            if len(seq.tokens) % block_size == 0:  # it completed a block
+                self.kv_blocks.grow(seq, seq.tokens)
+            if seq.produced >= seq.limit:
+                seq.put(_END)
                 self._leave(seq)
 
     def _leave(self, seq: _Seq) -> None:
@@ -217,4 +234,4 @@ class SimBackend:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._loop_task
         for seq in list(self._waiting) + self._running:
-            seq.out.put_nowait(_END)
+            seq.put(_END)
