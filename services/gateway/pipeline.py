@@ -286,7 +286,8 @@ class Pipeline:
             record.duration_ms = round((self._clock() - started) * 1000, 3)
             if entered:
                 self._background.spawn(self._finish(entered, ctx))
-            log.info("request", extra=record.log_fields())
+            if log.isEnabledFor(logging.INFO):  # the record's fields are built only for a log that is on
+                log.info("request", extra=record.log_fields())
             self._observe(record)
             end_span(span, record)
 
