@@ -178,8 +178,10 @@ class ProviderClients:
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:  # made in the running loop: an aiohttp session belongs to one
+            # Idle connections are dropped after 4 s, before the 5 s after which common servers (uvicorn,
+            # Node) close them: a request is not sent on a connection the provider is closing.
             self._session = aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar(),
-                                                  connector=aiohttp.TCPConnector(limit=100))
+                                                  connector=aiohttp.TCPConnector(limit=100, keepalive_timeout=4.0))
         return self._session
 
     def _target(self, base_url: str, path: str) -> tuple[URL, str | None]:
