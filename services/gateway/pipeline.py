@@ -154,7 +154,8 @@ class RouteStage:
         if not self._catalog.known(target) and config.provider_for(target) is None:
             raise ModelNotFound(req.model)
         prompt, sampling = apply_policy(req.prompt, req.sampling, policy)
-        ctx.req = replace(req, model=target, prompt=prompt, sampling=sampling)
+        if target != req.model or prompt is not req.prompt or sampling is not req.sampling:
+            ctx.req = replace(req, model=target, prompt=prompt, sampling=sampling)
         ctx.policy = policy
         ctx.record.model = target
 
