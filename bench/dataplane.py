@@ -58,9 +58,10 @@ def router_binary() -> str:
 
 
 def start_router(upstream: str) -> tuple[subprocess.Popen, str]:
-    port = free_ports(1)[0]
+    port, metrics_port = free_ports(2)  # its metrics exporter's default port (29000) may be taken by another run
     proc = subprocess.Popen([router_binary(), "--host", "127.0.0.1", "--port", str(port), "--worker-urls", upstream,
-                             "--policy", "round_robin", "--log-level", "warning"],
+                             "--policy", "round_robin", "--log-level", "warning",
+                             "--prometheus-port", str(metrics_port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
     if not wait_until(lambda: port_open(port) or proc.poll() is not None, 30) or proc.poll() is not None:
         terminate(proc, signal.SIGTERM, 5)
