@@ -232,8 +232,8 @@ class ProviderClients:
                         for choice in chunk.get("choices") or ():
                             delta = choice.get("delta") or {}
                             text = delta.get("content") or choice.get("text") or ""
-                            lps = _logprobs(choice)
-                            pieces = _tool_calls(delta)
+                            lps = _logprobs(choice) if choice.get("logprobs") else ()  # most events carry neither
+                            pieces = _tool_calls(delta) if delta.get("tool_calls") else ()
                             if text or lps or pieces:
                                 produced += 1
                                 tokens += max(1, len(lps))
