@@ -3,7 +3,8 @@
 - the gateway in front of an instant OpenAI-compatible server (bench.instant_openai),
   non-streamed and streamed (``--chunks`` chunks), one connection: gateway CPU per
   request and added p50, beside vLLM's Rust router (``vllm-router``, started here,
-  pointed at the same server) under the same load;
+  pointed at the same server) and the Python floor (bench.relay_floor: Python's HTTP
+  server and client with no logic) under the same load;
 - the gateway in front of a sim engine at 0 ms per step: gateway CPU per request
   (non-streamed and streamed), and the engine wrapper's own CPU per request;
 - added TTFT at 1, 32 and 256 streams and the gateway/direct throughput at 256,
@@ -35,6 +36,7 @@ from llmesh.v1 import engine_pb2_grpc
 from bench import gateway as gw_bench
 from bench import instant_openai
 from bench import provider as provider_bench
+from bench import relay_floor
 from bench.common import Sample, child_pid, cpu_seconds, drive, note, pct
 from bench.workers import gateway_workers
 
@@ -57,9 +59,10 @@ def router_binary() -> str:
 
 
 def start_router(upstream: str) -> tuple[subprocess.Popen, str]:
-    port = free_ports(1)[0]
+    port, metrics_port = free_ports(2)  # its metrics exporter's default port (29000) may be taken by another run
     proc = subprocess.Popen([router_binary(), "--host", "127.0.0.1", "--port", str(port), "--worker-urls", upstream,
-                             "--policy", "round_robin", "--log-level", "warning"],
+                             "--policy", "round_robin", "--log-level", "warning",
+                             "--prometheus-port", str(metrics_port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
     if not wait_until(lambda: port_open(port) or proc.poll() is not None, 30) or proc.poll() is not None:
         terminate(proc, signal.SIGTERM, 5)
@@ -79,18 +82,19 @@ async def timed(one, pids: dict[str, int], concurrency: int, requests: int) -> d
     return r
 
 
-async def fronts(direct: str, gateway: str, router: str, gw_pid: int, router_pid: int, requests: int,
-                 rounds: int) -> dict:
-    """The gateway and vllm-router, each alone in front of the same instant server, one
-    connection; ``rounds`` alternating rounds (the machine's load drifts), the median p50."""
+async def fronts(direct: str, gateway: str, router: str, floor: str, gw_pid: int, router_pid: int, floor_pid: int,
+                 requests: int, rounds: int) -> dict:
+    """The gateway, vllm-router and the Python floor (bench.relay_floor: Python's HTTP server
+    and client, no logic), each alone in front of the same instant server, one connection;
+    ``rounds`` alternating rounds (the machine's load drifts), the median p50."""
     out = {}
     targets = (("direct", direct, {}), ("gateway", gateway, {"gateway": gw_pid}),
-               ("vllm_router", router, {"router": router_pid}))
+               ("vllm_router", router, {"router": router_pid}), ("python_floor", floor, {"floor": floor_pid}))
     async with httpx.AsyncClient(timeout=60) as client:
         for stream in (False, True):
             runs: dict[str, list[dict]] = {name: [] for name, _, _ in targets}
             for k in range(rounds):
-                for name, url, pids in targets[k % 3:] + targets[:k % 3]:
+                for name, url, pids in targets[k % len(targets):] + targets[:k % len(targets)]:
                     runs[name].append(await timed(lambda i, u=url: provider_bench.call(client, u, stream), pids, 1,
                                                   max(requests // rounds, 1)))
             row = {}
@@ -102,16 +106,19 @@ async def fronts(direct: str, gateway: str, router: str, gw_pid: int, router_pid
                 for key in rs[0]:
                     if key.endswith("cpu_ms_per_request"):
                         row[name][key] = round(sum(r[key] * r["requests"] for r in rs) / max(n, 1), 3)
-            for name in ("gateway", "vllm_router"):
+            for name in ("gateway", "vllm_router", "python_floor"):
                 row[name]["added_ms_p50"] = round(row[name]["ms_p50"] - row["direct"]["ms_p50"], 3)
-            row["gateway_over_router_cpu"] = round(row["gateway"]["gateway_cpu_ms_per_request"]
-                                                   / max(row["vllm_router"]["router_cpu_ms_per_request"], 1e-3), 2)
+            gw_cpu = row["gateway"]["gateway_cpu_ms_per_request"]
+            router_cpu = max(row["vllm_router"]["router_cpu_ms_per_request"], 1e-3)
+            floor_cpu = max(row["python_floor"]["floor_cpu_ms_per_request"], 1e-3)
+            row["gateway_over_router_cpu"] = round(gw_cpu / router_cpu, 2)
+            row["gateway_over_floor_cpu"] = round(gw_cpu / floor_cpu, 2)  # the gateway's own work on top of Python's
+            row["floor_over_router_cpu"] = round(floor_cpu / router_cpu, 2)  # Python's HTTP stack against Rust's
             key = "stream" if stream else "plain"
             out[key] = row
-            note(f"{key:<6} gateway CPU {row['gateway']['gateway_cpu_ms_per_request']:.3f} ms/req, added p50 "
-                 f"{row['gateway']['added_ms_p50']:.2f} ms | vllm-router CPU "
-                 f"{row['vllm_router']['router_cpu_ms_per_request']:.3f} ms/req, added p50 "
-                 f"{row['vllm_router']['added_ms_p50']:.2f} ms")
+            note(f"{key:<6} gateway CPU {gw_cpu:.3f} ms/req, added p50 {row['gateway']['added_ms_p50']:.2f} ms | "
+                 f"vllm-router CPU {router_cpu:.3f} ms/req, added p50 {row['vllm_router']['added_ms_p50']:.2f} ms | "
+                 f"python floor CPU {floor_cpu:.3f} ms/req, added p50 {row['python_floor']['added_ms_p50']:.2f} ms")
     return out
 
 
@@ -198,11 +205,12 @@ async def many_streams(mesh: Mesh, streams: int, tokens: int) -> dict:
 
 
 def front_section(args, tmp: Path) -> dict:
-    with instant_openai.running(args.chunks) as base_url:
-        return _fronts_against(args, tmp, base_url)
+    with (instant_openai.running(args.chunks) as base_url,
+          relay_floor.running(base_url + "/chat/completions") as floor):
+        return _fronts_against(args, tmp, base_url, floor)
 
 
-def _fronts_against(args, tmp: Path, base_url: str) -> dict:
+def _fronts_against(args, tmp: Path, base_url: str, floor: tuple[str, int]) -> dict:
     router = None
     try:
         router, router_url = start_router(base_url.removesuffix("/v1"))
@@ -216,8 +224,8 @@ def _fronts_against(args, tmp: Path, base_url: str) -> dict:
         try:
             gw_pid = child_pid(mesh.proc.pid, "llmesh.gateway")
             out = {"fronts_c1": asyncio.run(fronts(base_url + "/chat/completions", mesh.layout.http_url
-                                                   + "/v1/chat/completions", router_url, gw_pid, router.pid,
-                                                   args.requests, args.rounds)),
+                                                   + "/v1/chat/completions", router_url, floor[0], gw_pid, router.pid,
+                                                   floor[1], args.requests, args.rounds)),
                    "sim_0ms_c1": asyncio.run(engine_cost(mesh, args.chunks, args.requests))}
         finally:
             mesh.stop(signal.SIGINT)

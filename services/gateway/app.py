@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import socket
@@ -172,6 +173,10 @@ class GatewayApp:
                 self._tasks[-1].result()  # re-raise the bind error
                 raise OSError(f"HTTP server did not start on {self.settings.http_host}:{self.settings.http_port}")
             await asyncio.sleep(0.01)
+        # What start-up built (protos, models, settings, clients) lives as long as the process: the cyclic
+        # collector stops walking it on every full collection (~20 us of a request's CPU).
+        gc.collect()
+        gc.freeze()
         log.info("gateway ready", extra={"http": f"{self.settings.http_host}:{self.settings.http_port}",
                                          "grpc": self.grpc.bound_address})
 

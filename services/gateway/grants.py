@@ -62,7 +62,8 @@ class AuthorizeStage:
                     reason="max_tokens_not_allowed", param="max_tokens")
             if sampling.max_tokens is None:
                 sampling = replace(sampling, max_tokens=grant.max_tokens)
-        ctx.req = replace(req, sampling=sampling, priority=grant.priority)
+        if sampling is not req.sampling or grant.priority != req.priority:  # a copy only for a change
+            ctx.req = replace(req, sampling=sampling, priority=grant.priority)
 
     async def finish(self, ctx: Context) -> None:
         pass

@@ -42,31 +42,41 @@ class GatewayMetrics:
         self.picks = Counter("llmesh_endpoint_picks", "Endpoint choices by routing policy.",
                              ("policy", "endpoint"), registry=registry)
 
+        # Labelled series by label values, looked up once: prometheus_client's labels() takes a lock and
+        # checks the values on every call. A series still appears only when a request first uses it.
+        self._series: dict[tuple, object] = {}
+
+    def _of(self, metric, *values: str):
+        key = (metric, *values)
+        series = self._series.get(key)
+        if series is None:
+            series = self._series[key] = metric.labels(*values)
+        return series
+
     def observe(self, r: RequestRecord) -> None:
         """Called once per request with the pipeline's record of it."""
-        model, tenant = r.model, r.tenant
-        self.requests.labels(model, tenant, r.status).inc()
-        self.e2e.labels(model).observe(r.duration_ms / 1000)
+        model, tenant, of = r.model, r.tenant, self._of
+        of(self.requests, model, tenant, r.status).inc()
+        of(self.e2e, model).observe(r.duration_ms / 1000)
         if r.cache in ("hit", "miss"):
-            self.cache.labels(r.cache).inc()
+            of(self.cache, r.cache).inc()
         if r.endpoint:
-            self.picks.labels(r.policy or "", r.endpoint).inc()
+            of(self.picks, r.policy or "", r.endpoint).inc()
         if r.reason in ("rate_limit_exceeded", "insufficient_quota"):
-            self.rate_limited.labels(tenant).inc()
+            of(self.rate_limited, tenant).inc()
         if r.retries:
-            self.retries.labels(model).inc(r.retries)
+            of(self.retries, model).inc(r.retries)
         if r.failovers:
-            self.failovers.labels(model).inc(r.failovers)
+            of(self.failovers, model).inc(r.failovers)
         if r.retry_budget_exhausted:
             self.retry_budget_exhausted.inc()
         if r.fallback and r.status == "ok":
-            self.fallbacks.labels(r.fallback).inc()
+            of(self.fallbacks, r.fallback).inc()
         if r.status != "ok":
             return
-        self.prompt_tokens.labels(model, tenant).inc(r.prompt_tokens)
-        self.generation_tokens.labels(model, tenant).inc(r.completion_tokens)
+        of(self.prompt_tokens, model, tenant).inc(r.prompt_tokens)
+        of(self.generation_tokens, model, tenant).inc(r.completion_tokens)
         if r.ttft_ms is not None:
-            self.ttft.labels(model).observe(r.ttft_ms / 1000)
+            of(self.ttft, model).observe(r.ttft_ms / 1000)
             if r.completion_tokens > 1:
-                self.tpot.labels(model).observe(
-                    (r.duration_ms - r.ttft_ms) / 1000 / (r.completion_tokens - 1))
+                of(self.tpot, model).observe((r.duration_ms - r.ttft_ms) / 1000 / (r.completion_tokens - 1))

@@ -154,7 +154,8 @@ class RouteStage:
         if not self._catalog.known(target) and config.provider_for(target) is None:
             raise ModelNotFound(req.model)
         prompt, sampling = apply_policy(req.prompt, req.sampling, policy)
-        ctx.req = replace(req, model=target, prompt=prompt, sampling=sampling)
+        if target != req.model or prompt is not req.prompt or sampling is not req.sampling:
+            ctx.req = replace(req, model=target, prompt=prompt, sampling=sampling)
         ctx.policy = policy
         ctx.record.model = target
 
@@ -286,7 +287,8 @@ class Pipeline:
             record.duration_ms = round((self._clock() - started) * 1000, 3)
             if entered:
                 self._background.spawn(self._finish(entered, ctx))
-            log.info("request", extra=record.log_fields())
+            if log.isEnabledFor(logging.INFO):  # the record's fields are built only for a log that is on
+                log.info("request", extra=record.log_fields())
             self._observe(record)
             end_span(span, record)
 

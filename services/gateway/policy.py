@@ -30,11 +30,11 @@ def route(model: str, config: MeshConfig, key: str) -> tuple[str, ModelPolicy]:
 
 def apply_policy(prompt: Prompt, sampling: Sampling, policy: ModelPolicy) -> tuple[Prompt, Sampling]:
     gen = policy.generation
-    sampling = replace(
-        sampling,
-        temperature=sampling.temperature if sampling.temperature is not None else gen.temperature,
-        top_p=sampling.top_p if sampling.top_p is not None else gen.top_p,
-        max_tokens=sampling.max_tokens if sampling.max_tokens is not None else gen.max_tokens)
+    temperature = sampling.temperature if sampling.temperature is not None else gen.temperature
+    top_p = sampling.top_p if sampling.top_p is not None else gen.top_p
+    max_tokens = sampling.max_tokens if sampling.max_tokens is not None else gen.max_tokens
+    if (temperature, top_p, max_tokens) != (sampling.temperature, sampling.top_p, sampling.max_tokens):
+        sampling = replace(sampling, temperature=temperature, top_p=top_p, max_tokens=max_tokens)
     if policy.system_prompt and prompt.messages is not None and not any(
             m.role == "system" for m in prompt.messages):
         prompt = Prompt(messages=(Message("system", policy.system_prompt), *prompt.messages))

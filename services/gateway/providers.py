@@ -5,11 +5,13 @@ The API key is read when a call is made, from the environment or a secret file."
 from __future__ import annotations
 
 import os
+import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import httpx
+import aiohttp
 import orjson
+from yarl import URL
 
 from llmesh.errors import DeadlineExceeded, Internal, InvalidArgument, LlmeshError, Overloaded, Unavailable
 from llmesh.liveconfig.schema import Provider
@@ -162,8 +164,36 @@ class _Events:
 
 
 class ProviderClients:
-    def __init__(self) -> None:
-        self._http = httpx.AsyncClient(http2=False, timeout=None)
+    """One aiohttp session, so one connection pool, for every provider: connections are
+    kept and reused between calls. A call's ``timeout_s`` is its deadline, the whole call
+    included (connecting, sending, every read). Cancelling a call (a client that went
+    away) closes its connection, so the provider stops generating. Cookies are never kept
+    (one tenant's would reach another's calls); an HTTP(S)_PROXY / NO_PROXY in the
+    environment is read once, when the clients are made."""
+
+    def __init__(self, proxies: dict[str, str] | None = None) -> None:
+        self._session: aiohttp.ClientSession | None = None
+        self._proxies = urllib.request.getproxies_environment() if proxies is None else proxies
+        self._targets: dict[tuple[str, str], tuple[URL, str | None]] = {}
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None:  # made in the running loop: an aiohttp session belongs to one
+            # Idle connections are dropped after 4 s, before the 5 s after which common servers (uvicorn,
+            # Node) close them: a request is not sent on a connection the provider is closing.
+            self._session = aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar(),
+                                                  connector=aiohttp.TCPConnector(limit=100, keepalive_timeout=4.0))
+        return self._session
+
+    def _target(self, base_url: str, path: str) -> tuple[URL, str | None]:
+        """The URL to call and the proxy to reach it through, worked out once per provider."""
+        found = self._targets.get((base_url, path))
+        if found is None:
+            url = URL(base_url.rstrip("/") + path)
+            proxy = self._proxies.get(url.scheme) or self._proxies.get("all")
+            if proxy and url.host and urllib.request.proxy_bypass_environment(url.host, self._proxies):
+                proxy = None
+            found = self._targets[(base_url, path)] = (url, proxy or None)
+        return found
 
     async def generate(self, provider: Provider, remote_model: str, req: CompletionRequest, timeout_s: float
                        ) -> AsyncIterator[Delta | Finish]:
@@ -172,19 +202,21 @@ class ProviderClients:
         key = api_key(provider)
         if key:
             headers["authorization"] = f"Bearer {key}"
-        reason, usage, produced = FinishReason.STOP, None, 0
+        url, proxy = self._target(provider.base_url, path)
+        timeout = aiohttp.ClientTimeout(total=timeout_s)
         if not body.get("stream"):
-            async for item in self._whole(provider.base_url.rstrip("/") + path, body, headers, timeout_s):
+            async for item in self._whole(url, proxy, body, headers, timeout):
                 yield item
             return
+        reason, usage, produced = FinishReason.STOP, None, 0
         try:
-            async with self._http.stream("POST", provider.base_url.rstrip("/") + path, content=orjson.dumps(body),
-                                         headers=headers, timeout=timeout_s) as resp:
-                if resp.status_code != 200:
-                    raise error_for_status(resp.status_code, await resp.aread())
+            async with self._client().post(url, data=orjson.dumps(body), headers=headers, timeout=timeout,
+                                           proxy=proxy) as resp:
+                if resp.status != 200:
+                    raise error_for_status(resp.status, await resp.read())
                 events = _Events()
                 # Every event one read brought becomes one Delta; reading to the end returns the connection to the pool.
-                async for raw in resp.aiter_bytes():
+                async for raw in resp.content.iter_any():
                     texts: list[str] = []
                     logprobs: list[TokenLogprob] = []
                     calls: list[ToolCall] = []
@@ -200,8 +232,8 @@ class ProviderClients:
                         for choice in chunk.get("choices") or ():
                             delta = choice.get("delta") or {}
                             text = delta.get("content") or choice.get("text") or ""
-                            lps = _logprobs(choice)
-                            pieces = _tool_calls(delta)
+                            lps = _logprobs(choice) if choice.get("logprobs") else ()  # most events carry neither
+                            pieces = _tool_calls(delta) if delta.get("tool_calls") else ()
                             if text or lps or pieces:
                                 produced += 1
                                 tokens += max(1, len(lps))
@@ -212,30 +244,33 @@ class ProviderClients:
                                 reason = FINISH.get(choice["finish_reason"], FinishReason.STOP)
                     if tokens:
                         yield Delta(text="".join(texts), tokens=tokens, logprobs=tuple(logprobs), tool_calls=tuple(calls))
-        except httpx.TimeoutException:
+        except TimeoutError:
             raise DeadlineExceeded() from None
-        except httpx.HTTPError as exc:
+        except aiohttp.ClientError as exc:
             raise Unavailable(f"The provider cannot be reached: {type(exc).__name__}.", reason="provider_error") from None
         except orjson.JSONDecodeError:
             raise Internal("The provider sent a malformed stream.", reason="provider_error") from None
         yield Finish(reason=reason, usage=usage or Usage(0, produced))
 
-    async def _whole(self, url: str, body: dict, headers: dict, timeout_s: float) -> AsyncIterator[Delta | Finish]:
+    async def _whole(self, url: URL, proxy: str | None, body: dict, headers: dict, timeout: aiohttp.ClientTimeout
+                     ) -> AsyncIterator[Delta | Finish]:
         """A non-streamed call: the answer in one body, as one Delta and the Finish."""
         try:
-            resp = await self._http.post(url, content=orjson.dumps(body), headers=headers, timeout=timeout_s)
-            if resp.status_code != 200:
-                raise error_for_status(resp.status_code, resp.content)
-            answer = orjson.loads(resp.content)
+            async with self._client().post(url, data=orjson.dumps(body), headers=headers, timeout=timeout,
+                                           proxy=proxy) as resp:
+                content = await resp.read()
+                if resp.status != 200:
+                    raise error_for_status(resp.status, content)
+            answer = orjson.loads(content)
             choice = (answer.get("choices") or [{}])[0]
             message = choice.get("message") or {}
             text = message.get("content") or choice.get("text") or ""
             logprobs = _logprobs(choice)
             calls = _tool_calls(message)
             u = answer.get("usage") or {}
-        except httpx.TimeoutException:
+        except TimeoutError:
             raise DeadlineExceeded() from None
-        except httpx.HTTPError as exc:
+        except aiohttp.ClientError as exc:
             raise Unavailable(f"The provider cannot be reached: {type(exc).__name__}.", reason="provider_error") from None
         except (orjson.JSONDecodeError, AttributeError, IndexError, TypeError):
             raise Internal("The provider sent a malformed answer.", reason="provider_error") from None
@@ -246,4 +281,5 @@ class ProviderClients:
         yield Finish(reason=reason, usage=Usage(u.get("prompt_tokens", 0), completion))
 
     async def close(self) -> None:
-        await self._http.aclose()
+        if self._session is not None:
+            await self._session.close()

@@ -12,7 +12,9 @@ Regular expressions over a whole prompt are slow in Python (~0.1-1 ms per rule f
 rule's expression is only tried where a match could begin: at each occurrence of one of its start
 words, and only when the words it needs are in the text. Plain ASCII words are looked up in the
 set of the text's words (one split); other terms (Chinese phrases, ``<|``) are substring tests,
-skipped for Chinese when the text is ASCII. Benign text costs one split and some set lookups.
+skipped for Chinese when the text is ASCII. Only rules with a start term in the text are looked
+at (one set intersection with every rule's start words), so benign text costs one split, that
+intersection and a few substring tests (~5 us for a short message, not ~50 us rule by rule).
 """
 
 from __future__ import annotations
@@ -144,6 +146,9 @@ class Verdict:
         return self.action != "allow"
 
 
+_CLEAN = Verdict(0.0, (), "allow")
+
+
 class InjectionScreen:
     """``check(messages)`` screens the contents of the roles a caller writes (user and tool output
     by default: a client's own system prompt is its business)."""
@@ -161,6 +166,15 @@ class InjectionScreen:
                         tuple(_terms(group) for group in r.needs), r.line_start) for r in rules]
         self._weights = {r.name: r.weight for r in rules}
         self._weights[_ENCODED] = _ENCODED_WEIGHT
+        # Which rules a start term can trigger: a rule is tried only when one of its starts is in the
+        # text, so one set intersection (words) and a few substring tests pick the rules to try.
+        self._by_word: dict[str, list[int]] = {}
+        self._by_substring: dict[str, list[int]] = {}
+        for i, (_, _, starts, _, _) in enumerate(self._rules):
+            for term, is_word in starts:
+                (self._by_word if is_word else self._by_substring).setdefault(term, []).append(i)
+        self._start_words = frozenset(self._by_word)
+        self._ascii_substrings = tuple((t, ids) for t, ids in self._by_substring.items() if t.isascii())
 
     def check(self, messages: Sequence[Message]) -> Verdict:
         matched: set[str] = set()
@@ -176,6 +190,8 @@ class InjectionScreen:
         return self._verdict(matched)
 
     def _verdict(self, matched: set[str]) -> Verdict:
+        if not matched:
+            return _CLEAN
         miss = 1.0
         for name in matched:  # encoded:<rule> names only explain encoded_instructions; no weight of their own
             miss *= 1.0 - self._weights.get(name, 0.0)
@@ -191,7 +207,12 @@ class InjectionScreen:
         def present(term: str, is_word: bool) -> bool:
             return term in words if is_word else (not ascii_only or term.isascii()) and term in lowered
 
-        for name, pattern, starts, needs, line_start in self._rules:
+        candidates = [i for w in self._start_words.intersection(words) for i in self._by_word[w]]
+        for term, ids in self._ascii_substrings if ascii_only else self._by_substring.items():
+            if term in lowered:
+                candidates.extend(ids)
+        for i in sorted(set(candidates)):  # in the rules' order; benign text mostly has none
+            name, pattern, starts, needs, line_start = self._rules[i]
             if name in matched or not all(any(present(*t) for t in group) for group in needs):
                 continue
             if aligned:

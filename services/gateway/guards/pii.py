@@ -427,8 +427,8 @@ class PiiMasker:
             placeholders = Placeholders()
             placeholders.reserve(m.content for m in messages)
         counts: Counter[str] = Counter()
-        out = tuple(m if not m.content else replace(m, content=self.mask_part(m.content, placeholders, counts)[0])
-                    for m in messages)  # a message's tool calls and call id are kept
+        out = tuple(m if not m.content or (masked := self.mask_part(m.content, placeholders, counts)[0]) is m.content
+                    else replace(m, content=masked) for m in messages)  # a message's tool calls and call id are kept
         return MaskedChat(out, dict(placeholders.found), counts, placeholders)
 
     def mask_part(self, text: str, placeholders: Placeholders, counts: Counter[str]) -> tuple[str, str | None]:

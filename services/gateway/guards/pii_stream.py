@@ -2,10 +2,12 @@
 
 - :class:`StreamMasker` masks PII that the model writes (the same rules as on the prompt). It holds
   back only what could still become part of a match: the trailing run of characters that can
-  occur inside PII (ASCII letters, digits, ``@._%+-:()/=``), plus the number groups before it
+  occur inside PII or at its edge (ASCII letters, digits, ``@._%+-:()/``), plus the number groups before it
   when it starts like a number (``+1 415 555 2671`` arrives in pieces), at most ``max_hold``
   characters. Whitespace, other punctuation and non-ASCII text (Chinese included) end a run, so
-  prose and Chinese answers stream with at most one word held. A run longer than ``max_hold`` is
+  prose and Chinese answers stream with at most one word held. That word cannot be given out
+  sooner: by the e-mail rule every ASCII word may be the start of an address (``alpha`` then
+  ``@example.com``), so releasing it would leak the local part. A run longer than ``max_hold`` is
   released masked as it stands; if a match ran to its end, the rest of that run is swallowed
   into the same placeholder. A PEM private key is replaced by one placeholder as soon as its
   ``-----BEGIN ... PRIVATE KEY-----`` line is complete, and everything up to its END line is
@@ -28,8 +30,13 @@ from collections.abc import Mapping
 
 from llmesh.gateway.guards.pii import LABELS, PiiKind, PiiMasker, Placeholders, restore
 
-_TOKEN_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789@._%+-:()/="
+# Characters a match of a rule (the PEM block aside) can hold, or that its boundary checks look at
+# ("/" in ``2024/01``): a run of them at the end may still grow into PII, so it is held. "=" is in
+# no rule, so it ends a run like a space: "x=" is released at once (tests derive this set from
+# the rules' expressions).
+_TOKEN_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789@._%+-:()/"
 _NUMBERISH = re.compile(r"[+(]?[0-9][0-9().\-]*|[+(]", re.ASCII)
+_NUMBERISH_TAIL = re.compile(r"(?:[+(]?[0-9][0-9().\-]*|[+(])\Z", re.ASCII)  # the longest such end of a run
 _PEM_BEGIN = re.compile(r"-----BEGIN[A-Z0-9 ]{0,40}PRIVATE KEY-----")
 _PEM_END = re.compile(r"-----END[A-Z0-9 ]{0,40}PRIVATE KEY-----")
 _BEGIN = "-----BEGIN"
@@ -127,9 +134,14 @@ class StreamMasker:
             return self._pem_cut(buf, i)                     # the number groups before it
         while i > 1 and buf[i - 1] == " ":  # number groups: +1 415 555 ...
             s = len(buf[:i - 1].rstrip(_TOKEN_CHARS))
-            if s == i - 1 or not _NUMBERISH.fullmatch(buf, s, i - 1):
+            # A number that may start in the run before ("(+1", "tel:+1", "2001" of an address) and go on
+            # into the held text holds that run whole; a run that starts like a number may itself continue
+            # one from the groups before it.
+            if s == i - 1 or _NUMBERISH_TAIL.search(buf, s, i - 1) is None:
                 break
             i = s
+            if not _NUMBERISH.match(buf, s):
+                break
         return self._pem_cut(buf, i)
 
     def _pem_cut(self, buf: str, cut: int) -> int:
