@@ -11,12 +11,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
 import tempfile
 import time
 from pathlib import Path
 
+import aiohttp
 import httpx
+import orjson
 
 from llmesh.rpc.channels import insecure_channel
 from llmesh.testing import Mesh, free_layout
@@ -63,7 +66,41 @@ async def gateway_http_call(client: httpx.AsyncClient, url: str, tokens: int) ->
     return await sse_call(client, url, body)
 
 
-async def client_floor(channel, http: httpx.AsyncClient, base_url: str, n: int = 200) -> dict:
+def sse_session(connections: int, timeout_s: float = 60) -> aiohttp.ClientSession:
+    """The load runs' HTTP client. aiohttp, not httpx: httpx spent ~4 ms of the bench's
+    own CPU a streamed request (~0.4 ms here), and its pool slows down with hundreds of
+    connections; on a shared 2-core machine that CPU was taken from the gateway and the
+    256-stream HTTP figure measured the client (``client_cpu_ms_per_request``)."""
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=connections),
+                                 timeout=aiohttp.ClientTimeout(total=timeout_s))
+
+
+def chat_body(tokens: int) -> bytes:
+    return orjson.dumps({"model": MODEL, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": tokens,
+                         "temperature": 0.7, "stream": True, "stream_options": {"include_usage": True}})
+
+
+async def gateway_sse_call(session: aiohttp.ClientSession, url: str, body: bytes) -> Sample:
+    """One streamed chat completion over aiohttp: time to the first content, total
+    time, the usage chunk's completion tokens (every chunk parsed, like sse_call)."""
+    start = time.perf_counter()
+    ttft, chunks, tokens = None, 0, None
+    async with session.post(url, data=body, headers={"content-type": "application/json"}) as resp:
+        resp.raise_for_status()
+        async for line in resp.content:
+            if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
+                continue
+            chunk = orjson.loads(line[6:])
+            if ttft is None and chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+                ttft = time.perf_counter() - start
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+            chunks += 1
+    total = time.perf_counter() - start
+    return Sample(total if ttft is None else ttft, total, chunks if tokens is None else tokens)
+
+
+async def client_floor(channel, http: aiohttp.ClientSession, base_url: str, n: int = 200) -> dict:
     """What one round trip costs the two client stacks against the same gateway
     process doing almost nothing (gRPC health check, GET /healthz): the part of
     gateway_http's added TTFT that is the HTTP client's, not the gateway's."""
@@ -71,8 +108,12 @@ async def client_floor(channel, http: httpx.AsyncClient, base_url: str, n: int =
 
     stub = health_pb2_grpc.HealthStub(channel)
     out = {}
+    async def healthz() -> None:
+        async with http.get(base_url + "/healthz") as resp:
+            await resp.read()
+
     for name, call in (("grpc_ms_p50", lambda: stub.Check(health_pb2.HealthCheckRequest(), timeout=5)),
-                       ("http_ms_p50", lambda: http.get(base_url + "/healthz"))):
+                       ("http_ms_p50", healthz)):
         times = []
         for _ in range(n):
             t = time.perf_counter()
@@ -84,18 +125,23 @@ async def client_floor(channel, http: httpx.AsyncClient, base_url: str, n: int =
 
 
 async def measure(mesh: Mesh, levels: list[int], counts: list[int], tokens: int, paths: list[str]) -> dict:
-    gw_pid = child_pid(mesh.proc.pid, "llmesh.gateway")
+    """Every path at every level. Each path's run also gives the CPU per request of the
+    gateway, the engine and this bench process itself (its client stack: the direct
+    and gateway gRPC paths use the same one, one channel each, so they pay the same)."""
+    pids = {"gateway": child_pid(mesh.proc.pid, "llmesh.gateway"),
+            "engine": child_pid(mesh.proc.pid, "llmesh.engine"), "client": os.getpid()}
     out: dict = {}
+    body = chat_body(tokens)
     async with insecure_channel(mesh.layout.engine_address(0)) as ech, \
             insecure_channel(mesh.layout.address("gateway")) as gch, \
-            httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=1024)) as http:
+            sse_session(max(levels) + 16) as http:
         engine = engine_pb2_grpc.EngineStub(ech)
         gateway = gateway_pb2_grpc.GatewayStub(gch)
         url = mesh.layout.http_url + "/v1/chat/completions"
         calls = {
             "engine_grpc": lambda i: engine_call(engine, tokens),
             "gateway_grpc": lambda i: gateway_grpc_call(gateway, tokens),
-            "gateway_http": lambda i: gateway_http_call(http, url, tokens),
+            "gateway_http": lambda i: gateway_sse_call(http, url, body),
         }
         for name in paths:  # warm every path's connections and code
             await drive(calls[name], 4, 20)
@@ -103,12 +149,15 @@ async def measure(mesh: Mesh, levels: list[int], counts: list[int], tokens: int,
         for level, count in zip(levels, counts):
             row = {}
             for name in paths:
-                cpu0 = cpu_seconds(gw_pid)
-                row[name] = await drive(calls[name], level, count)
-                row[name]["gateway_cpu_ms_per_request"] = round(
-                    (cpu_seconds(gw_pid) - cpu0) * 1000 / max(row[name]["requests"], 1), 3)
-                note(f"c={level:<4} {name:<13} ttft p50 {row[name]['ttft_ms_p50']:.2f} ms  "
-                     f"p99 {row[name]['ttft_ms_p99']:.2f} ms  {row[name]['tokens_per_s']:.0f} tok/s")
+                await drive(calls[name], level, min(level, count))  # open this level's connections
+                cpu0 = {who: cpu_seconds(pid) for who, pid in pids.items()}
+                row[name] = r = await drive(calls[name], level, count)
+                for who, pid in pids.items():
+                    r[f"{who}_cpu_ms_per_request"] = round((cpu_seconds(pid) - cpu0[who]) * 1000
+                                                           / max(r["requests"], 1), 3)
+                note(f"c={level:<4} {name:<13} ttft p50 {r['ttft_ms_p50']:.2f} ms  p99 {r['ttft_ms_p99']:.2f} ms  "
+                     f"{r['tokens_per_s']:.0f} tok/s  CPU ms/req: client {r['client_cpu_ms_per_request']:.2f} "
+                     f"gateway {r['gateway_cpu_ms_per_request']:.2f} engine {r['engine_cpu_ms_per_request']:.2f}")
             base = row.get("engine_grpc")
             if base:
                 for name in paths:
