@@ -231,16 +231,17 @@ def load_section(args, tmp: Path) -> dict:
     try:
         levels = [int(x) for x in args.levels.split(",")]
         counts = [int(x) for x in args.level_requests.split(",")]
-        ttft = asyncio.run(gw_bench.measure(mesh, levels, counts, args.tokens,
-                                            ["engine_grpc", "gateway_grpc", "gateway_http"]))
+        # relay_grpc: the floor, a bare grpcio-aio relay in front of the same engine (bench.grpc_relay).
+        hops = ("relay_grpc", "gateway_grpc", "gateway_http")
+        ttft = asyncio.run(gw_bench.measure(mesh, levels, counts, args.tokens, ["engine_grpc", *hops]))
         summary = {}
         for level in levels:
             row = ttft[f"c{level}"]
-            summary[f"c{level}"] = {f"{path}_added_ttft_ms_p50": row[path]["added_ttft_ms_p50"]
-                                    for path in ("gateway_grpc", "gateway_http")}
+            summary[f"c{level}"] = {f"{path}_added_ttft_ms_p50": row[path]["added_ttft_ms_p50"] for path in hops}
             summary[f"c{level}"] |= {f"{path}_throughput_ratio": round(row[path]["tokens_per_s"]
                                                                         / row["engine_grpc"]["tokens_per_s"], 3)
-                                     for path in ("gateway_grpc", "gateway_http")}
+                                     for path in hops}
+            summary[f"c{level}"]["relay_grpc_relay_cpu_ms_per_request"] = row["relay_grpc"]["relay_cpu_ms_per_request"]
             # The bench's own CPU per request: when it nears the gateway's, the figure measures the client.
             summary[f"c{level}"] |= {f"{path}_client_cpu_ms_per_request": row[path]["client_cpu_ms_per_request"]
                                      for path in ("engine_grpc", "gateway_grpc", "gateway_http")}

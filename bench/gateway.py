@@ -22,8 +22,9 @@ import httpx
 import orjson
 
 from llmesh.rpc.channels import insecure_channel
-from llmesh.testing import Mesh, free_layout
+from llmesh.testing import Mesh, free_layout, free_ports, terminate
 from llmesh.v1 import common_pb2, engine_pb2, engine_pb2_grpc, gateway_pb2, gateway_pb2_grpc
+from bench import grpc_relay
 from bench.common import Sample, child_pid, cpu_seconds, drive, note, sse_call
 
 MODEL = "sim-small"
@@ -130,16 +131,33 @@ async def measure(mesh: Mesh, levels: list[int], counts: list[int], tokens: int,
     and gateway gRPC paths use the same one, one channel each, so they pay the same)."""
     pids = {"gateway": child_pid(mesh.proc.pid, "llmesh.gateway"),
             "engine": child_pid(mesh.proc.pid, "llmesh.engine"), "client": os.getpid()}
+    relay = relay_address = None
+    if "relay_grpc" in paths:  # the floor: a bare grpcio-aio relay in front of the same engine
+        port = free_ports(1)[0]
+        relay, relay_address = grpc_relay.start(port, mesh.layout.engine_address(0)), f"127.0.0.1:{port}"
+        pids["relay"] = relay.pid
+    try:
+        return await _measure(mesh, levels, counts, tokens, paths, pids, relay_address)
+    finally:
+        if relay is not None:
+            terminate(relay, signal.SIGTERM, 5)
+
+
+async def _measure(mesh: Mesh, levels: list[int], counts: list[int], tokens: int, paths: list[str],
+                   pids: dict[str, int], relay_address: str | None) -> dict:
     out: dict = {}
     body = chat_body(tokens)
     async with insecure_channel(mesh.layout.engine_address(0)) as ech, \
             insecure_channel(mesh.layout.address("gateway")) as gch, \
+            insecure_channel(relay_address or mesh.layout.engine_address(0)) as rch, \
             sse_session(max(levels) + 16) as http:
         engine = engine_pb2_grpc.EngineStub(ech)
         gateway = gateway_pb2_grpc.GatewayStub(gch)
+        relay = engine_pb2_grpc.EngineStub(rch)
         url = mesh.layout.http_url + "/v1/chat/completions"
         calls = {
             "engine_grpc": lambda i: engine_call(engine, tokens),
+            "relay_grpc": lambda i: engine_call(relay, tokens),
             "gateway_grpc": lambda i: gateway_grpc_call(gateway, tokens),
             "gateway_http": lambda i: gateway_sse_call(http, url, body),
         }
@@ -156,8 +174,8 @@ async def measure(mesh: Mesh, levels: list[int], counts: list[int], tokens: int,
                     r[f"{who}_cpu_ms_per_request"] = round((cpu_seconds(pid) - cpu0[who]) * 1000
                                                            / max(r["requests"], 1), 3)
                 note(f"c={level:<4} {name:<13} ttft p50 {r['ttft_ms_p50']:.2f} ms  p99 {r['ttft_ms_p99']:.2f} ms  "
-                     f"{r['tokens_per_s']:.0f} tok/s  CPU ms/req: client {r['client_cpu_ms_per_request']:.2f} "
-                     f"gateway {r['gateway_cpu_ms_per_request']:.2f} engine {r['engine_cpu_ms_per_request']:.2f}")
+                     f"{r['tokens_per_s']:.0f} tok/s  CPU ms/req: " + " ".join(
+                         f"{who} {r[f'{who}_cpu_ms_per_request']:.2f}" for who in pids))
             base = row.get("engine_grpc")
             if base:
                 for name in paths:
@@ -176,7 +194,7 @@ def main() -> None:
     parser.add_argument("--decode-ms", type=float, default=25.0,
                         help="sim time per decode step (25 ms: ~40 tok/s a stream, a loaded GPU)")
     parser.add_argument("--prefill-ms", type=float, default=1.0, help="sim prefill time per prompt token")
-    parser.add_argument("--paths", default="engine_grpc,gateway_grpc,gateway_http")
+    parser.add_argument("--paths", default="engine_grpc,relay_grpc,gateway_grpc,gateway_http")
     args = parser.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     counts = [int(x) for x in args.requests.split(",")]
