@@ -47,6 +47,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
 
         def message(index: int, item: Delta | Finish) -> gateway_pb2.ChatResponse:
             if isinstance(item, Delta):
+                if not (item.logprobs or item.tool_calls):  # a token's message: a third of the cost
+                    return gateway_pb2.ChatResponse(id=chat_id, index=index, text=item.text)
                 return gateway_pb2.ChatResponse(id=chat_id, index=index, text=item.text,
                                                 logprobs=logprobs_to_pb(item.logprobs),
                                                 tool_calls=tool_calls_to_pb(item.tool_calls))
@@ -66,6 +68,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
 
         def message(index: int, item: Delta | Finish) -> gateway_pb2.CompleteResponse:
             if isinstance(item, Delta):
+                if not item.logprobs:
+                    return gateway_pb2.CompleteResponse(id=cmpl_id, index=index, text=item.text)
                 return gateway_pb2.CompleteResponse(id=cmpl_id, index=index, text=item.text,
                                                     logprobs=logprobs_to_pb(item.logprobs))
             return gateway_pb2.CompleteResponse(id=cmpl_id, index=index, finish_reason=finish_to_pb(item.reason),
