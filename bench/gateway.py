@@ -1,7 +1,16 @@
 """The mesh's own overhead: identical streamed requests sent straight to a sim
-engine over gRPC, and through the gateway (gRPC and OpenAI HTTP/SSE), at several
-concurrencies. The sim engine makes every token take the same time, so the
+engine over gRPC, through a bare grpcio-aio relay (bench.grpc_relay: the floor of a
+Python streaming hop), and through the gateway (gRPC and OpenAI HTTP/SSE), at
+several concurrencies. The sim engine makes every token take the same time, so the
 difference is what the gateway adds.
+
+Every process shares the machine's cores, the bench's own client included, so each
+run also gives the CPU per request of the gateway, the engine, the relay and this
+process. The streams run in a closed loop with answers of one length: they finish
+on the same decode step and their next requests reach the gateway together, so at
+32 and 256 streams the added TTFT is mostly the gateway's per-request CPU times the
+burst, rounded up to whole decode steps (a request that reaches the engine after a
+step began waits for the next one).
 
     python -m bench.gateway [--levels 1,32,256] [--requests 100,640,1280]
 """
