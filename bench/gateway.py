@@ -22,6 +22,7 @@ import asyncio
 import json
 import os
 import signal
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -134,7 +135,8 @@ async def client_floor(channel, http: aiohttp.ClientSession, base_url: str, n: i
     return out
 
 
-async def measure(mesh: Mesh, levels: list[int], counts: list[int], tokens: int, paths: list[str]) -> dict:
+async def measure(mesh: Mesh, levels: list[int], counts: list[int], tokens: int, paths: list[str],
+                  rounds: int = 3) -> dict:
     """Every path at every level. Each path's run also gives the CPU per request of the
     gateway, the engine and this bench process itself (its client stack: the direct
     and gateway gRPC paths use the same one, one channel each, so they pay the same)."""
@@ -146,14 +148,14 @@ async def measure(mesh: Mesh, levels: list[int], counts: list[int], tokens: int,
         relay, relay_address = grpc_relay.start(port, mesh.layout.engine_address(0)), f"127.0.0.1:{port}"
         pids["relay"] = relay.pid
     try:
-        return await _measure(mesh, levels, counts, tokens, paths, pids, relay_address)
+        return await _measure(mesh, levels, counts, tokens, paths, pids, relay_address, rounds)
     finally:
         if relay is not None:
             terminate(relay, signal.SIGTERM, 5)
 
 
 async def _measure(mesh: Mesh, levels: list[int], counts: list[int], tokens: int, paths: list[str],
-                   pids: dict[str, int], relay_address: str | None) -> dict:
+                   pids: dict[str, int], relay_address: str | None, rounds: int) -> dict:
     out: dict = {}
     body = chat_body(tokens)
     async with insecure_channel(mesh.layout.engine_address(0)) as ech, \
@@ -174,31 +176,61 @@ async def _measure(mesh: Mesh, levels: list[int], counts: list[int], tokens: int
             await drive(calls[name], 4, 20)
         out["client_floor"] = await client_floor(gch, http, mesh.layout.http_url)
         for level, count in zip(levels, counts):
-            row = {}
-            for name in paths:
-                await drive(calls[name], level, min(level, count))  # open this level's connections
-                cpu0 = {who: cpu_seconds(pid) for who, pid in pids.items()}
-                row[name] = r = await drive(calls[name], level, count)
-                for who, pid in pids.items():
-                    r[f"{who}_cpu_ms_per_request"] = round((cpu_seconds(pid) - cpu0[who]) * 1000
-                                                           / max(r["requests"], 1), 3)
-                note(f"c={level:<4} {name:<13} ttft p50 {r['ttft_ms_p50']:.2f} ms  p99 {r['ttft_ms_p99']:.2f} ms  "
-                     f"{r['tokens_per_s']:.0f} tok/s  CPU ms/req: " + " ".join(
-                         f"{who} {r[f'{who}_cpu_ms_per_request']:.2f}" for who in pids))
-            base = row.get("engine_grpc")
-            if base:
-                for name in paths:
-                    if name != "engine_grpc":
-                        row[name]["added_ttft_ms_p50"] = round(row[name]["ttft_ms_p50"] - base["ttft_ms_p50"], 3)
-                        row[name]["added_ttft_ms_p99"] = round(row[name]["ttft_ms_p99"] - base["ttft_ms_p99"], 3)
-            out[f"c{level}"] = row
+            for name in paths:  # open this level's connections
+                await drive(calls[name], level, min(level, count))
+            # Rounds in rotating order, each path ``count / rounds`` requests a round: the machine's
+            # load drifts (the cores are shared), so a path is compared with the direct run of its
+            # own round and the figures are medians over rounds.
+            runs: list[dict[str, dict]] = []
+            for k in range(rounds):
+                run = {}
+                for name in paths[k % len(paths):] + paths[:k % len(paths)]:
+                    cpu0 = {who: cpu_seconds(pid) for who, pid in pids.items()}
+                    run[name] = r = await drive(calls[name], level, max(count // rounds, 1))
+                    for who, pid in pids.items():
+                        r[f"{who}_cpu_ms"] = (cpu_seconds(pid) - cpu0[who]) * 1000
+                    note(f"c={level:<4} round {k + 1} {name:<13} ttft p50 {r['ttft_ms_p50']:.2f} ms  "
+                         f"p99 {r['ttft_ms_p99']:.2f} ms  {r['tokens_per_s']:.0f} tok/s")
+                runs.append(run)
+            out[f"c{level}"] = _combine(runs, paths, list(pids))
     return out
+
+
+def _combine(runs: list[dict[str, dict]], paths: list[str], processes: list[str]) -> dict:
+    """Per path: medians over rounds of p50/p99/tokens/s, CPU per request over all of them;
+    beside the direct path, the median of each round's added TTFT and throughput ratio."""
+    med = statistics.median
+    row = {}
+    for name in paths:
+        rs = [run[name] for run in runs]
+        n = sum(r["requests"] for r in rs)
+        row[name] = {"requests": n, "errors": sum(r["errors"] for r in rs), "rounds": len(rs),
+                     "ttft_ms_p50": round(med(r["ttft_ms_p50"] for r in rs), 3),
+                     "ttft_ms_p99": round(med(r["ttft_ms_p99"] for r in rs), 3),
+                     "tokens_per_s": round(med(r["tokens_per_s"] for r in rs), 1),
+                     "per_stream_tokens_per_s": round(med(r["per_stream_tokens_per_s"] or 0 for r in rs), 1)}
+        for who in processes:
+            row[name][f"{who}_cpu_ms_per_request"] = round(sum(r[f"{who}_cpu_ms"] for r in rs) / max(n, 1), 3)
+    if "engine_grpc" in paths:
+        for name in paths:
+            if name != "engine_grpc":
+                pairs = [(run[name], run["engine_grpc"]) for run in runs]
+                row[name]["added_ttft_ms_p50"] = round(med(a["ttft_ms_p50"] - b["ttft_ms_p50"] for a, b in pairs), 3)
+                row[name]["added_ttft_ms_p99"] = round(med(a["ttft_ms_p99"] - b["ttft_ms_p99"] for a, b in pairs), 3)
+                row[name]["throughput_ratio"] = round(med(a["tokens_per_s"] / max(b["tokens_per_s"], 1e-9)
+                                                          for a, b in pairs), 3)
+    for name, r in row.items():
+        note(f"  {name:<13} ttft p50 {r['ttft_ms_p50']:.2f} ms (+{r.get('added_ttft_ms_p50', 0):.2f})  "
+             f"{r['tokens_per_s']:.0f} tok/s (x{r.get('throughput_ratio', 1):.2f})  CPU ms/req: "
+             + " ".join(f"{who} {r[f'{who}_cpu_ms_per_request']:.2f}" for who in processes))
+    return row
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--levels", default="1,32,256")
-    parser.add_argument("--requests", default="40,320,1024")
+    parser.add_argument("--requests", default="60,384,3072", help="requests per level, over all rounds")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of every level's paths")
     parser.add_argument("--tokens", type=int, default=16, help="tokens per response")
     parser.add_argument("--decode-ms", type=float, default=25.0,
                         help="sim time per decode step (25 ms: ~40 tok/s a stream, a loaded GPU)")
@@ -216,7 +248,7 @@ def main() -> None:
                          "LLMESH_GATEWAY_LOG_LEVEL": "warning", "LLMESH_ENGINE_LOG_LEVEL": "warning"})
         mesh.start(timeout_s=60)
         try:
-            results = asyncio.run(measure(mesh, levels, counts, args.tokens, paths))
+            results = asyncio.run(measure(mesh, levels, counts, args.tokens, paths, args.rounds))
         finally:
             mesh.stop(signal.SIGINT)
     print(json.dumps({"bench": "gateway", "backend": "sim", "tokens_per_response": args.tokens,
