@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shutil
 import signal
 import statistics
@@ -179,27 +180,33 @@ async def engine_cost(mesh: Mesh, tokens: int, requests: int) -> dict:
 
 
 async def many_streams(mesh: Mesh, streams: int, tokens: int) -> dict:
-    """``streams`` HTTP streams at once through the gateway, twice (memory must not grow)."""
+    """``streams`` HTTP streams at once through the gateway, twice (memory must not grow),
+    with the CPU per request of the gateway and of this bench process (its HTTP client)."""
     gw_pid = child_pid(mesh.proc.pid, "llmesh.gateway")
+    pids = {"gateway": gw_pid, "client": os.getpid()}
     url = mesh.layout.http_url + "/v1/chat/completions"
+    body = gw_bench.chat_body(tokens)
     out: dict = {"rss_mib_before": rss_mib(gw_pid)}
-    limits = httpx.Limits(max_connections=streams + 16, max_keepalive_connections=streams + 16)
-    async with httpx.AsyncClient(timeout=120, limits=limits) as http:
+    async with gw_bench.sse_session(streams + 16, timeout_s=120) as http:
         for round_ in (1, 2):
             totals: list[float] = []
 
             async def one(i: int) -> Sample:
-                s = await gw_bench.gateway_http_call(http, url, tokens)
+                s = await gw_bench.gateway_sse_call(http, url, body)
                 totals.append(s.total_s * 1000)
                 return s
 
+            cpu0 = {who: cpu_seconds(pid) for who, pid in pids.items()}
             r = await drive(one, streams, streams)
+            cpu = {f"{who}_cpu_ms_per_request": round((cpu_seconds(pid) - cpu0[who]) * 1000 / max(r["requests"], 1), 3)
+                   for who, pid in pids.items()}
             out[f"round{round_}"] = {"requests": r["requests"], "errors": r["errors"], "wall_s": r["wall_s"],
                                      "ttft_ms_p50": r["ttft_ms_p50"], "ttft_ms_p99": r["ttft_ms_p99"],
                                      "total_ms_p50": round(pct(totals, 50), 1), "total_ms_p99": round(pct(totals, 99), 1),
-                                     "rss_mib_after": rss_mib(gw_pid)}
+                                     "rss_mib_after": rss_mib(gw_pid), **cpu}
             note(f"{streams} streams round {round_}: {r['errors']} errors, total p50 {pct(totals, 50):.0f} ms, "
-                 f"p99 {pct(totals, 99):.0f} ms, RSS {rss_mib(gw_pid)} MiB")
+                 f"p99 {pct(totals, 99):.0f} ms, RSS {rss_mib(gw_pid)} MiB, CPU ms/req: client "
+                 f"{cpu['client_cpu_ms_per_request']:.2f} gateway {cpu['gateway_cpu_ms_per_request']:.2f}")
     out["rss_mib_peak"] = rss_mib(gw_pid, "VmHWM")
     return out
 
@@ -250,15 +257,20 @@ def load_section(args, tmp: Path) -> dict:
     try:
         levels = [int(x) for x in args.levels.split(",")]
         counts = [int(x) for x in args.level_requests.split(",")]
-        ttft = asyncio.run(gw_bench.measure(mesh, levels, counts, args.tokens,
-                                            ["engine_grpc", "gateway_grpc", "gateway_http"]))
+        # relay_grpc: the floor, a bare grpcio-aio relay in front of the same engine (bench.grpc_relay).
+        hops = ("relay_grpc", "gateway_grpc", "gateway_http")
+        ttft = asyncio.run(gw_bench.measure(mesh, levels, counts, args.tokens, ["engine_grpc", *hops],
+                                            args.load_rounds))
         summary = {}
         for level in levels:
             row = ttft[f"c{level}"]
-            summary[f"c{level}"] = {f"{path}_added_ttft_ms_p50": row[path]["added_ttft_ms_p50"]
-                                    for path in ("gateway_grpc", "gateway_http")}
-            summary[f"c{level}"] |= {f"{path}_throughput_ratio": round(row[path]["tokens_per_s"]
-                                                                        / row["engine_grpc"]["tokens_per_s"], 3)
+            summary[f"c{level}"] = {f"{path}_added_ttft_ms_p50": row[path]["added_ttft_ms_p50"] for path in hops}
+            summary[f"c{level}"] |= {f"{path}_throughput_ratio": row[path]["throughput_ratio"] for path in hops}
+            summary[f"c{level}"]["relay_grpc_relay_cpu_ms_per_request"] = row["relay_grpc"]["relay_cpu_ms_per_request"]
+            # The bench's own CPU per request: when it nears the gateway's, the figure measures the client.
+            summary[f"c{level}"] |= {f"{path}_client_cpu_ms_per_request": row[path]["client_cpu_ms_per_request"]
+                                     for path in ("engine_grpc", "gateway_grpc", "gateway_http")}
+            summary[f"c{level}"] |= {f"{path}_gateway_cpu_ms_per_request": row[path]["gateway_cpu_ms_per_request"]
                                      for path in ("gateway_grpc", "gateway_http")}
         streams = asyncio.run(many_streams(mesh, args.streams, args.tokens))
     finally:
@@ -272,7 +284,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of the one-connection runs")
     parser.add_argument("--chunks", type=int, default=32, help="chunks per streamed answer (tokens on the sim)")
     parser.add_argument("--levels", default="1,32,256")
-    parser.add_argument("--level-requests", default="60,320,1024")
+    parser.add_argument("--level-requests", default="60,384,3072", help="requests per level of the TTFT runs")
+    parser.add_argument("--load-rounds", type=int, default=3, help="alternating rounds of the TTFT runs' paths")
     parser.add_argument("--tokens", type=int, default=16, help="tokens per answer in the TTFT and 1,000-stream runs")
     parser.add_argument("--decode-ms", type=float, default=25.0, help="sim step time for the TTFT runs")
     parser.add_argument("--streams", type=int, default=1000)

@@ -1,7 +1,16 @@
 """The mesh's own overhead: identical streamed requests sent straight to a sim
-engine over gRPC, and through the gateway (gRPC and OpenAI HTTP/SSE), at several
-concurrencies. The sim engine makes every token take the same time, so the
+engine over gRPC, through a bare grpcio-aio relay (bench.grpc_relay: the floor of a
+Python streaming hop), and through the gateway (gRPC and OpenAI HTTP/SSE), at
+several concurrencies. The sim engine makes every token take the same time, so the
 difference is what the gateway adds.
+
+Every process shares the machine's cores, the bench's own client included, so each
+run also gives the CPU per request of the gateway, the engine, the relay and this
+process. The streams run in a closed loop with answers of one length: they finish
+on the same decode step and their next requests reach the gateway together, so at
+32 and 256 streams the added TTFT is mostly the gateway's per-request CPU times the
+burst, rounded up to whole decode steps (a request that reaches the engine after a
+step began waits for the next one).
 
     python -m bench.gateway [--levels 1,32,256] [--requests 100,640,1280]
 """
@@ -11,16 +20,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
+import statistics
 import tempfile
 import time
 from pathlib import Path
 
+import aiohttp
 import httpx
+import orjson
 
 from llmesh.rpc.channels import insecure_channel
-from llmesh.testing import Mesh, free_layout
+from llmesh.testing import Mesh, free_layout, free_ports, terminate
 from llmesh.v1 import common_pb2, engine_pb2, engine_pb2_grpc, gateway_pb2, gateway_pb2_grpc
+from bench import grpc_relay
 from bench.common import Sample, child_pid, cpu_seconds, drive, note, sse_call
 
 MODEL = "sim-small"
@@ -63,7 +77,41 @@ async def gateway_http_call(client: httpx.AsyncClient, url: str, tokens: int) ->
     return await sse_call(client, url, body)
 
 
-async def client_floor(channel, http: httpx.AsyncClient, base_url: str, n: int = 200) -> dict:
+def sse_session(connections: int, timeout_s: float = 60) -> aiohttp.ClientSession:
+    """The load runs' HTTP client. aiohttp, not httpx: httpx spent ~4 ms of the bench's
+    own CPU a streamed request (~0.4 ms here), and its pool slows down with hundreds of
+    connections; on a shared 2-core machine that CPU was taken from the gateway and the
+    256-stream HTTP figure measured the client (``client_cpu_ms_per_request``)."""
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=connections),
+                                 timeout=aiohttp.ClientTimeout(total=timeout_s))
+
+
+def chat_body(tokens: int) -> bytes:
+    return orjson.dumps({"model": MODEL, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": tokens,
+                         "temperature": 0.7, "stream": True, "stream_options": {"include_usage": True}})
+
+
+async def gateway_sse_call(session: aiohttp.ClientSession, url: str, body: bytes) -> Sample:
+    """One streamed chat completion over aiohttp: time to the first content, total
+    time, the usage chunk's completion tokens (every chunk parsed, like sse_call)."""
+    start = time.perf_counter()
+    ttft, chunks, tokens = None, 0, None
+    async with session.post(url, data=body, headers={"content-type": "application/json"}) as resp:
+        resp.raise_for_status()
+        async for line in resp.content:
+            if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
+                continue
+            chunk = orjson.loads(line[6:])
+            if ttft is None and chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+                ttft = time.perf_counter() - start
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+            chunks += 1
+    total = time.perf_counter() - start
+    return Sample(total if ttft is None else ttft, total, chunks if tokens is None else tokens)
+
+
+async def client_floor(channel, http: aiohttp.ClientSession, base_url: str, n: int = 200) -> dict:
     """What one round trip costs the two client stacks against the same gateway
     process doing almost nothing (gRPC health check, GET /healthz): the part of
     gateway_http's added TTFT that is the HTTP client's, not the gateway's."""
@@ -71,8 +119,12 @@ async def client_floor(channel, http: httpx.AsyncClient, base_url: str, n: int =
 
     stub = health_pb2_grpc.HealthStub(channel)
     out = {}
+    async def healthz() -> None:
+        async with http.get(base_url + "/healthz") as resp:
+            await resp.read()
+
     for name, call in (("grpc_ms_p50", lambda: stub.Check(health_pb2.HealthCheckRequest(), timeout=5)),
-                       ("http_ms_p50", lambda: http.get(base_url + "/healthz"))):
+                       ("http_ms_p50", healthz)):
         times = []
         for _ in range(n):
             t = time.perf_counter()
@@ -83,51 +135,107 @@ async def client_floor(channel, http: httpx.AsyncClient, base_url: str, n: int =
     return out
 
 
-async def measure(mesh: Mesh, levels: list[int], counts: list[int], tokens: int, paths: list[str]) -> dict:
-    gw_pid = child_pid(mesh.proc.pid, "llmesh.gateway")
+async def measure(mesh: Mesh, levels: list[int], counts: list[int], tokens: int, paths: list[str],
+                  rounds: int = 3) -> dict:
+    """Every path at every level. Each path's run also gives the CPU per request of the
+    gateway, the engine and this bench process itself (its client stack: the direct
+    and gateway gRPC paths use the same one, one channel each, so they pay the same)."""
+    pids = {"gateway": child_pid(mesh.proc.pid, "llmesh.gateway"),
+            "engine": child_pid(mesh.proc.pid, "llmesh.engine"), "client": os.getpid()}
+    relay = relay_address = None
+    if "relay_grpc" in paths:  # the floor: a bare grpcio-aio relay in front of the same engine
+        port = free_ports(1)[0]
+        relay, relay_address = grpc_relay.start(port, mesh.layout.engine_address(0)), f"127.0.0.1:{port}"
+        pids["relay"] = relay.pid
+    try:
+        return await _measure(mesh, levels, counts, tokens, paths, pids, relay_address, rounds)
+    finally:
+        if relay is not None:
+            terminate(relay, signal.SIGTERM, 5)
+
+
+async def _measure(mesh: Mesh, levels: list[int], counts: list[int], tokens: int, paths: list[str],
+                   pids: dict[str, int], relay_address: str | None, rounds: int) -> dict:
     out: dict = {}
+    body = chat_body(tokens)
     async with insecure_channel(mesh.layout.engine_address(0)) as ech, \
             insecure_channel(mesh.layout.address("gateway")) as gch, \
-            httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=1024)) as http:
+            insecure_channel(relay_address or mesh.layout.engine_address(0)) as rch, \
+            sse_session(max(levels) + 16) as http:
         engine = engine_pb2_grpc.EngineStub(ech)
         gateway = gateway_pb2_grpc.GatewayStub(gch)
+        relay = engine_pb2_grpc.EngineStub(rch)
         url = mesh.layout.http_url + "/v1/chat/completions"
         calls = {
             "engine_grpc": lambda i: engine_call(engine, tokens),
+            "relay_grpc": lambda i: engine_call(relay, tokens),
             "gateway_grpc": lambda i: gateway_grpc_call(gateway, tokens),
-            "gateway_http": lambda i: gateway_http_call(http, url, tokens),
+            "gateway_http": lambda i: gateway_sse_call(http, url, body),
         }
         for name in paths:  # warm every path's connections and code
             await drive(calls[name], 4, 20)
         out["client_floor"] = await client_floor(gch, http, mesh.layout.http_url)
         for level, count in zip(levels, counts):
-            row = {}
-            for name in paths:
-                cpu0 = cpu_seconds(gw_pid)
-                row[name] = await drive(calls[name], level, count)
-                row[name]["gateway_cpu_ms_per_request"] = round(
-                    (cpu_seconds(gw_pid) - cpu0) * 1000 / max(row[name]["requests"], 1), 3)
-                note(f"c={level:<4} {name:<13} ttft p50 {row[name]['ttft_ms_p50']:.2f} ms  "
-                     f"p99 {row[name]['ttft_ms_p99']:.2f} ms  {row[name]['tokens_per_s']:.0f} tok/s")
-            base = row.get("engine_grpc")
-            if base:
-                for name in paths:
-                    if name != "engine_grpc":
-                        row[name]["added_ttft_ms_p50"] = round(row[name]["ttft_ms_p50"] - base["ttft_ms_p50"], 3)
-                        row[name]["added_ttft_ms_p99"] = round(row[name]["ttft_ms_p99"] - base["ttft_ms_p99"], 3)
-            out[f"c{level}"] = row
+            for name in paths:  # open this level's connections
+                await drive(calls[name], level, min(level, count))
+            # Rounds in rotating order, each path ``count / rounds`` requests a round: the machine's
+            # load drifts (the cores are shared), so a path is compared with the direct run of its
+            # own round and the figures are medians over rounds.
+            runs: list[dict[str, dict]] = []
+            for k in range(rounds):
+                run = {}
+                for name in paths[k % len(paths):] + paths[:k % len(paths)]:
+                    cpu0 = {who: cpu_seconds(pid) for who, pid in pids.items()}
+                    run[name] = r = await drive(calls[name], level, max(count // rounds, 1))
+                    for who, pid in pids.items():
+                        r[f"{who}_cpu_ms"] = (cpu_seconds(pid) - cpu0[who]) * 1000
+                    note(f"c={level:<4} round {k + 1} {name:<13} ttft p50 {r['ttft_ms_p50']:.2f} ms  "
+                         f"p99 {r['ttft_ms_p99']:.2f} ms  {r['tokens_per_s']:.0f} tok/s")
+                runs.append(run)
+            out[f"c{level}"] = _combine(runs, paths, list(pids))
     return out
+
+
+def _combine(runs: list[dict[str, dict]], paths: list[str], processes: list[str]) -> dict:
+    """Per path: medians over rounds of p50/p99/tokens/s, CPU per request over all of them;
+    beside the direct path, the median of each round's added TTFT and throughput ratio."""
+    med = statistics.median
+    row = {}
+    for name in paths:
+        rs = [run[name] for run in runs]
+        n = sum(r["requests"] for r in rs)
+        row[name] = {"requests": n, "errors": sum(r["errors"] for r in rs), "rounds": len(rs),
+                     "ttft_ms_p50": round(med(r["ttft_ms_p50"] for r in rs), 3),
+                     "ttft_ms_p99": round(med(r["ttft_ms_p99"] for r in rs), 3),
+                     "tokens_per_s": round(med(r["tokens_per_s"] for r in rs), 1),
+                     "per_stream_tokens_per_s": round(med(r["per_stream_tokens_per_s"] or 0 for r in rs), 1)}
+        for who in processes:
+            row[name][f"{who}_cpu_ms_per_request"] = round(sum(r[f"{who}_cpu_ms"] for r in rs) / max(n, 1), 3)
+    if "engine_grpc" in paths:
+        for name in paths:
+            if name != "engine_grpc":
+                pairs = [(run[name], run["engine_grpc"]) for run in runs]
+                row[name]["added_ttft_ms_p50"] = round(med(a["ttft_ms_p50"] - b["ttft_ms_p50"] for a, b in pairs), 3)
+                row[name]["added_ttft_ms_p99"] = round(med(a["ttft_ms_p99"] - b["ttft_ms_p99"] for a, b in pairs), 3)
+                row[name]["throughput_ratio"] = round(med(a["tokens_per_s"] / max(b["tokens_per_s"], 1e-9)
+                                                          for a, b in pairs), 3)
+    for name, r in row.items():
+        note(f"  {name:<13} ttft p50 {r['ttft_ms_p50']:.2f} ms (+{r.get('added_ttft_ms_p50', 0):.2f})  "
+             f"{r['tokens_per_s']:.0f} tok/s (x{r.get('throughput_ratio', 1):.2f})  CPU ms/req: "
+             + " ".join(f"{who} {r[f'{who}_cpu_ms_per_request']:.2f}" for who in processes))
+    return row
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--levels", default="1,32,256")
-    parser.add_argument("--requests", default="40,320,1024")
+    parser.add_argument("--requests", default="60,384,3072", help="requests per level, over all rounds")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of every level's paths")
     parser.add_argument("--tokens", type=int, default=16, help="tokens per response")
     parser.add_argument("--decode-ms", type=float, default=25.0,
                         help="sim time per decode step (25 ms: ~40 tok/s a stream, a loaded GPU)")
     parser.add_argument("--prefill-ms", type=float, default=1.0, help="sim prefill time per prompt token")
-    parser.add_argument("--paths", default="engine_grpc,gateway_grpc,gateway_http")
+    parser.add_argument("--paths", default="engine_grpc,relay_grpc,gateway_grpc,gateway_http")
     args = parser.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     counts = [int(x) for x in args.requests.split(",")]
@@ -140,7 +248,7 @@ def main() -> None:
                          "LLMESH_GATEWAY_LOG_LEVEL": "warning", "LLMESH_ENGINE_LOG_LEVEL": "warning"})
         mesh.start(timeout_s=60)
         try:
-            results = asyncio.run(measure(mesh, levels, counts, args.tokens, paths))
+            results = asyncio.run(measure(mesh, levels, counts, args.tokens, paths, args.rounds))
         finally:
             mesh.stop(signal.SIGINT)
     print(json.dumps({"bench": "gateway", "backend": "sim", "tokens_per_response": args.tokens,

@@ -188,7 +188,7 @@ class HttpFront:
                 # Wait for the first item so an early failure still gets its status code.
                 first = await anext(items)
                 writer = ChunkWriter(shape, rid, body.model, body.include_usage, logprobs=want_logprobs)
-                return await self._stream(send, rid, writer, first, items, ctxs[0].headers)
+                return await self._stream(send, rid, writer, first, items, ctxs[0].headers, n)
             texts: list[list[str]] = [[] for _ in range(n)]
             logprobs = [[] if want_logprobs else None for _ in range(n)]
             finishes: list[Finish | None] = [None] * n
@@ -214,22 +214,26 @@ class HttpFront:
 
     async def _stream(self, send: Send, rid: str, writer: ChunkWriter,
                       first: tuple[int, Delta | Finish], items: AsyncIterator[tuple[int, Delta | Finish]],
-                      extra: dict[str, str]) -> None:
-        """SSE; a client that goes away cancels the stream (_cancelled_on_disconnect)."""
+                      extra: dict[str, str], n: int) -> None:
+        """SSE, one write per event batch; a client that goes away cancels the stream
+        (_cancelled_on_disconnect)."""
         await send({"type": "http.response.start", "status": 200, "headers": [
             (b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
             (REQUEST_ID.encode(), rid.encode()), *_encode(extra)]})
-        async with aclosing(self._events(writer, first, items)) as events:  # closed when a send is cancelled
-            async for chunk in events:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        async with aclosing(self._events(writer, first, items, n)) as events:  # closed when a send is cancelled
+            async for chunk, more in events:
+                await send({"type": "http.response.body", "body": chunk, "more_body": more})
 
     async def _events(self, writer: ChunkWriter, first: tuple[int, Delta | Finish],
-                      items: AsyncIterator[tuple[int, Delta | Finish]]) -> AsyncIterator[bytes]:
+                      items: AsyncIterator[tuple[int, Delta | Finish]], n: int) -> AsyncIterator[tuple[bytes, bool]]:
+        """(bytes, more): a write per step; the last choice's finish, the usage chunk,
+        [DONE] and the end of the body leave in one write (four ASGI sends before)."""
+        tail = b""
         async with aclosing(items):
             try:
                 # A choice's role chunk rides with its first text: one write before the first token.
                 started: set[int] = set()
+                finished = 0
                 total = UsageSum()
                 i, item = first
                 while True:
@@ -240,21 +244,27 @@ class HttpFront:
                             role = writer.role(i)
                             head = sse(role) if role is not None else b""
                         if isinstance(item, Delta):
-                            yield head + writer.delta_sse(item.text, i, item.logprobs, item.tool_calls)
+                            yield tail + head + writer.delta_sse(item.text, i, item.logprobs, item.tool_calls), True
+                            tail = b""
                         else:
                             total.add(item)
-                            yield head + sse(writer.finish(item.reason, i))
+                            finished += 1
+                            tail += head + sse(writer.finish(item.reason, i))
+                            if finished < n:
+                                yield tail, True
+                                tail = b""
+                            # else: nothing follows but the stream's end, which takes it along
                     nxt = await anext(items, None)
                     if nxt is None:
                         break
                     i, item = nxt
                 usage = writer.usage(total.usage)
                 if usage is not None:
-                    yield sse(usage)
+                    tail += sse(usage)
             except LlmeshError as exc:
                 # Headers are gone; OpenAI's convention is an error object in the stream.
-                yield sse(error_json(HTTP_STATUS[exc.code], exc.message, exc.reason, exc.param))
-            yield b"data: [DONE]\n\n"
+                tail += sse(error_json(HTTP_STATUS[exc.code], exc.message, exc.reason, exc.param))
+            yield tail + b"data: [DONE]\n\n", False
 
     async def list_models(self, scope: dict, receive: Receive, send: Send) -> None:
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}

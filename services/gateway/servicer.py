@@ -40,56 +40,59 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         remaining = context.time_remaining()
         return rid, self._default_timeout if remaining is None else min(remaining, self._default_timeout)
 
-    async def Chat(self, request, context):
+    def Chat(self, request, context) -> AsyncIterator[gateway_pb2.ChatResponse]:
         rid, timeout = self._call(context)
         req, n = chat_request(request, rid, timeout, credential(context))
         chat_id = "chatcmpl-" + rid
 
         def message(index: int, item: Delta | Finish) -> gateway_pb2.ChatResponse:
             if isinstance(item, Delta):
+                if not (item.logprobs or item.tool_calls):  # a token's message: a third of the cost
+                    return gateway_pb2.ChatResponse(id=chat_id, index=index, text=item.text)
                 return gateway_pb2.ChatResponse(id=chat_id, index=index, text=item.text,
                                                 logprobs=logprobs_to_pb(item.logprobs),
                                                 tool_calls=tool_calls_to_pb(item.tool_calls))
             return gateway_pb2.ChatResponse(id=chat_id, index=index, finish_reason=finish_to_pb(item.reason),
                                             usage=usage_to_pb(item.usage))
 
-        async with aclosing(self._stream(req, n, context, message)) as replies:
-            async for msg in replies:
-                if msg.model:
-                    msg.role = "assistant"  # a choice's first message also says who speaks
-                yield msg
+        return self._stream(req, n, context, message, role="assistant")
 
-    async def Complete(self, request, context):
+    def Complete(self, request, context) -> AsyncIterator[gateway_pb2.CompleteResponse]:
         rid, timeout = self._call(context)
         req, n = complete_request(request, rid, timeout, credential(context))
         cmpl_id = "cmpl-" + rid
 
         def message(index: int, item: Delta | Finish) -> gateway_pb2.CompleteResponse:
             if isinstance(item, Delta):
+                if not item.logprobs:
+                    return gateway_pb2.CompleteResponse(id=cmpl_id, index=index, text=item.text)
                 return gateway_pb2.CompleteResponse(id=cmpl_id, index=index, text=item.text,
                                                     logprobs=logprobs_to_pb(item.logprobs))
             return gateway_pb2.CompleteResponse(id=cmpl_id, index=index, finish_reason=finish_to_pb(item.reason),
                                                 usage=usage_to_pb(item.usage))
 
-        async with aclosing(self._stream(req, n, context, message)) as replies:
-            async for msg in replies:
-                yield msg
+        return self._stream(req, n, context, message)
 
-    async def _stream(self, req: CompletionRequest, n: int, context, message) -> AsyncIterator:
-        """Runs the request's choices; each choice's first message carries the model.
-        Response headers of the HTTP front travel as metadata: the stages' (rate-limit
-        facts, cache hit) in the initial metadata, all of them again in the trailers,
-        once failover and fallback are known."""
+    async def _stream(self, req: CompletionRequest, n: int, context, message, role: str = "") -> AsyncIterator:
+        """Runs the request's choices; each choice's first message carries the model (and
+        ``role``). Response headers of the HTTP front travel as metadata: the stages'
+        (rate-limit facts, cache hit) in the initial metadata, all of them again in the
+        trailers, once failover and fallback are known. One choice is read straight from
+        its pipeline run: every generator a token passes through costs CPU per token."""
         ctxs = [Context.of(r) for r in choice_requests(req, n)]
         started: set[int] = set()
-        async with aclosing(merge([self._pipeline.run(c.req, c) for c in ctxs])) as items:
-            async for index, item in items:
+        runs = [self._pipeline.run(c.req, c) for c in ctxs]
+        async with aclosing(merge(runs) if n > 1 else runs[0]) as items:
+            async for entry in items:
+                index, item = entry if n > 1 else (0, entry)
                 if isinstance(item, Delta) and not (item.text or item.logprobs or item.tool_calls):
                     continue
                 msg = message(index, item)
                 if index not in started:
                     started.add(index)
                     msg.model = req.model
+                    if role:
+                        msg.role = role  # a choice's first message also says who speaks
                     if not started - {index} and ctxs[0].headers:  # the call's first message
                         await context.send_initial_metadata(tuple(ctxs[0].headers.items()))
                 yield msg
