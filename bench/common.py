@@ -24,9 +24,27 @@ def note(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its live descendants (a gateway's supervisor and its worker processes)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children_of(p))
+    return out
+
+
 def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
+    """CPU time (user + system) of ``pid`` and of its live descendants: a gateway run as
+    several workers is counted whole. A descendant that exited takes its time with it."""
+    total = 0
+    for p in process_tree(pid):
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # it ended between the listing and the read
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime + stime
+    return total / CLK_TCK
 
 
 def child_pid(parent: int, module: str) -> int:

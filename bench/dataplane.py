@@ -38,7 +38,7 @@ from bench import gateway as gw_bench
 from bench import instant_openai
 from bench import provider as provider_bench
 from bench import relay_floor
-from bench.common import Sample, child_pid, cpu_seconds, drive, note, pct
+from bench.common import Sample, child_pid, cpu_seconds, drive, note, pct, process_tree
 from bench.workers import gateway_workers
 
 SIM = gw_bench.MODEL
@@ -46,10 +46,16 @@ QUIET = {"LLMESH_GATEWAY_LOG_LEVEL": "warning", "LLMESH_ENGINE_LOG_LEVEL": "warn
 
 
 def rss_mib(pid: int, field: str = "VmRSS") -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return round(int(line.split()[1]) / 1024, 1)
-    raise LookupError(field)
+    """``field`` of /proc/PID/status summed over ``pid`` and its descendants (a gateway's workers)."""
+    kib = 0
+    for p in process_tree(pid):
+        for line in Path(f"/proc/{p}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                kib += int(line.split()[1])
+                break
+        else:
+            raise LookupError(field)
+    return round(kib / 1024, 1)
 
 
 def router_binary() -> str:
