@@ -274,7 +274,7 @@ export const ChatInputSchema: GenMessage<ChatInput> = /*@__PURE__*/
  * Each response but the last carries the text that became final since the
  * previous one: every token ready at once (a decode step's, or a backlog the
  * stream had not sent yet) in one response; the last carries finish_reason and
- * usage, and with GenerateRequest.whole also all the text.
+ * usage, and may carry the last text too (with GenerateRequest.whole: all of it).
  *
  * @generated from message llmesh.v1.GenerateResponse
  */
