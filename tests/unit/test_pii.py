@@ -269,3 +269,16 @@ def test_ipv6_after_a_label_and_colon(masker):
 
 def test_address_with_port(masker):
     assert masker.mask("connect to 192.168.1.1:8080 or [2001:db8::1]:443").text == "connect to [IP_1]:8080 or [[IP_2]]:443"
+
+
+@pytest.mark.parametrize("text, phones", [
+    # the international form's greedy groups ran into the next number: too many digits, and the
+    # "+1 " was left in the clear while the rest matched other rules
+    ("+1 (200) 200-0000 13000000000", ["+1 (200) 200-0000", "13000000000"]),
+    ("+1 415 555 2671 415 555 2671 x", ["+1 415 555 2671", "415 555 2671"]),
+    ("+1 415 555 2671 13812345678", ["+1 415 555 2671", "13812345678"]),
+    ("+44 20 7946 0958 1234 5678 9", ["+44 20 7946 0958"]),  # the longest when nothing follows
+])
+def test_a_phone_that_runs_into_the_next_number_is_cut_where_a_phone_ends(masker, text, phones):
+    assert kinds_found(masker, text) == [("phone", p) for p in phones]
+    assert "+" not in masker.mask(text).text

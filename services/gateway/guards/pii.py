@@ -74,6 +74,7 @@ PLACEHOLDER = re.compile(r"\[(?:EMAIL|PHONE|ID|CARD|IP|SECRET)_\d+\]")
 _NB = r"(?<![A-Za-z0-9_@+])(?<!\d[.\-/])"
 _NA = r"(?![A-Za-z0-9_@]|[.\-/]\d)"
 _NA_PHONE = r"(?![A-Za-z0-9_@]|[.\-/:]\d)"  # nor the hour of a time: "+44 20 7946 0958 12:30"
+_AFTER_PHONE = re.compile(_NA_PHONE, re.ASCII)
 
 # (rule name, kind, pattern). Order matters where two rules can match at one place.
 _RULES: tuple[tuple[str, PiiKind, str], ...] = (
@@ -411,7 +412,29 @@ class PiiMasker:
         for name in self._numeric_names:
             if name != failed and (hit := self._try(name, at, text)) is not None:
                 return hit
-        return None
+        return self._shorter_phone(at, text)
+
+    def _shorter_phone(self, at: int, text: str) -> Hit | None:
+        """A phone number starting at ``at`` that ends sooner than the rule's match. The
+        international form's groups are greedy and may swallow the number after it
+        ("+1 (200) 200-0000 13000000000" matches whole: too many digits for a phone), and
+        re does not backtrack into a match its check refused. So every shorter end with the
+        rule's own boundary after it is tried: the longest that leaves a number the scan
+        recognises right after it, else the longest."""
+        phone = self._single.get("phone")
+        m = phone.match(text, at) if phone is not None else None
+        if m is None:
+            return None
+        found = None
+        for end in range(m.end() - 1, at + 1, -1):
+            if not (text[end - 1].isdigit() or text[end - 1] == ")") or not phone.fullmatch(text, at, end) \
+                    or not _AFTER_PHONE.match(text, end) or (hit := self._accept("phone", at, end, text)) is None:
+                continue
+            found = found or hit
+            nxt = end + 1 if text[end:end + 1] in (" ", ".", "-") else end
+            if (n := self._numeric.match(text, nxt)) is not None and self._accept(n.lastgroup, nxt, n.end(), text):
+                return hit
+        return found
 
     def mask(self, text: str, placeholders: Placeholders | None = None) -> Masked:
         if placeholders is None:
