@@ -99,21 +99,38 @@ async def drive(one: Callable[[int], Awaitable[Sample]], concurrency: int, reque
     }
 
 
+class SseTally:
+    """One streamed (SSE) chat completion read line by line: time to the first content,
+    total time, and the completion tokens of the usage chunk, or the number of chunks
+    without one. Every chunk is parsed, whichever client read it."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.ttft: float | None = None
+        self.chunks = 0
+        self.tokens: int | None = None
+
+    def line(self, line: bytes) -> None:
+        if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
+            return
+        chunk = orjson.loads(line[6:])
+        if self.ttft is None and chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+            self.ttft = time.perf_counter() - self.start
+        if chunk.get("usage"):
+            self.tokens = chunk["usage"]["completion_tokens"]
+        self.chunks += 1
+
+    def sample(self) -> Sample:
+        total = time.perf_counter() - self.start
+        return Sample(total if self.ttft is None else self.ttft, total,
+                      self.chunks if self.tokens is None else self.tokens)
+
+
 async def sse_call(client: httpx.AsyncClient, url: str, body: dict) -> Sample:
-    """One streamed (SSE) chat completion: time to the first content, total time, and
-    the completion tokens of the usage chunk, or the number of chunks without one."""
-    start = time.perf_counter()
-    ttft, chunks, tokens = None, 0, None
+    """One streamed chat completion over httpx (:class:`SseTally`)."""
+    tally = SseTally()
     async with client.stream("POST", url, json=body) as resp:
         resp.raise_for_status()
         async for line in resp.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = orjson.loads(line[6:])
-            if ttft is None and chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
-                ttft = time.perf_counter() - start
-            if chunk.get("usage"):
-                tokens = chunk["usage"]["completion_tokens"]
-            chunks += 1
-    total = time.perf_counter() - start
-    return Sample(total if ttft is None else ttft, total, chunks if tokens is None else tokens)
+            tally.line(line.encode())
+    return tally.sample()

@@ -35,7 +35,7 @@ from llmesh.rpc.channels import insecure_channel
 from llmesh.testing import Mesh, free_layout, free_ports, terminate
 from llmesh.v1 import common_pb2, engine_pb2, engine_pb2_grpc, gateway_pb2, gateway_pb2_grpc
 from bench import grpc_relay
-from bench.common import Sample, child_pid, cpu_seconds, drive, note, sse_call
+from bench.common import Sample, SseTally, child_pid, cpu_seconds, drive, note, sse_call
 
 MODEL = "sim-small"
 PROMPT = "Summarise the plot of a long novel in a few words please"
@@ -92,23 +92,13 @@ def chat_body(tokens: int) -> bytes:
 
 
 async def gateway_sse_call(session: aiohttp.ClientSession, url: str, body: bytes) -> Sample:
-    """One streamed chat completion over aiohttp: time to the first content, total
-    time, the usage chunk's completion tokens (every chunk parsed, like sse_call)."""
-    start = time.perf_counter()
-    ttft, chunks, tokens = None, 0, None
+    """One streamed chat completion over aiohttp (bench.common.SseTally)."""
+    tally = SseTally()
     async with session.post(url, data=body, headers={"content-type": "application/json"}) as resp:
         resp.raise_for_status()
         async for line in resp.content:
-            if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
-                continue
-            chunk = orjson.loads(line[6:])
-            if ttft is None and chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
-                ttft = time.perf_counter() - start
-            if chunk.get("usage"):
-                tokens = chunk["usage"]["completion_tokens"]
-            chunks += 1
-    total = time.perf_counter() - start
-    return Sample(total if ttft is None else ttft, total, chunks if tokens is None else tokens)
+            tally.line(line)
+    return tally.sample()
 
 
 async def client_floor(channel, http: aiohttp.ClientSession, base_url: str, n: int = 200) -> dict:

@@ -80,7 +80,8 @@ def ready_signal(fd: int) -> Callable[[], None]:
     return ready
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
+    """For a child's preexec_fn: the kernel sends it SIGTERM when its parent dies, so none is orphaned."""
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
@@ -128,7 +129,7 @@ class Supervisor:
         try:
             slot.proc = await asyncio.create_subprocess_exec(
                 *self._argv, "--worker", str(slot.index), "--ready-fd", str(w), env=self._env, pass_fds=(w,),
-                stdin=asyncio.subprocess.DEVNULL, preexec_fn=_die_with_parent)
+                stdin=asyncio.subprocess.DEVNULL, preexec_fn=die_with_parent)
         except BaseException:
             os.close(r)
             raise

@@ -9,7 +9,6 @@ reverse order with SIGTERM, then SIGKILL after the grace period."""
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import os
 import json
 import signal
@@ -22,13 +21,7 @@ from pathlib import Path
 from llmesh.rpc.health import health_status
 from llmesh.cli.layout import CORE_SERVICES, Layout
 from llmesh.restarts import RestartBudget, RestartPolicy
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
+from llmesh.workers import die_with_parent
 
 @dataclass
 class Child:
@@ -47,7 +40,7 @@ class Child:
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen([sys.executable, "-m", self.module], env=self.env, stdout=log,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     start_new_session=True, preexec_fn=_die_with_parent)
+                                     start_new_session=True, preexec_fn=die_with_parent)
         log.close()
 
     def alive(self) -> bool:
