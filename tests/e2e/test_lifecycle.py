@@ -107,7 +107,8 @@ def test_a_dead_engine_is_restarted_and_the_mesh_keeps_serving(sim_mesh, sig):
     os.kill(old, sig)
     assert wait_until(lambda: any("restarted engine-0" in line for line in sim_mesh.output), 15)
     assert sim_mesh.proc.poll() is None                     # the mesh did not stop
-    assert _engine_pid(sim_mesh, "engine-0") != old
+    # supervisor.json is rewritten once the restart round ends, just after the line is printed
+    assert wait_until(lambda: _engine_pid(sim_mesh, "engine-0") != old, 5)
     assert wait_until(lambda: any(e.endpoint_id == "engine-0" and e.healthy for e in endpoints(sim_mesh)), 20)
     assert _chat_ok(sim_mesh)
     lay = sim_mesh.layout
