@@ -227,12 +227,10 @@ def _fronts_against(args, tmp: Path, base_url: str, floor: tuple[str, int]) -> d
     router = None
     try:
         router, router_url = start_router(base_url.removesuffix("/v1"))
-        cfg = tmp / "llmesh.yaml"
-        cfg.write_text(provider_bench.config(base_url, True))
-        mesh = Mesh(layout=free_layout(1), engines="sim", model_dir=tmp / "models-a", log_dir=tmp / "logs-a",
-                    args=["--no-cache"],
-                    env={"LLMESH_CONFIG_FILE": str(cfg), "LLMESH_ENGINE_SIM_DECODE_MS_PER_TOKEN": "0",
-                         "LLMESH_ENGINE_SIM_OUTPUT_TOKENS": str(args.chunks), **QUIET})
+        (tmp / "a").mkdir()
+        mesh = provider_bench.mesh(base_url, tmp / "a", args=("--no-cache",),
+                                   env={"LLMESH_ENGINE_SIM_DECODE_MS_PER_TOKEN": "0",
+                                        "LLMESH_ENGINE_SIM_OUTPUT_TOKENS": str(args.chunks)})
         mesh.start(timeout_s=90)
         try:
             gw_pid = child_pid(mesh.proc.pid, "llmesh.gateway")

@@ -27,7 +27,6 @@ from pathlib import Path
 
 import httpx
 
-from llmesh.testing import Mesh, free_layout
 from bench import instant_openai
 from bench import provider as provider_bench
 from bench.common import child_pid, cpu_seconds, drive, note
@@ -88,12 +87,7 @@ async def load(url: str, stream: bool, until: subprocess.Popen) -> int:
 
 def profile(stream: bool, seconds: int, chunks: int, tmp: Path, raw: Path | None = None) -> dict:
     with instant_openai.running(chunks) as base_url:
-        cfg = tmp / "llmesh.yaml"
-        cfg.write_text(provider_bench.config(base_url, True))
-        mesh = Mesh(layout=free_layout(1), engines="sim", model_dir=tmp / "models", log_dir=tmp / "logs",
-                    args=["--no-cache"],
-                    env={"LLMESH_CONFIG_FILE": str(cfg), "LLMESH_GATEWAY_LOG_LEVEL": "warning",
-                         "LLMESH_ENGINE_LOG_LEVEL": "warning"})
+        mesh = provider_bench.mesh(base_url, tmp, args=("--no-cache",))
         mesh.start(timeout_s=90)
         try:
             gw = child_pid(mesh.proc.pid, "llmesh.gateway")

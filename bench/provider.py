@@ -26,11 +26,25 @@ from bench.common import Sample, child_pid, cpu_seconds, drive, note, sse_call
 MODEL = "hosted"
 
 
+CONFIG = "llmesh.yaml"
+
+
 def config(base_url: str, resilience: bool) -> str:
     doc = {"providers": {"instant": {"base_url": base_url, "models": {MODEL: "instant"}}},
            "circuit_breaker": {"enabled": resilience},
            "retry_budget": {"ratio": 0.2 if resilience else 0.0, "burst": 10 if resilience else 0}}
     return json.dumps(doc)  # JSON is YAML
+
+
+def mesh(base_url: str, tmp: Path, args: tuple[str, ...] = (), env: dict[str, str] | None = None) -> Mesh:
+    """A mesh (not yet started) whose gateway routes MODEL to the provider at ``base_url``,
+    breakers and retry budget on, logs quiet; ``tmp`` holds its config (CONFIG, live: a
+    rewrite is applied), models and logs."""
+    cfg = tmp / CONFIG
+    cfg.write_text(config(base_url, True))
+    return Mesh(layout=free_layout(1), engines="sim", model_dir=tmp / "models", log_dir=tmp / "logs", args=list(args),
+                env={"LLMESH_CONFIG_FILE": str(cfg), "LLMESH_GATEWAY_LOG_LEVEL": "warning",
+                     "LLMESH_ENGINE_LOG_LEVEL": "warning", **(env or {})})
 
 
 async def call(client: httpx.AsyncClient, url: str, stream: bool) -> Sample:
@@ -87,22 +101,17 @@ def main() -> None:
     parser.add_argument("--levels", default="1,32")
     args = parser.parse_args()
     with instant_openai.running(args.chunks) as base_url, tempfile.TemporaryDirectory() as tmp:
-        cfg = Path(tmp) / "llmesh.yaml"
-        cfg.write_text(config(base_url, True))
-        mesh = Mesh(layout=free_layout(1), engines="sim", model_dir=Path(tmp) / "models",
-                    log_dir=Path(tmp) / "logs",
-                    env={"LLMESH_CONFIG_FILE": str(cfg), "LLMESH_GATEWAY_LOG_LEVEL": "warning",
-                         "LLMESH_ENGINE_LOG_LEVEL": "warning"})
-        mesh.start(timeout_s=60)
+        running = mesh(base_url, Path(tmp))
+        running.start(timeout_s=60)
         try:
-            gw_pid = child_pid(mesh.proc.pid, "llmesh.gateway")
-            gateway = mesh.layout.http_url + "/v1/chat/completions"
+            gw_pid = child_pid(running.proc.pid, "llmesh.gateway")
+            gateway = running.layout.http_url + "/v1/chat/completions"
             levels = [int(x) for x in args.levels.split(",")]
             results = asyncio.run(measure(base_url + "/chat/completions", gateway, gw_pid, args.requests, levels))
             results["resilience_on_vs_off_stream_c1"] = asyncio.run(
-                overhead(gateway, gw_pid, args.requests, cfg, base_url))
+                overhead(gateway, gw_pid, args.requests, Path(tmp) / CONFIG, base_url))
         finally:
-            mesh.stop(signal.SIGINT)
+            running.stop(signal.SIGINT)
     print(json.dumps({"bench": "provider", "chunks": args.chunks, "results": results}, indent=2))
 
 
