@@ -145,7 +145,8 @@ def _role_only(role: str) -> common_pb2.ChatMessage:
 
 
 def request_to_pb(model: str, prompt: Prompt, sampling: Sampling, *, user: str | None = None,
-                  tools: Tools | None = None, texts: bool = True) -> gateway_pb2.ChatRequest | gateway_pb2.CompleteRequest:
+                  tools: Tools | None = None,
+                  texts: bool = True) -> gateway_pb2.ChatRequest | gateway_pb2.CompleteRequest:
     """A domain request as the Gateway's ChatRequest (a chat) or CompleteRequest.
     ``texts=False`` leaves the prompt's texts out (for checking rules that have none on them)."""
     common = {"model": model, "sampling": sampling_to_pb(sampling), "user": user or ""}

@@ -65,7 +65,8 @@ class ResponseCache:
         self._on_lookup(outcome)
         counters = ["misses"] if hit is None else ["hits", "semantic_hits"] if hit.kind == "semantic" else ["hits"]
         for counter in counters:
-            self._background.spawn(self._store.call("count", lambda c=counter: self._store.store.count(req.tenant, c), None))
+            self._background.spawn(
+                self._store.call("count", lambda c=counter: self._store.store.count(req.tenant, c), None))
         return hit
 
     async def _lookup(self, req: Request, policy) -> Hit | None:

@@ -129,7 +129,7 @@ class ModelLifecycle:
             backend = await asyncio.to_thread(self._build, name)
         except ModelNotFound:
             raise
-        except Exception as exc:  # noqa: BLE001 - any failure is reported, the engine stays as it was
+        except Exception as exc:  # any failure is reported, the engine stays as it was
             log.error("model load failed", extra={"model": name, "error": f"{type(exc).__name__}: {exc}"})
             raise LoadFailed(f"loading {name!r} failed: {type(exc).__name__}: {exc}") from exc
         load_ms = (time.monotonic() - started) * 1000
@@ -188,7 +188,7 @@ class ModelLifecycle:
             await backend.load_adapter(name, path)
         except LlmeshError:
             raise
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             raise LoadFailed(f"loading adapter {name!r} from {path} failed: {type(exc).__name__}: {exc}") from exc
         self._on_change(backend)
         return LoadResult(self._describe(name), (time.monotonic() - started) * 1000, 0.0, "")

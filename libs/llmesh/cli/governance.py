@@ -133,8 +133,8 @@ async def usage_main(args) -> int:
     from llmesh.audit import chain_files  # the default log and the worker logs beside it
     client = _redis(args)
     if client is None:
-        rows = [r for r in audit_usage_rows(args.audit_file or chain_files(args.audit_default)) if args.tenant in (None, r["tenant"])
-                and (not args.day or r["day"] in args.day)]
+        rows = [r for r in audit_usage_rows(args.audit_file or chain_files(args.audit_default))
+                if args.tenant in (None, r["tenant"]) and (not args.day or r["day"] in args.day)]
         return _print_usage(rows, args.csv)
     try:
         if args.day:

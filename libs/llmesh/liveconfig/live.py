@@ -68,7 +68,7 @@ class LiveConfig:
             return
         try:
             version = await asyncio.wait_for(self._store.read(), self._start_timeout)
-        except Exception as exc:  # noqa: BLE001 - any way of being unreachable
+        except Exception as exc:  # any way of being unreachable
             snap = self._load_snapshot()
             if snap is None:
                 raise ConfigUnavailable(

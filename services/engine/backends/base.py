@@ -92,7 +92,8 @@ class Backend(Protocol):
 
     def stream(self, tokens: list[int], params: DecodeParams) -> AsyncIterator[str]:
         """Yields the text of each generated token (possibly "" while a multi-byte
-        character is incomplete), or a ``Token`` when ``params.logprobs`` is set; ends at end-of-sequence or ``max_new_tokens``.
+        character is incomplete), or a ``Token`` when ``params.logprobs`` is set; ends at end-of-sequence or
+        ``max_new_tokens``.
         Closing the iterator early must stop the decoding and free its resources."""
         ...
 

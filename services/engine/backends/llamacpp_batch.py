@@ -173,7 +173,7 @@ class BatchRunner:
             out = []
             try:
                 self._step(out)
-            except Exception as exc:  # noqa: BLE001 - a bug here must not end the engine
+            except Exception as exc:  # a bug here must not end the engine
                 log.exception("llama.cpp step failed; failing its sequences")
                 for seq in list(self._active):
                     self._lc.llama_memory_seq_rm(self._mem, seq.slot.seq_id, -1, -1)

@@ -118,7 +118,7 @@ class VllmBackend:
         request = self._api.LoRARequest(name, next(self._lora_ids), path)
         try:
             loaded = await self._engine.add_lora(request)
-        except Exception as exc:  # noqa: BLE001 - vLLM reports every adapter failure as a bare Exception
+        except Exception as exc:  # vLLM reports every adapter failure as a bare Exception
             raise InvalidArgument(lora_failure(str(exc), path, self.max_lora_rank), param="adapter_path") from exc
         if not loaded:
             raise InvalidArgument(f"vLLM could not load the adapter at {path}", param="adapter_path")
@@ -336,7 +336,7 @@ class KvEventSubscriber:
         self.received += 1
         try:
             apply_vllm_events(payload, self._sink)
-        except Exception:  # noqa: BLE001 - one bad message must not stop the relay
+        except Exception:  # one bad message must not stop the relay
             log.exception("undecodable vLLM KV event batch")
 
     def stop(self) -> None:
