@@ -102,20 +102,6 @@ $(VENV)/.vllm-modules: $(VENV)/.installed requirements-vllm-modules.txt pyprojec
 test: tools install lint deploy-check buf-check vllm-modules ts-example
 	$(BIN)/python -m pytest -q --ignore=tests/deploy
 
-# Boundaries as tests: ruff (the rules in pyproject.toml), mypy (strict on libs/ and the domain
-# modules), import-linter's contracts (services independent, libs below services, domain modules
-# free of gRPC and transports; both tools run on the installed package layout that
-# scripts/lint-tree lays out in build/lint) and the services' module and function sizes.
-# Every check runs; the target fails if any did.
-.PHONY: lint
-lint: install
-	@status=0; \
-	$(BIN)/ruff check . || status=1; \
-	$(BIN)/python scripts/lint-tree $(BIN)/mypy || status=1; \
-	$(BIN)/python scripts/lint-tree $(BIN)/lint-imports || status=1; \
-	$(BIN)/python scripts/check-size || status=1; \
-	exit $$status
-
 # buf lint (STANDARD, exceptions in buf.yaml) and buf breaking against main's protos;
 # buf comes from the npm package @bufbuild/buf into .tools/.
 buf-check: install $(BUF)
@@ -164,3 +150,17 @@ lock:
 
 clean:
 	rm -rf $(VENV) libs/llmesh/v1/*_pb2*.py* libs/buf/validate/*_pb2*.py* $(RULES) build *.egg-info
+
+# Boundaries as tests: ruff (the rules in pyproject.toml), mypy (strict on libs/ and the domain
+# modules), import-linter's contracts (services independent, libs below services, domain modules
+# free of gRPC and transports; both tools run on the installed package layout that
+# scripts/lint-tree lays out in build/lint) and the services' module and function sizes.
+# Every check runs; the target fails if any did.
+.PHONY: lint
+lint: install
+	@status=0; \
+	$(BIN)/ruff check . || status=1; \
+	$(BIN)/python scripts/lint-tree $(BIN)/mypy || status=1; \
+	$(BIN)/python scripts/lint-tree $(BIN)/lint-imports || status=1; \
+	$(BIN)/python scripts/check-size || status=1; \
+	exit $$status

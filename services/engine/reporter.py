@@ -83,8 +83,7 @@ class Reporter:
             except (grpc.aio.AioRpcError, DiscoveryError, OSError) as exc:
                 log.warning("scheduler report stream broke", extra={
                     "scheduler": address, "retry_in_s": backoff,
-                    "error": exc.code().name if isinstance(exc, grpc.aio.AioRpcError)
-                    else f"{type(exc).__name__}: {exc}"})
+                    "error": exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else f"{type(exc).__name__}: {exc}"})
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
 
