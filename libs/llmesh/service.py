@@ -15,12 +15,13 @@ from typing import Protocol, TypeVar
 
 import uvloop
 
-from llmesh.discovery.base import Instance, Registry, unspecified
+from llmesh.discovery.base import Instance, unspecified
 from llmesh.liveconfig.live import ConfigUnavailable
 from llmesh.logs import setup_logging
 from llmesh.metrics_http import serve_metrics
 from llmesh.platform import Platform, build_platform
 from llmesh.settings import MeshSettings, ServiceSettings
+from llmesh.discovery.base import Registry
 
 log = logging.getLogger("llmesh.service")
 S = TypeVar("S", bound=ServiceSettings)
