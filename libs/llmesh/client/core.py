@@ -15,7 +15,8 @@ import grpc
 from google.protobuf import json_format, message_factory
 from google.protobuf.message import Message
 
-from llmesh.v1 import common_pb2, gateway_pb2
+from llmesh.v1 import gateway_pb2
+from llmesh.v1 import common_pb2
 
 # Keyword arguments that are not fields of the request itself are looked up in
 # these message fields of it, so ``temperature=0`` lands in ``sampling``.

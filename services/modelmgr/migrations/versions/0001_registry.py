@@ -18,12 +18,6 @@ def _at(name: str = "created_at") -> sa.Column:
 
 
 def upgrade() -> None:
-    _catalog()
-    _operations()
-
-
-def _catalog() -> None:
-    """Models, their versions and each version's artifacts."""
     op.create_table(
         "models",
         sa.Column("id", sa.Integer, primary_key=True),
@@ -55,10 +49,6 @@ def _catalog() -> None:
         sa.Column("derived_from", sa.String(32), nullable=False),
         _at(),
         sa.UniqueConstraint("version_id", "variant"))
-
-
-def _operations() -> None:
-    """What happens to versions: replicas, aliases, the event history and evals."""
     op.create_table(
         "replicas",
         sa.Column("id", sa.Integer, primary_key=True),
