@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import EllipsisType
 from typing import Any
@@ -241,7 +241,7 @@ class ClientBase:
 
     def __init__(self, address: str, *, credential: str | None = None, tls: bool | grpc.ChannelCredentials = False,
                  timeout_s: float | None = 60.0, retry: RetryPolicy | None = None,
-                 options: list[tuple[str, Any]] | None = None):
+                 options: Sequence[tuple[str, Any]] | None = None):
         creds = channel_credentials(tls)
         # grpc's or grpc.aio's channel and callables (the subclass's _grpc): typed Any here.
         self._channel: Any = (self._grpc.secure_channel(address, creds, options=options) if creds
