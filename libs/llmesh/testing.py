@@ -12,10 +12,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from llmesh.cli.layout import Layout
 
@@ -127,7 +125,7 @@ class Service:
         return terminate(self.proc, sig, timeout_s)
 
 
-def terminate(proc: subprocess.Popen[Any] | None, sig: int, timeout_s: float) -> int:
+def terminate(proc: subprocess.Popen[bytes] | subprocess.Popen[str] | None, sig: int, timeout_s: float) -> int:
     """Send ``sig``, wait, SIGKILL after ``timeout_s``; the exit code (0 if never started)."""
     if proc is None:
         return 0
@@ -141,7 +139,7 @@ def terminate(proc: subprocess.Popen[Any] | None, sig: int, timeout_s: float) ->
     return proc.returncode
 
 
-def wait_until(predicate: Callable[[], object], timeout_s: float = 10.0, interval_s: float = 0.05) -> bool:
+def wait_until(predicate, timeout_s: float = 10.0, interval_s: float = 0.05) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if predicate():
