@@ -89,7 +89,8 @@ async def live_figures(layout: Layout, endpoints: list[dict[str, Any]], window_s
     second = await _scrape(port)
 
     def count(samples: list[Any]) -> float:
-        return sum(s.value for s in samples if s.name == "llmesh_requests_total")
+        total: float = sum(s.value for s in samples if s.name == "llmesh_requests_total")
+        return total
 
     buckets: dict[float, float] = {}
     for s in second:
