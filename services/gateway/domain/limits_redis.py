@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from llmesh.gateway.domain.limits import Ask, Outcome, Verdict, usage_fields, usage_key
+from llmesh.gateway.domain.limits import WINDOW_MS, Ask, Outcome, Verdict, usage_fields, usage_key
 
 ADMIT = """
 local now, rid = tonumber(ARGV[1]), ARGV[2]
