@@ -10,7 +10,7 @@
     llmesh models   model registry: import, deploy, promote, rollback, history, eval
     llmesh cache    response cache: stats, invalidate
     llmesh shadow   shadow traffic: report how a shadow version compared
-    llmesh bench    run a benchmark from bench/ (cache, engine, gateway, guards, llamacpp)
+    llmesh bench    run a benchmark of a checkout's bench/ (python -m bench lists them)
 """
 
 from __future__ import annotations
@@ -244,11 +244,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-BENCHES = {"cache": "bench.cache", "engine": "bench.engine", "gateway": "bench.gateway",
-           "governance": "bench.governance", "guards": "bench.guards", "llamacpp": "bench.llamacpp",
-           "routing": "bench.routing", "shadow": "bench.shadow"}
-
-
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["bench"]:
@@ -258,19 +253,12 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def cmd_bench(argv: list[str]) -> int:
-    """``llmesh bench NAME [args]``: the benchmarks in bench/, run from a checkout."""
-    import importlib
-    import runpy
+    """``llmesh bench [NAME] [args]``: ``python -m bench`` in a checkout's bench/ folder,
+    which lists the benchmarks (bench/ is not part of the installed package)."""
+    import subprocess
 
-    if not argv or argv[0] not in BENCHES:
-        print(f"usage: llmesh bench {{{','.join(BENCHES)}}} [--help | args]", file=sys.stderr)
+    if not (Path.cwd() / "bench" / "__main__.py").is_file():
+        print("llmesh bench runs the benchmarks of a checkout of llmesh (its bench/ folder); cd there first",
+              file=sys.stderr)
         return 2
-    sys.path.insert(0, str(Path.cwd()))
-    try:
-        importlib.import_module("bench")
-    except ImportError:
-        print("llmesh bench runs from a checkout of llmesh (the bench/ folder); cd there first", file=sys.stderr)
-        return 2
-    sys.argv = [f"llmesh bench {argv[0]}", *argv[1:]]
-    runpy.run_module(BENCHES[argv[0]], run_name="__main__")
-    return 0
+    return subprocess.run([sys.executable, "-m", "bench", *argv]).returncode
