@@ -12,8 +12,7 @@ from llmesh.errors import ContextLengthExceeded, InvalidArgument, ModelNotFound
 from llmesh.types import Delta, Finish, FinishReason, Priority, Prompt, Sampling, Usage
 from llmesh.validation import check_request
 from llmesh.engine.admission import Admission
-from llmesh.engine.backends.base import (CONTINUATION, LOGPROBS, RESPONSE_FORMAT, Backend, DecodeParams, Token,
-                                        steps_of)
+from llmesh.engine.backends.base import Backend, DecodeParams, Token, steps_of
 from llmesh.engine.metrics import EngineMetrics
 from llmesh.engine.stops import StopMatcher
 
@@ -99,13 +98,13 @@ class EngineCore:
         backend = self.backend  # one request, one backend, even if a model load swaps it meanwhile
         self._check_model(backend, model)
         check_request(model, prompt, sampling)
-        self._check_features(backend, sampling)
+        self._check_capabilities(backend, sampling)
         tokens = backend.tokenize(prompt)
         if not tokens:
             raise InvalidArgument("The prompt is empty.", param="messages" if prompt.is_chat else "prompt")
         answered: list[int] = []
         if continuation:
-            if CONTINUATION not in getattr(backend, "features", frozenset()):
+            if not backend.capabilities.continuation:
                 raise InvalidArgument(f"The {backend.name} backend cannot continue an answer.", param="continuation")
             answered = backend.tokenize_continuation(continuation)
             tokens = tokens + answered
@@ -218,12 +217,12 @@ class EngineCore:
             raise ModelNotFound(model)
 
     @staticmethod
-    def _check_features(backend: Backend, sampling: Sampling) -> None:
+    def _check_capabilities(backend: Backend, sampling: Sampling) -> None:
         """A request that needs what the backend cannot do is refused, never served without it."""
-        features = getattr(backend, "features", frozenset())
-        if sampling.logprobs is not None and LOGPROBS not in features:
+        can = backend.capabilities
+        if sampling.logprobs is not None and not can.logprobs:
             raise InvalidArgument(f"The {backend.name} backend cannot report logprobs.", param="logprobs")
-        if sampling.response_format is not None and RESPONSE_FORMAT not in features:
+        if sampling.response_format is not None and not can.response_format:
             raise InvalidArgument(f"The {backend.name} backend cannot enforce response_format.",
                                   param="response_format")
 
