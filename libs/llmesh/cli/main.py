@@ -204,7 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--gateway-workers", type=int, default=1, metavar="N",
                     help="gateway worker processes sharing its ports (more than 1 needs LLMESH_REDIS_URL)")
     up.add_argument("--max-restarts", type=int, default=5,
-                    help="a service that dies is restarted (backoff 0.5 s doubling to 10 s); more exits than "
+                    help="a service that dies is restarted (backoff 0.5 s doubling to 10 s, jittered); more exits than "
                          "this within --restart-window stops the mesh")
     up.add_argument("--restart-window", type=float, default=60.0, help="seconds (see --max-restarts)")
     up.set_defaults(func=cmd_up)
