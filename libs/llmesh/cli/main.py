@@ -63,36 +63,36 @@ def parse_autoscale(items: list[str]) -> dict[str, str]:
     return scaled
 
 
-def cmd_up(args: argparse.Namespace) -> int:
-    from llmesh.cli.launcher import EngineLauncher, follow
-    from llmesh.cli.up import (MeshSpec, RestartPolicy, StartFailed, plan, start_all, stop_all, supervise,
-                               write_state)
+def _up_options(args: argparse.Namespace):
+    """``llmesh up``'s arguments as (MeshSpec, autoscaled models, RestartPolicy); a ValueError
+    says what is wrong with them."""
+    from llmesh.cli.up import MeshSpec, RestartPolicy
 
-    layout = _layout(args)
-    try:
-        engines = parse_engines(args.engines)
-    except ValueError as exc:
-        print(f"llmesh: {exc}", file=sys.stderr)
-        return 2
-    spec = MeshSpec(layout=layout, engines=engines, model_dir=args.model_dir.resolve(),
+    engines = parse_engines(args.engines)
+    spec = MeshSpec(layout=_layout(args), engines=engines, model_dir=args.model_dir.resolve(),
                     log_dir=args.log_dir.resolve(), grace_s=args.grace, cache=not args.no_cache,
                     gateway_workers=args.gateway_workers)
     if args.gateway_workers < 1:
-        print("llmesh: --gateway-workers must be >= 1", file=sys.stderr)
-        return 2
+        raise ValueError("--gateway-workers must be >= 1")
     if "llamacpp" in engines and not (spec.model_dir / spec.model).is_dir():
-        print(f"llmesh: no model '{spec.model}' in {spec.model_dir}; run 'make model' first", file=sys.stderr)
-        return 2
+        raise ValueError(f"no model '{spec.model}' in {spec.model_dir}; run 'make model' first")
+    scaled = parse_autoscale(args.autoscale)
+    if args.max_restarts < 0 or args.restart_window <= 0:
+        raise ValueError("--max-restarts must be >= 0 and --restart-window > 0")
+    return spec, scaled, RestartPolicy(max_restarts=args.max_restarts, window_s=args.restart_window)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from llmesh.cli.launcher import EngineLauncher, follow
+    from llmesh.cli.up import StartFailed, plan, start_all, stop_all, supervise, write_state
+
     try:
-        scaled = parse_autoscale(args.autoscale)
+        spec, scaled, policy = _up_options(args)
     except ValueError as exc:
         print(f"llmesh: {exc}", file=sys.stderr)
         return 2
+    layout = spec.layout
     children = plan(spec)
-    if args.max_restarts < 0 or args.restart_window <= 0:
-        print("llmesh: --max-restarts must be >= 0 and --restart-window > 0", file=sys.stderr)
-        return 2
-    policy = RestartPolicy(max_restarts=args.max_restarts, window_s=args.restart_window)
     state_path = spec.log_dir / "supervisor.json"
 
     async def main() -> int:
