@@ -139,8 +139,9 @@ images:
 test-unit: install
 	$(BIN)/python -m pytest -q tests/unit
 
+# The benchmarks are listed once, in bench/__main__.py (python -m bench shows them).
 bench: install bench-tools
-	$(BIN)/python -m bench
+	$(BIN)/python -m bench all
 
 # bench.dataplane's peers and profiler (pyproject's bench extra): vLLM's Rust router, py-spy
 bench-tools: install

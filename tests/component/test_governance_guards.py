@@ -11,6 +11,7 @@ import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import pytest
 import redis
@@ -52,6 +53,8 @@ PLANTED = (EMAIL, PHONE, CARD, "4111111111111111")
 class EchoBackend(SimBackend):
     """FAKE output (the sim's timing, the user's last message as the answer); the
     prompts it records are exactly what the engine received over gRPC."""
+
+    capabilities = replace(SimBackend.capabilities, steps=False)  # it answers through its own stream()
 
     def __init__(self):
         super().__init__(model=MODEL, context_length=4096)
