@@ -99,8 +99,18 @@ $(VENV)/.vllm-modules: $(VENV)/.installed requirements-vllm-modules.txt pyprojec
 	$(BIN)/python -m pip install --quiet --no-deps -r requirements-vllm-modules.txt "$(VLLM_PIN)"
 	touch $@
 
-test: tools install lint deploy-check buf-check vllm-modules ts-example
+test: tools install lint deploy-check buf-check vllm-modules ts-example docs-check
 	$(BIN)/python -m pytest -q --ignore=tests/deploy
+
+# docs/configuration.md is generated from the settings classes and the live-config schema
+# (scripts/gen_config_docs.py): `make docs` rewrites it; docs-check (in make test) fails when it
+# is stale, or when a relative link in README.md or docs/ leads to no file or anchor.
+.PHONY: docs docs-check
+docs: install
+	$(BIN)/python scripts/gen_config_docs.py --write docs/configuration.md
+docs-check: install
+	$(BIN)/python scripts/gen_config_docs.py --check docs/configuration.md
+	$(BIN)/python scripts/check_doc_links.py README.md docs
 
 # buf lint (STANDARD, exceptions in buf.yaml) and buf breaking against main's protos;
 # buf comes from the npm package @bufbuild/buf into .tools/.
@@ -129,8 +139,9 @@ images:
 test-unit: install
 	$(BIN)/python -m pytest -q tests/unit
 
+# The benchmarks are listed once, in bench/__main__.py (python -m bench shows them).
 bench: install bench-tools
-	$(BIN)/python -m bench
+	$(BIN)/python -m bench all
 
 # bench.dataplane's peers and profiler (pyproject's bench extra): vLLM's Rust router, py-spy
 bench-tools: install

@@ -6,8 +6,8 @@ import functools
 
 from llmesh.errors import InvalidArgument
 from llmesh.kvhash import HashScheme
-from llmesh.types import (FinishReason, Message, Priority, Prompt, ResponseFormat, Sampling, TokenLogprob, Tool,
-                          ToolCall, Tools, Usage)
+from llmesh.types import (FinishReason, Gpu, Hardware, Message, Priority, Prompt, ResponseFormat, Sampling,
+                          SelfTest, TokenLogprob, Tool, ToolCall, Tools, Usage)
 from llmesh.v1 import common_pb2, gateway_pb2, scheduler_pb2
 
 _FINISH_TO_PB = {
@@ -54,6 +54,30 @@ def kv_hash_from_pb(pb: scheduler_pb2.KvHashScheme) -> HashScheme | None:
         return HashScheme(pb.kind, pb.block_size, pb.algo, pb.seed, pb.hash_block_size)
     except ValueError:
         return None
+
+
+def hardware_to_pb(h: Hardware) -> scheduler_pb2.HardwareProfile:
+    return scheduler_pb2.HardwareProfile(
+        cpu_model=h.cpu_model, cpu_cores=h.cpu_cores, memory_total_bytes=h.memory_total_bytes,
+        memory_available_bytes=h.memory_available_bytes,
+        gpus=[scheduler_pb2.GpuInfo(name=g.name, memory_total_bytes=g.memory_total_bytes,
+                                    memory_used_bytes=g.memory_used_bytes, ecc_errors_corrected=g.ecc_corrected,
+                                    ecc_errors_uncorrected=g.ecc_uncorrected, driver_version=g.driver_version)
+              for g in h.gpus])
+
+
+def hardware_from_pb(pb: scheduler_pb2.HardwareProfile) -> Hardware:
+    return Hardware(pb.cpu_model, pb.cpu_cores, pb.memory_total_bytes, pb.memory_available_bytes,
+                    tuple(Gpu(g.name, g.memory_total_bytes, g.memory_used_bytes, g.ecc_errors_corrected,
+                              g.ecc_errors_uncorrected, g.driver_version) for g in pb.gpus))
+
+
+def self_test_to_pb(t: SelfTest) -> scheduler_pb2.SelfTest:
+    return scheduler_pb2.SelfTest(ok=t.ok, detail=t.detail, checked_unix=t.checked_unix, latency_ms=t.latency_ms)
+
+
+def self_test_from_pb(pb: scheduler_pb2.SelfTest) -> SelfTest:
+    return SelfTest(pb.ok, pb.detail, pb.checked_unix, pb.latency_ms)
 
 
 def sampling_to_pb(s: Sampling) -> common_pb2.SamplingParams:

@@ -25,7 +25,6 @@ from hashlib import blake2b
 
 LLMESH_BLOCK_SIZE = 16
 VLLM_ALGOS = ("sha256", "sha256_cbor")
-VLLM_DEFAULT_SEED = "vllm-none-hash"
 
 
 def chain_hashes(tokens: Sequence[int], block_size: int = LLMESH_BLOCK_SIZE, parent: int = 0) -> list[int]:

@@ -15,6 +15,7 @@ from typing import Protocol, TypeVar
 
 import uvloop
 
+from llmesh.backoff import Backoff
 from llmesh.discovery.base import Instance, unspecified
 from llmesh.liveconfig.live import ConfigUnavailable
 from llmesh.logs import setup_logging
@@ -47,16 +48,16 @@ class StartFailed(RuntimeError):
 async def _register(registry: Registry, instance: Instance, backend: str) -> None:
     """Register, retrying with backoff while the registry is away: the service
     serves meanwhile and appears in discovery once the backend is back."""
-    backoff = 0.5
+    backoff = Backoff(initial_s=0.5, max_s=10.0)
     while True:
         try:
             await asyncio.wait_for(registry.register(instance), 5)
             return
         except Exception as exc:  # noqa: BLE001 - any way of the registry being away or refusing
-            log.warning("cannot register; retrying", extra={"backend": backend, "retry_in_s": backoff,
+            wait = backoff.next()
+            log.warning("cannot register; retrying", extra={"backend": backend, "retry_in_s": wait,
                                                             "error": f"{type(exc).__name__}: {exc}"})
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 10.0)
+            await asyncio.sleep(wait)
 
 
 def _env_name(name: str) -> str:

@@ -201,12 +201,6 @@ class Features:
     cjk: bool
 
 
-def _vocabulary(lowered: str, tokens: set[str], table: dict[str, str]) -> set[str]:
-    found = {table[t] for t in tokens if t in table}
-    found |= {cls for w, cls in table.items() if not w.isalnum() or not w.isascii() and w in lowered}
-    return found
-
-
 def extract(text: str) -> Features:
     text = text.replace("’", "'")
     lowered = text.lower()

@@ -12,8 +12,7 @@ from llmesh.errors import ContextLengthExceeded, InvalidArgument, ModelNotFound
 from llmesh.types import Delta, Finish, FinishReason, Priority, Prompt, Sampling, Usage
 from llmesh.validation import check_request
 from llmesh.engine.admission import Admission
-from llmesh.engine.backends.base import (CONTINUATION, LOGPROBS, RESPONSE_FORMAT, Backend, DecodeParams, Token,
-                                        steps_of)
+from llmesh.engine.backends.base import Backend, DecodeParams, Token, steps_of
 from llmesh.engine.metrics import EngineMetrics
 from llmesh.engine.stops import StopMatcher
 
@@ -97,23 +96,9 @@ class EngineCore:
         """Yields Delta items, then exactly one Finish. Raises before the first
         item for a bad request, a full queue, or when shed for a higher priority."""
         backend = self.backend  # one request, one backend, even if a model load swaps it meanwhile
-        self._check_model(backend, model)
-        check_request(model, prompt, sampling)
-        self._check_features(backend, sampling)
-        tokens = backend.tokenize(prompt)
-        if not tokens:
-            raise InvalidArgument("The prompt is empty.", param="messages" if prompt.is_chat else "prompt")
-        answered: list[int] = []
-        if continuation:
-            if CONTINUATION not in getattr(backend, "features", frozenset()):
-                raise InvalidArgument(f"The {backend.name} backend cannot continue an answer.", param="continuation")
-            answered = backend.tokenize_continuation(continuation)
-            tokens = tokens + answered
-        params = self._decode_params(backend, len(tokens), sampling, model, priority, len(answered))
+        tokens, params = self._prepare(backend, model, prompt, sampling, priority, continuation)
         arrived = time.monotonic()
-        key = id(backend)
-        self._active[key] = self._active.get(key, 0) + 1
-        self._by_name[model] = self._by_name.get(model, 0) + 1
+        self._enter(backend, model)
         try:
             async with self.admission.slot(priority):
                 timing = _Timing(arrived, time.monotonic())
@@ -158,12 +143,39 @@ class EngineCore:
                     timing.record(self.metrics, finish)
                 yield finish
         finally:
-            self._active[key] -= 1
-            if not self._active[key]:
-                del self._active[key]
-            self._by_name[model] -= 1
-            if not self._by_name[model]:
-                del self._by_name[model]
+            self._leave(backend, model)
+
+    def _prepare(self, backend: Backend, model: str, prompt: Prompt, sampling: Sampling, priority: Priority,
+                 continuation: str) -> tuple[list[int], DecodeParams]:
+        """The request checked against the backend and tokenized (a continued answer's text
+        appended): its tokens and what the backend decodes them with."""
+        self._check_model(backend, model)
+        check_request(model, prompt, sampling)
+        self._check_capabilities(backend, sampling)
+        tokens = backend.tokenize(prompt)
+        if not tokens:
+            raise InvalidArgument("The prompt is empty.", param="messages" if prompt.is_chat else "prompt")
+        answered: list[int] = []
+        if continuation:
+            if not backend.capabilities.continuation:
+                raise InvalidArgument(f"The {backend.name} backend cannot continue an answer.", param="continuation")
+            answered = backend.tokenize_continuation(continuation)
+            tokens = tokens + answered
+        return tokens, self._decode_params(backend, len(tokens), sampling, model, priority, len(answered))
+
+    def _enter(self, backend: Backend, model: str) -> None:
+        key = id(backend)
+        self._active[key] = self._active.get(key, 0) + 1
+        self._by_name[model] = self._by_name.get(model, 0) + 1
+
+    def _leave(self, backend: Backend, model: str) -> None:
+        key = id(backend)
+        self._active[key] -= 1
+        if not self._active[key]:
+            del self._active[key]
+        self._by_name[model] -= 1
+        if not self._by_name[model]:
+            del self._by_name[model]
 
     @staticmethod
     def _delta(pieces: list, matcher: StopMatcher) -> tuple[Delta | None, int]:
@@ -218,12 +230,12 @@ class EngineCore:
             raise ModelNotFound(model)
 
     @staticmethod
-    def _check_features(backend: Backend, sampling: Sampling) -> None:
+    def _check_capabilities(backend: Backend, sampling: Sampling) -> None:
         """A request that needs what the backend cannot do is refused, never served without it."""
-        features = getattr(backend, "features", frozenset())
-        if sampling.logprobs is not None and LOGPROBS not in features:
+        can = backend.capabilities
+        if sampling.logprobs is not None and not can.logprobs:
             raise InvalidArgument(f"The {backend.name} backend cannot report logprobs.", param="logprobs")
-        if sampling.response_format is not None and RESPONSE_FORMAT not in features:
+        if sampling.response_format is not None and not can.response_format:
             raise InvalidArgument(f"The {backend.name} backend cannot enforce response_format.",
                                   param="response_format")
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from llmesh.errors import Internal, InvalidArgument, LlmeshError, ModelNotFound, NotFound, Unavailable
 from llmesh.types import Prompt
-from llmesh.engine.backends.base import Backend, DecodeParams
+from llmesh.engine.backends.base import Backend, Capabilities, DecodeParams
 from llmesh.engine.core import EngineCore
 from llmesh.engine.kvblocks import KvEventLog
 
@@ -49,6 +49,8 @@ class NoModel:
     models: tuple[str, ...] = ()
     context_length = 0
     vocab_size = 0
+    capabilities = Capabilities()
+    gpu_memory_share = 0.0
 
     def __init__(self, name: str):
         self.name = name
@@ -112,7 +114,7 @@ class ModelLifecycle:
             current = self._core.backend
             if name == current.model:
                 return LoadResult(self._describe(name), 0.0, 0.0, "")
-            if getattr(current, "gpu_memory_share", 0.0) + self._gpu_share(name) > 1.0:
+            if current.gpu_memory_share + self._gpu_share(name) > 1.0:
                 return await self._unload_first(name, current, warmup)
             backend, load_ms, warmup_ms = await self._build_warm(name, warmup)
             self._core.backend = backend
@@ -181,7 +183,7 @@ class ModelLifecycle:
 
     async def _load_adapter(self, name: str, path: str) -> LoadResult:
         backend = self._core.backend
-        if not hasattr(backend, "load_adapter"):
+        if not backend.capabilities.adapters:
             raise InvalidArgument(f"the {backend.name} backend serves no LoRA adapters", param="adapter_path")
         started = time.monotonic()
         try:

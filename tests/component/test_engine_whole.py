@@ -12,8 +12,8 @@ from llmesh.types import Delta, Finish, Message, Prompt, Sampling
 from llmesh.v1 import common_pb2, engine_pb2, engine_pb2_grpc
 from llmesh.engine.app import EngineApp
 from llmesh.engine.config import EngineSettings
-from llmesh.gateway.pipeline import CompletionRequest
-from llmesh.gateway.upstreams import EngineClients
+from llmesh.gateway.context import CompletionRequest
+from llmesh.gateway.upstream.engines import EngineClients
 from opentelemetry.trace import INVALID_SPAN
 from tests.component.test_pipeline_retry import free_port
 

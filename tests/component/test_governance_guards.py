@@ -11,6 +11,7 @@ import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import pytest
 import redis
@@ -32,13 +33,17 @@ from llmesh.engine.app import EngineApp
 from llmesh.engine.backends.base import DecodeParams
 from llmesh.engine.backends.sim import SimBackend
 from llmesh.engine.config import EngineSettings
-from llmesh.gateway.audit_stage import AuditStage
-from llmesh.gateway.auth import AuthenticateStage, Authenticator
-from llmesh.gateway.picking import Endpoint, EndpointPicker
-from llmesh.gateway.grants import AuthorizeStage
-from llmesh.gateway.guard_stage import GuardStage
-from llmesh.gateway.pipeline import CompletionRequest, Pipeline, RouteStage, ValidateStage
-from llmesh.gateway.upstreams import CacheClient, EngineClients
+from llmesh.gateway.context import CompletionRequest
+from llmesh.gateway.pipeline import Pipeline
+from llmesh.gateway.stages.audit import AuditStage
+from llmesh.gateway.stages.auth import AuthenticateStage, Authenticator
+from llmesh.gateway.stages.grants import AuthorizeStage
+from llmesh.gateway.stages.guards import GuardStage
+from llmesh.gateway.stages.route import RouteStage
+from llmesh.gateway.stages.validate import ValidateStage
+from llmesh.gateway.upstream.cache import CacheClient
+from llmesh.gateway.upstream.engines import EngineClients
+from llmesh.gateway.upstream.picking import Endpoint, EndpointPicker
 
 MODEL = "sim-echo"
 EMAIL, PHONE, CARD = "jane.doe@example.com", "13812345678", "4111 1111 1111 1111"
@@ -48,6 +53,8 @@ PLANTED = (EMAIL, PHONE, CARD, "4111111111111111")
 class EchoBackend(SimBackend):
     """FAKE output (the sim's timing, the user's last message as the answer); the
     prompts it records are exactly what the engine received over gRPC."""
+
+    capabilities = replace(SimBackend.capabilities, steps=False)  # it answers through its own stream()
 
     def __init__(self):
         super().__init__(model=MODEL, context_length=4096)

@@ -12,9 +12,10 @@ from llmesh.testing import free_ports
 from llmesh.types import Delta, Finish, Message, Prompt, Sampling
 from llmesh.engine.app import EngineApp
 from llmesh.engine.config import EngineSettings
-from llmesh.gateway.picking import Endpoint, EndpointPicker, PickInput
-from llmesh.gateway.pipeline import CompletionRequest, Pipeline
-from llmesh.gateway.upstreams import EngineClients
+from llmesh.gateway.context import CompletionRequest
+from llmesh.gateway.pipeline import Pipeline
+from llmesh.gateway.upstream.engines import EngineClients
+from llmesh.gateway.upstream.picking import Endpoint, EndpointPicker, PickInput
 
 MODEL = "sim-retry"
 

@@ -23,8 +23,8 @@ from llmesh.v1 import common_pb2, engine_pb2, engine_pb2_grpc
 from llmesh.engine.app import EngineApp
 from llmesh.engine.backends.base import DecodeParams
 from llmesh.engine.backends.llamacpp import LlamaCppBackend
-from llmesh.gateway.pipeline import CompletionRequest
-from llmesh.gateway.upstreams import EngineClients
+from llmesh.gateway.context import CompletionRequest
+from llmesh.gateway.upstream.engines import EngineClients
 from llmesh.engine.config import EngineSettings
 
 MODEL = "smollm2-135m-instruct"

@@ -12,10 +12,12 @@ from llmesh.liveconfig.schema import CircuitBreaker, MeshConfig, ModelPolicy, Re
 from llmesh.types import Message, Prompt, Sampling
 from llmesh.engine.app import EngineApp
 from llmesh.engine.config import EngineSettings
-from llmesh.gateway.picking import Endpoint, EndpointPicker
-from llmesh.gateway.pipeline import FALLBACK_HEADER, CompletionRequest, Context, Pipeline
-from llmesh.gateway.resilience import Breakers, BreakerState, RetryBudgetGate
-from llmesh.gateway.upstreams import EngineClients
+from llmesh.gateway.context import CompletionRequest, Context
+from llmesh.gateway.pipeline import Pipeline
+from llmesh.gateway.upstream.engines import EngineClients
+from llmesh.gateway.upstream.picking import Endpoint, EndpointPicker
+from llmesh.gateway.upstream.resilience import Breakers, BreakerState, RetryBudgetGate
+from llmesh.gateway.upstream.router import FALLBACK_HEADER
 from tests.component.test_pipeline_retry import collect, free_port
 
 

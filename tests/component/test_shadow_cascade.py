@@ -19,11 +19,14 @@ from llmesh.testing import free_ports
 from llmesh.types import Delta, Finish, Message, Prompt, Sampling
 from llmesh.engine.app import EngineApp
 from llmesh.engine.config import EngineSettings
-from llmesh.gateway.cascade import CASCADE_HEADER, CONFIDENCE_HEADER, MODEL_HEADER, CascadeMetrics, CascadeStage
-from llmesh.gateway.picking import Endpoint, EndpointPicker
-from llmesh.gateway.pipeline import CompletionRequest, Context, Pipeline, RouteStage, ValidateStage
-from llmesh.gateway.shadow import ShadowMetrics, ShadowStage
-from llmesh.gateway.upstreams import EngineClients
+from llmesh.gateway.context import CompletionRequest, Context
+from llmesh.gateway.pipeline import Pipeline
+from llmesh.gateway.stages.cascade import CASCADE_HEADER, CONFIDENCE_HEADER, MODEL_HEADER, CascadeMetrics, CascadeStage
+from llmesh.gateway.stages.route import RouteStage
+from llmesh.gateway.stages.shadow import ShadowMetrics, ShadowStage
+from llmesh.gateway.stages.validate import ValidateStage
+from llmesh.gateway.upstream.engines import EngineClients
+from llmesh.gateway.upstream.picking import Endpoint, EndpointPicker
 
 FAST, SLOW = "sim-fast", "sim-slow"
 
@@ -60,12 +63,10 @@ async def picker():
 
 def shadow_mesh(picker, store, config: MeshConfig):
     registry = CollectorRegistry()
-    holder: list[Pipeline] = []
-    shadow = ShadowStage(lambda: config, lambda req: holder[0].upstream(req), store, ShadowMetrics(registry))
+    shadow = ShadowStage(lambda: config, store, ShadowMetrics(registry))
     clients = EngineClients()
     pipeline = Pipeline(picker, clients, Catalog(), config=lambda: config,
                         stages=[ValidateStage(), RouteStage(Catalog(), lambda: config), shadow])
-    holder.append(pipeline)
     return pipeline, shadow, clients, registry
 
 

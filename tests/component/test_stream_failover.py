@@ -13,9 +13,11 @@ from llmesh.types import Delta, Finish, Message, Prompt, Sampling
 from llmesh.engine.app import EngineApp
 from llmesh.engine.backends.sim import _WORDS
 from llmesh.engine.config import EngineSettings
-from llmesh.gateway.picking import Endpoint, EndpointPicker
-from llmesh.gateway.pipeline import FAILOVER_HEADER, CompletionRequest, Context, Pipeline
-from llmesh.gateway.upstreams import EngineClients
+from llmesh.gateway.context import CompletionRequest, Context
+from llmesh.gateway.pipeline import Pipeline
+from llmesh.gateway.upstream.engines import EngineClients
+from llmesh.gateway.upstream.picking import Endpoint, EndpointPicker
+from llmesh.gateway.upstream.router import FAILOVER_HEADER
 from tests.component.test_pipeline_retry import free_port
 
 MODEL = "sim-failover"

@@ -9,7 +9,7 @@ from contextlib import aclosing
 
 from llmesh.types import Delta, Finish, Prompt, Sampling
 from llmesh.engine.admission import Admission
-from llmesh.engine.backends.base import DecodeParams, steps_of
+from llmesh.engine.backends.base import Capabilities, DecodeParams, steps_of
 from llmesh.engine.backends.sim import SimBackend, SimProfile
 from llmesh.engine.core import EngineCore, LastDelta
 
@@ -64,6 +64,8 @@ async def test_a_stop_string_inside_a_backlog_ends_the_answer_there():
 
 async def test_a_backend_without_steps_is_taken_one_piece_a_step():
     class OneByOne:
+        capabilities = Capabilities()  # no stream_steps declared
+
         def __init__(self, inner):
             self.inner = inner
 

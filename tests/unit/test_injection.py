@@ -4,7 +4,7 @@ import base64
 
 import pytest
 
-from llmesh.gateway.guards.injection import RULES, InjectionScreen, Rule
+from llmesh.gateway.domain.guards.injection import RULES, InjectionScreen, Rule
 from llmesh.types import Message
 
 

@@ -11,9 +11,10 @@ from llmesh.convert import logprobs_from_pb, logprobs_to_pb, sampling_from_pb, s
 from llmesh.errors import InvalidArgument, Unavailable
 from llmesh.types import Delta, Finish, FinishReason, ResponseFormat, Sampling, TokenLogprob, Usage
 from llmesh.validation import check_request, check_sampling
-from llmesh.gateway.choices import UsageSum, choice_requests, merge
-from llmesh.gateway.openai_api import CHAT, TEXT, ChatBody, Choice, ChunkWriter, CompletionBody, completion_json, parse
-from llmesh.gateway.pipeline import CompletionRequest
+from llmesh.gateway.context import CompletionRequest
+from llmesh.gateway.fronts.choices import UsageSum, choice_requests, merge
+from llmesh.gateway.fronts.openai_api import (CHAT, TEXT, ChatBody, Choice, ChunkWriter, CompletionBody,
+                                              completion_json, parse)
 from llmesh.types import Prompt
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
@@ -202,9 +203,9 @@ async def test_merge_raises_the_first_failure_and_stops_the_others():
 
 
 def _through_masker(pieces):
-    from llmesh.gateway.guards.pii import PiiMasker, Placeholders
-    from llmesh.gateway.guards.pii_stream import StreamMasker
-    from llmesh.gateway.logprob_gate import LogprobGate
+    from llmesh.gateway.domain.guards.pii import PiiMasker, Placeholders
+    from llmesh.gateway.domain.guards.pii_stream import StreamMasker
+    from llmesh.gateway.output import LogprobGate
     masker, gate, sent, out = StreamMasker(PiiMasker(), Placeholders()), LogprobGate(), [], []
     for piece in pieces:
         text = masker.feed(piece)
@@ -232,7 +233,7 @@ def test_logprobs_never_leak_what_the_masker_hid():
 
 def test_tool_calls_in_answers_and_chunks():
     from llmesh.types import ToolCall
-    from llmesh.gateway.openai_api import ToolCalls
+    from llmesh.gateway.fronts.openai_api import ToolCalls
     pieces = [(ToolCall(0, "call_1", "weather", ""),), (ToolCall(0, "", "", '{"city":'),), (ToolCall(0, "", "", '"Paris"}'),)]
     joined = ToolCalls()
     for p in pieces:

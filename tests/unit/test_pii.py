@@ -2,9 +2,8 @@
 
 import pytest
 
-from llmesh.gateway.guards.pii import (
-    PiiKind, PiiMasker, Placeholders, card_issuer_known, cn_id_valid, luhn_valid, restore,
-)
+from llmesh.gateway.domain.guards.pii import PiiMasker, Placeholders, restore
+from llmesh.gateway.domain.guards.pii_rules import PiiKind, card_issuer_known, cn_id_valid, luhn_valid
 from llmesh.types import Message
 
 

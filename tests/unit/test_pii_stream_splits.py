@@ -13,8 +13,9 @@ import string
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llmesh.gateway.guards.pii import _RULES, PiiMasker, luhn_valid
-from llmesh.gateway.guards.pii_stream import _TOKEN_CHARS, StreamMasker
+from llmesh.gateway.domain.guards.pii import PiiMasker
+from llmesh.gateway.domain.guards.pii_rules import _RULES, luhn_valid
+from llmesh.gateway.domain.guards.pii_stream import _TOKEN_CHARS, StreamMasker
 
 MASKER = PiiMasker()
 

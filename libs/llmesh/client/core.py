@@ -15,6 +15,7 @@ import grpc
 from google.protobuf import json_format, message_factory
 from google.protobuf.message import Message
 
+from llmesh.backoff import Backoff
 from llmesh.v1 import gateway_pb2
 from llmesh.v1 import common_pb2
 
@@ -105,16 +106,25 @@ class Deadline:
 @dataclass(frozen=True)
 class RetryPolicy:
     """Retries on UNAVAILABLE only, and for a stream only before its first message:
-    once tokens were yielded a retry would repeat them."""
+    once tokens were yielded a retry would repeat them. Waits double from
+    ``initial_backoff_s`` up to ``max_backoff_s``, each jittered down by up to ``jitter``
+    of it (``rng``: a seeded one for reproducible waits)."""
     max_attempts: int = 3
     initial_backoff_s: float = 0.1
     max_backoff_s: float = 2.0
+    jitter: float = 0.5
+    rng: random.Random = field(default_factory=random.Random, repr=False, compare=False)
+    _backoff: Backoff = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_backoff", Backoff(initial_s=self.initial_backoff_s, max_s=self.max_backoff_s,
+                                                     jitter=self.jitter, rng=self.rng))
 
     def delay(self, code: grpc.StatusCode, attempts: int, deadline: Deadline) -> float | None:
         """Seconds to wait before the next attempt, or None: do not retry."""
         if code != grpc.StatusCode.UNAVAILABLE or attempts >= self.max_attempts:
             return None
-        wait = min(self.max_backoff_s, self.initial_backoff_s * 2 ** (attempts - 1)) * random.uniform(0.5, 1.0)
+        wait = self._backoff.delay(attempts)
         remaining = deadline.remaining()
         return None if remaining is not None and remaining <= wait else wait
 

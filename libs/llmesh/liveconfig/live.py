@@ -12,6 +12,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from llmesh.backoff import Backoff
 from llmesh.liveconfig.document import InvalidConfig, parse
 from llmesh.liveconfig.schema import MeshConfig
 from llmesh.liveconfig.stores import ConfigStore, Version
@@ -82,20 +83,21 @@ class LiveConfig:
         self._task = asyncio.create_task(self._follow(), name="config-watch")
 
     async def _follow(self) -> None:
-        backoff = 0.2
+        backoff = Backoff(initial_s=0.2, max_s=5.0)
         while True:
             try:
                 async for version in self._store.watch():
                     self.offer(version)
-                    backoff = 0.2
+                    backoff.reset()
+                wait = backoff.next()  # the watch ended: start over
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - backend away: keep the config, retry
+                wait = backoff.next()
                 log.warning("config backend unreachable; keeping the current config",
                             extra={"backend": self._store.address, "error": type(exc).__name__,
-                                   "retry_in_s": backoff})
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 5.0)
+                                   "retry_in_s": wait})
+            await asyncio.sleep(wait)
 
     async def stop(self) -> None:
         if self._task is not None:

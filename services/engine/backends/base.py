@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
@@ -37,29 +36,25 @@ class DecodeParams:
         return self.continued_tokens > 0
 
 
-# What a backend may support beyond plain sampling; it names them in ``features``
-# and the core refuses requests that need a missing one.
-LOGPROBS = "logprobs"
-RESPONSE_FORMAT = "response_format"
-CONTINUATION = "continuation"  # the backend has ``tokenize_continuation(text) -> list[int]``
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a backend can do beyond plain sampling, as it declares it (``Backend.capabilities``;
+    the engine never probes for methods): the core refuses a request that needs a missing
+    one, and calls the optional methods below only on a backend that declares them."""
+    logprobs: bool = False          # reports log probabilities (``Token`` pieces)
+    response_format: bool = False   # constrains decoding to a JSON shape
+    continuation: bool = False      # has ``tokenize_continuation(text) -> list[int]``
+    steps: bool = False             # has ``stream_steps``: every piece a decode step made, in one list
+    adapters: bool = False          # has ``load_adapter(name, path)`` and ``unload_adapter(name)`` (LoRA)
 
 
 def steps_of(backend: Backend, tokens: list[int], params: DecodeParams) -> AsyncIterator[list]:
     """The backend's pieces grouped as they become ready: its own ``stream_steps``
-    (every piece a decode step produced, or a backlog, in one list) where it has
-    one, else one piece a list. The engine sends each group as one message."""
-    if _steps_are_current(type(backend)):
+    (every piece a decode step produced, or a backlog, in one list) where it declares
+    them, else one piece a list. The engine sends each group as one message."""
+    if backend.capabilities.steps:
         return backend.stream_steps(tokens, params)
     return _one_by_one(backend.stream(tokens, params))
-
-
-@functools.lru_cache(maxsize=64)  # asked on every request, of a handful of backend classes
-def _steps_are_current(cls: type) -> bool:
-    """Whether ``stream_steps`` is defined, and not older than ``stream``: a subclass that
-    overrides ``stream`` alone (a test's backend) is streamed through its own ``stream``."""
-    owner = lambda name: next((c for c in cls.__mro__ if name in vars(c)), None)  # noqa: E731
-    steps, stream = owner("stream_steps"), owner("stream")
-    return steps is not None and (stream is None or issubclass(steps, stream))
 
 
 async def _one_by_one(pieces: AsyncIterator) -> AsyncIterator[list]:
@@ -84,7 +79,8 @@ class Backend(Protocol):
     vocab_size: int      # valid token ids are 0 .. vocab_size - 1
     models: tuple[str, ...]  # what requests may name: the model, then any LoRA adapters
     kv_blocks: KvEventSource  # KV block events for the scheduler
-    features: frozenset[str]  # LOGPROBS, RESPONSE_FORMAT, CONTINUATION; a backend without the attribute has none
+    capabilities: Capabilities  # what it does beyond plain sampling, and which optional methods it has
+    gpu_memory_share: float  # of the GPU's memory it reserves while loaded (vLLM); 0 for none
 
     def tokenize(self, prompt: Prompt) -> list[int]:
         """Token ids of the prompt as the model will see it (chat template applied)."""

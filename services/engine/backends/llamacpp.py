@@ -15,7 +15,7 @@ from llmesh.errors import Internal, InvalidArgument, ModelNotFound, NotFound
 from llmesh.modelstore import ModelStore, quiet_native_stderr
 from llmesh.prompt_tokens import GgufChatTokenizer
 from llmesh.types import Prompt, ResponseFormat
-from llmesh.engine.backends.base import CONTINUATION, LOGPROBS, RESPONSE_FORMAT, DecodeParams
+from llmesh.engine.backends.base import Capabilities, DecodeParams
 from llmesh.engine.backends.llamacpp_batch import BatchRunner, Sequence
 from llmesh.engine.kvblocks import BlockLedger
 
@@ -43,7 +43,8 @@ _JSON_CHAR = r'char ::= [^"\\\x7F\x00-\x1F] |'
 
 class LlamaCppBackend:
     name = "llamacpp"
-    features = frozenset({LOGPROBS, RESPONSE_FORMAT, CONTINUATION})
+    capabilities = Capabilities(logprobs=True, response_format=True, continuation=True, steps=True)
+    gpu_memory_share = 0.0
 
     def __init__(self, model_path: Path, model: str, *, n_ctx: int, n_threads: int, n_batch: int, n_slots: int,
                  unified_kv: bool = False):

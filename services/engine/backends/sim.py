@@ -25,7 +25,7 @@ from pathlib import Path
 from llmesh.errors import InvalidArgument, NotFound
 from llmesh.prompt_tokens import sim_token, sim_tokenize
 from llmesh.types import Prompt, TokenLogprob
-from llmesh.engine.backends.base import CONTINUATION, LOGPROBS, DecodeParams, Token
+from llmesh.engine.backends.base import Capabilities, DecodeParams, Token
 from llmesh.engine.kvblocks import BlockLedger
 
 _WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel",
@@ -81,7 +81,9 @@ class _Seq:
 class SimBackend:
     name = "sim"
     vocab_size = VOCAB_SIZE
-    features = frozenset({LOGPROBS, CONTINUATION})  # words are drawn uniformly: each has probability 1/16
+    # logprobs: words are drawn uniformly, each has probability 1/16
+    capabilities = Capabilities(logprobs=True, continuation=True, steps=True)
+    gpu_memory_share = 0.0
 
     def __init__(self, model: str, context_length: int, profile: SimProfile = SimProfile()):
         if not model.startswith("sim"):

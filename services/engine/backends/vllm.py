@@ -29,7 +29,7 @@ import msgspec
 from llmesh.errors import InvalidArgument, NotFound
 from llmesh.kvhash import VLLM_ALGOS, HashScheme, hash64
 from llmesh.types import Prompt
-from llmesh.engine.backends.base import DecodeParams
+from llmesh.engine.backends.base import Capabilities, DecodeParams
 from llmesh.engine.kvblocks import KvEventLog
 
 log = logging.getLogger("llmesh.engine.vllm")
@@ -39,6 +39,7 @@ KV_TOPIC = "kv"
 
 class VllmBackend:
     name = "vllm"
+    capabilities = Capabilities(adapters=True)  # LoRA; whether this engine enables it, load_adapter says
 
     def __init__(self, engine, tokenizer, model: str, context_length: int, api: SimpleNamespace,
                  kv_events: KvEventLog | None = None, *, enable_lora: bool = True, max_lora_rank: int = 16,
