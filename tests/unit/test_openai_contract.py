@@ -234,7 +234,8 @@ def test_logprobs_never_leak_what_the_masker_hid():
 def test_tool_calls_in_answers_and_chunks():
     from llmesh.types import ToolCall
     from llmesh.gateway.fronts.openai_api import ToolCalls
-    pieces = [(ToolCall(0, "call_1", "weather", ""),), (ToolCall(0, "", "", '{"city":'),), (ToolCall(0, "", "", '"Paris"}'),)]
+    pieces = [(ToolCall(0, "call_1", "weather", ""),), (ToolCall(0, "", "", '{"city":'),),
+              (ToolCall(0, "", "", '"Paris"}'),)]
     joined = ToolCalls()
     for p in pieces:
         joined.add(p)
