@@ -7,12 +7,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 
 from llmesh.errors import Internal, InvalidArgument, LlmeshError, ModelNotFound, NotFound, Unavailable
 from llmesh.types import Prompt
-from llmesh.engine.backends.base import Backend, Capabilities, DecodeParams
+from llmesh.engine.backends.base import Backend, Capabilities, DecodeParams, Piece, has_adapters
 from llmesh.engine.core import EngineCore
 from llmesh.engine.kvblocks import KvEventLog
 
@@ -59,7 +59,7 @@ class NoModel:
     def tokenize(self, prompt: Prompt) -> list[int]:
         raise NotFound("this engine has no model loaded")
 
-    async def stream(self, tokens: list[int], params: DecodeParams) -> AsyncIterator[str]:
+    async def stream(self, tokens: list[int], params: DecodeParams) -> AsyncGenerator[Piece, None]:
         raise NotFound("this engine has no model loaded")
         yield ""  # pragma: no cover - makes this an async generator
 
@@ -171,7 +171,7 @@ class ModelLifecycle:
         async with self._lock:
             current = self._core.backend
             if name != current.model:
-                if name in current.models:
+                if name in current.models and has_adapters(current):  # only adapter backends list more than one
                     await current.unload_adapter(name)
                     self._on_change(current)
                     return
@@ -183,7 +183,7 @@ class ModelLifecycle:
 
     async def _load_adapter(self, name: str, path: str) -> LoadResult:
         backend = self._core.backend
-        if not backend.capabilities.adapters:
+        if not has_adapters(backend):
             raise InvalidArgument(f"the {backend.name} backend serves no LoRA adapters", param="adapter_path")
         started = time.monotonic()
         try:

@@ -9,6 +9,7 @@ import asyncio
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -41,7 +42,7 @@ class LiveConfig:
         # is the oldest revision any live one runs.
         self._revision = Gauge("llmesh_config_revision", "revision of the config in force", ["service"],
                                registry=metrics, multiprocess_mode="livemin")
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[Any] | None = None
 
     def offer(self, version: Version) -> bool:
         """Validate and apply a document; False (and nothing changed) if it is invalid."""
