@@ -53,7 +53,8 @@ class EtcdRegistry:
         lease = await self._client.lease(self._ttl)
         value = orjson.dumps({"address": instance.address, "instance_id": instance.instance_id})
         await self._client.put(self._key(instance), value, lease=lease)
-        return lease.id
+        lease_id: int = lease.id
+        return lease_id
 
     async def register(self, instance: Instance) -> None:
         try:

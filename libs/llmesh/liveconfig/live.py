@@ -84,10 +84,12 @@ class LiveConfig:
         self._task = asyncio.create_task(self._follow(), name="config-watch")
 
     async def _follow(self) -> None:
+        store = self._store
+        assert store is not None  # start() follows only a configured store
         backoff = Backoff(initial_s=0.2, max_s=5.0)
         while True:
             try:
-                async for version in self._store.watch():
+                async for version in store.watch():
                     self.offer(version)
                     backoff.reset()
                 wait = backoff.next()  # the watch ended: start over
@@ -96,7 +98,7 @@ class LiveConfig:
             except Exception as exc:  # noqa: BLE001 - backend away: keep the config, retry
                 wait = backoff.next()
                 log.warning("config backend unreachable; keeping the current config",
-                            extra={"backend": self._store.address, "error": type(exc).__name__,
+                            extra={"backend": store.address, "error": type(exc).__name__,
                                    "retry_in_s": wait})
             await asyncio.sleep(wait)
 
