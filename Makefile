@@ -99,7 +99,7 @@ $(VENV)/.vllm-modules: $(VENV)/.installed requirements-vllm-modules.txt pyprojec
 	$(BIN)/python -m pip install --quiet --no-deps -r requirements-vllm-modules.txt "$(VLLM_PIN)"
 	touch $@
 
-test: tools install deploy-check buf-check vllm-modules ts-example docs-check
+test: tools install lint deploy-check buf-check vllm-modules ts-example docs-check
 	$(BIN)/python -m pytest -q --ignore=tests/deploy
 
 # docs/configuration.md is generated from the settings classes and the live-config schema
@@ -161,3 +161,17 @@ lock:
 
 clean:
 	rm -rf $(VENV) libs/llmesh/v1/*_pb2*.py* libs/buf/validate/*_pb2*.py* $(RULES) build *.egg-info
+
+# Boundaries as tests: ruff (the rules in pyproject.toml), mypy (strict on libs/ and the domain
+# modules), import-linter's contracts (services independent, libs below services, domain modules
+# free of gRPC and transports; both tools run on the installed package layout that
+# scripts/lint-tree lays out in build/lint) and the services' module and function sizes.
+# Every check runs; the target fails if any did.
+.PHONY: lint
+lint: install
+	@status=0; \
+	$(BIN)/ruff check . || status=1; \
+	$(BIN)/python scripts/lint-tree $(BIN)/mypy || status=1; \
+	$(BIN)/python scripts/lint-tree $(BIN)/lint-imports || status=1; \
+	$(BIN)/python scripts/check-size || status=1; \
+	exit $$status

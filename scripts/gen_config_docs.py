@@ -53,7 +53,8 @@ DESCRIPTIONS: dict[str, str] = {
     "event_loop": "the asyncio event loop the process runs on",
     # MeshSettings
     "MeshSettings.discovery": "`static`: addresses from settings; `etcd`: each service holds a lease-bound key "
-                              "(gone LLMESH_REGISTRY_TTL_S after it dies); `consul`: registered with a gRPC health check",
+                              "(gone LLMESH_REGISTRY_TTL_S after it dies); "
+                              "`consul`: registered with a gRPC health check",
     "MeshSettings.etcd_address": "where etcd is (discovery and live config)",
     "MeshSettings.consul_address": "where the Consul agent is: `host:port`, `http://...` or `https://...`",
     "MeshSettings.discovery_prefix": "etcd key prefix services register under",
@@ -66,7 +67,8 @@ DESCRIPTIONS: dict[str, str] = {
     "GatewaySettings.http_host": "address the OpenAI-compatible HTTP front binds",
     "GatewaySettings.http_port": "port of the OpenAI-compatible HTTP front",
     "GatewaySettings.scheduler_address": "the scheduler, whose endpoint table the gateway watches",
-    "GatewaySettings.modelmgr_address": "the model manager, whose registry's models the gateway accepts; unset: only models engines serve",
+    "GatewaySettings.modelmgr_address": "the model manager, whose registry's models the gateway accepts; "
+                                        "unset: only models engines serve",
     "GatewaySettings.cache_address": "the cache service; empty: no response cache",
     "GatewaySettings.catalog_refresh_s": "how often the model catalog is read from the model manager",
     "GatewaySettings.require_auth": "credentials always required, never local mode (production: an emptied key "
@@ -117,7 +119,8 @@ DESCRIPTIONS: dict[str, str] = {
     "RateLimit.max_concurrency": "requests in flight at once",
     "Budget.period": "UTC day or month",
     "Guards.pii": "mask PII in the prompt before it leaves the gateway",
-    "Guards.injection": "prompt-injection screen: `block` (400, code `prompt_injection`), `flag` (the score goes to the audit record) or `off`",
+    "Guards.injection": "prompt-injection screen: `block` (400, code `prompt_injection`), "
+                        "`flag` (the score goes to the audit record) or `off`",
     "Grant.models": "models and aliases allowed (403 for others; `/v1/models` lists only these); unset: all",
     "Grant.priority": "the engine queue's priority class of the requests",
     "TenantPolicy.budget": "spending per period",
@@ -199,7 +202,7 @@ OTHER_ENV = """\
 | `CONSUL_HTTP_TOKEN` | Consul discovery | ACL token when `LLMESH_CONSUL_TOKEN` is unset |
 | `HTTPS_PROXY`, `HTTP_PROXY`, `NO_PROXY` | the gateway's provider client | proxies for external providers, read once at start |
 | the provider's `api_key_env` | the gateway, per call | a provider's API key ([`providers`](#provider)) |
-"""
+"""  # noqa: E501 - a Markdown table: one row a line
 
 
 @dataclass(frozen=True)
@@ -263,7 +266,9 @@ def type_name(annotation) -> str:
 
 
 def _literal(value) -> str:
-    return str(value).lower() if isinstance(value, bool) else str(value.value if isinstance(value, enum.Enum) else value)
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value.value if isinstance(value, enum.Enum) else value)
 
 
 _BOUNDS = ((annotated_types.Ge, "ge", "≥"), (annotated_types.Gt, "gt", ">"), (annotated_types.Le, "le", "≤"),

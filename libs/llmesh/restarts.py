@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 from llmesh.backoff import Backoff
 
@@ -26,7 +27,7 @@ class RestartPolicy:
 @dataclass
 class RestartBudget:
     policy: RestartPolicy
-    recent: deque = field(default_factory=deque)   # monotonic times of restarts inside the window
+    recent: deque[Any] = field(default_factory=deque)   # monotonic times of restarts inside the window
     rng: random.Random = field(default_factory=random.Random, repr=False, compare=False)
     _backoff: Backoff = field(init=False, repr=False, compare=False)
 

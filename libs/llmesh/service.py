@@ -11,7 +11,7 @@ import signal
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import uvloop
 
@@ -22,8 +22,10 @@ from llmesh.logs import setup_logging
 from llmesh.metrics_http import serve_metrics
 from llmesh.platform import Platform, build_platform
 from llmesh.settings import MeshSettings, ServiceSettings
+from llmesh.discovery.base import Registry
 
 log = logging.getLogger("llmesh.service")
+S = TypeVar("S", bound=ServiceSettings)
 
 
 class App(Protocol):
@@ -43,7 +45,7 @@ class StartFailed(RuntimeError):
     pass
 
 
-async def _register(registry, instance: Instance, backend: str) -> None:
+async def _register(registry: Registry, instance: Instance, backend: str) -> None:
     """Register, retrying with backoff while the registry is away: the service
     serves meanwhile and appears in discovery once the backend is back."""
     backoff = Backoff(initial_s=0.5, max_s=10.0)
@@ -72,7 +74,7 @@ class Registration:
     """One instance of a service in discovery, from start until ``end``: registered in the
     background (retrying while the registry is away), deregistered first thing on stop."""
 
-    def __init__(self, name: str, registry, mesh: MeshSettings, address: str, health_service: str):
+    def __init__(self, name: str, registry: Registry, mesh: MeshSettings, address: str, health_service: str):
         self.instance = Instance(name, f"{name}-{socket.gethostname()}-{os.getpid()}", address, health_service)
         self._registry = registry
         backend = {"etcd": mesh.etcd_address, "consul": mesh.consul_address}.get(mesh.discovery, "static")
@@ -133,7 +135,7 @@ async def serve(name: str, build: Callable[[Platform], App], settings: ServiceSe
     log.info("stopped")
 
 
-def run(name: str, settings: ServiceSettings, build: Callable[[ServiceSettings, Platform], App],
+def run(name: str, settings: S, build: Callable[[S, Platform], App],
         worker: Worker | None = None) -> None:
     setup_logging(name, settings.log_level, {"worker": worker.index} if worker else None)
     main = serve(name, lambda platform: build(settings, platform), settings, MeshSettings(), worker)

@@ -85,7 +85,8 @@ class Reporter:
                 wait = backoff.next()
                 log.warning("scheduler report stream broke", extra={
                     "scheduler": address, "retry_in_s": wait,
-                    "error": exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else f"{type(exc).__name__}: {exc}"})
+                    "error": exc.code().name if isinstance(exc, grpc.aio.AioRpcError)
+                    else f"{type(exc).__name__}: {exc}"})
                 await asyncio.sleep(wait)
 
     async def _reports(self) -> AsyncIterator[scheduler_pb2.EngineReport]:

@@ -11,7 +11,7 @@ from llmesh.kvhash import HashScheme
 
 
 class KvIndex:
-    def __init__(self):
+    def __init__(self) -> None:
         self._blocks: dict[str, set[int]] = {}
         self._schemes: dict[str, HashScheme | None] = {}
 

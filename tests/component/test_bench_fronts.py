@@ -14,7 +14,8 @@ def test_samples_go_to_their_innermost_component_and_idle_is_left_out():
     raw = "\n".join([
         f"{MAIN};uv_run (core.c:452);uv__io_poll (linux.c:1);epoll_wait (libc.so.6) 50",  # idle: not counted
         f"{MAIN};HttpFront.app (gateway/fronts/http.py:141);Pipeline.run (gateway/pipeline.py:254);"
-        "ProviderClients._whole (gateway/upstream/providers.py:258);StreamWriter._writelines (aiohttp/http_writer.py:116);"
+        "ProviderClients._whole (gateway/upstream/providers.py:258);"
+        "StreamWriter._writelines (aiohttp/http_writer.py:116);"
         "write (libc.so.6) 3",
         f"{MAIN};Pipeline.run (gateway/pipeline.py:232);GuardStage.admit (gateway/stages/guards.py:37);"
         "replace (dataclasses.py:1494);__init__ (<string>:2) 1",  # dataclasses count for their caller

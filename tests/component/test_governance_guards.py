@@ -161,7 +161,8 @@ async def test_planted_pii_reaches_no_engine_cache_log_or_span(world, caplog):
     assert any(b":s:" in k for k, _ in entries), "the answer and its (masked) question were stored"
     assert any(b"[EMAIL_1]" in fields.get(b"q", b"") for _, fields in entries)
     stored = repr(entries)
-    spans = repr([(s.name, dict(s.attributes), [e.attributes for e in s.events]) for s in world["spans"].get_finished_spans()])
+    spans = repr([(s.name, dict(s.attributes), [e.attributes for e in s.events])
+                  for s in world["spans"].get_finished_spans()])
     logs = "\n".join(JsonFormatter("gateway").format(r) for r in caplog.records)
     audit_text = world["audit_path"].read_text()
     assert world["spans"].get_finished_spans() and caplog.records and audit_text

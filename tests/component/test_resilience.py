@@ -131,7 +131,7 @@ async def test_fallback_chain_when_every_engine_of_the_model_is_down(engines):
     pipeline = Pipeline(picker, clients, Catalog(), config=lambda: config, observe=records.append)
     try:
         ctx = Context.of(request("sim-main"))
-        text, finish = "", None
+        text = ""
         async for item in pipeline.run(ctx.req, ctx):
             text += getattr(item, "text", "")
         assert text

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 from llmesh.liveconfig.schema import MeshConfig
 from llmesh.shadow import FileShadowStore, RedisShadowStore
 from llmesh.testing import free_ports
-from llmesh.types import Delta, Finish, Message, Prompt, Sampling
+from llmesh.types import Delta, Message, Prompt, Sampling
 from llmesh.engine.app import EngineApp
 from llmesh.engine.config import EngineSettings
 from llmesh.gateway.context import CompletionRequest, Context

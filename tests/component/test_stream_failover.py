@@ -9,7 +9,7 @@ import pytest
 
 from llmesh.errors import Unavailable
 from llmesh.liveconfig.schema import MeshConfig, ModelPolicy
-from llmesh.types import Delta, Finish, Message, Prompt, Sampling
+from llmesh.types import Delta, Message, Prompt, Sampling
 from llmesh.engine.app import EngineApp
 from llmesh.engine.backends.sim import _WORDS
 from llmesh.engine.config import EngineSettings

@@ -4,7 +4,6 @@ or ignore) and the Gateway's proto descriptors. Used by test_parity."""
 
 from __future__ import annotations
 
-import re
 import types
 import typing
 from dataclasses import dataclass

@@ -79,8 +79,9 @@ def test_unsupported_parameters_are_refused_by_name(field, value):
     assert info.value.param == field and field in info.value.message
 
 
-WEATHER = {"type": "function", "function": {"name": "weather", "description": "Weather in a city",
-                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+WEATHER = {"type": "function", "function": {
+    "name": "weather", "description": "Weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
 
 
 def test_tools_map_to_domain_and_engines_refuse_them_by_name():
@@ -144,7 +145,8 @@ def test_completion_json_has_every_choice_with_logprobs():
     text = completion_json(TEXT, "r", "m", [Choice("Hi!", FinishReason.STOP, lp)], Usage(1, 2))
     assert text["choices"][0]["logprobs"] == {"tokens": ["Hi", "!"], "token_logprobs": [-0.1, -0.3],
                                               "top_logprobs": [{"Hi": -0.1, "Hey": -2.0}, {}], "text_offset": [0, 2]}
-    assert completion_json(CHAT, "r", "m", [Choice("x", FinishReason.STOP, None)], Usage())["choices"][0]["logprobs"] is None
+    body = completion_json(CHAT, "r", "m", [Choice("x", FinishReason.STOP, None)], Usage())
+    assert body["choices"][0]["logprobs"] is None
 
 
 def test_stream_chunks_carry_index_and_running_text_offsets():
@@ -232,7 +234,8 @@ def test_logprobs_never_leak_what_the_masker_hid():
 def test_tool_calls_in_answers_and_chunks():
     from llmesh.types import ToolCall
     from llmesh.gateway.fronts.openai_api import ToolCalls
-    pieces = [(ToolCall(0, "call_1", "weather", ""),), (ToolCall(0, "", "", '{"city":'),), (ToolCall(0, "", "", '"Paris"}'),)]
+    pieces = [(ToolCall(0, "call_1", "weather", ""),), (ToolCall(0, "", "", '{"city":'),),
+              (ToolCall(0, "", "", '"Paris"}'),)]
     joined = ToolCalls()
     for p in pieces:
         joined.add(p)

@@ -253,8 +253,8 @@ def test_weights_from_live_config_replace_the_preset():
     p.replace_all([ep("warm", running=12), ep("cold")])
     p.kv.apply("warm", True, H, [])
     r = req(tokens=lambda: TOKENS)
-    policy = MeshConfig.model_validate({"models": {"m": {"routing": "prefix_aware",
-                                                         "scorers": {"prefix_aware": 10, "least_load": 1}}}}).policy("m")
+    policy = MeshConfig.model_validate({"models": {"m": {
+        "routing": "prefix_aware", "scorers": {"prefix_aware": 10, "least_load": 1}}}}).policy("m")
     assert p.pick(r, policy.routing, policy.scorers).endpoint_id == "warm"
     assert p.pick(r, policy.routing).endpoint_id == "cold"
 

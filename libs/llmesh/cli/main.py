@@ -21,8 +21,13 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from llmesh.cli.layout import Layout
+
+if TYPE_CHECKING:
+    from llmesh.cli.up import MeshSpec
+    from llmesh.restarts import RestartPolicy
 
 
 def _layout(args: argparse.Namespace) -> Layout:
@@ -63,10 +68,11 @@ def parse_autoscale(items: list[str]) -> dict[str, str]:
     return scaled
 
 
-def _up_options(args: argparse.Namespace):
+def _up_options(args: argparse.Namespace) -> tuple[MeshSpec, dict[str, str], RestartPolicy]:
     """``llmesh up``'s arguments as (MeshSpec, autoscaled models, RestartPolicy); a ValueError
     says what is wrong with them."""
-    from llmesh.cli.up import MeshSpec, RestartPolicy
+    from llmesh.cli.up import MeshSpec
+    from llmesh.restarts import RestartPolicy
 
     engines = parse_engines(args.engines)
     spec = MeshSpec(layout=_layout(args), engines=engines, model_dir=args.model_dir.resolve(),
@@ -118,6 +124,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             if following is not None:
                 following.cancel()
                 await asyncio.gather(following, return_exceptions=True)
+            if launcher is not None:
                 await launcher.close()
         if gave_up:
             print(f"llmesh: {gave_up.name} exited {gave_up.exits} times within {gave_up.window_s:.0f}s "
@@ -135,7 +142,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     return code
 
 
-def _banner(layout: Layout, spec) -> str:
+def _banner(layout: Layout, spec: MeshSpec) -> str:
     model = spec.model if "llamacpp" in spec.engines else spec.sim_model
     url = layout.http_url
     return f"""llmesh is up: OpenAI-compatible API at {url}/v1, gRPC at {layout.address('gateway')}

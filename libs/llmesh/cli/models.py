@@ -201,8 +201,8 @@ _ACTIONS = {"import": _import, "list": _list, "quantize": _quantize, "deploy": _
             "rollback": _rollback, "archive": _archive, "history": _history, "eval": _eval, "evals": _evals}
 
 
-def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("models", help="model registry: import, deploy, promote, rollback",
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser("models", help="model registry: import, deploy, promote, rollback",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--address", help="the model manager (default: the layout's, base port + 2)")
     actions = p.add_subparsers(dest="action", required=True)

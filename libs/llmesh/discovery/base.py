@@ -8,7 +8,7 @@ import ipaddress
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from llmesh.backoff import Backoff
 from llmesh.errors import DiscoveryError
@@ -89,7 +89,7 @@ class Follower:
         self._backoff_max = backoff_max_s
         self._instances: list[Instance] = []
         self._answered = asyncio.Event()
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[Any] | None = None
         self._turn = 0
 
     @property

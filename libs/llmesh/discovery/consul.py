@@ -68,7 +68,7 @@ class ConsulRegistry:
         self._backoff_max = backoff_max_s
         self._client: consul.aio.Consul | None = None
         self._registered: dict[str, Instance] = {}
-        self._keeper: asyncio.Task | None = None
+        self._keeper: asyncio.Task[Any] | None = None
 
     def _consul(self) -> consul.aio.Consul:
         if self._client is None:  # built in the running loop: aiohttp sessions belong to one
@@ -127,7 +127,7 @@ class ConsulRegistry:
         await self._call("deregister", self._consul().agent.service.deregister(instance.instance_id))
 
     @staticmethod
-    def _instances(service: str, nodes: list | None) -> list[Instance]:
+    def _instances(service: str, nodes: list[Any] | None) -> list[Instance]:
         out = []
         for n in nodes or []:
             svc = n["Service"]

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import aetcd
 import aetcd.exceptions
@@ -40,7 +41,7 @@ class EtcdRegistry:
         self._client = client
         self._prefix = prefix.rstrip("/")
         self._ttl = ttl_s
-        self._keepers: dict[Instance, asyncio.Task] = {}
+        self._keepers: dict[Instance, asyncio.Task[Any]] = {}
 
     def _key(self, instance: Instance) -> bytes:
         return f"{self._prefix}/{instance.service}/{instance.instance_id}".encode()
@@ -52,7 +53,8 @@ class EtcdRegistry:
         lease = await self._client.lease(self._ttl)
         value = orjson.dumps({"address": instance.address, "instance_id": instance.instance_id})
         await self._client.put(self._key(instance), value, lease=lease)
-        return lease.id
+        lease_id: int = lease.id
+        return lease_id
 
     async def register(self, instance: Instance) -> None:
         try:

@@ -9,6 +9,7 @@ import asyncio
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -41,7 +42,7 @@ class LiveConfig:
         # is the oldest revision any live one runs.
         self._revision = Gauge("llmesh_config_revision", "revision of the config in force", ["service"],
                                registry=metrics, multiprocess_mode="livemin")
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[Any] | None = None
 
     def offer(self, version: Version) -> bool:
         """Validate and apply a document; False (and nothing changed) if it is invalid."""
@@ -69,7 +70,7 @@ class LiveConfig:
             return
         try:
             version = await asyncio.wait_for(self._store.read(), self._start_timeout)
-        except Exception as exc:  # noqa: BLE001 - any way of being unreachable
+        except Exception as exc:  # any way of being unreachable
             snap = self._load_snapshot()
             if snap is None:
                 raise ConfigUnavailable(
@@ -83,10 +84,12 @@ class LiveConfig:
         self._task = asyncio.create_task(self._follow(), name="config-watch")
 
     async def _follow(self) -> None:
+        store = self._store
+        assert store is not None  # start() follows only a configured store
         backoff = Backoff(initial_s=0.2, max_s=5.0)
         while True:
             try:
-                async for version in self._store.watch():
+                async for version in store.watch():
                     self.offer(version)
                     backoff.reset()
                 wait = backoff.next()  # the watch ended: start over
@@ -95,7 +98,7 @@ class LiveConfig:
             except Exception as exc:  # noqa: BLE001 - backend away: keep the config, retry
                 wait = backoff.next()
                 log.warning("config backend unreachable; keeping the current config",
-                            extra={"backend": self._store.address, "error": type(exc).__name__,
+                            extra={"backend": store.address, "error": type(exc).__name__,
                                    "retry_in_s": wait})
             await asyncio.sleep(wait)
 

@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeGuard
 
 from llmesh.kvhash import HashScheme
 from llmesh.types import Priority, Prompt, ResponseFormat, TokenLogprob
@@ -13,7 +13,9 @@ from llmesh.engine.kvblocks import KvEvent
 
 
 class KvEventSource(Protocol):
-    scheme: HashScheme | None  # how the hashes in its events are computed; None: unknown
+    @property
+    def scheme(self) -> HashScheme | None:
+        """How the hashes in its events are computed; None: unknown."""
     def take_events(self) -> list[KvEvent]: ...
     def resync(self) -> list[KvEvent]: ...
 
@@ -48,16 +50,16 @@ class Capabilities:
     adapters: bool = False          # has ``load_adapter(name, path)`` and ``unload_adapter(name)`` (LoRA)
 
 
-def steps_of(backend: Backend, tokens: list[int], params: DecodeParams) -> AsyncIterator[list]:
+def steps_of(backend: Backend, tokens: list[int], params: DecodeParams) -> AsyncGenerator[list[Piece], None]:
     """The backend's pieces grouped as they become ready: its own ``stream_steps``
     (every piece a decode step produced, or a backlog, in one list) where it declares
     them, else one piece a list. The engine sends each group as one message."""
-    if backend.capabilities.steps:
+    if has_steps(backend):
         return backend.stream_steps(tokens, params)
     return _one_by_one(backend.stream(tokens, params))
 
 
-async def _one_by_one(pieces: AsyncIterator) -> AsyncIterator[list]:
+async def _one_by_one(pieces: AsyncGenerator[Piece, None]) -> AsyncGenerator[list[Piece], None]:
     try:
         async for piece in pieces:
             yield [piece]
@@ -72,23 +74,33 @@ class Token:
     logprob: TokenLogprob
 
 
+Piece = str | Token  # what a backend yields for a token: its text, or a Token when logprobs were asked for
+
+
 class Backend(Protocol):
     name: str            # "llamacpp", "sim", ...
     model: str           # the model name clients ask for
     context_length: int  # tokens of prompt + completion the backend can hold
     vocab_size: int      # valid token ids are 0 .. vocab_size - 1
-    models: tuple[str, ...]  # what requests may name: the model, then any LoRA adapters
-    kv_blocks: KvEventSource  # KV block events for the scheduler
     capabilities: Capabilities  # what it does beyond plain sampling, and which optional methods it has
     gpu_memory_share: float  # of the GPU's memory it reserves while loaded (vLLM); 0 for none
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        """What requests may name: the model, then any LoRA adapters."""
+
+    @property
+    def kv_blocks(self) -> KvEventSource:
+        """KV block events for the scheduler."""
 
     def tokenize(self, prompt: Prompt) -> list[int]:
         """Token ids of the prompt as the model will see it (chat template applied)."""
         ...
 
-    def stream(self, tokens: list[int], params: DecodeParams) -> AsyncIterator[str]:
+    def stream(self, tokens: list[int], params: DecodeParams) -> AsyncGenerator[Piece, None]:
         """Yields the text of each generated token (possibly "" while a multi-byte
-        character is incomplete), or a ``Token`` when ``params.logprobs`` is set; ends at end-of-sequence or ``max_new_tokens``.
+        character is incomplete), or a ``Token`` when ``params.logprobs`` is set; ends at end-of-sequence or
+        ``max_new_tokens``.
         Closing the iterator early must stop the decoding and free its resources."""
         ...
 
@@ -101,3 +113,30 @@ class Backend(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+# The optional methods, each behind its capability: narrow a Backend with has_steps, can_continue
+# or has_adapters before calling one.
+class SteppingBackend(Backend, Protocol):
+    def stream_steps(self, tokens: list[int], params: DecodeParams) -> AsyncGenerator[list[Piece], None]: ...
+
+
+class ContinuingBackend(Backend, Protocol):
+    def tokenize_continuation(self, text: str) -> list[int]: ...
+
+
+class AdapterBackend(Backend, Protocol):
+    async def load_adapter(self, name: str, path: str) -> None: ...
+    async def unload_adapter(self, name: str) -> None: ...
+
+
+def has_steps(backend: Backend) -> TypeGuard[SteppingBackend]:
+    return backend.capabilities.steps
+
+
+def can_continue(backend: Backend) -> TypeGuard[ContinuingBackend]:
+    return backend.capabilities.continuation
+
+
+def has_adapters(backend: Backend) -> TypeGuard[AdapterBackend]:
+    return backend.capabilities.adapters

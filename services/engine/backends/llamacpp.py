@@ -7,7 +7,7 @@ loaded once through the low-level API and decoded by a ``BatchRunner`` (see
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from pathlib import Path
 
@@ -15,7 +15,7 @@ from llmesh.errors import Internal, InvalidArgument, ModelNotFound, NotFound
 from llmesh.modelstore import ModelStore, quiet_native_stderr
 from llmesh.prompt_tokens import GgufChatTokenizer
 from llmesh.types import Prompt, ResponseFormat
-from llmesh.engine.backends.base import Capabilities, DecodeParams
+from llmesh.engine.backends.base import Capabilities, DecodeParams, Piece
 from llmesh.engine.backends.llamacpp_batch import BatchRunner, Sequence
 from llmesh.engine.kvblocks import BlockLedger
 
@@ -101,13 +101,13 @@ class LlamaCppBackend:
         if self._loop is not None:
             self._loop.call_soon_threadsafe(_dispatch, results)
 
-    async def stream(self, tokens: list[int], params: DecodeParams) -> AsyncIterator[str]:
+    async def stream(self, tokens: list[int], params: DecodeParams) -> AsyncGenerator[Piece, None]:
         async with aclosing(self.stream_steps(tokens, params)) as steps:
             async for pieces in steps:
                 for piece in pieces:
                     yield piece
 
-    async def stream_steps(self, tokens: list[int], params: DecodeParams) -> AsyncIterator[list]:
+    async def stream_steps(self, tokens: list[int], params: DecodeParams) -> AsyncGenerator[list[Piece], None]:
         """``stream``'s pieces, every piece ready at once in one list: a step's, or several
         steps' when the consumer fell behind."""
         if params.adapter is not None:
