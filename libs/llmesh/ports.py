@@ -240,7 +240,7 @@ def command_line(pid: int) -> str:
     except OSError:
         return "?"
     text = raw.replace(b"\0", b" ").decode(errors="replace").strip()
-    return text if len(text) <= 120 else text[:117] + "..."
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 @dataclass(frozen=True)
@@ -260,6 +260,9 @@ def holders(address: str) -> Holders:
         return Holders("a socket we cannot see (none on that port in /proc/net/tcp{,6}: bound but neither "
                        "listening nor connected, or in another network namespace)", False)
     pids, cut_short = owners({s.inode for s in held if s.inode})
+    closing_only = all(s.state == "06" and not s.inode for s in held)
+    if any(s.inode for s in held):  # the rest: a listener's queued connections, closed ones
+        held = [s for s in held if s.inode]
     parts = []
     for s in held[:3]:
         if s.inode in pids:
@@ -270,7 +273,7 @@ def holders(address: str) -> Holders:
         else:
             why = "the search ran out of time" if cut_short else "its process is not visible to us"
             parts.append(f"{s.what} of uid {s.uid} ({why})")
-    return Holders("; ".join(parts), all(s.state == "06" and not s.inode for s in held))
+    return Holders("; ".join(parts), closing_only)
 
 
 def describe_holder(address: str) -> str:

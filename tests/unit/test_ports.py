@@ -200,6 +200,23 @@ def test_a_listener_sharing_the_workers_port_is_found():
         ours.close()
 
 
+def test_a_listeners_queued_connections_are_not_named_as_holders():
+    hold, port = held_by_listener()
+    queued = socket.create_connection(("127.0.0.1", port))  # in the backlog, never accepted: no process owns it
+    try:
+        text = describe_holder(f"127.0.0.1:{port}")
+    finally:
+        queued.close()
+        hold.close()
+    assert text.startswith(f"pid {os.getpid()} (") and text.endswith("), a listening socket")
+    assert "no process owns" not in text and ";" not in text
+
+
+def test_the_ports_to_reserve_cover_every_port_of_the_layout():
+    assert Layout().reserved_ports() == "50051-50350,8080"
+    assert Layout(base_port=20000, http_port=20009).reserved_ports() == "20000-20299"
+
+
 def test_the_holder_of_a_free_port_is_unknown():
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))

@@ -38,7 +38,8 @@ class Layout:
 
     def reserved_ports(self) -> str:
         """Every port this layout may use, as net.ipv4.ip_local_reserved_ports takes them."""
-        return f"{self.base_port}-{self.base_port + 200 + MAX_ENGINES - 1},{self.http_port}"
+        top = self.base_port + 200 + MAX_ENGINES - 1
+        return f"{self.base_port}-{top}" + ("" if self.base_port <= self.http_port <= top else f",{self.http_port}")
 
     @property
     def http_url(self) -> str:
