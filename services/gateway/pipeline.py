@@ -117,7 +117,7 @@ class Pipeline:
                 stage = self._stages[i]
                 try:
                     await stage.finish(ctx)
-                except Exception:  # noqa: BLE001 - one stage's bookkeeping never stops the others'
+                except Exception:  # one stage's bookkeeping never stops the others' (logged)
                     log.exception("stage finish failed", extra={"stage": type(stage).__name__})
 
     async def drain(self) -> None:

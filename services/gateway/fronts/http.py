@@ -123,8 +123,10 @@ class HttpFront:
         self._body_timeout = body_timeout_s
         self._started = int(time.time())
         self._routes = {
-            "/v1/chat/completions": ("POST", lambda scope, receive, send: self._complete(scope, receive, send, ChatBody, CHAT)),
-            "/v1/completions": ("POST", lambda scope, receive, send: self._complete(scope, receive, send, CompletionBody, TEXT)),
+            "/v1/chat/completions": ("POST", lambda scope, receive, send:
+                                     self._complete(scope, receive, send, ChatBody, CHAT)),
+            "/v1/completions": ("POST", lambda scope, receive, send:
+                                self._complete(scope, receive, send, CompletionBody, TEXT)),
             "/v1/models": ("GET", self.list_models),
             "/healthz": ("GET", self.healthz),
         }

@@ -14,7 +14,8 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from llmesh.errors import InvalidArgument
-from llmesh.types import FinishReason, Message, Prompt, ResponseFormat, Sampling, TokenLogprob, Tool, ToolCall, Tools, Usage
+from llmesh.types import (FinishReason, Message, Prompt, ResponseFormat, Sampling, TokenLogprob, Tool, ToolCall, Tools,
+                          Usage)
 from llmesh.validation import check_choices
 # Fields we do not act on but that change nothing about the answer; any other field
 # we do not know is refused (400 naming it) unless it holds the value that means "off".
@@ -381,7 +382,8 @@ class ChunkWriter:
         return dict(self._base, choices=[], usage=usage_json(usage))
 
 
-ERROR_TYPES = {400: "invalid_request_error", 408: "invalid_request_error", 401: "invalid_request_error", 403: "permission_error", 404: "invalid_request_error", 429: "rate_limit_error",
+ERROR_TYPES = {400: "invalid_request_error", 408: "invalid_request_error", 401: "invalid_request_error",
+               403: "permission_error", 404: "invalid_request_error", 429: "rate_limit_error",
                499: "cancelled", 500: "server_error", 503: "server_error", 504: "timeout_error"}
 
 

@@ -118,7 +118,7 @@ class ShadowStage(Stage):
         for alias, n in drops.items():
             try:
                 await self._store.add_drops(alias, n)
-            except Exception:  # noqa: BLE001 - a store outage loses counts, never a request
+            except Exception:  # a store outage loses counts, never a request (logged)
                 self._metrics.store_errors.inc()
                 log.warning("shadow drop count not stored", exc_info=True, extra={"alias": alias})
 
@@ -134,7 +134,7 @@ class ShadowStage(Stage):
                                   similarity=round(similarity("".join(primary.parts), text), 4) if both else None)
             try:
                 await self._store.add(record)
-            except Exception:  # noqa: BLE001
+            except Exception:  # a store outage loses the record, never a request (logged)
                 self._metrics.store_errors.inc()
                 log.warning("shadow record not stored", exc_info=True, extra={"alias": alias})
         finally:

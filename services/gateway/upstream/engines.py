@@ -8,7 +8,8 @@ from collections.abc import AsyncIterator
 import grpc
 from opentelemetry.trace import NoOpTracer, Span, SpanKind, Status, StatusCode, Tracer
 
-from llmesh.convert import finish_from_pb, logprobs_from_pb, priority_to_pb, prompt_fields, sampling_to_pb, usage_from_pb
+from llmesh.convert import (finish_from_pb, logprobs_from_pb, priority_to_pb, prompt_fields, sampling_to_pb,
+                            usage_from_pb)
 from llmesh.errors import Unavailable
 from llmesh.rpc.channels import insecure_channel
 from llmesh.rpc.interceptor import REQUEST_ID_KEY

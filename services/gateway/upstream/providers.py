@@ -98,12 +98,14 @@ def tools_json(t: Tools) -> dict:
 
 
 def _tool_calls(delta: dict) -> tuple[ToolCall, ...]:
-    return tuple(ToolCall(index=c.get("index", i), id=c.get("id") or "", name=(c.get("function") or {}).get("name") or "",
+    return tuple(ToolCall(index=c.get("index", i), id=c.get("id") or "",
+                          name=(c.get("function") or {}).get("name") or "",
                           arguments=(c.get("function") or {}).get("arguments") or "")
                  for i, c in enumerate(delta.get("tool_calls") or ()))
 
 
-FINISH = {"length": FinishReason.LENGTH, "tool_calls": FinishReason.TOOL_CALLS, "function_call": FinishReason.TOOL_CALLS}
+FINISH = {"length": FinishReason.LENGTH, "tool_calls": FinishReason.TOOL_CALLS,
+          "function_call": FinishReason.TOOL_CALLS}
 
 
 def error_for_status(status: int, body: bytes) -> LlmeshError:
@@ -243,11 +245,13 @@ class ProviderClients:
                             if choice.get("finish_reason"):
                                 reason = FINISH.get(choice["finish_reason"], FinishReason.STOP)
                     if tokens:
-                        yield Delta(text="".join(texts), tokens=tokens, logprobs=tuple(logprobs), tool_calls=tuple(calls))
+                        yield Delta(text="".join(texts), tokens=tokens, logprobs=tuple(logprobs),
+                                    tool_calls=tuple(calls))
         except TimeoutError:
             raise DeadlineExceeded() from None
         except aiohttp.ClientError as exc:
-            raise Unavailable(f"The provider cannot be reached: {type(exc).__name__}.", reason="provider_error") from None
+            raise Unavailable(f"The provider cannot be reached: {type(exc).__name__}.",
+                              reason="provider_error") from None
         except orjson.JSONDecodeError:
             raise Internal("The provider sent a malformed stream.", reason="provider_error") from None
         yield Finish(reason=reason, usage=usage or Usage(0, produced))
@@ -271,7 +275,8 @@ class ProviderClients:
         except TimeoutError:
             raise DeadlineExceeded() from None
         except aiohttp.ClientError as exc:
-            raise Unavailable(f"The provider cannot be reached: {type(exc).__name__}.", reason="provider_error") from None
+            raise Unavailable(f"The provider cannot be reached: {type(exc).__name__}.",
+                              reason="provider_error") from None
         except (orjson.JSONDecodeError, AttributeError, IndexError, TypeError):
             raise Internal("The provider sent a malformed answer.", reason="provider_error") from None
         completion = u.get("completion_tokens", len(logprobs) or int(bool(text)))
