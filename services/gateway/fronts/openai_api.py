@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -49,7 +49,9 @@ class _ResponseFormat(BaseModel):
         return ResponseFormat("json_schema", json.dumps(self.json_schema.schema_))
 
 
-class _Body(BaseModel):
+class Body(BaseModel):
+    """A completion request's body, chat or text: its prompt and sampling per its kind."""
+
     model_config = ConfigDict(extra="allow")  # checked in ``refuse_unsupported``: never silently dropped
 
     model: str
@@ -97,6 +99,16 @@ class _Body(BaseModel):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    def prompt_value(self) -> Prompt:
+        """The prompt: a chat's messages, a completion's text."""
+        raise NotImplementedError
+
+    def sampling_params(self) -> Sampling:
+        raise NotImplementedError
+
+
+B = TypeVar("B", bound=Body)
 
 
 class _TextPart(BaseModel):
@@ -155,7 +167,7 @@ class _NamedChoice(BaseModel):
     function: _NamedFunction
 
 
-class ChatBody(_Body):
+class ChatBody(Body):
     messages: list[_MessageIn]
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
@@ -182,12 +194,14 @@ class ChatBody(_Body):
     def prompt(self) -> Prompt:
         return Prompt(messages=tuple(m.to_domain() for m in self.messages))
 
+    prompt_value = prompt  # a completion's ``prompt`` is its field
+
     def sampling_params(self) -> Sampling:
         return self.sampling(self.max_completion_tokens if self.max_completion_tokens is not None
                              else self.max_tokens)
 
 
-class CompletionBody(_Body):
+class CompletionBody(Body):
     prompt: str | list[str]
     logprobs: int | None = None  # the legacy API's number of alternatives per token
 
@@ -205,7 +219,7 @@ class CompletionBody(_Body):
         return self.sampling(self.max_tokens if self.max_tokens is not None else 16)
 
 
-def parse(body_cls: type[_Body], raw: bytes) -> _Body:
+def parse(body_cls: type[B], raw: bytes) -> B:
     if not raw:
         raise InvalidArgument("The request body is empty; send a JSON object.")
     try:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import urllib.request
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -16,7 +15,7 @@ from yarl import URL
 from llmesh.errors import DeadlineExceeded, Internal, InvalidArgument, LlmeshError, Overloaded, Unavailable
 from llmesh.liveconfig.schema import Provider
 from llmesh.types import Delta, Finish, FinishReason, Message, TokenLogprob, ToolCall, Tools, Usage
-from llmesh.gateway.context import CompletionRequest
+from llmesh.gateway.context import CompletionRequest, Items
 
 
 def api_key(p: Provider) -> str | None:
@@ -198,7 +197,7 @@ class ProviderClients:
         return found
 
     async def generate(self, provider: Provider, remote_model: str, req: CompletionRequest, timeout_s: float
-                       ) -> AsyncIterator[Delta | Finish]:
+                       ) -> Items:
         path, body = request_body(req, remote_model)
         headers = {"content-type": "application/json"}
         key = api_key(provider)
@@ -257,7 +256,7 @@ class ProviderClients:
         yield Finish(reason=reason, usage=usage or Usage(0, produced))
 
     async def _whole(self, url: URL, proxy: str | None, body: dict, headers: dict, timeout: aiohttp.ClientTimeout
-                     ) -> AsyncIterator[Delta | Finish]:
+                     ) -> Items:
         """A non-streamed call: the answer in one body, as one Delta and the Finish."""
         try:
             async with self._client().post(url, data=orjson.dumps(body), headers=headers, timeout=timeout,

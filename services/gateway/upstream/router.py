@@ -18,7 +18,7 @@ engines and providers are ports (``EngineClient``, ``ProviderPort``)."""
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, replace
 from typing import Protocol
@@ -30,7 +30,7 @@ from llmesh.errors import (DeadlineExceeded, Internal, InvalidArgument, LlmeshEr
 from llmesh.liveconfig.schema import MeshConfig, ModelPolicy, Provider
 from llmesh.types import Delta, Finish, FinishReason, Prompt, Usage
 from llmesh.validation import uses_tools
-from llmesh.gateway.context import CompletionRequest, Context, Upstream, Wrap
+from llmesh.gateway.context import CompletionRequest, Context, Items, Upstream, Wrap
 from llmesh.gateway.record import RequestRecord
 from llmesh.gateway.upstream.picking import EndpointPicker, PickInput
 from llmesh.gateway.upstream.picking.types import work_tokens
@@ -40,7 +40,6 @@ FALLBACK_HEADER = "x-llmesh-fallback"  # the model that answered, when it was a 
 FAILOVER_HEADER = "x-llmesh-failover"  # how many times the answer moved to another engine mid-stream
 ENDPOINT_FAILURES = (Unavailable, Internal)  # what counts against a breaker as a failure
 
-Items = AsyncIterator[Delta | Finish]
 Attempt = Callable[[CompletionRequest, float], Items]  # (request, seconds left) -> one upstream's answer
 
 
