@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Protocol, cast
 
 from opentelemetry.trace import INVALID_SPAN, Span
 
@@ -170,7 +170,7 @@ class Router:
             key = f"provider:{provider[0]}"
             if key in refusing:
                 return None
-            p, providers = provider[1], self._providers
+            p, providers = provider[1], cast(ProviderPort, self._providers)  # found only with a port
             return key, lambda t, remaining: providers.generate(p, p.models[model], t, remaining)
         pick = PickInput(model=model, now=now, exclude=frozenset(tried) | refusing, session=target.user,
                          work_tokens=work, tokens=lambda: self._prompt_tokens(model, target.prompt),

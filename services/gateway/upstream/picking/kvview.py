@@ -67,7 +67,7 @@ class KvView:
         """How many of ``hashes``, from the first, the engine holds (or, given ``now``,
         is expected to hold)."""
         blocks = self._blocks.get(endpoint_id, ())
-        expected = {}
+        expected: dict[int, float] = {}
         if now is not None:
             self._expire(now)
             expected = self._expected.get(endpoint_id, expected)

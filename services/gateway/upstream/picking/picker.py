@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 from llmesh.gateway.upstream.picking.filters import FILTERS, OPTIONAL_FILTERS
 from llmesh.gateway.upstream.picking.kvview import KvView
 from llmesh.gateway.upstream.picking.scorers import (PRESETS, LeastLoad, LoraAffinity, PrefixAware, RoundRobin,
-                                            SessionAffinity, TokenAware)
+                                                     ScorerName, SessionAffinity, TokenAware)
 from llmesh.gateway.upstream.picking.types import Endpoint, LocalState, PickInput
 
 
@@ -61,7 +61,7 @@ class EndpointPicker:
         return cands
 
     def pick(self, req: PickInput, routing: str = "least_loaded",
-             weights: Mapping[str, float] | None = None) -> Endpoint | None:
+             weights: Mapping[ScorerName, float] | None = None) -> Endpoint | None:
         cands = self.candidates(req)
         if len(cands) <= 1:
             return cands[0] if cands else None

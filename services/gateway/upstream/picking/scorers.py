@@ -7,6 +7,7 @@ import bisect
 import math
 from collections.abc import Sequence
 from hashlib import blake2b
+from typing import Literal, get_args
 
 from llmesh.gateway.upstream.picking.kvview import KvView
 from llmesh.gateway.upstream.picking.types import Endpoint, LocalState, PickInput
@@ -120,10 +121,12 @@ class LoraAffinity:
         return [1.0 if e.adapters.get(req.model, 0) > 0 else 0.0 for e in cands]
 
 
-SCORERS = ("least_load", "token_aware", "prefix_aware", "session_affinity", "round_robin", "lora_affinity")
+# The scorers' names, as a model policy's ``scorers`` (live config) names them.
+ScorerName = Literal["least_load", "token_aware", "prefix_aware", "session_affinity", "round_robin", "lora_affinity"]
+SCORERS: tuple[ScorerName, ...] = get_args(ScorerName)
 
 # Routing policy name -> scorer weights; a model's ``scorers`` in live config replaces them.
-PRESETS: dict[str, dict[str, float]] = {
+PRESETS: dict[str, dict[ScorerName, float]] = {
     "least_loaded": {"least_load": 1.0},
     "random": {},
     "round_robin": {"round_robin": 1.0},
