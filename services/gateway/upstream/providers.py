@@ -191,7 +191,9 @@ class ProviderClients:
         if found is None:
             url = URL(base_url.rstrip("/") + path)
             proxy = self._proxies.get(url.scheme) or self._proxies.get("all")
-            if proxy and url.host and urllib.request.proxy_bypass_environment(url.host, self._proxies):
+            # no_proxy, as urllib reads it; typeshed lacks this (undocumented) function of urllib.request
+            bypass = urllib.request.proxy_bypass_environment  # type: ignore[attr-defined]
+            if proxy and url.host and bypass(url.host, self._proxies):
                 proxy = None
             found = self._targets[(base_url, path)] = (url, proxy or None)
         return found
