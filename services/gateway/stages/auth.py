@@ -102,7 +102,7 @@ class Authenticator:
         self._always = always_required
         self._errors = store_errors
         self._records: dict[str, tuple[float, ApiKey | None]] = {}
-        self._inflight: dict[str, asyncio.Future] = {}  # one store read per key at a time
+        self._inflight: dict[str, asyncio.Future[ApiKey | None]] = {}  # one store read per key at a time
         self._required: tuple[float, bool] = (float("-inf"), False)
 
     async def required(self) -> bool:

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 
 
 class KvView:
-    def __init__(self):
+    def __init__(self) -> None:
         self._blocks: dict[str, set[int]] = {}
         self._expected: dict[str, dict[int, float]] = {}  # endpoint -> block -> until when
         self._expiries: deque[tuple[float, str, Sequence[int]]] = deque()

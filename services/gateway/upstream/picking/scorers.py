@@ -97,7 +97,7 @@ class RoundRobin:
     """Each candidate in turn, per model, in endpoint id order."""
     name = "round_robin"
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._next: dict[str, int] = {}
 
     def scores(self, cands: list[Endpoint], req: PickInput, local: LocalState) -> list[float]:
