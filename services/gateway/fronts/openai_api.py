@@ -25,6 +25,7 @@ OFF_VALUES: dict[str, tuple[Any, ...]] = {
     "functions": ([], None), "function_call": ("none", None), "echo": (False, None), "best_of": (1, None),
     "suffix": (None, ""),
 }
+B = TypeVar("B", bound="Body")  # parse's body class
 
 
 class _JsonSchema(BaseModel):
@@ -49,9 +50,7 @@ class _ResponseFormat(BaseModel):
         return ResponseFormat("json_schema", json.dumps(self.json_schema.schema_))
 
 
-class Body(BaseModel):
-    """A completion request's body, chat or text: its prompt and sampling per its kind."""
-
+class Body(BaseModel):  # a chat's or a text completion's request body
     model_config = ConfigDict(extra="allow")  # checked in ``refuse_unsupported``: never silently dropped
 
     model: str
@@ -100,15 +99,11 @@ class Body(BaseModel):
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
-    def prompt_value(self) -> Prompt:
-        """The prompt: a chat's messages, a completion's text."""
+    def prompt_value(self) -> Prompt:  # a chat's messages, a completion's text
         raise NotImplementedError
 
     def sampling_params(self) -> Sampling:
         raise NotImplementedError
-
-
-B = TypeVar("B", bound=Body)
 
 
 class _TextPart(BaseModel):
@@ -193,7 +188,6 @@ class ChatBody(Body):
 
     def prompt(self) -> Prompt:
         return Prompt(messages=tuple(m.to_domain() for m in self.messages))
-
     prompt_value = prompt  # a completion's ``prompt`` is its field
 
     def sampling_params(self) -> Sampling:
@@ -396,9 +390,9 @@ class ChunkWriter:
         return dict(self._base, choices=[], usage=usage_json(usage))
 
 
-ERROR_TYPES = {400: "invalid_request_error", 408: "invalid_request_error", 401: "invalid_request_error",
-               403: "permission_error", 404: "invalid_request_error", 429: "rate_limit_error",
-               499: "cancelled", 500: "server_error", 503: "server_error", 504: "timeout_error"}
+ERROR_TYPES = {**dict.fromkeys((400, 401, 404, 408), "invalid_request_error"), 403: "permission_error",
+               429: "rate_limit_error", 499: "cancelled", **dict.fromkeys((500, 503), "server_error"),
+               504: "timeout_error"}
 
 
 def error_json(status: int, message: str, code: str | None, param: str | None) -> dict:
