@@ -150,9 +150,10 @@ class GatewayApp:
         would see it (after the guards); the shadow's wrap is the outermost, so it sees the
         answer the client gets."""
         settings, current = self.settings, self._current
-        limiter: Limiter = LocalLimiter()
+        local = LocalLimiter()
+        limiter: Limiter = local
         if self.redis is not None:
-            limiter = FallbackLimiter(RedisLimiter(self.redis), limiter, errors=STORE_ERRORS, retry_s=5.0,
+            limiter = FallbackLimiter(RedisLimiter(self.redis), local, errors=STORE_ERRORS, retry_s=5.0,
                                       on_fallback=self.metrics.limits_fallback.inc)
         return [*([AuditStage(self.audit)] if self.audit else []),
                 AuthenticateStage(self.authenticator), ValidateStage(), AuthorizeStage(current),
