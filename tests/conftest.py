@@ -8,7 +8,20 @@ import pytest
 from llmesh.testing import EtcdServer, PostgresServer, RedisServer
 
 ROOT = Path(__file__).resolve().parents[1]
+TESTS = ROOT / "tests"
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy loads: as the cache service runs it
+
+# Every test under tests/<layer>/ carries that layer's marker (pyproject declares them):
+# `make test-e2e` is `pytest -m e2e`, and `-m "not e2e"` is everything else.
+LAYER_MARKERS = {"e2e": "e2e", "chaos": "chaos"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.is_relative_to(TESTS):
+            layer = item.path.relative_to(TESTS).parts[0]
+            if layer in LAYER_MARKERS:
+                item.add_marker(LAYER_MARKERS[layer])
 
 
 @pytest.fixture(scope="session")

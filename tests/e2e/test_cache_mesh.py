@@ -21,7 +21,6 @@ from llmesh.testing import RedisServer, Service, free_layout, free_ports, port_o
 
 MODEL = "sim-small"
 CACHE_HEADER = "x-llmesh-cache"
-pytestmark = pytest.mark.e2e
 
 
 class CacheMesh:
