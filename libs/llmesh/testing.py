@@ -4,6 +4,7 @@ every process started here is stopped here."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import signal
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -144,6 +146,17 @@ def wait_until(predicate, timeout_s: float = 10.0, interval_s: float = 0.05) -> 
         if predicate():
             return True
         time.sleep(interval_s)
+    return bool(predicate())
+
+
+async def wait_until_async(predicate: Callable[[], object], timeout_s: float = 10.0,
+                           interval_s: float = 0.02) -> bool:
+    """``wait_until`` for async tests: polls without blocking the event loop."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        await asyncio.sleep(interval_s)
     return bool(predicate())
 
 
