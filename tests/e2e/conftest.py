@@ -11,7 +11,7 @@ import grpc
 import pytest
 from openai import OpenAI
 
-from llmesh.testing import Mesh, Service, free_layout, wait_until
+from llmesh.testing import Mesh, Service, free_layout, wait_until, write_config_file
 from llmesh.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 SMOL = "smollm2-135m-instruct"
@@ -55,6 +55,22 @@ def mesh(model_dir: Path, config_file: Path, tmp_path_factory):
     if os.environ.get("LLMESH_SHOW_LOGS"):
         print(m.logs())
     assert code == 0, m.logs()
+
+
+@pytest.fixture
+def live_config(mesh: Mesh, config_file: Path):
+    """``live_config(text)`` makes ``text`` the shared mesh's config and returns once every
+    process of the mesh runs it (its llmesh_config_revision), instead of sleeping for it to
+    apply; the config as it was is back in force after the test."""
+    before = config_file.read_text()
+
+    def apply(text: str) -> int:
+        revision = write_config_file(config_file, text)
+        mesh.wait_for_config(revision)
+        return revision
+
+    yield apply
+    apply(before)
 
 
 def endpoints(mesh: Mesh) -> list:

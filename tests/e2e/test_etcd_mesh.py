@@ -99,9 +99,10 @@ def test_config_hot_reload_under_load_drops_nothing(etcd_mesh, tmp_path):
         assert wait_until(lambda: "fast" in {m.id for m in c.models.list()}, 1.0)
         assert c.chat.completions.create(model="fast", messages=MSG).choices[0].message.content
         assert time.monotonic() - t0 < 1.5
-        for n in (1, 2, 3):
-            assert config_cli(etcd_mesh, "set", "default.max_attempts", str(n)).returncode == 0
-            time.sleep(0.3)
+        for n in (1, 2, 3):  # each one in force under the load before the next
+            out = config_cli(etcd_mesh, "set", "default.max_attempts", str(n))
+            assert out.returncode == 0 and out.stdout.startswith("applied as revision "), out.stderr
+            etcd_mesh.wait_for_config(int(out.stdout.split()[-1]))
     finally:
         stop.set()
         for w in workers:
