@@ -73,10 +73,11 @@ def live_config(mesh: Mesh, config_file: Path):
     apply(before)
 
 
-def endpoints(mesh: Mesh) -> list:
+def endpoints(mesh: Mesh, timeout_s: float = 5) -> list:
+    """The scheduler's endpoint table."""
     with grpc.insecure_channel(mesh.layout.address("scheduler")) as ch:
         return list(scheduler_pb2_grpc.SchedulerStub(ch).ListEndpoints(
-            scheduler_pb2.ListEndpointsRequest(), timeout=2).endpoints)
+            scheduler_pb2.ListEndpointsRequest(), timeout=timeout_s).endpoints)
 
 
 @pytest.fixture(scope="session")
@@ -96,6 +97,11 @@ def tight_engine(mesh: Mesh, tmp_path_factory):
     assert svc.stop() == 0, svc.log_path.read_text()
 
 
+def openai_client(mesh: Mesh, timeout: float = 30) -> OpenAI:
+    """The official client on a mesh's HTTP front, with no retries of its own."""
+    return OpenAI(base_url=mesh.layout.http_url + "/v1", api_key="unused", max_retries=0, timeout=timeout)
+
+
 @pytest.fixture(scope="session")
 def client(mesh: Mesh) -> OpenAI:
-    return OpenAI(base_url=mesh.layout.http_url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    return openai_client(mesh, timeout=120)

@@ -10,13 +10,11 @@ import signal
 import threading
 import time
 
-import grpc
 import pytest
-from openai import OpenAI
 
 from llmesh.testing import Mesh, Service, free_layout, wait_until
-from llmesh.v1 import scheduler_pb2, scheduler_pb2_grpc
 from tests.integration.consul_standin import ConsulStandin
+from tests.e2e.conftest import endpoints, openai_client
 
 MSG = [{"role": "user", "content": "hi"}]
 SERVICES = ("gateway", "scheduler", "modelmgr", "cache")
@@ -49,16 +47,6 @@ def all_registered(mesh: Mesh) -> bool:
             and passing(mesh, "engine") == sorted(mesh.layout.engine_address(i) for i in range(2)))
 
 
-def endpoints(mesh: Mesh) -> list:
-    with grpc.insecure_channel(mesh.layout.address("scheduler")) as ch:
-        return list(scheduler_pb2_grpc.SchedulerStub(ch).ListEndpoints(
-            scheduler_pb2.ListEndpointsRequest(), timeout=2).endpoints)
-
-
-def client(mesh: Mesh) -> OpenAI:
-    return OpenAI(base_url=mesh.layout.http_url + "/v1", api_key="unused", max_retries=0, timeout=30)
-
-
 def test_every_service_registers_with_a_passing_grpc_check(consul_mesh):
     assert wait_until(lambda: all_registered(consul_mesh), 10), consul_mesh.logs()
     _, _, entries = consul_mesh.agent.get("/v1/health/service/cache")
@@ -66,7 +54,7 @@ def test_every_service_registers_with_a_passing_grpc_check(consul_mesh):
 
 
 def test_serving_goes_on_while_the_agent_is_killed_and_restarted(consul_mesh):
-    c = client(consul_mesh)
+    c = openai_client(consul_mesh)
     failures, done = [], 0
     stop = threading.Event()
 
@@ -100,7 +88,7 @@ def test_serving_goes_on_while_the_agent_is_killed_and_restarted(consul_mesh):
 
 
 def test_routing_follows_an_engine_joining_and_leaving(consul_mesh, tmp_path):
-    c = client(consul_mesh)
+    c = openai_client(consul_mesh)
     address = free_layout(1).engine_address(0)
     extra = Service("llmesh.engine", {
         **consul_mesh.env, "LLMESH_ENGINE_BACKEND": "sim", "LLMESH_ENGINE_MODEL": "sim-small",

@@ -14,11 +14,11 @@ import uuid
 
 import openai
 import pytest
-from openai import OpenAI
 
 import httpx
 
 from llmesh.testing import EtcdServer, Mesh, Service, free_layout, wait_until
+from tests.e2e.conftest import openai_client
 
 MSG = [{"role": "user", "content": "hi"}]
 
@@ -47,10 +47,6 @@ def config_cli(mesh: Mesh, *args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=30)
 
 
-def client(mesh: Mesh) -> OpenAI:
-    return OpenAI(base_url=mesh.layout.http_url + "/v1", api_key="unused", max_retries=0, timeout=30)
-
-
 def registered(mesh: Mesh, service: str) -> list[str]:
     out = subprocess.run([sys.executable, "-c", (
         "import asyncio, sys\n"
@@ -72,7 +68,7 @@ def test_every_service_registers_in_etcd(etcd_mesh):
 
 
 def test_config_hot_reload_under_load_drops_nothing(etcd_mesh, tmp_path):
-    c = client(etcd_mesh)
+    c = openai_client(etcd_mesh)
     failures, done = [], 0
     stop = threading.Event()
 
@@ -111,7 +107,7 @@ def test_config_hot_reload_under_load_drops_nothing(etcd_mesh, tmp_path):
 
 
 def test_invalid_config_is_rejected_and_the_last_good_stays(etcd_mesh, tmp_path):
-    c = client(etcd_mesh)
+    c = openai_client(etcd_mesh)
     bad = tmp_path / "bad.yaml"
     bad.write_text("splits: {}\ndefault: {max_attempts: 0}\n")
     refused = config_cli(etcd_mesh, "apply", "-f", str(bad))
@@ -149,7 +145,7 @@ def test_history_and_rollback(etcd_mesh):
 
 
 def test_killed_engine_leaves_discovery_and_routing(etcd_mesh, tmp_path):
-    c = client(etcd_mesh)
+    c = openai_client(etcd_mesh)
     address = free_layout(1).engine_address(0)
     extra = Service("llmesh.engine", {
         **etcd_mesh.env, "LLMESH_ENGINE_BACKEND": "sim", "LLMESH_ENGINE_MODEL": "sim-small",
@@ -170,7 +166,7 @@ def test_killed_engine_leaves_discovery_and_routing(etcd_mesh, tmp_path):
 
 
 def test_serving_goes_on_while_etcd_is_down(etcd_mesh, tmp_path):
-    c = client(etcd_mesh)
+    c = openai_client(etcd_mesh)
     etcd_mesh.etcd.stop()
     try:
         for _ in range(10):

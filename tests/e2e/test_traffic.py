@@ -22,18 +22,12 @@ import pytest
 from google.rpc import error_details_pb2, status_pb2
 
 from llmesh.testing import Mesh, Service, children_of, free_layout, wait_until
-from llmesh.v1 import common_pb2, engine_pb2, engine_pb2_grpc, gateway_pb2, gateway_pb2_grpc, scheduler_pb2, \
-    scheduler_pb2_grpc
+from llmesh.v1 import common_pb2, engine_pb2, engine_pb2_grpc, gateway_pb2, gateway_pb2_grpc
+from tests.e2e.conftest import endpoints
 
 SPLIT = {"sim-small": 80, "sim-next": 20}  # the alias "assistant": the mesh's own sim engine, and one more
 RETRY_AFTER_S = 2
 BUSY = ("busy-a", "busy-b")  # two engines of "sim-busy": one slot and a queue of one each, 100 ms a token
-
-
-def endpoints(mesh: Mesh) -> list:
-    with grpc.insecure_channel(mesh.layout.address("scheduler")) as ch:
-        return list(scheduler_pb2_grpc.SchedulerStub(ch).ListEndpoints(
-            scheduler_pb2.ListEndpointsRequest(), timeout=5).endpoints)
 
 
 def engine_load(address: str) -> engine_pb2.EngineLoad:
