@@ -5,6 +5,8 @@ own (one slot, no queue, slow) for the overload and deadline cases."""
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Mapping
 from pathlib import Path
 
 import grpc
@@ -80,16 +82,23 @@ def endpoints(mesh: Mesh, timeout_s: float = 5) -> list:
             scheduler_pb2.ListEndpointsRequest(), timeout=timeout_s).endpoints)
 
 
+def sim_engine(endpoint_id: str, address: str, log_path: Path, model: str = "sim-small",
+               env: Mapping[str, str] | None = None, **settings: object) -> Service:
+    """A sim engine as a process of its own, not started yet: listening on ``address``'s port,
+    ``settings`` its EngineSettings fields (as LLMESH_ENGINE_<NAME>), ``env`` the rest."""
+    return Service("llmesh.engine", {
+        **(env or {}), "LLMESH_ENGINE_BACKEND": "sim", "LLMESH_ENGINE_MODEL": model,
+        "LLMESH_ENGINE_ENDPOINT_ID": endpoint_id, "LLMESH_ENGINE_PORT": address.rsplit(":", 1)[1],
+        **{f"LLMESH_ENGINE_{name.upper()}": str(value) for name, value in settings.items()}}, log_path)
+
+
 @pytest.fixture(scope="session")
 def tight_engine(mesh: Mesh, tmp_path_factory):
     """sim-tight: one slot, no queue, 50 ms a token, 64 tokens (3.2 s a request)."""
     address = mesh.layout.engine_address(2)
-    svc = Service("llmesh.engine", {
-        "LLMESH_ENGINE_BACKEND": "sim", "LLMESH_ENGINE_MODEL": "sim-tight",
-        "LLMESH_ENGINE_PORT": address.rsplit(":", 1)[1], "LLMESH_ENGINE_ENDPOINT_ID": "tight",
-        "LLMESH_ENGINE_SCHEDULER_ADDRESS": mesh.layout.address("scheduler"),
-        "LLMESH_ENGINE_MAX_RUNNING": "1", "LLMESH_ENGINE_MAX_WAITING": "0",
-        "LLMESH_ENGINE_SIM_DECODE_MS_PER_TOKEN": "50"}, tmp_path_factory.mktemp("tight") / "engine.log")
+    svc = sim_engine("tight", address, tmp_path_factory.mktemp("tight") / "engine.log", model="sim-tight",
+                     scheduler_address=mesh.layout.address("scheduler"), max_running=1, max_waiting=0,
+                     sim_decode_ms_per_token=50)
     svc.start()
     assert wait_until(lambda: any(e.endpoint_id == "tight" and e.healthy for e in endpoints(mesh)), 20), \
         svc.log_path.read_text()
@@ -105,3 +114,33 @@ def openai_client(mesh: Mesh, timeout: float = 30) -> OpenAI:
 @pytest.fixture(scope="session")
 def client(mesh: Mesh) -> OpenAI:
     return openai_client(mesh, timeout=120)
+
+
+class ChatLoad:
+    """``workers`` threads asking ``model`` over and over while the block runs: ``done``
+    counts the answers (each must have text), ``failures`` keeps every exception."""
+
+    def __init__(self, client: OpenAI, model: str, messages: list[dict], workers: int = 4):
+        self._ask = lambda: client.chat.completions.create(model=model, messages=messages)
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run) for _ in range(workers)]
+        self.done = 0
+        self.failures: list[Exception] = []
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                assert self._ask().choices[0].message.content
+                self.done += 1
+            except Exception as exc:  # noqa: BLE001 - counted
+                self.failures.append(exc)
+
+    def __enter__(self) -> ChatLoad:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join()
