@@ -99,8 +99,18 @@ $(VENV)/.vllm-modules: $(VENV)/.installed requirements-vllm-modules.txt pyprojec
 	$(BIN)/python -m pip install --quiet --no-deps -r requirements-vllm-modules.txt "$(VLLM_PIN)"
 	touch $@
 
-test: tools install deploy-check buf-check vllm-modules ts-example
+test: tools install lint deploy-check buf-check vllm-modules ts-example docs-check
 	$(BIN)/python -m pytest -q --ignore=tests/deploy
+
+# docs/configuration.md is generated from the settings classes and the live-config schema
+# (scripts/gen_config_docs.py): `make docs` rewrites it; docs-check (in make test) fails when it
+# is stale, or when a relative link in README.md or docs/ leads to no file or anchor.
+.PHONY: docs docs-check
+docs: install
+	$(BIN)/python scripts/gen_config_docs.py --write docs/configuration.md
+docs-check: install
+	$(BIN)/python scripts/gen_config_docs.py --check docs/configuration.md
+	$(BIN)/python scripts/check_doc_links.py README.md docs
 
 # buf lint (STANDARD, exceptions in buf.yaml) and buf breaking against main's protos;
 # buf comes from the npm package @bufbuild/buf into .tools/.
@@ -135,8 +145,9 @@ test-unit: install
 test-e2e: tools install ts-example
 	$(BIN)/python -m pytest -q -m e2e --ignore=tests/deploy
 
+# The benchmarks are listed once, in bench/__main__.py (python -m bench shows them).
 bench: install bench-tools
-	$(BIN)/python -m bench
+	$(BIN)/python -m bench all
 
 # bench.dataplane's peers and profiler (pyproject's bench extra): vLLM's Rust router, py-spy
 bench-tools: install
@@ -156,3 +167,17 @@ lock:
 
 clean:
 	rm -rf $(VENV) libs/llmesh/v1/*_pb2*.py* libs/buf/validate/*_pb2*.py* $(RULES) build *.egg-info
+
+# Boundaries as tests: ruff (the rules in pyproject.toml), mypy (strict on libs/ and the domain
+# modules), import-linter's contracts (services independent, libs below services, domain modules
+# free of gRPC and transports; both tools run on the installed package layout that
+# scripts/lint-tree lays out in build/lint) and the services' module and function sizes.
+# Every check runs; the target fails if any did.
+.PHONY: lint
+lint: install
+	@status=0; \
+	$(BIN)/ruff check . || status=1; \
+	$(BIN)/python scripts/lint-tree $(BIN)/mypy || status=1; \
+	$(BIN)/python scripts/lint-tree $(BIN)/lint-imports || status=1; \
+	$(BIN)/python scripts/check-size || status=1; \
+	exit $$status

@@ -27,20 +27,20 @@ from pathlib import Path
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as the cache service runs (before numpy loads)
 
-import httpx  # noqa: E402
-import numpy as np  # noqa: E402
+import httpx
+import numpy as np
 
-from llmesh.cache.embed import MiniLM  # noqa: E402
-from llmesh.cache.failopen import FailOpen  # noqa: E402
-from llmesh.cache.guards import extract, refusal  # noqa: E402
-from llmesh.cache.keys import Request, semantic_query  # noqa: E402
-from llmesh.cache.memory import MemoryStore  # noqa: E402
-from llmesh.cache.responses import ResponseCache  # noqa: E402
-from llmesh.cache.semantic import SemanticIndex  # noqa: E402
-from llmesh.cache.store import Entry, Name  # noqa: E402
-from llmesh.liveconfig.schema import MeshConfig  # noqa: E402
-from llmesh.types import Message, Prompt, Sampling  # noqa: E402
-from bench.common import note, pct  # noqa: E402
+from llmesh.cache.embed import MiniLM
+from llmesh.cache.failopen import FailOpen
+from llmesh.cache.guards import extract, refusal
+from llmesh.cache.keys import Request, semantic_query
+from llmesh.cache.memory import MemoryStore
+from llmesh.cache.responses import ResponseCache
+from llmesh.cache.semantic import SemanticIndex
+from llmesh.cache.store import Entry, Name
+from llmesh.liveconfig.schema import MeshConfig
+from llmesh.types import Message, Prompt, Sampling
+from bench.common import note, pct
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).resolve().parent / "data"

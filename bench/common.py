@@ -95,7 +95,8 @@ async def drive(one: Callable[[int], Awaitable[Sample]], concurrency: int, reque
         "ttft_ms_p50": round(pct(ttft, 50), 3), "ttft_ms_p99": round(pct(ttft, 99), 3),
         "ttft_ms_mean": round(statistics.fmean(ttft), 3) if ttft else None,
         "tokens_per_s": round(tokens / wall, 1),
-        "per_stream_tokens_per_s": round(statistics.fmean(s.tokens / s.total_s for s in samples), 1) if samples else None,
+        "per_stream_tokens_per_s":
+            round(statistics.fmean(s.tokens / s.total_s for s in samples), 1) if samples else None,
     }
 
 

@@ -165,8 +165,8 @@ async def engine_cost(mesh: Mesh, tokens: int, requests: int) -> dict:
                           ("gateway_http_plain", lambda i: sim_plain(http, url, tokens)),
                           ("gateway_http_stream", lambda i: gw_bench.gateway_http_call(http, url, tokens))):
             r = await timed(one, pids, 1, requests)
-            out[name] = {k: r[k] for k in ("requests", "errors", "requests_per_s", "ttft_ms_p50", "gateway_cpu_ms_per_request",
-                                           "engine_cpu_ms_per_request")}
+            out[name] = {k: r[k] for k in ("requests", "errors", "requests_per_s", "ttft_ms_p50",
+                                           "gateway_cpu_ms_per_request", "engine_cpu_ms_per_request")}
             note(f"sim {name:<22} engine CPU {r['engine_cpu_ms_per_request']:.3f} ms/req, gateway CPU "
                  f"{r['gateway_cpu_ms_per_request']:.3f} ms/req")
     process = out["engine_direct_stream"]["engine_cpu_ms_per_request"]
@@ -208,7 +208,8 @@ async def many_streams(mesh: Mesh, streams: int, tokens: int) -> dict:
                    for who, pid in pids.items()}
             out[f"round{round_}"] = {"requests": r["requests"], "errors": r["errors"], "wall_s": r["wall_s"],
                                      "ttft_ms_p50": r["ttft_ms_p50"], "ttft_ms_p99": r["ttft_ms_p99"],
-                                     "total_ms_p50": round(pct(totals, 50), 1), "total_ms_p99": round(pct(totals, 99), 1),
+                                     "total_ms_p50": round(pct(totals, 50), 1),
+                                     "total_ms_p99": round(pct(totals, 99), 1),
                                      "rss_mib_after": rss_mib(gw_pid), **cpu}
             note(f"{streams} streams round {round_}: {r['errors']} errors, total p50 {pct(totals, 50):.0f} ms, "
                  f"p99 {pct(totals, 99):.0f} ms, RSS {rss_mib(gw_pid)} MiB, CPU ms/req: client "

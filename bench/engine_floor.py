@@ -131,7 +131,7 @@ async def _serve(port: int) -> None:
     from llmesh.v1 import common_pb2, engine_pb2, engine_pb2_grpc
 
     class Bare(engine_pb2_grpc.EngineServicer):
-        async def Generate(self, request, context):
+        async def Generate(self, request, context):  # noqa: N802 - the proto's method
             n = max(request.sampling.max_tokens, 1)
             for _ in range(n - 1):
                 yield engine_pb2.GenerateResponse(text=WORD, token_count=1)

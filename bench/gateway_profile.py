@@ -33,19 +33,19 @@ from bench.common import child_pid, cpu_seconds, drive, note
 
 # (component, where its frames live); a sample goes to the innermost frame that matches one.
 COMPONENTS: tuple[tuple[str, str], ...] = (
-    ("audit log (stage, record, hash)", r"gateway/audit_stage\.py|llmesh/audit\.py"),
-    ("guards: injection screen", r"gateway/guards/injection\.py"),
-    ("guards: PII masking (prompt and answer)", r"gateway/guards/pii|gateway/guard_stage\.py"),
+    ("audit log (stage, record, hash)", r"gateway/stages/audit\.py|llmesh/audit\.py"),
+    ("guards: injection screen", r"gateway/domain/guards/injection\.py"),
+    ("guards: PII masking (prompt and answer)", r"gateway/domain/guards/pii|gateway/stages/guards\.py"),
     ("metrics (prometheus_client)", r"gateway/metrics\.py|prometheus_client/"),
     ("access log", r"/logging/|llmesh/logs\.py|gateway/record\.py"),
     ("request checks (protovalidate, check_request)", r"llmesh/validation\.py|protovalidate|llmesh/convert\.py"),
     ("tracing (opentelemetry)", r"opentelemetry/|llmesh/telemetry\.py"),
-    ("request parsing and answer encoding (pydantic, openai_api)", r"pydantic|gateway/openai_api\.py"),
-    ("provider client (aiohttp, providers.py)", r"aiohttp/|yarl/|multidict/|gateway/providers\.py"),
+    ("request parsing and answer encoding (pydantic, openai_api)", r"pydantic|gateway/fronts/openai_api\.py"),
+    ("provider client (aiohttp, providers.py)", r"aiohttp/|yarl/|multidict/|gateway/upstream/providers\.py"),
     ("HTTP server (uvicorn, httptools)", r"uvicorn/|httptools"),
-    ("limits and quota", r"gateway/quota\.py|gateway/limits\.py"),
-    ("authentication and grants", r"gateway/auth\.py|gateway/grants\.py"),
-    ("HTTP front (http.py, choices.py)", r"gateway/http\.py|gateway/choices\.py"),
+    ("limits and quota", r"gateway/stages/limits\.py|gateway/domain/(?:quota|limits|limits_redis)\.py"),
+    ("authentication and grants", r"gateway/stages/(?:auth|grants)\.py"),
+    ("HTTP front (http.py, choices.py)", r"gateway/fronts/(?:http|choices)\.py"),
     ("pipeline and the other stages", r"gateway/(?!__main__)|llmesh/(?!service)"),
 )  # asyncio, contextlib and dataclasses frames count for the component that called them
 _COMPILED = [(name, re.compile(rx)) for name, rx in COMPONENTS]

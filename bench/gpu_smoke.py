@@ -112,7 +112,11 @@ async def kv_lora_swap(address: str, model_dir: str, kv: KvIndex, tmp: Path) -> 
                 break
             await asyncio.sleep(0.1)
         check(ok and kv.scheme(eid).kind == "vllm", f"vLLM's KV events reach the scheduler ({kv.count(eid)} blocks)")
-        hit = kv.prefix_tokens(tokens).get(eid, 0) if ok else 0
+        hit = 0
+        if ok:  # leading tokens whose blocks vLLM holds, hashed as a gateway's picker does
+            held, scheme = kv.held(eid), kv.scheme(eid)
+            hashes = scheme.block_hashes(tokens)
+            hit = next((i for i, h in enumerate(hashes) if h not in held), len(hashes)) * scheme.block_size
         check(hit >= 128, f"a request sharing a prefix finds vLLM's cached blocks by our hashes ({hit} tokens)")
 
         for rank, code in ((8, None), (32, grpc.StatusCode.INVALID_ARGUMENT)):

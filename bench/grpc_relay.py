@@ -26,7 +26,7 @@ class Relay(engine_pb2_grpc.EngineServicer):
     def __init__(self, upstream: engine_pb2_grpc.EngineStub):
         self._upstream = upstream
 
-    async def Generate(self, request, context):
+    async def Generate(self, request, context):  # noqa: N802 - the proto's method
         call = self._upstream.Generate(request, timeout=context.time_remaining())
         try:
             async for message in call:

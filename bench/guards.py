@@ -23,9 +23,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from llmesh.audit import AuditLog
-from llmesh.gateway.guards.injection import InjectionScreen
-from llmesh.gateway.guards.pii import PiiMasker, Placeholders
-from llmesh.gateway.guards.pii_stream import StreamMasker, StreamRestorer
+from llmesh.gateway.domain.guards.injection import InjectionScreen
+from llmesh.gateway.domain.guards.pii import PiiMasker, Placeholders
+from llmesh.gateway.domain.guards.pii_stream import StreamMasker, StreamRestorer
 from llmesh.types import Message
 from bench.common import note, pct
 

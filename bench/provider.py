@@ -69,13 +69,15 @@ async def measure(direct: str, gateway: str, gw_pid: int, requests: int, levels:
                     cpu0 = cpu_seconds(gw_pid)
                     r = await drive(lambda i: call(client, url, stream), level, requests)
                     r["requests_per_s"] = round(r["requests"] / r["wall_s"], 1)
-                    r["gateway_cpu_ms_per_request"] = round((cpu_seconds(gw_pid) - cpu0) * 1000 / max(r["requests"], 1), 3)
+                    cpu_ms = (cpu_seconds(gw_pid) - cpu0) * 1000
+                    r["gateway_cpu_ms_per_request"] = round(cpu_ms / max(r["requests"], 1), 3)
                     row[name] = r
                 row["gateway"]["added_ms_p50"] = round(row["gateway"]["ttft_ms_p50"] - row["direct"]["ttft_ms_p50"], 3)
                 key = f"{'stream' if stream else 'plain'}_c{level}"
                 out[key] = row
                 note(f"{key:<10} direct {row['direct']['requests_per_s']:.0f} req/s, gateway "
-                     f"{row['gateway']['requests_per_s']:.0f} req/s, added p50 {row['gateway']['added_ms_p50']:.2f} ms, "
+                     f"{row['gateway']['requests_per_s']:.0f} req/s, "
+                     f"added p50 {row['gateway']['added_ms_p50']:.2f} ms, "
                      f"gateway CPU {row['gateway']['gateway_cpu_ms_per_request']:.2f} ms/req")
     return out
 

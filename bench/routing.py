@@ -36,7 +36,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from llmesh.gateway.picking import Endpoint, EndpointPicker, PickInput
+from llmesh.gateway.upstream.picking import Endpoint, EndpointPicker, PickInput
 from llmesh.kvhash import LLMESH_SCHEME, chain_hashes
 from llmesh.types import Message, Prompt
 from llmesh.engine.backends.base import DecodeParams
@@ -293,7 +293,7 @@ def picking_costs(engines: int, blocks: int = 100_000, prompt_tokens: int = 2048
     """What prefix-aware picking costs a gateway: memory for ``blocks`` cached blocks per
     engine, and per request the block hashes of a prompt and the prefix scoring."""
     import tracemalloc
-    from llmesh.gateway.picking.kvview import KvView
+    from llmesh.gateway.upstream.picking.kvview import KvView
     rng = random.Random(1)
     tracemalloc.start()
     kv = KvView()

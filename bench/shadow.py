@@ -86,16 +86,15 @@ async def stages_off_us(n: int = 20000) -> dict:
     from prometheus_client import CollectorRegistry
     from llmesh.liveconfig.schema import MeshConfig
     from llmesh.types import Message, Prompt, Sampling
-    from llmesh.gateway.cascade import CascadeMetrics, CascadeStage
-    from llmesh.gateway.pipeline import CompletionRequest, Context
-    from llmesh.gateway.shadow import ShadowMetrics, ShadowStage
+    from llmesh.gateway.context import CompletionRequest, Context
+    from llmesh.gateway.stages.cascade import CascadeMetrics, CascadeStage
+    from llmesh.gateway.stages.shadow import ShadowMetrics, ShadowStage
 
     config = MeshConfig.model_validate({"shadows": {"other": {"model": "b"}},
                                         "cascades": {"smart": {"cheap": "a", "strong": "b", "min_confidence": -1}}})
     registry = CollectorRegistry()
     stages = [CascadeStage(lambda: config, CascadeMetrics(registry)),
-              ShadowStage(lambda: config, lambda req: None, FileShadowStore(Path("/nonexistent")),
-                          ShadowMetrics(registry))]
+              ShadowStage(lambda: config, FileShadowStore(Path("/nonexistent")), ShadowMetrics(registry))]
     req = CompletionRequest(request_id="r", tenant="t", model=MODEL, timeout_s=10,
                             prompt=Prompt(messages=(Message("user", "hi"),)), sampling=Sampling())
     ctx = Context(req, {"status": "ok"}, None, asked=MODEL)

@@ -35,6 +35,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -57,17 +58,17 @@ class AuditError(Exception):
     """The log cannot be appended to (damaged tail, write failure)."""
 
 
-def canonical(record: Mapping) -> bytes:
+def canonical(record: Mapping[str, Any]) -> bytes:
     return orjson.dumps(record, option=orjson.OPT_SORT_KEYS)
 
 
-def record_hash(record: Mapping) -> str:
+def record_hash(record: Mapping[str, Any]) -> str:
     """SHA-256 over the canonical JSON of ``record`` without its ``hash``."""
     body = {k: v for k, v in record.items() if k != "hash"}
     return hashlib.sha256(canonical(body)).hexdigest()
 
 
-def worker_file(path: str | os.PathLike, index: int) -> Path:
+def worker_file(path: str | os.PathLike[str], index: int) -> Path:
     """The log of worker ``index`` of a gateway run as several processes, beside ``path``
     (``audit.jsonl`` -> ``audit.worker0.jsonl``): one chain per process, and a restarted
     worker continues its own file."""
@@ -75,7 +76,7 @@ def worker_file(path: str | os.PathLike, index: int) -> Path:
     return p.with_name(f"{p.stem}.worker{index}{p.suffix}")
 
 
-def chain_files(path: str | os.PathLike) -> list[Path]:
+def chain_files(path: str | os.PathLike[str]) -> list[Path]:
     """``path`` if it exists, then the worker logs beside it, in worker order."""
     p = Path(path)
     workers = [(int(f.stem.rpartition(".worker")[2]), f) for f in p.parent.glob(f"{p.stem}.worker*{p.suffix}")
@@ -151,7 +152,7 @@ class Appended:
 class AuditLog:
     """Appends records to ``path``, continuing the chain already in it."""
 
-    def __init__(self, path: str | os.PathLike, *, fields: Mapping[str, frozenset[str]] | None = None,
+    def __init__(self, path: str | os.PathLike[str], *, fields: Mapping[str, frozenset[str]] | None = None,
                  fsync: bool = False, clock: Callable[[], float] = time.time, batch_s: float = 0.05):
         self.path = Path(path)
         self._batch_s = batch_s  # the writer wakes this often (or at 512 queued, or on flush), not per record
@@ -194,7 +195,7 @@ class AuditLog:
             now_ms = int(self._clock() * 1000)
             if now_ms != self._ts_ms:  # formatting the time costs more than the rest of the record
                 self._ts_ms, self._ts = now_ms, _utc(now_ms / 1000)
-            record = {"seq": self._seq + 1, "ts": self._ts, "kind": kind, "fields": dict(fields),
+            record: dict[str, Any] = {"seq": self._seq + 1, "ts": self._ts, "kind": kind, "fields": dict(fields),
                       "prev": self._head}
             try:
                 body = canonical(record)
@@ -238,7 +239,7 @@ class AuditLog:
     def __enter__(self) -> AuditLog:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def _write_loop(self) -> None:
@@ -298,7 +299,7 @@ def _lines(path: Path) -> Iterator[tuple[int, bytes, bool]]:
             yield number, raw.rstrip(b"\n"), raw.endswith(b"\n")
 
 
-def read_records(path: str | os.PathLike) -> Iterator[dict]:
+def read_records(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
     """The well-formed records of a log, in order (``verify`` says whether to trust them)."""
     path = Path(path)
     if not path.exists():
@@ -309,7 +310,7 @@ def read_records(path: str | os.PathLike) -> Iterator[dict]:
             yield record
 
 
-def _parse(raw: bytes) -> dict | None:
+def _parse(raw: bytes) -> dict[str, Any] | None:
     try:
         record = orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -321,7 +322,7 @@ def _parse(raw: bytes) -> dict | None:
     return record
 
 
-def verify(path: str | os.PathLike, head: tuple[int, str] | None = None, max_problems: int = 100) -> VerifyReport:
+def verify(path: str | os.PathLike[str], head: tuple[int, str] | None = None, max_problems: int = 100) -> VerifyReport:
     """Checks every line of the log; each problem names the line where the chain shows it."""
     report = VerifyReport(Path(path))
     problems = report.problems

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Coroutine
+from typing import Any
 
 
 class Background:
-    def __init__(self):
-        self._tasks: set[asyncio.Task] = set()
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[Any]] = set()
 
-    def spawn(self, coro: Coroutine) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from google.protobuf.message import Message as PbMessage
 
 from llmesh.errors import InvalidArgument
 from llmesh.kvhash import HashScheme
-from llmesh.types import (FinishReason, Message, Priority, Prompt, ResponseFormat, Sampling, TokenLogprob, Tool,
-                          ToolCall, Tools, Usage)
+from llmesh.types import (FinishReason, Gpu, Hardware, Message, Priority, Prompt, ResponseFormat, Sampling,
+                          SelfTest, TokenLogprob, Tool, ToolCall, Tools, Usage)
 from llmesh.v1 import common_pb2, gateway_pb2, scheduler_pb2
 
 _FINISH_TO_PB = {
@@ -15,14 +19,15 @@ _FINISH_TO_PB = {
     FinishReason.LENGTH: common_pb2.FINISH_REASON_LENGTH,
     FinishReason.TOOL_CALLS: common_pb2.FINISH_REASON_TOOL_CALLS,
 }
-_FINISH_FROM_PB = {v: k for k, v in _FINISH_TO_PB.items()}
+_FINISH_FROM_PB: dict[int, FinishReason] = {v: k for k, v in _FINISH_TO_PB.items()}
 
 _PRIORITY_TO_PB = {
     Priority.LOW: common_pb2.PRIORITY_LOW,
     Priority.NORMAL: common_pb2.PRIORITY_NORMAL,
     Priority.HIGH: common_pb2.PRIORITY_HIGH,
 }
-_PRIORITY_FROM_PB = {v: k for k, v in _PRIORITY_TO_PB.items()} | {common_pb2.PRIORITY_UNSPECIFIED: Priority.NORMAL}
+_PRIORITY_FROM_PB: dict[int, Priority] = {**{v: k for k, v in _PRIORITY_TO_PB.items()},
+                                          common_pb2.PRIORITY_UNSPECIFIED: Priority.NORMAL}
 
 # KV block events: kinds as the engines' and the scheduler's domain code names them.
 _KV_KIND_TO_PB = {"stored": scheduler_pb2.KvEvent.STORED, "removed": scheduler_pb2.KvEvent.REMOVED,
@@ -54,6 +59,30 @@ def kv_hash_from_pb(pb: scheduler_pb2.KvHashScheme) -> HashScheme | None:
         return HashScheme(pb.kind, pb.block_size, pb.algo, pb.seed, pb.hash_block_size)
     except ValueError:
         return None
+
+
+def hardware_to_pb(h: Hardware) -> scheduler_pb2.HardwareProfile:
+    return scheduler_pb2.HardwareProfile(
+        cpu_model=h.cpu_model, cpu_cores=h.cpu_cores, memory_total_bytes=h.memory_total_bytes,
+        memory_available_bytes=h.memory_available_bytes,
+        gpus=[scheduler_pb2.GpuInfo(name=g.name, memory_total_bytes=g.memory_total_bytes,
+                                    memory_used_bytes=g.memory_used_bytes, ecc_errors_corrected=g.ecc_corrected,
+                                    ecc_errors_uncorrected=g.ecc_uncorrected, driver_version=g.driver_version)
+              for g in h.gpus])
+
+
+def hardware_from_pb(pb: scheduler_pb2.HardwareProfile) -> Hardware:
+    return Hardware(pb.cpu_model, pb.cpu_cores, pb.memory_total_bytes, pb.memory_available_bytes,
+                    tuple(Gpu(g.name, g.memory_total_bytes, g.memory_used_bytes, g.ecc_errors_corrected,
+                              g.ecc_errors_uncorrected, g.driver_version) for g in pb.gpus))
+
+
+def self_test_to_pb(t: SelfTest) -> scheduler_pb2.SelfTest:
+    return scheduler_pb2.SelfTest(ok=t.ok, detail=t.detail, checked_unix=t.checked_unix, latency_ms=t.latency_ms)
+
+
+def self_test_from_pb(pb: scheduler_pb2.SelfTest) -> SelfTest:
+    return SelfTest(pb.ok, pb.detail, pb.checked_unix, pb.latency_ms)
 
 
 def sampling_to_pb(s: Sampling) -> common_pb2.SamplingParams:
@@ -93,7 +122,7 @@ def logprobs_to_pb(items: tuple[TokenLogprob, ...]) -> list[common_pb2.TokenLogp
             for t in items]
 
 
-def logprobs_from_pb(pbs) -> tuple[TokenLogprob, ...]:
+def logprobs_from_pb(pbs: Iterable[common_pb2.TokenLogprob]) -> tuple[TokenLogprob, ...]:
     return tuple(TokenLogprob(t.token, t.logprob, tuple((a.token, a.logprob) for a in t.top)) for t in pbs)
 
 
@@ -101,7 +130,7 @@ def tool_calls_to_pb(calls: tuple[ToolCall, ...]) -> list[common_pb2.ToolCall]:
     return [common_pb2.ToolCall(index=c.index, id=c.id, name=c.name, arguments=c.arguments) for c in calls]
 
 
-def tool_calls_from_pb(pbs) -> tuple[ToolCall, ...]:
+def tool_calls_from_pb(pbs: Iterable[common_pb2.ToolCall]) -> tuple[ToolCall, ...]:
     return tuple(ToolCall(c.index, c.id, c.name, c.arguments) for c in pbs)
 
 
@@ -111,15 +140,15 @@ def messages_to_pb(messages: tuple[Message, ...]) -> list[common_pb2.ChatMessage
             else common_pb2.ChatMessage(role=m.role, content=m.content) for m in messages]
 
 
-def messages_from_pb(pbs) -> tuple[Message, ...]:
+def messages_from_pb(pbs: Iterable[common_pb2.ChatMessage]) -> tuple[Message, ...]:
     return tuple(Message(role=m.role, content=m.content, tool_calls=tool_calls_from_pb(m.tool_calls),
                          tool_call_id=m.tool_call_id) if m.tool_calls or m.tool_call_id
                  else Message(role=m.role, content=m.content) for m in pbs)
 
 
-def tools_to_pb(tools: Tools) -> dict:
+def tools_to_pb(tools: Tools) -> dict[str, Any]:
     """The ``tools``, ``tool_choice`` and ``parallel_tool_calls`` fields of a ChatRequest."""
-    out: dict = {"tools": [gateway_pb2.Tool(name=t.name, description=t.description, parameters=t.parameters,
+    out: dict[str, Any] = {"tools": [gateway_pb2.Tool(name=t.name, description=t.description, parameters=t.parameters,
                                             strict=t.strict) for t in tools.functions],
                  "tool_choice": gateway_pb2.ToolChoice(mode=tools.choice, function=tools.function)}
     if tools.parallel is not None:
@@ -145,10 +174,11 @@ def _role_only(role: str) -> common_pb2.ChatMessage:
 
 
 def request_to_pb(model: str, prompt: Prompt, sampling: Sampling, *, user: str | None = None,
-                  tools: Tools | None = None, texts: bool = True) -> gateway_pb2.ChatRequest | gateway_pb2.CompleteRequest:
+                  tools: Tools | None = None,
+                  texts: bool = True) -> gateway_pb2.ChatRequest | gateway_pb2.CompleteRequest:
     """A domain request as the Gateway's ChatRequest (a chat) or CompleteRequest.
     ``texts=False`` leaves the prompt's texts out (for checking rules that have none on them)."""
-    common = {"model": model, "sampling": sampling_to_pb(sampling), "user": user or ""}
+    common: dict[str, Any] = {"model": model, "sampling": sampling_to_pb(sampling), "user": user or ""}
     if prompt.messages is None:
         return gateway_pb2.CompleteRequest(prompt=prompt.text or "" if texts else "", **common)
     extra = tools_to_pb(tools) if tools is not None else {}
@@ -161,21 +191,21 @@ def request_to_pb(model: str, prompt: Prompt, sampling: Sampling, *, user: str |
     return gateway_pb2.ChatRequest(messages=messages, **common, **extra)
 
 
-def prompt_fields(prompt: Prompt, chat_type) -> dict:
+def prompt_fields(prompt: Prompt, chat_type: Callable[..., PbMessage]) -> dict[str, Any]:
     """Keyword arguments that set a message's ``input`` oneof (``chat`` or ``prompt``)."""
     if prompt.messages is not None:
         return {"chat": chat_type(messages=messages_to_pb(prompt.messages))}
     return {"prompt": prompt.text or ""}
 
 
-def prompt_from_pb(pb) -> Prompt:
-    """Reads the ``input`` oneof of a request that has ``chat`` and ``prompt``."""
+def prompt_from_pb(pb: Any) -> Prompt:
+    """Reads the ``input`` oneof of a request that has ``chat`` and ``prompt`` (several message types)."""
     if pb.WhichOneof("input") == "chat":
         return Prompt(messages=messages_from_pb(pb.chat.messages))
     return Prompt(text=pb.prompt)
 
 
-def finish_to_pb(reason: FinishReason) -> int:
+def finish_to_pb(reason: FinishReason) -> common_pb2.FinishReason:
     return _FINISH_TO_PB[reason]
 
 
@@ -183,7 +213,7 @@ def finish_from_pb(value: int) -> FinishReason:
     return _FINISH_FROM_PB.get(value, FinishReason.STOP)
 
 
-def priority_to_pb(p: Priority) -> int:
+def priority_to_pb(p: Priority) -> common_pb2.Priority:
     return _PRIORITY_TO_PB[p]
 
 

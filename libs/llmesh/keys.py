@@ -19,7 +19,10 @@ import secrets
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    import redis.asyncio
 
 PREFIX = "llm_"
 
@@ -133,7 +136,7 @@ class FileKeyStore:
 class RedisKeyStore:
     """A Redis hash: key id -> record JSON. ``client`` is a redis.asyncio client."""
 
-    def __init__(self, client, key: str = "llmesh:keys"):
+    def __init__(self, client: redis.asyncio.Redis, key: str = "llmesh:keys"):
         self._redis = client
         self._key = key
 

@@ -25,7 +25,6 @@ from hashlib import blake2b
 
 LLMESH_BLOCK_SIZE = 16
 VLLM_ALGOS = ("sha256", "sha256_cbor")
-VLLM_DEFAULT_SEED = "vllm-none-hash"
 
 
 def chain_hashes(tokens: Sequence[int], block_size: int = LLMESH_BLOCK_SIZE, parent: int = 0) -> list[int]:
@@ -46,11 +45,11 @@ def hash64(value: bytes | int) -> int:
     return int(value) & (2**64 - 1)
 
 
-def _sha256_pickle(obj) -> bytes:
+def _sha256_pickle(obj: object) -> bytes:
     return hashlib.sha256(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)).digest()
 
 
-def _sha256_cbor(obj) -> bytes:
+def _sha256_cbor(obj: object) -> bytes:
     import cbor2  # only engines configured with sha256_cbor need it
 
     return hashlib.sha256(cbor2.dumps(obj, canonical=True)).digest()
@@ -65,7 +64,7 @@ class HashScheme:
     hash_block_size: int = 0  # vllm: tokens per chained hash (0: block_size); a published
                               # block of k hash blocks carries the hash of its last one
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.kind not in ("llmesh", "vllm"):
             raise ValueError(f"unknown KV hash scheme {self.kind!r}")
         if self.block_size < 1:

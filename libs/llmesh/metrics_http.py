@@ -8,7 +8,9 @@ metrics. So the scraper's Accept header is not honoured."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterable
 from socketserver import ThreadingMixIn
+from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
@@ -19,16 +21,17 @@ class _Server(ThreadingMixIn, WSGIServer):
 
 
 class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format, *args) -> None:  # noqa: A002 - stdlib signature
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib signature
         return None
 
 
 def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> WSGIServer:
     app = make_wsgi_app(registry)
 
-    def classic_text(environ, start_response):
+    def classic_text(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         environ["HTTP_ACCEPT"] = "text/plain"
-        return app(environ, start_response)
+        body: Iterable[bytes] = app(environ, start_response)
+        return body
 
     server = make_server(host, port, classic_text, server_class=_Server, handler_class=_QuietHandler)
     threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()

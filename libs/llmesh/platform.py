@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from opentelemetry.trace import NoOpTracer
 from prometheus_client import CollectorRegistry
@@ -16,6 +17,9 @@ from llmesh.liveconfig.stores import ConfigStore, EtcdStore, FileStore
 from llmesh.rpc.identity import Identity, read_secret
 from llmesh.settings import MeshSettings
 from llmesh.telemetry import Tracing, build_tracer
+
+if TYPE_CHECKING:
+    import aetcd
 
 
 @dataclass
@@ -46,12 +50,12 @@ class Platform:
             await self.registry.close()
 
 
-def _etcd(mesh: MeshSettings):
+def _etcd(mesh: MeshSettings) -> aetcd.Client:
     from llmesh.discovery.etcd import etcd_client
     return etcd_client(mesh.etcd_address)
 
 
-def build_registry(mesh: MeshSettings, etcd=None) -> Registry:
+def build_registry(mesh: MeshSettings, etcd: aetcd.Client | None = None) -> Registry:
     """Where services register: etcd, Consul, or nothing to do (static addresses)."""
     if mesh.discovery == "etcd":
         from llmesh.discovery.etcd import EtcdRegistry

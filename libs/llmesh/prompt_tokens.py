@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from llmesh.types import Prompt
+
+if TYPE_CHECKING:
+    from llama_cpp.llama_types import ChatCompletionRequestMessage
 
 def sim_token(word: str) -> int:
     return int.from_bytes(hashlib.blake2s(word.encode(), digest_size=2).digest(), "big")
@@ -46,6 +50,9 @@ class GgufChatTokenizer:
 
     def __call__(self, prompt: Prompt) -> list[int]:
         if prompt.messages is not None:
-            text = self._formatter(messages=[{"role": m.role, "content": m.content} for m in prompt.messages]).prompt
+            # the roles were validated upstream; llama.cpp's types want one TypedDict per role
+            messages = cast("list[ChatCompletionRequestMessage]",
+                            [{"role": m.role, "content": m.content} for m in prompt.messages])
+            text = self._formatter(messages=messages).prompt
             return self.vocab.tokenize(text.encode("utf-8"), add_bos=False, special=True)
         return self.vocab.tokenize((prompt.text or "").encode("utf-8"), add_bos=True, special=False)

@@ -11,18 +11,21 @@ import signal
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import uvloop
 
+from llmesh.backoff import Backoff
 from llmesh.discovery.base import Instance, unspecified
 from llmesh.liveconfig.live import ConfigUnavailable
 from llmesh.logs import setup_logging
 from llmesh.metrics_http import serve_metrics
 from llmesh.platform import Platform, build_platform
 from llmesh.settings import MeshSettings, ServiceSettings
+from llmesh.discovery.base import Registry
 
 log = logging.getLogger("llmesh.service")
+S = TypeVar("S", bound=ServiceSettings)
 
 
 class App(Protocol):
@@ -42,19 +45,19 @@ class StartFailed(RuntimeError):
     pass
 
 
-async def _register(registry, instance: Instance, backend: str) -> None:
+async def _register(registry: Registry, instance: Instance, backend: str) -> None:
     """Register, retrying with backoff while the registry is away: the service
     serves meanwhile and appears in discovery once the backend is back."""
-    backoff = 0.5
+    backoff = Backoff(initial_s=0.5, max_s=10.0)
     while True:
         try:
             await asyncio.wait_for(registry.register(instance), 5)
             return
         except Exception as exc:  # noqa: BLE001 - any way of the registry being away or refusing
-            log.warning("cannot register; retrying", extra={"backend": backend, "retry_in_s": backoff,
+            wait = backoff.next()
+            log.warning("cannot register; retrying", extra={"backend": backend, "retry_in_s": wait,
                                                             "error": f"{type(exc).__name__}: {exc}"})
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 10.0)
+            await asyncio.sleep(wait)
 
 
 def _env_name(name: str) -> str:
@@ -71,7 +74,7 @@ class Registration:
     """One instance of a service in discovery, from start until ``end``: registered in the
     background (retrying while the registry is away), deregistered first thing on stop."""
 
-    def __init__(self, name: str, registry, mesh: MeshSettings, address: str, health_service: str):
+    def __init__(self, name: str, registry: Registry, mesh: MeshSettings, address: str, health_service: str):
         self.instance = Instance(name, f"{name}-{socket.gethostname()}-{os.getpid()}", address, health_service)
         self._registry = registry
         backend = {"etcd": mesh.etcd_address, "consul": mesh.consul_address}.get(mesh.discovery, "static")
@@ -132,7 +135,7 @@ async def serve(name: str, build: Callable[[Platform], App], settings: ServiceSe
     log.info("stopped")
 
 
-def run(name: str, settings: ServiceSettings, build: Callable[[ServiceSettings, Platform], App],
+def run(name: str, settings: S, build: Callable[[S, Platform], App],
         worker: Worker | None = None) -> None:
     setup_logging(name, settings.log_level, {"worker": worker.index} if worker else None)
     main = serve(name, lambda platform: build(settings, platform), settings, MeshSettings(), worker)

@@ -24,9 +24,12 @@ import re
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
+
+if TYPE_CHECKING:
+    import redis.asyncio
 
 MAX_RECORDS = 10_000  # per alias; older records are dropped
 _WORD = re.compile(r"\w+|[^\w\s]")
@@ -84,7 +87,7 @@ class ShadowStore(Protocol):
 
 
 class RedisShadowStore:
-    def __init__(self, client, prefix: str = "llmesh:shadow", max_records: int = MAX_RECORDS):
+    def __init__(self, client: redis.asyncio.Redis, prefix: str = "llmesh:shadow", max_records: int = MAX_RECORDS):
         self._r = client
         self._prefix = prefix
         self._max = max_records
@@ -183,7 +186,7 @@ def _quantile(values: list[float], q: float) -> float | None:
     return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
-def _side(answers: list[Answer]) -> dict:
+def _side(answers: list[Answer]) -> dict[str, Any]:
     ok = [a for a in answers if a.status == "ok"]
     lat = [a.latency_ms for a in ok]
     return {"models": sorted({a.model for a in answers}), "errors": len(answers) - len(ok),
@@ -193,11 +196,11 @@ def _side(answers: list[Answer]) -> dict:
             "mean_completion_tokens": (sum(a.completion_tokens for a in ok) / len(ok)) if ok else None}
 
 
-def report(alias: str, records: list[ShadowRecord], drops: int, now: float | None = None) -> dict:
+def report(alias: str, records: list[ShadowRecord], drops: int, now: float | None = None) -> dict[str, Any]:
     """The comparison over an alias's records: counts, latencies and tokens of both
     sides, and how alike the answers were (over the pairs where both answered)."""
     pairs = [r for r in records if r.similarity is not None]
-    sims = [r.similarity for r in pairs]
+    sims = [r.similarity for r in pairs if r.similarity is not None]  # all of them
     differ = sum(1 for r in pairs if r.primary.hash != r.shadow.hash)
     return {"alias": alias, "count": len(records), "dropped": drops, "compared": len(pairs),
             "since": min((r.ts for r in records), default=None), "until": max((r.ts for r in records), default=None),

@@ -11,11 +11,15 @@ from __future__ import annotations
 import contextvars
 import os
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 trace_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("trace_id", default=None)
@@ -26,7 +30,7 @@ __all__ = ["SpanKind", "Tracer", "build_tracer", "child_context", "extract", "in
 class Tracing:
     """The process's tracer and, when exporting, the provider to flush on stop."""
 
-    def __init__(self, tracer: Tracer, provider=None):
+    def __init__(self, tracer: Tracer, provider: TracerProvider | None = None):
         self.tracer = tracer
         self._provider = provider
 

@@ -78,7 +78,7 @@ class Mesh:
     log_dir: Path
     env: dict[str, str] = field(default_factory=dict)
     args: list[str] = field(default_factory=list)  # more `llmesh up` flags
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen[str] | None = None
     output: list[str] = field(default_factory=list)
 
     def start(self, timeout_s: float = 180.0) -> None:
@@ -87,18 +87,19 @@ class Mesh:
                "--model-dir", str(self.model_dir), "--log-dir", str(self.log_dir), "--grace", "5", *self.args]
         # Keys, audit logs and snapshots of this mesh stay in its own folder, never the checkout's var/state.
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "LLMESH_STATE_DIR": str(self.log_dir / "state"), **self.env}
-        self.proc = subprocess.Popen(cmd, env=env,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     stdin=subprocess.DEVNULL)
+        self.proc = proc = subprocess.Popen(cmd, env=env,
+                                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                            stdin=subprocess.DEVNULL)
         reader = threading.Thread(target=self._read_output, daemon=True)
         reader.start()
-        up = wait_until(lambda: any("llmesh is up" in line for line in self.output) or self.proc.poll() is not None,
+        up = wait_until(lambda: any("llmesh is up" in line for line in self.output) or proc.poll() is not None,
                         timeout_s)
-        if not up or self.proc.poll() is not None:
+        if not up or proc.poll() is not None:
             self.stop()
             raise RuntimeError("mesh did not start:\n" + "".join(self.output) + "\n" + self.logs())
 
     def _read_output(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None  # started with a pipe
         for line in self.proc.stdout:
             self.output.append(line)
 
@@ -128,7 +129,7 @@ class Service:
     module: str
     env: dict[str, str]
     log_path: Path
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen[bytes] | None = None
     args: list[str] = field(default_factory=list)
 
     def start(self) -> None:
@@ -143,7 +144,7 @@ class Service:
         return terminate(self.proc, sig, timeout_s)
 
 
-def terminate(proc: subprocess.Popen | None, sig: int, timeout_s: float) -> int:
+def terminate(proc: subprocess.Popen[bytes] | subprocess.Popen[str] | None, sig: int, timeout_s: float) -> int:
     """Send ``sig``, wait, SIGKILL after ``timeout_s``; the exit code (0 if never started)."""
     if proc is None:
         return 0
@@ -232,7 +233,7 @@ class EtcdServer:
     data_dir: Path
     port: int = 0
     peer_port: int = 0
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen[bytes] | None = None
 
     @property
     def address(self) -> str:
@@ -244,13 +245,13 @@ class EtcdServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         url, peer = f"http://127.0.0.1:{self.port}", f"http://127.0.0.1:{self.peer_port}"
         log = (self.data_dir.parent / f"{self.data_dir.name}.log").open("ab")
-        self.proc = subprocess.Popen(
+        self.proc = proc = subprocess.Popen(
             ["etcd", "--name", "test", "--data-dir", str(self.data_dir), "--listen-client-urls", url,
              "--advertise-client-urls", url, "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
              "--initial-cluster", f"test={peer}", "--log-level", "warn"],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         log.close()
-        if not wait_until(lambda: port_open(self.port) or self.proc.poll() is not None, timeout_s):
+        if not wait_until(lambda: port_open(self.port) or proc.poll() is not None, timeout_s):
             raise RuntimeError("etcd did not start")
         if self.proc.poll() is not None:
             raise RuntimeError(f"etcd exited with {self.proc.returncode}")
@@ -280,7 +281,7 @@ class RedisServer:
     """A real redis-server (Debian's) on a free 127.0.0.1 port, no persistence."""
     data_dir: Path
     port: int = 0
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
@@ -291,12 +292,12 @@ class RedisServer:
             (self.port,) = free_ports(1)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         log = (self.data_dir / "redis.log").open("ab")
-        self.proc = subprocess.Popen(
+        self.proc = proc = subprocess.Popen(
             ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port), "--dir", str(self.data_dir),
              "--save", "", "--appendonly", "no", "--protected-mode", "yes"],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         log.close()
-        if not wait_until(lambda: port_open(self.port) or self.proc.poll() is not None, timeout_s):
+        if not wait_until(lambda: port_open(self.port) or proc.poll() is not None, timeout_s):
             raise RuntimeError("redis-server did not start")
         if self.proc.poll() is not None:
             raise RuntimeError(f"redis-server exited with {self.proc.returncode}")
@@ -325,7 +326,7 @@ class PostgresServer:
     data_dir: Path
     port: int = 0
     user: str = "llmesh"
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
@@ -345,12 +346,12 @@ class PostgresServer:
         subprocess.run(self._as_owner([postgres_bin("initdb"), "-D", str(self.data_dir), "-U", self.user,
                                        "--auth=trust", "-E", "UTF8", "--no-sync"]),
                        check=True, capture_output=True)
-        self.proc = subprocess.Popen(
+        self.proc = proc = subprocess.Popen(
             self._as_owner([postgres_bin("postgres"), "-D", str(self.data_dir), "-p", str(self.port),
                             "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={self.data_dir}",
                             "-c", "fsync=off"]),
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
-        if not wait_until(lambda: port_open(self.port) or self.proc.poll() is not None, timeout_s):
+        if not wait_until(lambda: port_open(self.port) or proc.poll() is not None, timeout_s):
             raise RuntimeError("postgres did not start")
         if self.proc.poll() is not None:
             raise RuntimeError(f"postgres exited with {self.proc.returncode}")

@@ -129,3 +129,32 @@ class Finish:
     """The end of a generation."""
     reason: FinishReason
     usage: Usage = field(default_factory=Usage)
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    name: str
+    memory_total_bytes: int
+    memory_used_bytes: int
+    ecc_corrected: int
+    ecc_uncorrected: int
+    driver_version: str
+
+
+@dataclass(frozen=True, slots=True)
+class Hardware:
+    """What an engine runs on (its report to the scheduler)."""
+    cpu_model: str
+    cpu_cores: int
+    memory_total_bytes: int
+    memory_available_bytes: int
+    gpus: tuple[Gpu, ...] = field(default=())
+
+
+@dataclass(frozen=True, slots=True)
+class SelfTest:
+    """An engine's last self-test (one greedy token): ``checked_unix`` 0 when not run yet."""
+    ok: bool = False
+    detail: str = ""  # why it failed; empty when ok
+    checked_unix: float = 0.0
+    latency_ms: float = 0.0

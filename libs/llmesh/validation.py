@@ -35,10 +35,11 @@ def _validator() -> protovalidate.Validator:
     return protovalidate.Validator()
 
 
-def field_path(violation) -> str:
+def field_path(violation: protovalidate.Violation) -> str:
     """``messages[3].role``, ``sampling.temperature``: the field as a caller names it."""
-    out = []
-    for element in violation.proto.field.elements:
+    out: list[str] = []
+    path = violation.proto.field  # None for a rule on the message as a whole: no field to name
+    for element in path.elements if path is not None else ():
         out.append(("." if out else "") + element.field_name)
         if element.subscript is not None:
             out.append(f"[{element.subscript.value}]")
@@ -54,9 +55,12 @@ def check_message(msg: PbMessage, name: Callable[[str], str] = lambda path: path
         raise InvalidArgument(f"Invalid value for '{param}': {violations[0].proto.message}.", param=param)
 
 
-def rule(message_type, field: str):
+def rule(message_type: type[PbMessage], field: str) -> validate_pb2.FieldRules:
     """The buf.validate rules of one field (e.g. ``rule(ChatRequest, "n").uint32.lte``)."""
-    return message_type.DESCRIPTOR.fields_by_name[field].GetOptions().Extensions[validate_pb2.field]
+    # protoc's .pyi types the extension as a plain FieldDescriptor, which Extensions[] does not accept
+    rules: validate_pb2.FieldRules = (
+        message_type.DESCRIPTOR.fields_by_name[field].GetOptions().Extensions[validate_pb2.field])  # type: ignore[index]
+    return rules
 
 
 @functools.cache

@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import uvloop
 from prometheus_client import CollectorRegistry, Counter
@@ -107,7 +108,7 @@ class Supervisor:
         self._on_restart = on_restart
         self.slots = [_Slot(i, RestartBudget(policy)) for i in range(count)]
         self.failed = asyncio.Event()    # a worker kept dying: the service must stop
-        self._watchers: list[asyncio.Task] = []
+        self._watchers: list[asyncio.Task[Any]] = []
 
     def pids(self) -> list[int]:
         return [s.proc.pid for s in self.slots if s.proc is not None and s.proc.returncode is None]
@@ -154,10 +155,12 @@ class Supervisor:
 
     async def _watch(self, slot: _Slot) -> None:
         while True:
-            code = await slot.proc.wait()
-            self._on_exit(slot.proc.pid)
+            proc = slot.proc
+            assert proc is not None  # spawned before it is watched
+            code = await proc.wait()
+            self._on_exit(proc.pid)
             delay = slot.budget.next_delay(time.monotonic())
-            extra = {"worker": slot.index, "pid": slot.proc.pid, "exit_code": code}
+            extra = {"worker": slot.index, "pid": proc.pid, "exit_code": code}
             if delay is None:
                 log.error("worker keeps exiting; restart budget spent, stopping the service", extra=extra)
                 self.failed.set()

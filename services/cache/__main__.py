@@ -4,9 +4,9 @@ import os
 # OpenBLAS's thread pool made one embedding 5x slower (measured under load).
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from llmesh.service import run  # noqa: E402
-from llmesh.cache.app import CacheApp  # noqa: E402
-from llmesh.cache.config import CacheSettings  # noqa: E402
+from llmesh.service import run
+from llmesh.cache.app import CacheApp
+from llmesh.cache.config import CacheSettings
 
 
 def main() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from llmesh.backoff import Backoff
 from llmesh.platform import Platform, standalone_platform
 from llmesh.rpc.server import GrpcServer, ServiceBinding
 from llmesh.v1 import cache_pb2_grpc
@@ -79,16 +80,16 @@ class CacheApp:
         """Index what the store holds and what any replica stores from now on; if the
         store goes away, listen and rebuild again when it is back (lookups meanwhile
         bypass it, and entries stored elsewhere in between are not missed)."""
-        backoff = 0.5
+        backoff = Backoff(initial_s=0.5, max_s=10.0)
         while True:
             try:
                 await self.cache.follow(self._rebuilt)
                 return
             except Exception as exc:  # noqa: BLE001 - the store is away; try again
+                wait = backoff.next()
                 log.warning("cannot follow the store's semantic entries; retrying",
-                            extra={"error": type(exc).__name__, "retry_in_s": backoff})
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 10.0)
+                            extra={"error": type(exc).__name__, "retry_in_s": wait})
+            await asyncio.sleep(wait)
 
     async def _sweep(self, every_s: float = 30.0) -> None:
         while True:

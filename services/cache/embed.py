@@ -26,7 +26,8 @@ _INV_SQRT2 = 1.0 / math.sqrt(2.0)  # Python floats keep float32 arrays float32 (
 def _layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
     mean = x.mean(-1, keepdims=True)
     var = ((x - mean) ** 2).mean(-1, keepdims=True)
-    return (x - mean) / np.sqrt(var + eps) * w + b  # eps is a Python float: stays float32
+    out: np.ndarray = (x - mean) / np.sqrt(var + eps) * w + b  # eps is a Python float: stays float32
+    return out
 
 
 def _erf(x: np.ndarray) -> np.ndarray:
@@ -35,7 +36,8 @@ def _erf(x: np.ndarray) -> np.ndarray:
     a = np.abs(x)
     t = 1.0 / (1.0 + 0.3275911 * a)
     poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
-    return sign * (1.0 - poly * np.exp(-a * a))
+    out: np.ndarray = sign * (1.0 - poly * np.exp(-a * a))
+    return out
 
 
 def _gelu(x: np.ndarray) -> np.ndarray:
@@ -86,4 +88,5 @@ class MiniLM:
             x = _layer_norm(context @ o_w + o_b + x, ln1_w, ln1_b, self._eps)
             x = _layer_norm(_gelu(x @ i_w + i_b) @ out_w + out_b + x, ln2_w, ln2_b, self._eps)
         pooled = x.mean(0)
-        return (pooled / max(float(np.linalg.norm(pooled)), 1e-12)).astype(np.float32)
+        out: np.ndarray = (pooled / max(float(np.linalg.norm(pooled)), 1e-12)).astype(np.float32)
+        return out

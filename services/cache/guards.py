@@ -106,7 +106,8 @@ _DIRECTION_WORDS = _classes({
     "crypt+": ("encrypt", "encryption", "compress", "encode", "加密", "压缩", "编码"),
     "crypt-": ("decrypt", "decryption", "decompress", "decode", "解密", "解压", "解码"),
     "trade+": ("buy", "purchase", "买", "购买"), "trade-": ("sell", "sale", "卖", "出售"),
-    "time+": ("after", "later", "since", "后", "之后", "以后"), "time-": ("before", "earlier", "until", "前", "之前", "以前"),
+    "time+": ("after", "later", "since", "后", "之后", "以后"),
+    "time-": ("before", "earlier", "until", "前", "之前", "以前"),
     "order+": ("ascending", "increasing_order", "升序"), "order-": ("descending", "decreasing_order", "降序"),
     "lock+": ("lock", "locked", "锁定", "上锁"), "lock-": ("unlock", "unlocked", "解锁", "解除锁定"),
     "run+": ("start", "launch", "启动", "开始"), "run-": ("stop", "kill", "terminate", "停止", "终止", "结束"),
@@ -126,7 +127,8 @@ _DIRECTION_WORDS = _classes({
 })
 
 _SCOPE_WORDS = _classes({
-    "all": ("all", "every", "each", "entire", "whole", "everything", "所有", "全部", "每个", "每", "整个", "各", "一切"),
+    "all": ("all", "every", "each", "entire", "whole", "everything",
+            "所有", "全部", "每个", "每", "整个", "各", "一切"),
     "some": ("some", "several", "few", "一些", "部分", "几个", "某些"),
     "only": ("only", "just", "solely", "仅", "只", "仅仅", "唯一", "只有"),
     "first": ("first", "initial", "第一", "首个", "首次", "第一个"),
@@ -197,12 +199,6 @@ class Features:
     symbols: str               # the code-like punctuation, in order
     cjk_content: frozenset[str]  # Chinese content characters (function characters left out)
     cjk: bool
-
-
-def _vocabulary(lowered: str, tokens: set[str], table: dict[str, str]) -> set[str]:
-    found = {table[t] for t in tokens if t in table}
-    found |= {cls for w, cls in table.items() if not w.isalnum() or not w.isascii() and w in lowered}
-    return found
 
 
 def extract(text: str) -> Features:

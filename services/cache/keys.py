@@ -9,6 +9,7 @@ import hashlib
 import re
 import unicodedata
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
@@ -23,10 +24,10 @@ def normalise(text: str) -> str:
     return _SPACES.sub(" ", unicodedata.normalize("NFC", text)).strip()
 
 
-def _sampling_doc(sampling: Sampling) -> dict:
+def _sampling_doc(sampling: Sampling) -> dict[str, Any]:
     """The parameters that change the output. At temperature 0 the answer is greedy:
     top_p and the seed change nothing, so they stay out and the entries are shared."""
-    doc: dict = {"n": sampling.max_tokens, "s": list(sampling.stop)}
+    doc: dict[str, Any] = {"n": sampling.max_tokens, "s": list(sampling.stop)}
     if sampling.response_format is not None:
         doc["f"] = [sampling.response_format.type, sampling.response_format.schema]
     if sampling.temperature != 0.0:
@@ -38,7 +39,7 @@ def _messages(messages: tuple[Message, ...]) -> list[list[str]]:
     return [[m.role, normalise(m.content)] for m in messages]
 
 
-def _digest(doc: dict) -> str:
+def _digest(doc: dict[str, Any]) -> str:
     return hashlib.sha256(orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 

@@ -25,7 +25,7 @@ class MemoryStore:
     async def get(self, name: Name) -> Entry | None:
         entries = self._tenants.get(name.tenant)
         item = entries.get(name) if entries else None
-        if item is None:
+        if entries is None or item is None:
             return None
         expires, entry = item
         if expires <= self._clock():
@@ -54,7 +54,7 @@ class MemoryStore:
         removed = []
         tenants = [selector.tenant] if selector.tenant is not None else list(self._tenants)
         for tenant in tenants:
-            entries = self._tenants.get(tenant, {})
+            entries = self._tenants.get(tenant, OrderedDict())
             for name in [n for n in entries if selector.matches(n)]:
                 del entries[name]
                 removed.append(name)
@@ -62,7 +62,7 @@ class MemoryStore:
 
     def _prune(self, tenant: str) -> None:
         now = self._clock()
-        entries = self._tenants.get(tenant, {})
+        entries = self._tenants.get(tenant, OrderedDict())
         for name in [n for n, (expires, _) in entries.items() if expires <= now]:
             del entries[name]
 

@@ -145,7 +145,8 @@ class RedisStore:
         if tenant is not None:
             tenants = [tenant]
         else:
-            tenants = sorted(t.decode() for t in await self._redis.smembers(f"{self._ns}:tenants"))
+            members = await self._redis.smembers(f"{self._ns}:tenants")  # bytes: no decode_responses
+            tenants = sorted(t.decode() if isinstance(t, bytes) else t for t in members)
         out = {}
         for t in tenants:
             entries = await self._prune(keys=[self._tenant_key(t, "lru")])

@@ -7,17 +7,18 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Literal
 
 import numpy as np
 
 from llmesh.background import Background
 from llmesh.errors import InvalidArgument
-from llmesh.liveconfig.schema import CacheConfig
+from llmesh.liveconfig.schema import CacheConfig, CachePolicy
 from llmesh.cache.failopen import FailOpen
 from llmesh.cache.keys import Request, exact_key, semantic_query
 from llmesh.cache.semantic import SemanticIndex
-from llmesh.cache.store import Entry, Name, Selector, TenantStats
+from llmesh.cache.store import Entry, Name, Selector, Stored, TenantStats
 
 log = logging.getLogger("llmesh.cache")
 
@@ -46,7 +47,7 @@ class ResponseCache:
     def semantic_indexed(self) -> int:
         return len(self._semantic) if self._semantic is not None else 0
 
-    def _policy(self, req: Request):
+    def _policy(self, req: Request) -> CachePolicy | None:
         policy = self._config().policy(req.tenant, req.model)
         cacheable = (policy.enabled and (req.sampling.deterministic or policy.cache_sampled)
                      and req.sampling.logprobs is None)  # the cache keeps text only
@@ -65,10 +66,11 @@ class ResponseCache:
         self._on_lookup(outcome)
         counters = ["misses"] if hit is None else ["hits", "semantic_hits"] if hit.kind == "semantic" else ["hits"]
         for counter in counters:
-            self._background.spawn(self._store.call("count", lambda c=counter: self._store.store.count(req.tenant, c), None))
+            self._background.spawn(
+                self._store.call("count", partial(self._store.store.count, req.tenant, counter), None))
         return hit
 
-    async def _lookup(self, req: Request, policy) -> Hit | None:
+    async def _lookup(self, req: Request, policy: CachePolicy) -> Hit | None:
         key = exact_key(req)
         name = Name(req.tenant, req.model, "x", key)
         entry = await self._store.call("get", lambda: self._store.store.get(name), None)
@@ -81,7 +83,7 @@ class ResponseCache:
             return None
         vector = await self._embed(query.text)
         for candidate in self._semantic.search(query.scope, query.text, vector, policy.semantic_threshold):
-            entry = await self._store.call("get", lambda c=candidate: self._store.store.get(c.name), None)
+            entry = await self._store.call("get", partial(self._store.store.get, candidate.name), None)
             if entry is not None:
                 return Hit(entry.response, "semantic", candidate.name.digest, candidate.similarity)
             if self._store.available:  # gone from the store (expired, evicted, invalidated elsewhere)
@@ -91,10 +93,12 @@ class ResponseCache:
     async def _embed(self, text: str) -> np.ndarray:
         """The embedding, computed on a worker thread (the loop keeps answering exact
         lookups); the memo is only touched here, on the loop."""
-        vector = self._semantic.remembered(text)
+        semantic = self._semantic
+        assert semantic is not None  # callers embed for the semantic index only
+        vector = semantic.remembered(text)
         if vector is None:
-            vector = await asyncio.to_thread(self._semantic.encode, text)
-            self._semantic.remember(text, vector)
+            vector = await asyncio.to_thread(semantic.encode, text)
+            semantic.remember(text, vector)
         return vector
 
     async def store(self, req: Request, response: bytes) -> bool:
@@ -106,14 +110,15 @@ class ResponseCache:
                                          None)
         if evicted is None:
             return False
-        query = semantic_query(req) if policy.mode == "semantic" and self._semantic is not None else None
-        if query is not None:
+        semantic = self._semantic if policy.mode == "semantic" else None
+        query = semantic_query(req) if semantic is not None else None
+        if semantic is not None and query is not None:
             vector = await self._embed(query.text)
             sname = Name(req.tenant, req.model, "s", name.digest)  # one digest: invalidated together
             entry = Entry(response, vector.tobytes(), query.text, query.scope)
             more = await self._store.call("put", lambda: self._store.store.put(sname, entry, policy.ttl_s), None)
             if more is not None:
-                self._semantic.add(sname, query.scope, query.text, vector, policy.ttl_s)
+                semantic.add(sname, query.scope, query.text, vector, policy.ttl_s)
                 evicted += more
         for gone in evicted:
             if self._semantic is not None:
@@ -163,8 +168,9 @@ class ResponseCache:
             elif stored.name not in self._semantic:
                 self._index(stored)
 
-    def _index(self, stored) -> None:
+    def _index(self, stored: Stored) -> None:
         e = stored.entry
+        assert self._semantic is not None  # follow() indexes only with a semantic index
         self._semantic.add(stored.name, e.scope, e.text, np.frombuffer(e.vector, dtype=np.float32), stored.ttl_left_s)
 
     async def drain(self) -> None:

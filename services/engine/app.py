@@ -9,6 +9,7 @@ from dataclasses import replace
 
 from prometheus_client import CollectorRegistry
 
+from llmesh.convert import hardware_to_pb
 from llmesh.discovery.base import fixed
 from llmesh.platform import Platform
 from llmesh.rpc.server import GrpcServer, ServiceBinding
@@ -17,7 +18,7 @@ from llmesh.engine.admission import Admission
 from llmesh.engine.backends.base import Backend
 from llmesh.engine.config import EngineSettings
 from llmesh.engine.core import Defaults, EngineCore
-from llmesh.engine.hardware import Hardware, probe
+from llmesh.engine.hardware import probe
 from llmesh.engine.lifecycle import ModelLifecycle, Swapping
 from llmesh.engine.metrics import EngineMetrics
 from llmesh.engine.reporter import Reporter
@@ -144,7 +145,7 @@ class EngineApp:
                                           in_flight=self.core.in_flight(m.name)) for m in self.lifecycle.list()]
 
     async def _check(self) -> None:
-        self.hardware = hardware_pb(await asyncio.to_thread(probe))
+        self.hardware = hardware_to_pb(await asyncio.to_thread(probe))
         if self.admission.running or self.admission.waiting:
             return  # serving is proof enough; don't queue a test behind real work
         if isinstance(self.core.backend, Swapping):
@@ -171,12 +172,3 @@ class EngineApp:
         await self.server.stop(grace)
         await self.backend.close()
 
-
-def hardware_pb(h: Hardware) -> scheduler_pb2.HardwareProfile:
-    return scheduler_pb2.HardwareProfile(
-        cpu_model=h.cpu_model, cpu_cores=h.cpu_cores, memory_total_bytes=h.memory_total_bytes,
-        memory_available_bytes=h.memory_available_bytes,
-        gpus=[scheduler_pb2.GpuInfo(name=g.name, memory_total_bytes=g.memory_total_bytes,
-                                    memory_used_bytes=g.memory_used_bytes, ecc_errors_corrected=g.ecc_corrected,
-                                    ecc_errors_uncorrected=g.ecc_uncorrected, driver_version=g.driver_version)
-              for g in h.gpus])

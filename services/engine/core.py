@@ -4,16 +4,16 @@ the backend's token stream into final text deltas, a finish reason and usage."""
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass
+from typing import cast
 
 from llmesh.errors import ContextLengthExceeded, InvalidArgument, ModelNotFound
-from llmesh.types import Delta, Finish, FinishReason, Priority, Prompt, Sampling, Usage
+from llmesh.types import Delta, Finish, FinishReason, Priority, Prompt, Sampling, TokenLogprob, Usage
 from llmesh.validation import check_request
 from llmesh.engine.admission import Admission
-from llmesh.engine.backends.base import (CONTINUATION, LOGPROBS, RESPONSE_FORMAT, Backend, DecodeParams, Token,
-                                        steps_of)
+from llmesh.engine.backends.base import Backend, DecodeParams, Piece, Token, can_continue, steps_of
 from llmesh.engine.metrics import EngineMetrics
 from llmesh.engine.stops import StopMatcher
 
@@ -26,7 +26,7 @@ class _Timing:
     def __init__(self, arrived: float, started: float):
         self.arrived, self.started = arrived, started
         self.first: float | None = None
-        self.last: float | None = None
+        self.last = 0.0  # set with first
         self.gaps: list[float] = []
 
     def sent(self, tokens: int) -> None:
@@ -92,28 +92,14 @@ class EngineCore:
         self._check_model(backend, model)
         return len(backend.tokenize(prompt))
 
-    async def generate(self, model: str, prompt: Prompt, sampling: Sampling,
-                       priority: Priority = Priority.NORMAL, continuation: str = "") -> AsyncIterator[Delta | Finish]:
+    async def generate(self, model: str, prompt: Prompt, sampling: Sampling, priority: Priority = Priority.NORMAL,
+                       continuation: str = "") -> AsyncGenerator[Delta | Finish, None]:
         """Yields Delta items, then exactly one Finish. Raises before the first
         item for a bad request, a full queue, or when shed for a higher priority."""
         backend = self.backend  # one request, one backend, even if a model load swaps it meanwhile
-        self._check_model(backend, model)
-        check_request(model, prompt, sampling)
-        self._check_features(backend, sampling)
-        tokens = backend.tokenize(prompt)
-        if not tokens:
-            raise InvalidArgument("The prompt is empty.", param="messages" if prompt.is_chat else "prompt")
-        answered: list[int] = []
-        if continuation:
-            if CONTINUATION not in getattr(backend, "features", frozenset()):
-                raise InvalidArgument(f"The {backend.name} backend cannot continue an answer.", param="continuation")
-            answered = backend.tokenize_continuation(continuation)
-            tokens = tokens + answered
-        params = self._decode_params(backend, len(tokens), sampling, model, priority, len(answered))
+        tokens, params = self._prepare(backend, model, prompt, sampling, priority, continuation)
         arrived = time.monotonic()
-        key = id(backend)
-        self._active[key] = self._active.get(key, 0) + 1
-        self._by_name[model] = self._by_name.get(model, 0) + 1
+        self._enter(backend, model)
         try:
             async with self.admission.slot(priority):
                 timing = _Timing(arrived, time.monotonic())
@@ -129,16 +115,17 @@ class EngineCore:
                             count = len(pieces) - pieces.count("")  # "": a character not complete yet
                             ends = produced >= params.max_new_tokens
                             if count:
-                                text = pieces[0] if len(pieces) == 1 else "".join(pieces)
+                                texts = cast("list[str]", pieces)  # no Token pieces without logprobs
+                                text = texts[0] if len(texts) == 1 else "".join(texts)
                                 delta = LastDelta(text, count) if ends else Delta(text, count)
                         else:
-                            delta, taken = self._delta(pieces, matcher)
+                            found, taken = self._delta(pieces, matcher)
                             produced += taken
-                            count = delta is not None
+                            count = found is not None
                             # with stop strings, a length end may still flush held-back text
                             ends = matcher.stopped or (produced >= params.max_new_tokens and not matcher.active)
-                            if ends and count:
-                                delta = LastDelta(delta.text, delta.tokens, delta.logprobs)
+                            if found is not None:
+                                delta = LastDelta(found.text, found.tokens, found.logprobs) if ends else found
                         if count:
                             timing.sent(delta.tokens)
                             yield delta
@@ -158,19 +145,46 @@ class EngineCore:
                     timing.record(self.metrics, finish)
                 yield finish
         finally:
-            self._active[key] -= 1
-            if not self._active[key]:
-                del self._active[key]
-            self._by_name[model] -= 1
-            if not self._by_name[model]:
-                del self._by_name[model]
+            self._leave(backend, model)
+
+    def _prepare(self, backend: Backend, model: str, prompt: Prompt, sampling: Sampling, priority: Priority,
+                 continuation: str) -> tuple[list[int], DecodeParams]:
+        """The request checked against the backend and tokenized (a continued answer's text
+        appended): its tokens and what the backend decodes them with."""
+        self._check_model(backend, model)
+        check_request(model, prompt, sampling)
+        self._check_capabilities(backend, sampling)
+        tokens = backend.tokenize(prompt)
+        if not tokens:
+            raise InvalidArgument("The prompt is empty.", param="messages" if prompt.is_chat else "prompt")
+        answered: list[int] = []
+        if continuation:
+            if not can_continue(backend):
+                raise InvalidArgument(f"The {backend.name} backend cannot continue an answer.", param="continuation")
+            answered = backend.tokenize_continuation(continuation)
+            tokens = tokens + answered
+        return tokens, self._decode_params(backend, len(tokens), sampling, model, priority, len(answered))
+
+    def _enter(self, backend: Backend, model: str) -> None:
+        key = id(backend)
+        self._active[key] = self._active.get(key, 0) + 1
+        self._by_name[model] = self._by_name.get(model, 0) + 1
+
+    def _leave(self, backend: Backend, model: str) -> None:
+        key = id(backend)
+        self._active[key] -= 1
+        if not self._active[key]:
+            del self._active[key]
+        self._by_name[model] -= 1
+        if not self._by_name[model]:
+            del self._by_name[model]
 
     @staticmethod
-    def _delta(pieces: list, matcher: StopMatcher) -> tuple[Delta | None, int]:
+    def _delta(pieces: list[Piece], matcher: StopMatcher) -> tuple[Delta | None, int]:
         """One step's pieces through the stop strings, with their logprobs: the Delta (None
         when nothing became final) and the pieces taken, up to a stop string (``matcher.stopped``)."""
         texts: list[str] = []
-        logprobs: list = []
+        logprobs: list[TokenLogprob] = []
         count = taken = 0
         for piece in pieces:
             taken += 1
@@ -218,12 +232,12 @@ class EngineCore:
             raise ModelNotFound(model)
 
     @staticmethod
-    def _check_features(backend: Backend, sampling: Sampling) -> None:
+    def _check_capabilities(backend: Backend, sampling: Sampling) -> None:
         """A request that needs what the backend cannot do is refused, never served without it."""
-        features = getattr(backend, "features", frozenset())
-        if sampling.logprobs is not None and LOGPROBS not in features:
+        can = backend.capabilities
+        if sampling.logprobs is not None and not can.logprobs:
             raise InvalidArgument(f"The {backend.name} backend cannot report logprobs.", param="logprobs")
-        if sampling.response_format is not None and RESPONSE_FORMAT not in features:
+        if sampling.response_format is not None and not can.response_format:
             raise InvalidArgument(f"The {backend.name} backend cannot enforce response_format.",
                                   param="response_format")
 

@@ -5,27 +5,9 @@ error counts and driver. Read from /proc and NVML; no subprocess."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 
-
-@dataclass(frozen=True, slots=True)
-class Gpu:
-    name: str
-    memory_total_bytes: int
-    memory_used_bytes: int
-    ecc_corrected: int
-    ecc_uncorrected: int
-    driver_version: str
-
-
-@dataclass(frozen=True, slots=True)
-class Hardware:
-    cpu_model: str
-    cpu_cores: int
-    memory_total_bytes: int
-    memory_available_bytes: int
-    gpus: tuple[Gpu, ...] = field(default=())
+from llmesh.types import Gpu, Hardware
 
 
 def parse_cpu_model(cpuinfo: str) -> str:

@@ -153,7 +153,8 @@ class BlockLedger:
         return self.log.resync()
 
     def _ref(self, hashes: list[int], parent: int) -> None:
-        fresh, first_parent, prev = [], parent, parent
+        fresh: list[int] = []
+        first_parent, prev = parent, parent
         for h in hashes:
             if self._refs[h] == 0 and h not in self._cached:
                 if not fresh:

@@ -7,12 +7,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 
 from llmesh.errors import Internal, InvalidArgument, LlmeshError, ModelNotFound, NotFound, Unavailable
 from llmesh.types import Prompt
-from llmesh.engine.backends.base import Backend, DecodeParams
+from llmesh.engine.backends.base import Backend, Capabilities, DecodeParams, Piece, has_adapters
 from llmesh.engine.core import EngineCore
 from llmesh.engine.kvblocks import KvEventLog
 
@@ -49,6 +49,8 @@ class NoModel:
     models: tuple[str, ...] = ()
     context_length = 0
     vocab_size = 0
+    capabilities = Capabilities()
+    gpu_memory_share = 0.0
 
     def __init__(self, name: str):
         self.name = name
@@ -57,7 +59,7 @@ class NoModel:
     def tokenize(self, prompt: Prompt) -> list[int]:
         raise NotFound("this engine has no model loaded")
 
-    async def stream(self, tokens: list[int], params: DecodeParams) -> AsyncIterator[str]:
+    async def stream(self, tokens: list[int], params: DecodeParams) -> AsyncGenerator[Piece, None]:
         raise NotFound("this engine has no model loaded")
         yield ""  # pragma: no cover - makes this an async generator
 
@@ -112,7 +114,7 @@ class ModelLifecycle:
             current = self._core.backend
             if name == current.model:
                 return LoadResult(self._describe(name), 0.0, 0.0, "")
-            if getattr(current, "gpu_memory_share", 0.0) + self._gpu_share(name) > 1.0:
+            if current.gpu_memory_share + self._gpu_share(name) > 1.0:
                 return await self._unload_first(name, current, warmup)
             backend, load_ms, warmup_ms = await self._build_warm(name, warmup)
             self._core.backend = backend
@@ -129,7 +131,7 @@ class ModelLifecycle:
             backend = await asyncio.to_thread(self._build, name)
         except ModelNotFound:
             raise
-        except Exception as exc:  # noqa: BLE001 - any failure is reported, the engine stays as it was
+        except Exception as exc:  # any failure is reported, the engine stays as it was
             log.error("model load failed", extra={"model": name, "error": f"{type(exc).__name__}: {exc}"})
             raise LoadFailed(f"loading {name!r} failed: {type(exc).__name__}: {exc}") from exc
         load_ms = (time.monotonic() - started) * 1000
@@ -169,7 +171,7 @@ class ModelLifecycle:
         async with self._lock:
             current = self._core.backend
             if name != current.model:
-                if name in current.models:
+                if name in current.models and has_adapters(current):  # only adapter backends list more than one
                     await current.unload_adapter(name)
                     self._on_change(current)
                     return
@@ -181,14 +183,14 @@ class ModelLifecycle:
 
     async def _load_adapter(self, name: str, path: str) -> LoadResult:
         backend = self._core.backend
-        if not hasattr(backend, "load_adapter"):
+        if not has_adapters(backend):
             raise InvalidArgument(f"the {backend.name} backend serves no LoRA adapters", param="adapter_path")
         started = time.monotonic()
         try:
             await backend.load_adapter(name, path)
         except LlmeshError:
             raise
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             raise LoadFailed(f"loading adapter {name!r} from {path} failed: {type(exc).__name__}: {exc}") from exc
         self._on_change(backend)
         return LoadResult(self._describe(name), (time.monotonic() - started) * 1000, 0.0, "")

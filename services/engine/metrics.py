@@ -13,6 +13,23 @@ class EngineMetrics:
     """The engine's series, bound to the model it serves (``use_model`` rebinds after a
     model swap; the old model's series stay, frozen, as vLLM's do across restarts)."""
 
+    # Each family's child for the current model, bound by use_model.
+    running: Gauge
+    waiting: Gauge
+    kv_usage: Gauge
+    kv_usage_v0: Gauge
+    prefix_queries: Counter
+    prefix_hits: Counter
+    prompt_tokens: Counter
+    generation_tokens: Counter
+    ttft: Histogram
+    tpot: Histogram
+    itl: Histogram
+    e2e: Histogram
+    queue_time: Histogram
+    request_prompt_tokens: Histogram
+    request_generation_tokens: Histogram
+
     def __init__(self, registry: CollectorRegistry, model: str):
         m = ("model_name",)
         r = registry

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable
 
 import grpc
 
+from llmesh.backoff import Backoff
 from llmesh.discovery.base import Resolver
 from llmesh.errors import DiscoveryError
 from llmesh.rpc.channels import insecure_channel
@@ -72,20 +73,21 @@ class Reporter:
             self._task.cancel()
 
     async def _run(self) -> None:
-        backoff = 0.2
+        backoff = Backoff(initial_s=0.2, max_s=5.0)
         while not self._done.is_set():
             address = "?"
             try:
                 address = await self._resolve()  # anew on every (re)connect
                 async with insecure_channel(address, self._caller) as channel:
                     await scheduler_pb2_grpc.SchedulerStub(channel).Report(self._reports())
-                backoff = 0.2
+                backoff.reset()
             except (grpc.aio.AioRpcError, DiscoveryError, OSError) as exc:
+                wait = backoff.next()
                 log.warning("scheduler report stream broke", extra={
-                    "scheduler": address, "retry_in_s": backoff,
-                    "error": exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else f"{type(exc).__name__}: {exc}"})
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                    "scheduler": address, "retry_in_s": wait,
+                    "error": exc.code().name if isinstance(exc, grpc.aio.AioRpcError)
+                    else f"{type(exc).__name__}: {exc}"})
+                await asyncio.sleep(wait)
 
     async def _reports(self) -> AsyncIterator[scheduler_pb2.EngineReport]:
         source = None  # the KV event source the scheduler has heard from on this stream

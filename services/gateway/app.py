@@ -17,34 +17,64 @@ import uvicorn
 
 from llmesh.audit import AuditLog
 from llmesh.keys import FileKeyStore, KeyStore, RedisKeyStore
+from llmesh.liveconfig.schema import MeshConfig
 from llmesh.platform import Platform, standalone_platform
 from llmesh.rpc.server import GrpcServer, ServiceBinding
+from llmesh.shadow import FileShadowStore, RedisShadowStore
 from llmesh.workers import reuse_port_socket
 from llmesh.v1 import gateway_pb2_grpc
 from llmesh.gateway.config import GatewaySettings
-from llmesh.gateway.picking import EndpointPicker, PickInput
-from llmesh.gateway.prompt_tokens import PromptTokens
-from llmesh.gateway.http import HttpFront
+from llmesh.gateway.domain.limits import FallbackLimiter, Limiter, LocalLimiter
+from llmesh.gateway.domain.limits_redis import RedisLimiter
+from llmesh.gateway.domain.prompt_tokens import PromptTokens
+from llmesh.gateway.domain.holds import Holds
+from llmesh.gateway.domain.tokens import TokenCounter
+from llmesh.gateway.fronts.http import HttpFront
+from llmesh.gateway.fronts.servicer import GatewayServicer
 from llmesh.gateway.metrics import GatewayMetrics
-from llmesh.gateway.providers import ProviderClients
-from llmesh.gateway.resilience import Breakers, RetryBudgetGate
-from llmesh.gateway.audit_stage import AuditStage
-from llmesh.gateway.coldstart import ColdStartStage, Holds, ScaledCatalog
-from llmesh.gateway.demand import DemandReporter
-from llmesh.gateway.cascade import CascadeMetrics, CascadeStage
-from llmesh.gateway.shadow import ShadowMetrics, ShadowStage
-from llmesh.shadow import FileShadowStore, RedisShadowStore
-from llmesh.gateway.auth import AuthenticateStage, Authenticator, JwtSettings, JwtVerifier
-from llmesh.gateway.grants import AuthorizeStage, access
-from llmesh.gateway.guard_stage import GuardStage
-from llmesh.gateway.limits import FallbackLimiter, LocalLimiter, RedisLimiter
-from llmesh.gateway.pipeline import Pipeline, RouteStage, ValidateStage
-from llmesh.gateway.quota import LimitStage
-from llmesh.gateway.tokens import TokenCounter
-from llmesh.gateway.servicer import GatewayServicer
-from llmesh.gateway.upstreams import CacheClient, EngineClients, ModelCatalog, SchedulerFeed
+from llmesh.gateway.pipeline import Pipeline
+from llmesh.gateway.stages.audit import AuditStage
+from llmesh.gateway.stages.auth import AuthenticateStage, Authenticator, JwtSettings, JwtVerifier
+from llmesh.gateway.stages.base import Stage
+from llmesh.gateway.stages.cache import CacheStage
+from llmesh.gateway.stages.cascade import CascadeMetrics, CascadeStage
+from llmesh.gateway.stages.coldstart import ColdStartStage
+from llmesh.gateway.stages.grants import AuthorizeStage, access
+from llmesh.gateway.stages.guards import GuardStage
+from llmesh.gateway.stages.limits import LimitStage
+from llmesh.gateway.stages.route import RouteStage
+from llmesh.gateway.stages.shadow import ShadowMetrics, ShadowStage
+from llmesh.gateway.stages.validate import ValidateStage
+from llmesh.gateway.upstream.cache import CacheClient
+from llmesh.gateway.upstream.catalog import ModelCatalog, ScaledCatalog
+from llmesh.gateway.upstream.demand import DemandReporter
+from llmesh.gateway.upstream.engines import EngineClients
+from llmesh.gateway.upstream.feed import SchedulerFeed
+from llmesh.gateway.upstream.picking import EndpointPicker, PickInput
+from llmesh.gateway.upstream.providers import ProviderClients
+from llmesh.gateway.upstream.resilience import Breakers, RetryBudgetGate
 
 log = logging.getLogger("llmesh.gateway")
+
+
+STORE_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)  # a store that cannot answer
+
+
+def _redis(url: str) -> redis.asyncio.Redis:
+    # Timeouts count time the event loop spends elsewhere too, so they are generous: a refused
+    # connection falls back at once; a busy Redis or gateway gets 10 s. A burst queues for one of
+    # 32 connections (opened once, kept) rather than opening hundreds at the same moment.
+    return redis.asyncio.Redis(connection_pool=redis.asyncio.BlockingConnectionPool.from_url(
+        url, max_connections=32, timeout=10.0, socket_timeout=10.0, socket_connect_timeout=2.0))
+
+
+def _jwt_verifier(settings: GatewaySettings) -> JwtVerifier | None:
+    if not (settings.jwks_file or settings.jwks_url):
+        return None
+    return JwtVerifier(JwtSettings(
+        jwks_file=settings.jwks_file, jwks_url=settings.jwks_url, issuer=settings.jwt_issuer,
+        audience=settings.jwt_audience, tenant_claim=settings.jwt_tenant_claim,
+        groups_claim=settings.jwt_groups_claim))
 
 
 class _EmbeddedUvicorn(uvicorn.Server):
@@ -65,12 +95,12 @@ class GatewayApp:
         self.engines = EngineClients(tracer)
         self.providers = ProviderClients()
         self.cache = (CacheClient(platform.resolver("cache", settings.cache_address), settings.cache_budget_s,
-                                  tracer=tracer, config=lambda: self.config.current)
+                                  tracer=tracer, config=self._current)
                       if settings.cache_address else None)
         self.model_catalog = ModelCatalog(platform.resolver("modelmgr", settings.modelmgr_address)
                                          if settings.modelmgr_address else None,
                                          self.picker, settings.catalog_refresh_s)
-        self.catalog = ScaledCatalog(self.model_catalog, lambda: self.config.current)
+        self.catalog = ScaledCatalog(self.model_catalog, self._current)
         scheduler = platform.resolver("scheduler", settings.scheduler_address)
         self.feed = SchedulerFeed(scheduler, self.picker)
         self.holds = Holds()
@@ -78,51 +108,23 @@ class GatewayApp:
                                      platform.identity)
         self.metrics = GatewayMetrics(platform.metrics)
         mesh = platform.settings
-        self.redis = None
-        if mesh.redis_url:
-            # Timeouts count time the event loop spends elsewhere too, so they are generous: a refused
-            # connection falls back at once; a busy Redis or gateway gets 10 s. A burst queues for one of
-            # 32 connections (opened once, kept) rather than opening hundreds at the same moment.
-            self.redis = redis.asyncio.Redis(connection_pool=redis.asyncio.BlockingConnectionPool.from_url(
-                mesh.redis_url, max_connections=32, timeout=10.0, socket_timeout=10.0, socket_connect_timeout=2.0))
+        self.redis = _redis(mesh.redis_url) if mesh.redis_url else None
         self.keys: KeyStore = (RedisKeyStore(self.redis) if self.redis is not None
                                else FileKeyStore(settings.keys_file or mesh.state_dir / "keys.json"))
-        jwt_verifier = None
-        if settings.jwks_file or settings.jwks_url:
-            jwt_verifier = JwtVerifier(JwtSettings(
-                jwks_file=settings.jwks_file, jwks_url=settings.jwks_url, issuer=settings.jwt_issuer,
-                audience=settings.jwt_audience, tenant_claim=settings.jwt_tenant_claim,
-                groups_claim=settings.jwt_groups_claim))
-        store_errors = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
-        self.authenticator = Authenticator(self.keys, jwt_verifier, always_required=settings.require_auth,
-                                           store_errors=store_errors)
-        limiter = LocalLimiter()
-        if self.redis is not None:
-            limiter = FallbackLimiter(RedisLimiter(self.redis), limiter, errors=store_errors, retry_s=5.0,
-                                      on_fallback=self.metrics.limits_fallback.inc)
-        current = lambda: self.config.current  # noqa: E731
+        self.authenticator = Authenticator(self.keys, _jwt_verifier(settings), always_required=settings.require_auth,
+                                           store_errors=STORE_ERRORS)
         prompt_tokens = PromptTokens(settings.model_dir)  # one tokenizer per model for limits and picking
         self.audit = (AuditLog(settings.audit_file or mesh.state_dir / "audit.jsonl", fsync=settings.audit_fsync)
                       if settings.audit else None)
         shadow_store = (RedisShadowStore(self.redis) if self.redis is not None
                         else FileShadowStore(mesh.state_dir / "shadow"))
-        self.shadow = ShadowStage(current, lambda req: self.pipeline.upstream(req), shadow_store,
-                                  ShadowMetrics(platform.metrics))
-        stages = [*([AuditStage(self.audit)] if self.audit else []),
-                  AuthenticateStage(self.authenticator), ValidateStage(), AuthorizeStage(current),
-                  CascadeStage(current, CascadeMetrics(platform.metrics)),  # a cascade alias -> its cheap model
-                  RouteStage(self.catalog, current),
-                  LimitStage(limiter, current, TokenCounter(prompt_tokens), settings.reserve_tokens,
-                             lease_s=settings.request_timeout_s),
-                  GuardStage(current),
-                  ColdStartStage(self._ready, self.holds, current),
-                  self.shadow]  # after the guards: a copy carries the prompt the engines may see
+        self.shadow = ShadowStage(self._current, shadow_store, ShadowMetrics(platform.metrics))
         breakers = Breakers(lambda: self.config.current.circuit_breaker,
                             on_state=lambda endpoint, state: self.metrics.breaker.labels(endpoint).set(int(state)))
-        self.pipeline = Pipeline(self.picker, self.engines, self.catalog, self.cache, observe=self.metrics.observe,
-                                 tracer=tracer, stages=stages, prompt_tokens=prompt_tokens, breakers=breakers,
-                                 budget=RetryBudgetGate(lambda: self.config.current.retry_budget),
-                                 providers=self.providers, config=current,
+        self.pipeline = Pipeline(self.picker, self.engines, self.catalog, observe=self.metrics.observe, tracer=tracer,
+                                 stages=self._stages(platform, prompt_tokens), prompt_tokens=prompt_tokens,
+                                 breakers=breakers, budget=RetryBudgetGate(lambda: self.config.current.retry_budget),
+                                 providers=self.providers, config=self._current,
                                  retry_after_s=settings.queue_full_retry_after_s)
         self._draining = False
         self.http = HttpFront(self.pipeline, self.models_for, lambda: not self._draining,
@@ -137,6 +139,30 @@ class GatewayApp:
             proxy_headers=False,
             timeout_graceful_shutdown=int(settings.grace_s) or 1))
         self._tasks: list[asyncio.Task] = []
+
+    def _current(self) -> MeshConfig:
+        return self.config.current
+
+    def _stages(self, platform: Platform, prompt_tokens: PromptTokens) -> list[Stage]:
+        """The request path, in order. The audit stage is first, so its finish runs last and
+        sees every other stage's annotations; the cache looks up the request as the engines
+        would see it (after the guards); the shadow's wrap is the outermost, so it sees the
+        answer the client gets."""
+        settings, current = self.settings, self._current
+        limiter: Limiter = LocalLimiter()
+        if self.redis is not None:
+            limiter = FallbackLimiter(RedisLimiter(self.redis), limiter, errors=STORE_ERRORS, retry_s=5.0,
+                                      on_fallback=self.metrics.limits_fallback.inc)
+        return [*([AuditStage(self.audit)] if self.audit else []),
+                AuthenticateStage(self.authenticator), ValidateStage(), AuthorizeStage(current),
+                CascadeStage(current, CascadeMetrics(platform.metrics)),  # a cascade alias -> its cheap model
+                RouteStage(self.catalog, current),
+                LimitStage(limiter, current, TokenCounter(prompt_tokens), settings.reserve_tokens,
+                           lease_s=settings.request_timeout_s),
+                GuardStage(current),
+                ColdStartStage(self._ready, self.holds, current),
+                *([CacheStage(self.cache)] if self.cache else []),
+                self.shadow]
 
     def _ready(self, model: str) -> bool:
         """Some replica could take a request for ``model`` now."""
@@ -187,8 +213,8 @@ class GatewayApp:
         for task in self._tasks[:-1]:
             task.cancel()
         await asyncio.gather(*self._tasks[:-1], return_exceptions=True)
-        await self.pipeline.drain()
-        await self.shadow.close()
+        await self.pipeline.drain()  # the stages' finishes and the cache's stores
+        await self.shadow.close()  # shadow copies in flight
         await self.engines.close()
         await self.providers.close()
         if self.cache:

@@ -4,6 +4,7 @@ artifact store, importer, rollout over the mesh, gRPC servicer."""
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Gauge
 
@@ -25,6 +26,9 @@ from llmesh.modelmgr.registry import Registry
 from llmesh.modelmgr.rollout import Rollout, RolloutPolicy
 from llmesh.modelmgr.servicer import ModelManagerServicer
 
+if TYPE_CHECKING:
+    import aetcd
+
 
 class NoSplits:
     """No live config backend (LLMESH_CONFIG_BACKEND=none): aliases cannot move."""
@@ -37,7 +41,7 @@ class NoSplits:
         return set()
 
 
-def config_store(mesh: MeshSettings) -> tuple[ConfigStore | None, object | None]:
+def config_store(mesh: MeshSettings) -> tuple[ConfigStore | None, aetcd.Client | None]:
     if mesh.config_backend == "file":
         return FileStore(mesh.config_file), None
     if mesh.config_backend == "etcd":

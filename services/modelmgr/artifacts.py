@@ -191,7 +191,7 @@ class ArtifactStore:
         if len(files) != 1:
             raise NotFound(f"package {dist_name!r} holds {len(files)} matching artifacts "
                            f"({[str(f) for f in files]}); name one as package:{dist_name}/PATH")
-        return Path(dist.locate_file(files[0]))
+        return Path(str(dist.locate_file(files[0])))
 
     # --- publish for engines -------------------------------------------
     def publish(self, served: str, sha256: str, filename: str, manifest: dict) -> Path:

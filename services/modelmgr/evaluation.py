@@ -17,6 +17,7 @@ import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from llmesh.errors import InvalidArgument
 
@@ -35,7 +36,7 @@ class EvalResult:
     exact_match: float
     similarity: float
     threshold: float
-    report: dict
+    report: dict[str, Any]
 
 
 def load_golden(path: Path) -> list[GoldenCase]:

@@ -8,6 +8,7 @@ registered -> validated -> staged -> serving -> deprecated -> archived."""
 
 from __future__ import annotations
 
+import builtins
 import datetime as dt
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -235,7 +236,7 @@ class Registry:
                         detail={"endpoint": rep.endpoint_id, "detail": detail[:200]} if detail
                         else {"endpoint": rep.endpoint_id})
 
-    def replicas_on(self, endpoint_id: str) -> list[tuple[str, int, Replica]]:
+    def replicas_on(self, endpoint_id: str) -> builtins.list[tuple[str, int, Replica]]:
         """Live (not unloaded or failed) replicas on an engine."""
         with self._tx() as s:
             rows = s.scalars(select(ReplicaRow).where(ReplicaRow.endpoint_id == endpoint_id,
@@ -248,7 +249,7 @@ class Registry:
             row = s.get(AliasRow, alias)
             return None if row is None else _alias(s, row)
 
-    def aliases(self) -> list[Alias]:
+    def aliases(self) -> builtins.list[Alias]:
         with self._tx() as s:
             return [_alias(s, row) for row in s.scalars(select(AliasRow).order_by(AliasRow.name))]
 
@@ -282,21 +283,21 @@ class Registry:
                                 "similarity": round(similarity, 4), "exact_match": round(exact_match, 4)})
             return _eval(row, cand, base)
 
-    def evals(self, name: str = "", number: int = 0) -> list[EvalReport]:
+    def evals(self, name: str = "", number: int = 0) -> builtins.list[EvalReport]:
         with self._tx() as s:
             q = select(EvalRow).order_by(EvalRow.id)
             if name:
                 q = q.where(EvalRow.candidate_id == self._version_row(s, name, number).id)
             out = []
             for row in s.scalars(q):
-                out.append(_eval(row, s.get(VersionRow, row.candidate_id), s.get(VersionRow, row.baseline_id)))
+                out.append(_eval(row, s.get_one(VersionRow, row.candidate_id), s.get_one(VersionRow, row.baseline_id)))
             return out
 
     def event(self, name: str, number: int, kind: str, alias: str = "", detail: dict | None = None) -> None:
         with self._tx() as s:
             self._event(s, name, number, kind, alias, detail or {})
 
-    def history(self, name: str = "", alias: str = "") -> list[Event]:
+    def history(self, name: str = "", alias: str = "") -> builtins.list[Event]:
         with self._tx() as s:
             q = select(EventRow).order_by(EventRow.id)
             if name:
@@ -349,7 +350,7 @@ def _version(v: VersionRow) -> Version:
 def _ref(s: Session, version_id: int | None) -> str:
     if version_id is None:
         return ""
-    v = s.get(VersionRow, version_id)
+    v = s.get_one(VersionRow, version_id)
     return f"{v.model.name}:{v.number}"
 
 

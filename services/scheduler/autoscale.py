@@ -19,7 +19,7 @@ metrics) make the fleet match. The rules, per model:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -63,7 +63,7 @@ class _Window:
         while self._needs[0][0] < now - window_s:
             self._needs.popleft()
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[int]:
         return (n for _, n in self._needs)
 
 

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from llmesh.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from llmesh.scheduler.table import EndpointState
 
 GIB = 2**30
 
@@ -33,6 +34,16 @@ class Node:
     gpu_free_bytes: tuple[int, ...] = ()   # per GPU, by its index in the engine's hardware profile
     memory_free_bytes: int = 0             # available RAM
     load: int = 0                          # requests running + waiting
+
+
+def node_of(e: EndpointState) -> Node | None:
+    """An engine that may take new work, as a placement node; None otherwise."""
+    if not e.healthy or e.degraded or e.hardware is None:
+        return None
+    hw = e.hardware
+    return Node(e.endpoint_id, e.address, e.backend, e.models,
+                tuple(max(g.memory_total_bytes - g.memory_used_bytes, 0) for g in hw.gpus),
+                hw.memory_available_bytes, e.load.running + e.load.waiting)
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,29 +8,59 @@ import time
 from prometheus_client import Counter
 
 from llmesh.errors import InvalidArgument
-from llmesh.convert import kv_event_from_pb, kv_hash_from_pb, kv_hash_to_pb
+from llmesh.convert import (hardware_from_pb, hardware_to_pb, kv_event_from_pb, kv_hash_from_pb, kv_hash_to_pb,
+                            self_test_from_pb, self_test_to_pb)
+from llmesh.types import Hardware
 from llmesh.v1 import engine_pb2, scheduler_pb2, scheduler_pb2_grpc
 from llmesh.scheduler.autoscale import FleetScaler
 from llmesh.scheduler.health import NodeSignals
 from llmesh.scheduler.kvfeed import KvChangeLog
 from llmesh.scheduler.kvindex import KvIndex
-from llmesh.scheduler.placement import Ask, Node, plan
+from llmesh.scheduler.placement import Ask, node_of, plan
 from llmesh.scheduler.table import EndpointState, EndpointTable, Load, Served
 
 log = logging.getLogger("llmesh.scheduler")
 
 
-def state_from_report(r: scheduler_pb2.EngineReport, now: float) -> EndpointState:
+class HardwareForms:
+    """Each engine's hardware profile as last reported, as a domain value and as protobuf:
+    engines repeat it in every report (up to 20 a second) and every endpoint table sent
+    carries it, so an unchanged profile is converted neither way again."""
+
+    def __init__(self):
+        self._last: dict[str, tuple[scheduler_pb2.HardwareProfile, Hardware]] = {}
+
+    def domain(self, endpoint_id: str, pb: scheduler_pb2.HardwareProfile) -> Hardware:
+        last = self._last.get(endpoint_id)
+        if last is not None and last[0] == pb:
+            return last[1]
+        kept = scheduler_pb2.HardwareProfile()
+        kept.CopyFrom(pb)
+        hardware = hardware_from_pb(pb)
+        self._last[endpoint_id] = (kept, hardware)
+        return hardware
+
+    def pb(self, endpoint_id: str, hardware: Hardware) -> scheduler_pb2.HardwareProfile:
+        last = self._last.get(endpoint_id)
+        return last[0] if last is not None and last[1] is hardware else hardware_to_pb(hardware)
+
+    def forget(self, endpoint_id: str) -> None:
+        self._last.pop(endpoint_id, None)
+
+
+def state_from_report(r: scheduler_pb2.EngineReport, now: float, hardware: Hardware) -> EndpointState:
+    """``hardware``: the report's, already converted (``HardwareForms.domain``)."""
+    self_test = self_test_from_pb(r.self_test)
+    tested_ok = self_test.ok or not self_test.checked_unix  # not run yet: no verdict
     return EndpointState(
         endpoint_id=r.endpoint_id, address=r.address, backend=r.backend, models=tuple(r.models),
         load=Load(running=r.load.running, waiting=r.load.waiting,
                   max_running=r.load.max_running, max_waiting=r.load.max_waiting),
-        draining=r.draining, last_report=now,
-        self_test_ok=r.self_test.ok or not r.self_test.checked_unix,  # not run yet: no verdict
-        signals=NodeSignals(ecc_errors=sum(g.ecc_errors_corrected + g.ecc_errors_uncorrected for g in r.hardware.gpus),
-                            self_test_ok=r.self_test.ok or not r.self_test.checked_unix,
-                            self_test_detail=r.self_test.detail, latency_ms=r.self_test.latency_ms),
-        details=(r.hardware, r.self_test),
+        draining=r.draining, last_report=now, self_test_ok=tested_ok,
+        signals=NodeSignals(ecc_errors=sum(g.ecc_corrected + g.ecc_uncorrected for g in hardware.gpus),
+                            self_test_ok=tested_ok, self_test_detail=self_test.detail,
+                            latency_ms=self_test.latency_ms),
+        hardware=hardware, self_test=self_test,
         served=tuple(Served(m.name, m.context_length, m.base_model, m.in_flight) for m in r.served))
 
 
@@ -39,26 +69,16 @@ def served_pb(s: Served) -> scheduler_pb2.ServedModel:
                                      in_flight=s.in_flight)
 
 
-def node_of(e: EndpointState) -> Node | None:
-    """An engine that may take new work, as a placement node; None otherwise."""
-    if not e.healthy or e.degraded or e.details is None:
-        return None
-    hw = e.details[0]
-    return Node(e.endpoint_id, e.address, e.backend, e.models,
-                tuple(max(g.memory_total_bytes - g.memory_used_bytes, 0) for g in hw.gpus),
-                hw.memory_available_bytes, e.load.running + e.load.waiting)
-
-
-def table_pb(table: EndpointTable, now: float, kv: KvIndex | None = None) -> scheduler_pb2.EndpointTable:
+def table_pb(table: EndpointTable, now: float, kv: KvIndex, forms: HardwareForms) -> scheduler_pb2.EndpointTable:
     return scheduler_pb2.EndpointTable(version=table.version, endpoints=[
         scheduler_pb2.Endpoint(
             endpoint_id=e.endpoint_id, address=e.address, backend=e.backend, models=list(e.models),
             load=engine_pb2.EngineLoad(running=e.load.running, waiting=e.load.waiting,
                                        max_running=e.load.max_running, max_waiting=e.load.max_waiting),
             healthy=e.healthy, degraded=e.degraded, last_report_age_s=round(now - e.last_report, 3),
-            hardware=e.details[0] if e.details else None, self_test=e.details[1] if e.details else None,
-            kv_blocks=kv.count(e.endpoint_id) if kv is not None else 0,
-            kv_hash=kv_hash_to_pb(kv.scheme(e.endpoint_id)) if kv is not None else None,
+            hardware=forms.pb(e.endpoint_id, e.hardware) if e.hardware is not None else None,
+            self_test=self_test_to_pb(e.self_test) if e.self_test is not None else None,
+            kv_blocks=kv.count(e.endpoint_id), kv_hash=kv_hash_to_pb(kv.scheme(e.endpoint_id)),
             served=[served_pb(s) for s in e.served])
         for e in table.snapshot()])
 
@@ -71,6 +91,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self._reports = reports
         self.kv = kv if kv is not None else KvIndex()
         self.kv_changes = KvChangeLog()
+        self._hardware = HardwareForms()
 
     async def Report(self, request_iterator, context):
         endpoint_id = None
@@ -87,11 +108,13 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                     self.kv.apply(endpoint_id, events)
                     self.kv_changes.record(endpoint_id, events)
                 # KV changes alone are news too: gateways pick on them
-                await self._table.upsert(state_from_report(report, time.monotonic()), changed=bool(events))
+                state = state_from_report(report, time.monotonic(), self._hardware.domain(endpoint_id, report.hardware))
+                await self._table.upsert(state, changed=bool(events))
         finally:
             if endpoint_id is not None:
                 self.kv.forget(endpoint_id)
                 self.kv_changes.forget(endpoint_id)
+                self._hardware.forget(endpoint_id)
                 await self._table.remove(endpoint_id)
                 log.info("engine deregistered", extra={"endpoint_id": endpoint_id})
         return scheduler_pb2.ReportAck()
@@ -100,7 +123,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         version, cursor = -1, None
         while True:
             version = await self._table.wait_for_change(version)
-            msg = table_pb(self._table, time.monotonic(), self.kv)
+            msg = table_pb(self._table, time.monotonic(), self.kv, self._hardware)
             changes = self.kv_changes.since(cursor) if cursor is not None else None
             if changes is None:  # first message, or this watcher fell behind the log: everything
                 cursor = self.kv_changes.cursor
@@ -114,7 +137,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             yield msg
 
     async def ListEndpoints(self, request, context):
-        return table_pb(self._table, time.monotonic(), self.kv)
+        return table_pb(self._table, time.monotonic(), self.kv, self._hardware)
 
     async def Place(self, request, context):
         ask = Ask(model=request.model, replicas=request.replicas, memory_bytes=request.memory_bytes,

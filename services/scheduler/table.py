@@ -7,6 +7,7 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from llmesh.types import Hardware, SelfTest
 from llmesh.scheduler.health import HealthJudge, NodeSignals
 
 
@@ -40,7 +41,8 @@ class EndpointState:
     self_test_ok: bool = True
     signals: NodeSignals = field(default_factory=NodeSignals)  # not part of change detection
     degraded: str = ""  # why the node gets no new work (see health.py); "" when fine
-    details: object = None  # hardware profile and self-test, as reported; not part of change detection
+    hardware: Hardware | None = None    # as last reported; not part of change detection
+    self_test: SelfTest | None = None   # as last reported; not part of change detection
     served: tuple[Served, ...] = ()
 
 
@@ -101,4 +103,4 @@ class EndpointTable:
 
 def _news(s: EndpointState) -> EndpointState:
     """What watchers need to hear about: not the report's time nor raw signals."""
-    return replace(s, last_report=0.0, details=None, signals=NodeSignals())
+    return replace(s, last_report=0.0, hardware=None, self_test=None, signals=NodeSignals())

@@ -7,7 +7,7 @@ import pytest
 from llmesh.engine.app import EngineApp
 from llmesh.engine.backends.base import Backend
 from llmesh.engine.config import EngineSettings
-from llmesh.gateway.picking import Endpoint
+from llmesh.gateway.upstream.picking import Endpoint
 from tests.component.helpers import free_port
 
 

@@ -215,7 +215,7 @@ class FakeAsyncLLM:
                 PEFTHelper.from_local_dir(path, None).validate_legal(self.vllm_config.lora_config)
             except FileNotFoundError as exc:
                 raise LoRAAdapterNotFoundError(request.lora_name, request.lora_path) from exc
-        except Exception as exc:  # noqa: BLE001 - as vllm/v1/engine/core.py does
+        except Exception as exc:  # as vllm/v1/engine/core.py does
             raise Exception(f"Call to add_lora method failed: {exc}") from exc
         self.loras[request.lora_int_id] = request
         return True

@@ -7,8 +7,9 @@ from __future__ import annotations
 import time
 from typing import NamedTuple
 
-from llmesh.gateway.picking import Endpoint
-from llmesh.gateway.pipeline import CompletionRequest, Context, Pipeline
+from llmesh.gateway.context import CompletionRequest, Context
+from llmesh.gateway.pipeline import Pipeline
+from llmesh.gateway.upstream.picking import Endpoint
 from llmesh.testing import free_ports
 from llmesh.types import Delta, Finish, Message, Prompt, Sampling
 

@@ -13,10 +13,11 @@ MAIN = "run (uvloop/__init__.py:92);Runner.run (asyncio/runners.py:118);run_unti
 def test_samples_go_to_their_innermost_component_and_idle_is_left_out():
     raw = "\n".join([
         f"{MAIN};uv_run (core.c:452);uv__io_poll (linux.c:1);epoll_wait (libc.so.6) 50",  # idle: not counted
-        f"{MAIN};HttpFront.app (gateway/http.py:141);Pipeline.run (gateway/pipeline.py:254);"
-        "ProviderClients._whole (gateway/providers.py:258);StreamWriter._writelines (aiohttp/http_writer.py:116);"
+        f"{MAIN};HttpFront.app (gateway/fronts/http.py:141);Pipeline.run (gateway/pipeline.py:254);"
+        "ProviderClients._whole (gateway/upstream/providers.py:258);"
+        "StreamWriter._writelines (aiohttp/http_writer.py:116);"
         "write (libc.so.6) 3",
-        f"{MAIN};Pipeline.run (gateway/pipeline.py:232);GuardStage.admit (gateway/guard_stage.py:37);"
+        f"{MAIN};Pipeline.run (gateway/pipeline.py:232);GuardStage.admit (gateway/stages/guards.py:37);"
         "replace (dataclasses.py:1494);__init__ (<string>:2) 1",  # dataclasses count for their caller
         f"{MAIN};Handle__run (loop.c:70905) 1",
         "Thread.run (threading.py:975);AuditLog._write_loop (llmesh/audit.py:240) 9",  # another thread

@@ -10,8 +10,8 @@ import time
 
 import grpc
 
-from llmesh.gateway.picking import EndpointPicker, PickInput
-from llmesh.gateway.upstreams import SchedulerFeed
+from llmesh.gateway.upstream.feed import SchedulerFeed
+from llmesh.gateway.upstream.picking import EndpointPicker, PickInput
 from llmesh.scheduler.app import SchedulerApp
 from llmesh.scheduler.config import SchedulerSettings
 from llmesh.v1 import engine_pb2, scheduler_pb2, scheduler_pb2_grpc

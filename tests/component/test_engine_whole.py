@@ -10,7 +10,7 @@ from dataclasses import replace
 from llmesh.rpc.channels import insecure_channel
 from llmesh.types import Delta, Finish
 from llmesh.v1 import common_pb2, engine_pb2, engine_pb2_grpc
-from llmesh.gateway.upstreams import EngineClients
+from llmesh.gateway.upstream.engines import EngineClients
 from opentelemetry.trace import INVALID_SPAN
 from tests.component.helpers import completion_request
 

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import pytest
 import redis
@@ -29,13 +30,17 @@ from llmesh.cache.app import CacheApp
 from llmesh.cache.config import CacheSettings
 from llmesh.engine.backends.base import DecodeParams
 from llmesh.engine.backends.sim import SimBackend
-from llmesh.gateway.audit_stage import AuditStage
-from llmesh.gateway.auth import AuthenticateStage, Authenticator
-from llmesh.gateway.picking import EndpointPicker
-from llmesh.gateway.grants import AuthorizeStage
-from llmesh.gateway.guard_stage import GuardStage
-from llmesh.gateway.pipeline import CompletionRequest, Pipeline, RouteStage, ValidateStage
-from llmesh.gateway.upstreams import CacheClient, EngineClients
+from llmesh.gateway.context import CompletionRequest
+from llmesh.gateway.pipeline import Pipeline
+from llmesh.gateway.stages.audit import AuditStage
+from llmesh.gateway.stages.auth import AuthenticateStage, Authenticator
+from llmesh.gateway.stages.grants import AuthorizeStage
+from llmesh.gateway.stages.guards import GuardStage
+from llmesh.gateway.stages.route import RouteStage
+from llmesh.gateway.stages.validate import ValidateStage
+from llmesh.gateway.upstream.cache import CacheClient
+from llmesh.gateway.upstream.engines import EngineClients
+from llmesh.gateway.upstream.picking import EndpointPicker
 from tests.component.helpers import Catalog, collect, completion_request, free_port
 
 MODEL = "sim-echo"
@@ -46,6 +51,8 @@ PLANTED = (EMAIL, PHONE, CARD, "4111111111111111")
 class EchoBackend(SimBackend):
     """FAKE output (the sim's timing, the user's last message as the answer); the
     prompts it records are exactly what the engine received over gRPC."""
+
+    capabilities = replace(SimBackend.capabilities, steps=False)  # it answers through its own stream()
 
     def __init__(self):
         super().__init__(model=MODEL, context_length=4096)
@@ -136,7 +143,8 @@ async def test_planted_pii_reaches_no_engine_cache_log_or_span(world, caplog):
     assert any(b":s:" in k for k, _ in entries), "the answer and its (masked) question were stored"
     assert any(b"[EMAIL_1]" in fields.get(b"q", b"") for _, fields in entries)
     stored = repr(entries)
-    spans = repr([(s.name, dict(s.attributes), [e.attributes for e in s.events]) for s in world["spans"].get_finished_spans()])
+    spans = repr([(s.name, dict(s.attributes), [e.attributes for e in s.events])
+                  for s in world["spans"].get_finished_spans()])
     logs = "\n".join(JsonFormatter("gateway").format(r) for r in caplog.records)
     audit_text = world["audit_path"].read_text()
     assert world["spans"].get_finished_spans() and caplog.records and audit_text

@@ -9,9 +9,9 @@ from functools import partial
 import pytest
 
 from llmesh.errors import QueueFull, Unavailable
-from llmesh.gateway.picking import EndpointPicker, PickInput
 from llmesh.gateway.pipeline import Pipeline
-from llmesh.gateway.upstreams import EngineClients
+from llmesh.gateway.upstream.engines import EngineClients
+from llmesh.gateway.upstream.picking import EndpointPicker, PickInput
 from tests.component.helpers import Catalog, collect, completion_request, dead_endpoint
 
 MODEL = "sim-retry"

@@ -24,7 +24,7 @@ from llmesh.v1 import common_pb2, engine_pb2, engine_pb2_grpc
 from llmesh.engine.app import EngineApp
 from llmesh.engine.backends.base import DecodeParams
 from llmesh.engine.backends.llamacpp import LlamaCppBackend
-from llmesh.gateway.upstreams import EngineClients
+from llmesh.gateway.upstream.engines import EngineClients
 from llmesh.engine.config import EngineSettings
 from tests.component.helpers import completion_request
 

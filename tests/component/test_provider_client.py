@@ -18,8 +18,8 @@ from aiohttp import web
 from llmesh.errors import DeadlineExceeded, Unavailable
 from llmesh.liveconfig.schema import Provider
 from llmesh.types import Delta, Finish
-from llmesh.gateway.pipeline import CompletionRequest
-from llmesh.gateway.providers import ProviderClients
+from llmesh.gateway.context import CompletionRequest
+from llmesh.gateway.upstream.providers import ProviderClients
 from tests.component.helpers import completion_request
 
 

@@ -16,10 +16,12 @@ from llmesh.errors import Unavailable
 from llmesh.liveconfig.schema import MeshConfig, ModelPolicy, Provider
 from llmesh.testing import free_ports, port_open, terminate, wait_until
 from llmesh.types import Delta, Finish, Message, Prompt
-from llmesh.gateway.picking import Endpoint, EndpointPicker
-from llmesh.gateway.pipeline import FALLBACK_HEADER, CompletionRequest, Context, Pipeline
-from llmesh.gateway.providers import ProviderClients
-from llmesh.gateway.upstreams import EngineClients
+from llmesh.gateway.context import CompletionRequest, Context
+from llmesh.gateway.pipeline import Pipeline
+from llmesh.gateway.upstream.engines import EngineClients
+from llmesh.gateway.upstream.picking import Endpoint, EndpointPicker
+from llmesh.gateway.upstream.providers import ProviderClients
+from llmesh.gateway.upstream.router import FALLBACK_HEADER
 from tests.component.helpers import Catalog, collect, completion_request
 
 REMOTE = "smol-remote"
@@ -106,9 +108,10 @@ async def test_tool_calls_pass_through_the_provider_and_the_guards(openai_server
     from dataclasses import replace
 
     from llmesh.types import Tool, Tools
-    from llmesh.gateway.guard_stage import GuardStage
-    from llmesh.gateway.guards.pii import PiiMasker
-    from llmesh.gateway.pipeline import RouteStage, ValidateStage
+    from llmesh.gateway.domain.guards.pii import PiiMasker
+    from llmesh.gateway.stages.guards import GuardStage
+    from llmesh.gateway.stages.route import RouteStage
+    from llmesh.gateway.stages.validate import ValidateStage
 
     weather = {"type": "object", "required": ["city"], "additionalProperties": False,
                "properties": {"city": {"type": "string", "maxLength": 20}}}

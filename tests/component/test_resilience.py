@@ -10,10 +10,12 @@ import pytest
 
 from llmesh.errors import Unavailable
 from llmesh.liveconfig.schema import CircuitBreaker, MeshConfig, ModelPolicy, RetryBudget
-from llmesh.gateway.picking import EndpointPicker
-from llmesh.gateway.pipeline import FALLBACK_HEADER, Context, Pipeline
-from llmesh.gateway.resilience import Breakers, BreakerState, RetryBudgetGate
-from llmesh.gateway.upstreams import EngineClients
+from llmesh.gateway.context import Context
+from llmesh.gateway.pipeline import Pipeline
+from llmesh.gateway.upstream.engines import EngineClients
+from llmesh.gateway.upstream.picking import EndpointPicker
+from llmesh.gateway.upstream.resilience import Breakers, BreakerState, RetryBudgetGate
+from llmesh.gateway.upstream.router import FALLBACK_HEADER
 from tests.component.helpers import Catalog, collect, completion_request, dead_endpoint
 
 request = partial(completion_request, max_tokens=3, temperature=0.5)
@@ -97,7 +99,7 @@ async def test_fallback_chain_when_every_engine_of_the_model_is_down(engines):
     pipeline = Pipeline(picker, clients, Catalog(prefix="sim-"), config=lambda: config, observe=records.append)
     try:
         ctx = Context.of(request("sim-main"))
-        text, finish = "", None
+        text = ""
         async for item in pipeline.run(ctx.req, ctx):
             text += getattr(item, "text", "")
         assert text

@@ -15,11 +15,13 @@ import pytest
 from prometheus_client import generate_latest
 
 from llmesh.errors import Unavailable
-from llmesh.gateway.coldstart import ColdStartStage, Holds, ScaledCatalog
-from llmesh.gateway.demand import DemandReporter
-from llmesh.gateway.picking import EndpointPicker, PickInput
-from llmesh.gateway.pipeline import Context
-from llmesh.gateway.upstreams import SchedulerFeed
+from llmesh.gateway.context import Context
+from llmesh.gateway.domain.holds import Holds
+from llmesh.gateway.stages.coldstart import ColdStartStage
+from llmesh.gateway.upstream.catalog import ScaledCatalog
+from llmesh.gateway.upstream.demand import DemandReporter
+from llmesh.gateway.upstream.feed import SchedulerFeed
+from llmesh.gateway.upstream.picking import EndpointPicker, PickInput
 from llmesh.liveconfig.schema import Autoscale, Autoscaling, MeshConfig
 from llmesh.platform import standalone_platform
 from llmesh.scheduler.app import SchedulerApp

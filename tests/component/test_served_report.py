@@ -11,8 +11,8 @@ import time
 
 from llmesh.engine.app import EngineApp
 from llmesh.engine.config import EngineSettings
-from llmesh.gateway.picking import EndpointPicker, PickInput
-from llmesh.gateway.upstreams import SchedulerFeed
+from llmesh.gateway.upstream.feed import SchedulerFeed
+from llmesh.gateway.upstream.picking import EndpointPicker, PickInput
 from llmesh.rpc.channels import insecure_channel
 from llmesh.scheduler.app import SchedulerApp
 from llmesh.scheduler.config import SchedulerSettings

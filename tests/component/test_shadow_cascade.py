@@ -16,11 +16,14 @@ from prometheus_client import CollectorRegistry
 from llmesh.liveconfig.schema import MeshConfig
 from llmesh.shadow import FileShadowStore, RedisShadowStore
 from llmesh.types import Delta
-from llmesh.gateway.cascade import CASCADE_HEADER, CONFIDENCE_HEADER, MODEL_HEADER, CascadeMetrics, CascadeStage
-from llmesh.gateway.picking import EndpointPicker
-from llmesh.gateway.pipeline import Context, Pipeline, RouteStage, ValidateStage
-from llmesh.gateway.shadow import ShadowMetrics, ShadowStage
-from llmesh.gateway.upstreams import EngineClients
+from llmesh.gateway.context import Context
+from llmesh.gateway.pipeline import Pipeline
+from llmesh.gateway.stages.cascade import CASCADE_HEADER, CONFIDENCE_HEADER, MODEL_HEADER, CascadeMetrics, CascadeStage
+from llmesh.gateway.stages.route import RouteStage
+from llmesh.gateway.stages.shadow import ShadowMetrics, ShadowStage
+from llmesh.gateway.stages.validate import ValidateStage
+from llmesh.gateway.upstream.engines import EngineClients
+from llmesh.gateway.upstream.picking import EndpointPicker
 from tests.component.helpers import Catalog, collect, completion_request
 
 FAST, SLOW = "sim-fast", "sim-slow"
@@ -41,12 +44,10 @@ async def picker(engines):
 
 def shadow_mesh(picker, store, config: MeshConfig):
     registry = CollectorRegistry()
-    holder: list[Pipeline] = []
-    shadow = ShadowStage(lambda: config, lambda req: holder[0].upstream(req), store, ShadowMetrics(registry))
+    shadow = ShadowStage(lambda: config, store, ShadowMetrics(registry))
     clients = EngineClients()
-    pipeline = Pipeline(picker, clients, Catalog(FAST, SLOW), config=lambda: config,
-                        stages=[ValidateStage(), RouteStage(Catalog(FAST, SLOW), lambda: config), shadow])
-    holder.append(pipeline)
+    pipeline = Pipeline(picker, clients, Catalog(), config=lambda: config,
+                        stages=[ValidateStage(), RouteStage(Catalog(), lambda: config), shadow])
     return pipeline, shadow, clients, registry
 
 

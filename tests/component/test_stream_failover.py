@@ -13,9 +13,11 @@ from llmesh.errors import Unavailable
 from llmesh.liveconfig.schema import MeshConfig, ModelPolicy
 from llmesh.types import Delta
 from llmesh.engine.backends.sim import _WORDS
-from llmesh.gateway.picking import EndpointPicker
-from llmesh.gateway.pipeline import FAILOVER_HEADER, Context, Pipeline
-from llmesh.gateway.upstreams import EngineClients
+from llmesh.gateway.context import Context
+from llmesh.gateway.pipeline import Pipeline
+from llmesh.gateway.upstream.engines import EngineClients
+from llmesh.gateway.upstream.picking import EndpointPicker
+from llmesh.gateway.upstream.router import FAILOVER_HEADER
 from tests.component.helpers import Catalog, completion_request
 
 MODEL = "sim-failover"

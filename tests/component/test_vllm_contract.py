@@ -221,12 +221,20 @@ async def test_prefix_aware_picking_for_a_vllm_and_a_llamacpp_engine(real_model_
 
         follow_a = chat_tokens(tokenizer, PROMPTS[0] + " And the fishermen?")
         follow_b = chat_tokens(tokenizer, PROMPTS[1] + " And a cat?")
-        on_a, on_b = index.prefix_tokens(follow_a), index.prefix_tokens(follow_b)
+
+        def held_tokens(tokens: list[int]) -> dict[str, int]:  # as a gateway's picker matches a request
+            out = {}
+            for eid in ("vllm-1", "llama-1"):
+                scheme, held = index.scheme(eid), index.held(eid)
+                hashes = scheme.block_hashes(tokens)
+                out[eid] = next((i for i, h in enumerate(hashes) if h not in held), len(hashes)) * scheme.block_size
+            return out
+        on_a, on_b = held_tokens(follow_a), held_tokens(follow_b)
         # (both also hold the chat template's system-prompt block, which every prompt starts with)
         assert on_a["vllm-1"] >= 64 and on_a["vllm-1"] > on_a["llama-1"]
         assert on_b["llama-1"] >= 64 and on_b["llama-1"] > on_b["vllm-1"]
         # llmesh's own hash would match nothing on the vLLM engine
-        assert index.prefix_blocks(llama.scheme.block_hashes(follow_a))["vllm-1"] == 0
+        assert llama.scheme.block_hashes(follow_a)[0] not in index.held("vllm-1")
     finally:
         await vllm_backend.close()
 

@@ -425,7 +425,8 @@ def workload_problems(docs: list[dict], allowed_env: set[str]) -> list[str]:
                 problems.append(f"{where}: needs a preStop sleep and a *_GRACE_S setting")
             elif spec.get("terminationGracePeriodSeconds", 30) < float(sleep[1]) + grace[0]:
                 problems.append(f"{where}: terminationGracePeriodSeconds "
-                                f"{spec.get('terminationGracePeriodSeconds', 30)} < preStop {sleep[1]}s + grace {grace[0]}s")
+                                f"{spec.get('terminationGracePeriodSeconds', 30)} "
+                                f"< preStop {sleep[1]}s + grace {grace[0]}s")
     for doc in docs:
         if doc.get("kind") == "ConfigMap" and "llmesh.yaml" in (doc.get("data") or {}):
             problems += live_config_problems(f"ConfigMap/{doc['metadata']['name']}", doc["data"]["llmesh.yaml"])

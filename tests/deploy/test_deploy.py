@@ -299,7 +299,8 @@ def test_chart_env_value_probe_and_grace_checks_fail_when_broken(scratch_charts,
     text = text.replace("{{- include \"llmesh.serviceEnv\" . | nindent 12 }}",
                         "{{- include \"llmesh.serviceEnv\" . | nindent 12 }}\n"
                         "            - name: LLMESH_SCHEDULER_NOT_A_SETTING\n              value: \"1\"")
-    text = text.replace("terminationGracePeriodSeconds: {{ add .Values.preStopSleepSeconds (ceil .Values.graceSeconds) 5 }}",
+    text = text.replace("terminationGracePeriodSeconds: "
+                        "{{ add .Values.preStopSleepSeconds (ceil .Values.graceSeconds) 5 }}",
                         "terminationGracePeriodSeconds: 3")
     text = text.replace("""          livenessProbe:
             grpc:

@@ -238,7 +238,8 @@ def test_a_grpc_hit_says_so_in_its_metadata(cmesh):
     from llmesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
     stored(cmesh.client(0), "List two rivers.")
-    req = gateway_pb2.ChatRequest(model=MODEL, messages=[common_pb2.ChatMessage(role="user", content="List two rivers.")],
+    req = gateway_pb2.ChatRequest(model=MODEL,
+                                  messages=[common_pb2.ChatMessage(role="user", content="List two rivers.")],
                                   sampling=common_pb2.SamplingParams(temperature=0.0, max_tokens=16))
     with grpc.insecure_channel(f"127.0.0.1:{cmesh.grpc_b}") as channel:
         call = gateway_pb2_grpc.GatewayStub(channel).Chat(req, timeout=10)

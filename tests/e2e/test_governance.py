@@ -9,7 +9,6 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import grpc
 import httpx
@@ -259,7 +258,6 @@ def test_three_gateways_share_one_tokens_per_minute_limit(gov):
             return await asyncio.gather(*(one(client, gov["urls"][i % 3]) for i in range(500)))
 
     results = asyncio.run(burst())
-    statuses = [s for s, _ in results]
     admitted = [h for s, h in results if s == 200]
     refused = [h for s, h in results if s == 429]
     assert len(admitted) + len(refused) == 500, {h["body"] for s, h in results if s not in (200, 429)}

@@ -207,12 +207,14 @@ def test_tool_calls_through_a_provider_on_both_fronts(stub, client, tool_provide
 
     streamed = list(client.chat.completions.create(model=tool_provider, messages=ask, tools=[TOOL],
                                                    tool_choice=named, temperature=0, max_tokens=40, stream=True))
-    pieces = [tc for c in streamed if c.choices and c.choices[0].delta.tool_calls for tc in c.choices[0].delta.tool_calls]
+    pieces = [tc for c in streamed if c.choices and c.choices[0].delta.tool_calls
+              for tc in c.choices[0].delta.tool_calls]
     assert pieces[0].id and pieces[0].function.name == "get_weather"
     assert json.loads("".join(p.function.arguments or "" for p in pieces)) == args
     assert [c.choices[0].finish_reason for c in streamed if c.choices and c.choices[0].finish_reason] == ["tool_calls"]
 
-    replies, _ = chat(stub, model=tool_provider, text=ask[0]["content"], sampling={"temperature": 0.0, "max_tokens": 40},
+    replies, _ = chat(stub, model=tool_provider, text=ask[0]["content"],
+                      sampling={"temperature": 0.0, "max_tokens": 40},
                       tools=[gateway_pb2.Tool(name="get_weather", description="The weather in a city",
                                               parameters=json.dumps(WEATHER))],
                       tool_choice=gateway_pb2.ToolChoice(mode="function", function="get_weather"))

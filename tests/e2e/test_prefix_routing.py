@@ -87,7 +87,8 @@ def test_follow_up_turn_lands_on_the_engine_holding_its_prefix(mesh):
                 messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": "a follow-up"}]
                 second, ttft2, _ = turn(client, mesh, messages)
                 results.append((first, second, ttft1, ttft2))
-    print("turns (engine 1, engine 2, ttft 1 s, ttft 2 s):", [(a, b, round(x, 3), round(y, 3)) for a, b, x, y in results])
+    print("turns (engine 1, engine 2, ttft 1 s, ttft 2 s):",
+          [(a, b, round(x, 3), round(y, 3)) for a, b, x, y in results])
     assert all(first == second for first, second, _, _ in results), results
     for _, _, ttft1, ttft2 in results:
         assert ttft1 > 150 * PREFILL_MS_PER_TOKEN / 1000 * 0.8

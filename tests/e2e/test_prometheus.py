@@ -94,7 +94,8 @@ def test_every_dashboard_query_is_valid_promql_over_live_series(mesh, prometheus
     import json
     from pathlib import Path
 
-    dash = json.loads((Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "llmesh-dashboard.json").read_text())
+    dash_file = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "llmesh-dashboard.json"
+    dash = json.loads(dash_file.read_text())
     exprs = [t["expr"].replace("$__rate_interval", "1m") for p in dash["panels"] for t in p["targets"]]
     assert len(exprs) >= 20
     with_data = 0

@@ -60,7 +60,8 @@ def test_http_stream_survives_its_engine_being_killed(client, doomed_engine):
             chunks.extend(stream)
             text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
             assert well_formed(text), text
-            assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
+            reasons = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+            assert reasons == ["length"]
             assert chunks[-1].usage.completion_tokens == MAX_TOKENS
             return
         stream.close()

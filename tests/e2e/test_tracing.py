@@ -24,7 +24,7 @@ class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
         self.spans = []  # (service.name, span)
         self.lock = threading.Lock()
 
-    def Export(self, request, context):
+    def Export(self, request, context):  # noqa: N802 - the proto's method
         with self.lock:
             for rs in request.resource_spans:
                 service = next(a.value.string_value for a in rs.resource.attributes if a.key == "service.name")
@@ -69,8 +69,9 @@ def test_one_trace_covers_gateway_cache_and_engine_with_parent_links(traced_mesh
     spans = ours()
     root = spans[("llmesh-gateway", "chat sim-small")]
     assert root.parent_span_id.hex() == PARENT_ID  # the client's span
-    for client_side, server_side in ((("llmesh-gateway", "llmesh.v1.Cache/Lookup"), ("llmesh-cache", "llmesh.v1.Cache/Lookup")),
-                                     (("llmesh-gateway", "llmesh.v1.Engine/Generate"), ("llmesh-engine", "llmesh.v1.Engine/Generate"))):
+    for client_side, server_side in (
+            (("llmesh-gateway", "llmesh.v1.Cache/Lookup"), ("llmesh-cache", "llmesh.v1.Cache/Lookup")),
+            (("llmesh-gateway", "llmesh.v1.Engine/Generate"), ("llmesh-engine", "llmesh.v1.Engine/Generate"))):
         assert spans[client_side].parent_span_id == root.span_id
         assert spans[server_side].parent_span_id == spans[client_side].span_id
     attrs = {a.key: a.value for a in root.attributes}

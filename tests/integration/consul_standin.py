@@ -216,7 +216,7 @@ class Handler(BaseHTTPRequestHandler):
         # agent/agent_endpoint.go vetServiceRegister/vetServiceUpdate).
         self._send(403, text="Permission denied")
 
-    def do_PUT(self):  # noqa: N802 - http.server's naming
+    def do_PUT(self):  # http.server's naming
         url = urlparse(self.path)
         query = parse_qs(url.query)
         length = int(self.headers.get("Content-Length") or 0)
@@ -280,7 +280,7 @@ class Handler(BaseHTTPRequestHandler):
             st.bump()
         self._send(200, None)
 
-    def do_GET(self):  # noqa: N802
+    def do_GET(self):
         url = urlparse(self.path)
         query = parse_qs(url.query)
         st = self.state

@@ -22,7 +22,7 @@ class RangeHandler(http.server.BaseHTTPRequestHandler):
     """Serves PAYLOAD at /model.gguf; with server.cut_after set, the first response
     stops after that many bytes and closes the connection."""
 
-    def do_GET(self):  # noqa: N802 - http.server's naming
+    def do_GET(self):  # http.server's naming
         if self.path != "/model.gguf":
             self.send_error(404)
             return

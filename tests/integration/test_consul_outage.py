@@ -15,8 +15,10 @@ from llmesh.discovery.base import Instance
 from llmesh.discovery.consul import ConsulRegistry
 from llmesh.engine.app import EngineApp
 from llmesh.engine.config import EngineSettings
-from llmesh.gateway.picking import EndpointPicker
-from llmesh.gateway.upstreams import CacheClient, ModelCatalog, SchedulerFeed
+from llmesh.gateway.upstream.cache import CacheClient
+from llmesh.gateway.upstream.catalog import ModelCatalog
+from llmesh.gateway.upstream.feed import SchedulerFeed
+from llmesh.gateway.upstream.picking import EndpointPicker
 from llmesh.platform import build_platform
 from llmesh.scheduler.app import SchedulerApp
 from llmesh.scheduler.config import SchedulerSettings

@@ -9,8 +9,8 @@ import pytest
 import redis.asyncio
 
 from llmesh.testing import RedisServer
-from llmesh.gateway.limits import (WINDOW_MS, Ask, FallbackLimiter, LocalLimiter, Outcome, RedisLimiter,
-                                   usage_key)
+from llmesh.gateway.domain.limits import WINDOW_MS, Ask, FallbackLimiter, LocalLimiter, Outcome, usage_key
+from llmesh.gateway.domain.limits_redis import RedisLimiter
 
 _ids = itertools.count()
 

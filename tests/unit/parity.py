@@ -1,10 +1,9 @@
-"""The README's HTTP <-> gRPC table, read and checked against both fronts: the request
+"""The HTTP <-> gRPC table (docs/api.md), read and checked against both fronts: the request
 bodies the HTTP front accepts (its pydantic models, and the fields it knows to refuse
 or ignore) and the Gateway's proto descriptors. Used by test_parity."""
 
 from __future__ import annotations
 
-import re
 import types
 import typing
 from dataclasses import dataclass
@@ -37,7 +36,7 @@ def read_table(readme: str) -> list[Row]:
 
 
 def readme_text(root: Path) -> str:
-    return (root / "README.md").read_text()
+    return (root / "docs" / "api.md").read_text()  # the table moved there from the README
 
 
 def _models(annotation) -> tuple[list[type[BaseModel]], bool, bool]:

@@ -11,7 +11,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 from llmesh.errors import Unauthenticated
 from llmesh.keys import FileKeyStore, new_key, revoke, rotate, split_key
-from llmesh.gateway.auth import Authenticator, JwtSettings, JwtVerifier
+from llmesh.gateway.stages.auth import Authenticator, JwtSettings, JwtVerifier
 
 
 def rsa_key():

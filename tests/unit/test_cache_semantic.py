@@ -95,7 +95,8 @@ def test_a_batch_with_a_name_twice_keeps_one_entry(minilm):
     index = SemanticIndex(minilm, hnsw_min=2)
     v = index.embed("How do I reset my password?")
     name = Name("t", "m", "s", "01")
-    index.add_many([(name, "s", "How do I reset my password?", v, 60), (name, "s", "How do I reset my password?", v, 60),
+    index.add_many([(name, "s", "How do I reset my password?", v, 60),
+                    (name, "s", "How do I reset my password?", v, 60),
                     (Name("t", "m", "s", "02"), "s", "How do I reset my password?", v, 60)])
     assert len(index) == 2
     assert {c.name.digest for c in index.search("s", "How do I reset my password?", v, 0.9)} == {"01", "02"}

@@ -9,7 +9,7 @@ from contextlib import aclosing
 
 from llmesh.types import Delta, Finish, Prompt, Sampling
 from llmesh.engine.admission import Admission
-from llmesh.engine.backends.base import DecodeParams, steps_of
+from llmesh.engine.backends.base import Capabilities, DecodeParams, steps_of
 from llmesh.engine.backends.sim import SimBackend, SimProfile
 from llmesh.engine.core import EngineCore, LastDelta
 
@@ -39,7 +39,8 @@ async def test_a_backlog_goes_out_as_one_delta_with_the_same_text_and_counts():
     fast, fast_finish = await collect(core, sampling, slow=False)
     slow, slow_finish = await collect(core, sampling, slow=True)
     assert "".join(d.text for d in slow) == "".join(d.text for d in fast)
-    assert sum(d.tokens for d in slow) == slow_finish.usage.completion_tokens == 24 == fast_finish.usage.completion_tokens
+    assert (sum(d.tokens for d in slow) == slow_finish.usage.completion_tokens == 24
+            == fast_finish.usage.completion_tokens)
     assert len(slow) < 24 and max(d.tokens for d in slow) > 1  # several tokens a message
     with_lp, _ = await collect(core, Sampling(max_tokens=24, temperature=0.7, seed=3, logprobs=2), slow=True)
     assert all(len(d.logprobs) == d.tokens for d in with_lp) and sum(d.tokens for d in with_lp) == 24
@@ -63,6 +64,8 @@ async def test_a_stop_string_inside_a_backlog_ends_the_answer_there():
 
 async def test_a_backend_without_steps_is_taken_one_piece_a_step():
     class OneByOne:
+        capabilities = Capabilities()  # no stream_steps declared
+
         def __init__(self, inner):
             self.inner = inner
 

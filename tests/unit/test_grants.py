@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from llmesh.liveconfig.schema import MeshConfig
 from llmesh.types import Priority
-from llmesh.gateway.grants import access
-from llmesh.gateway.pipeline import Caller
+from llmesh.gateway.context import Caller
+from llmesh.gateway.stages.grants import access
 
 CONFIG = MeshConfig.model_validate({
     "tenants": {"acme": {"models": ["small"], "max_tokens": 64, "priority": "low"},

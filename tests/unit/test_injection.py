@@ -4,7 +4,7 @@ import base64
 
 import pytest
 
-from llmesh.gateway.guards.injection import RULES, InjectionScreen, Rule
+from llmesh.gateway.domain.guards.injection import RULES, InjectionScreen, Rule
 from llmesh.types import Message
 
 
@@ -78,7 +78,8 @@ BENIGN = [
     "From now on, please answer in French.",
     "Can you explain how JWT tokens are signed?",
     "What does the <|im_start|> token mean in ChatML?",
-    "Here is an image: data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg==",
+    "Here is an image: data:image/png;base64,"
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg==",
     "The rules of chess are simple: each side has sixteen pieces.",
     "How do I jailbreak my old iPhone 4?",
     "Please repeat the text above in French.",

@@ -3,7 +3,7 @@ a cursor, a resync once the log has moved past a slow watcher; and the shared pr
 hashing agreeing with the engines' own."""
 
 from llmesh.engine.backends.sim import SimBackend
-from llmesh.gateway.picking.kvview import KvView
+from llmesh.gateway.upstream.picking.kvview import KvView
 from llmesh.kvhash import chain_hashes
 from llmesh.prompt_tokens import sim_tokenize
 from llmesh.scheduler.kvfeed import KvChangeLog

@@ -22,6 +22,13 @@ def test_schemes_refuse_what_cannot_be_reproduced():
     assert kv_hash_from_pb(kv_hash_to_pb(s)) == s
 
 
+def held_tokens(index: KvIndex, eid: str, tokens: list[int], lora=None) -> int:
+    """Leading tokens whose blocks the engine holds, hashed with its own scheme (none without one)."""
+    scheme, held = index.scheme(eid), index.held(eid)
+    hashes = scheme.block_hashes(tokens, lora) if scheme is not None else []
+    return next((i for i, h in enumerate(hashes) if h not in held), len(hashes)) * (scheme.block_size if scheme else 0)
+
+
 def test_the_index_hashes_a_request_as_each_engine_does():
     tokens = list(range(100))
     vllm = HashScheme("vllm", 16, "sha256", "vllm-none-hash")
@@ -32,7 +39,7 @@ def test_the_index_hashes_a_request_as_each_engine_does():
     index.apply("v", [("stored", vllm.block_hashes(tokens[:64]))])
     index.apply("l", [("stored", chain_hashes(tokens[:32]))])
     index.apply("x", [("stored", chain_hashes(tokens))])  # no scheme reported: matches nothing
-    assert index.prefix_tokens(tokens) == {"v": 64, "l": 32, "x": 0}
-    assert index.prefix_tokens(tokens, lora=("a", "/p"))["v"] == 0  # an adapter's blocks are its own
+    assert {eid: held_tokens(index, eid, tokens) for eid in "vlx"} == {"v": 64, "l": 32, "x": 0}
+    assert held_tokens(index, "v", tokens, lora=("a", "/p")) == 0  # an adapter's blocks are its own
     index.forget("v")
-    assert index.scheme("v") is None and "v" not in index.prefix_tokens(tokens)
+    assert index.scheme("v") is None and not index.held("v") and index.count("v") == 0

@@ -4,7 +4,7 @@ import pytest
 from llmesh.errors import InvalidArgument
 from llmesh.types import FinishReason, Message, Usage
 from llmesh.validation import check_request
-from llmesh.gateway.openai_api import CHAT, TEXT, ChatBody, ChunkWriter, CompletionBody, parse
+from llmesh.gateway.fronts.openai_api import CHAT, TEXT, ChatBody, ChunkWriter, CompletionBody, parse
 
 
 def chat(**fields) -> bytes:

@@ -11,9 +11,10 @@ from llmesh.convert import logprobs_from_pb, logprobs_to_pb, sampling_from_pb, s
 from llmesh.errors import InvalidArgument, Unavailable
 from llmesh.types import Delta, Finish, FinishReason, ResponseFormat, Sampling, TokenLogprob, Usage
 from llmesh.validation import check_request, check_sampling
-from llmesh.gateway.choices import UsageSum, choice_requests, merge
-from llmesh.gateway.openai_api import CHAT, TEXT, ChatBody, Choice, ChunkWriter, CompletionBody, completion_json, parse
-from llmesh.gateway.pipeline import CompletionRequest
+from llmesh.gateway.context import CompletionRequest
+from llmesh.gateway.fronts.choices import UsageSum, choice_requests, merge
+from llmesh.gateway.fronts.openai_api import (CHAT, TEXT, ChatBody, Choice, ChunkWriter, CompletionBody,
+                                              completion_json, parse)
 from llmesh.types import Prompt
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
@@ -78,8 +79,9 @@ def test_unsupported_parameters_are_refused_by_name(field, value):
     assert info.value.param == field and field in info.value.message
 
 
-WEATHER = {"type": "function", "function": {"name": "weather", "description": "Weather in a city",
-                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+WEATHER = {"type": "function", "function": {
+    "name": "weather", "description": "Weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
 
 
 def test_tools_map_to_domain_and_engines_refuse_them_by_name():
@@ -143,7 +145,8 @@ def test_completion_json_has_every_choice_with_logprobs():
     text = completion_json(TEXT, "r", "m", [Choice("Hi!", FinishReason.STOP, lp)], Usage(1, 2))
     assert text["choices"][0]["logprobs"] == {"tokens": ["Hi", "!"], "token_logprobs": [-0.1, -0.3],
                                               "top_logprobs": [{"Hi": -0.1, "Hey": -2.0}, {}], "text_offset": [0, 2]}
-    assert completion_json(CHAT, "r", "m", [Choice("x", FinishReason.STOP, None)], Usage())["choices"][0]["logprobs"] is None
+    body = completion_json(CHAT, "r", "m", [Choice("x", FinishReason.STOP, None)], Usage())
+    assert body["choices"][0]["logprobs"] is None
 
 
 def test_stream_chunks_carry_index_and_running_text_offsets():
@@ -200,9 +203,9 @@ async def test_merge_raises_the_first_failure_and_stops_the_others():
 
 
 def _through_masker(pieces):
-    from llmesh.gateway.guards.pii import PiiMasker, Placeholders
-    from llmesh.gateway.guards.pii_stream import StreamMasker
-    from llmesh.gateway.logprob_gate import LogprobGate
+    from llmesh.gateway.domain.guards.pii import PiiMasker, Placeholders
+    from llmesh.gateway.domain.guards.pii_stream import StreamMasker
+    from llmesh.gateway.output import LogprobGate
     masker, gate, sent, out = StreamMasker(PiiMasker(), Placeholders()), LogprobGate(), [], []
     for piece in pieces:
         text = masker.feed(piece)
@@ -230,8 +233,9 @@ def test_logprobs_never_leak_what_the_masker_hid():
 
 def test_tool_calls_in_answers_and_chunks():
     from llmesh.types import ToolCall
-    from llmesh.gateway.openai_api import ToolCalls
-    pieces = [(ToolCall(0, "call_1", "weather", ""),), (ToolCall(0, "", "", '{"city":'),), (ToolCall(0, "", "", '"Paris"}'),)]
+    from llmesh.gateway.fronts.openai_api import ToolCalls
+    pieces = [(ToolCall(0, "call_1", "weather", ""),), (ToolCall(0, "", "", '{"city":'),),
+              (ToolCall(0, "", "", '"Paris"}'),)]
     joined = ToolCalls()
     for p in pieces:
         joined.add(p)

@@ -8,15 +8,17 @@ from pathlib import Path
 
 from pydantic import create_model
 
-from llmesh.gateway import http, pipeline
-from llmesh.gateway.openai_api import HARMLESS, OFF_VALUES, ChatBody, CompletionBody
+from llmesh.gateway.fronts import http
+from llmesh.gateway.fronts.openai_api import HARMLESS, OFF_VALUES, ChatBody, CompletionBody
+from llmesh.gateway.stages import cache
+from llmesh.gateway.upstream import router
 from llmesh.v1 import gateway_pb2
 from tests.unit.parity import Row, http_fields, problems, proto_fields, read_table, readme_text
 
 ROOT = Path(__file__).resolve().parents[2]
 # Headers the fronts read or write; the quota stage writes x-ratelimit-* and retry-after.
-HEADERS = {http.REQUEST_ID, *http.TIMEOUT_HEADERS, "authorization", "traceparent", pipeline.CACHE_HEADER,
-           pipeline.FAILOVER_HEADER, pipeline.FALLBACK_HEADER, "x-ratelimit-*", "retry-after"}
+HEADERS = {http.REQUEST_ID, *http.TIMEOUT_HEADERS, "authorization", "traceparent", cache.CACHE_HEADER,
+           router.FAILOVER_HEADER, router.FALLBACK_HEADER, "x-ratelimit-*", "retry-after"}
 
 
 def fronts(chat=ChatBody, text=CompletionBody, chat_pb=gateway_pb2.ChatRequest, text_pb=gateway_pb2.CompleteRequest):

@@ -6,11 +6,11 @@ import random
 import pytest
 from pydantic import ValidationError
 
-from llmesh.gateway.picking import Endpoint, EndpointPicker, PickInput
-from llmesh.gateway.picking.filters import BreakerClosed, Healthy, NotDegraded, NotTried, ServesModel
-from llmesh.gateway.picking.kvview import KvView
-from llmesh.gateway.picking.scorers import LeastLoad, PrefixAware, RoundRobin, SessionAffinity, TokenAware
-from llmesh.gateway.picking.types import LocalState, work_tokens
+from llmesh.gateway.upstream.picking import Endpoint, EndpointPicker, PickInput
+from llmesh.gateway.upstream.picking.filters import BreakerClosed, Healthy, NotDegraded, NotTried, ServesModel
+from llmesh.gateway.upstream.picking.kvview import KvView
+from llmesh.gateway.upstream.picking.scorers import LeastLoad, PrefixAware, RoundRobin, SessionAffinity, TokenAware
+from llmesh.gateway.upstream.picking.types import LocalState, work_tokens
 from llmesh.kvhash import LLMESH_SCHEME, HashScheme
 from llmesh.liveconfig.schema import MeshConfig, ModelPolicy
 from llmesh.types import Message, Prompt
@@ -253,8 +253,8 @@ def test_weights_from_live_config_replace_the_preset():
     p.replace_all([ep("warm", running=12), ep("cold")])
     p.kv.apply("warm", True, H, [])
     r = req(tokens=lambda: TOKENS)
-    policy = MeshConfig.model_validate({"models": {"m": {"routing": "prefix_aware",
-                                                         "scorers": {"prefix_aware": 10, "least_load": 1}}}}).policy("m")
+    policy = MeshConfig.model_validate({"models": {"m": {
+        "routing": "prefix_aware", "scorers": {"prefix_aware": 10, "least_load": 1}}}}).policy("m")
     assert p.pick(r, policy.routing, policy.scorers).endpoint_id == "warm"
     assert p.pick(r, policy.routing).endpoint_id == "cold"
 

@@ -6,11 +6,11 @@ import random
 import pytest
 from pydantic import ValidationError
 
-from llmesh.gateway.picking import Endpoint, EndpointPicker, PickInput
-from llmesh.gateway.picking.filters import ContextFits
-from llmesh.gateway.picking.scorers import LoraAffinity
-from llmesh.gateway.picking.types import LocalState, work_tokens
-from llmesh.gateway.upstreams import endpoint_from_pb
+from llmesh.gateway.upstream.feed import endpoint_from_pb
+from llmesh.gateway.upstream.picking import Endpoint, EndpointPicker, PickInput
+from llmesh.gateway.upstream.picking.filters import ContextFits
+from llmesh.gateway.upstream.picking.scorers import LoraAffinity
+from llmesh.gateway.upstream.picking.types import LocalState, work_tokens
 from llmesh.liveconfig.schema import MeshConfig, ModelPolicy
 from llmesh.types import Prompt
 from llmesh.v1 import scheduler_pb2

@@ -2,9 +2,8 @@
 
 import pytest
 
-from llmesh.gateway.guards.pii import (
-    PiiKind, PiiMasker, Placeholders, card_issuer_known, cn_id_valid, luhn_valid, restore,
-)
+from llmesh.gateway.domain.guards.pii import PiiMasker, Placeholders, restore
+from llmesh.gateway.domain.guards.pii_rules import PiiKind, card_issuer_known, cn_id_valid, luhn_valid
 from llmesh.types import Message
 
 
@@ -159,7 +158,8 @@ PEM = "-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA7yH2\nq3x+/9Z==\n-----EN
 
 
 @pytest.mark.parametrize("value", [
-    "sk-proj-abcdefghijklmnopqrstuvwxyz0123456789", "sk-ant-api03-AbCdEfGhIjKlMnOpQrStUv", "sk_live_4eC39HqLyjWDarjtT1zdp7dc",
+    "sk-proj-abcdefghijklmnopqrstuvwxyz0123456789", "sk-ant-api03-AbCdEfGhIjKlMnOpQrStUv",
+    "sk_live_4eC39HqLyjWDarjtT1zdp7dc",
     "AKIAIOSFODNN7EXAMPLE", "ghp_" + "a1B2" * 9, "github_pat_" + "x" * 60, "glpat-abcdefghij0123456789",
     "xoxb-1234567890-abcdefghij", "AIza" + "B" * 35, "hf_" + "q" * 34, JWT, PEM,
     "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBg\n-----END PRIVATE KEY-----",
@@ -236,7 +236,8 @@ def test_a_failed_check_lets_another_rule_match(masker):
 
 def test_restore_leaves_unknown_placeholders_and_other_brackets():
     mapping = {"[EMAIL_1]": "bob@example.com"}
-    assert restore("to [EMAIL_1], not [EMAIL_2] [1] [EMAIL_1", mapping) == "to bob@example.com, not [EMAIL_2] [1] [EMAIL_1"
+    assert (restore("to [EMAIL_1], not [EMAIL_2] [1] [EMAIL_1", mapping)
+            == "to bob@example.com, not [EMAIL_2] [1] [EMAIL_1")
     assert restore("no brackets", mapping) == "no brackets"
 
 
@@ -268,7 +269,8 @@ def test_ipv6_after_a_label_and_colon(masker):
 
 
 def test_address_with_port(masker):
-    assert masker.mask("connect to 192.168.1.1:8080 or [2001:db8::1]:443").text == "connect to [IP_1]:8080 or [[IP_2]]:443"
+    masked = masker.mask("connect to 192.168.1.1:8080 or [2001:db8::1]:443").text
+    assert masked == "connect to [IP_1]:8080 or [[IP_2]]:443"
 
 
 @pytest.mark.parametrize("text, phones", [

@@ -5,8 +5,8 @@ import zlib
 
 import pytest
 
-from llmesh.gateway.guards.pii import PiiMasker, Placeholders
-from llmesh.gateway.guards.pii_stream import StreamMasker, StreamRestorer
+from llmesh.gateway.domain.guards.pii import PiiMasker, Placeholders
+from llmesh.gateway.domain.guards.pii_stream import StreamMasker, StreamRestorer
 from llmesh.types import Message
 
 PEM = "-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA7yH2\nq3x+/9Z==\n-----END RSA PRIVATE KEY-----"

@@ -13,8 +13,9 @@ import string
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llmesh.gateway.guards.pii import _RULES, PiiMasker, luhn_valid
-from llmesh.gateway.guards.pii_stream import _TOKEN_CHARS, StreamMasker
+from llmesh.gateway.domain.guards.pii import PiiMasker
+from llmesh.gateway.domain.guards.pii_rules import _RULES, luhn_valid
+from llmesh.gateway.domain.guards.pii_stream import _TOKEN_CHARS, StreamMasker
 
 MASKER = PiiMasker()
 
@@ -117,11 +118,13 @@ PII = st.one_of(
     st.builds(lambda a, b, c, d: f"{a}.{b}.{c}.{d}", *[st.integers(1, 255)] * 4),
     st.builds(lambda g: "2001:db8:" + ":".join(g) + "::1", st.lists(st.from_regex(r"[0-9a-f]{1,4}", fullmatch=True),
                                                                    min_size=1, max_size=3)),
-    st.builds(lambda a, g, s: f"{a:03d}-{g:02d}-{s:04d}", st.integers(1, 665), st.integers(1, 99), st.integers(1, 9999)),
+    st.builds(lambda a, g, s: f"{a:03d}-{g:02d}-{s:04d}",
+              st.integers(1, 665), st.integers(1, 99), st.integers(1, 9999)),
     st.builds(lambda k: "sk-proj-" + k, st.from_regex(r"[A-Za-z0-9]{24,32}", fullmatch=True)),
     st.builds(lambda k: "AKIA" + k, st.from_regex(r"[0-9A-Z]{16}", fullmatch=True)),
 )
-SEPARATORS = st.sampled_from([" ", "  ", "\n", ", ", ": ", " (", ") ", "=", " = ", "，", "：", "。", " / "])  # "/" glued to a number makes it a date or path, not PII
+# "/" glued to a number makes it a date or path, not PII
+SEPARATORS = st.sampled_from([" ", "  ", "\n", ", ", ": ", " (", ") ", "=", " = ", "，", "：", "。", " / "])
 PROSE = st.sampled_from(["the", "answer", "is", "v2.0", "call", "mail", "x", "12", "3.5", "请", "联系", "at",
                          "node-7", "2024-01-15", "ok", "key", "id"])
 

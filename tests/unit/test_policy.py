@@ -2,7 +2,7 @@ from collections import Counter
 
 from llmesh.liveconfig.document import InvalidConfig, parse
 from llmesh.types import Message, Prompt, Sampling
-from llmesh.gateway.policy import apply_policy, pick_target, route
+from llmesh.gateway.domain.policy import apply_policy, pick_target, route
 
 import pytest
 

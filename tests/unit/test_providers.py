@@ -9,8 +9,8 @@ import pytest
 from llmesh.errors import InvalidArgument, Overloaded, Unavailable
 from llmesh.liveconfig.schema import Provider
 from llmesh.types import Message, Prompt, ResponseFormat, Sampling
-from llmesh.gateway.pipeline import CompletionRequest
-from llmesh.gateway.providers import _Events, api_key, error_for_status, request_body
+from llmesh.gateway.context import CompletionRequest
+from llmesh.gateway.upstream.providers import _Events, api_key, error_for_status, request_body
 
 
 def req(prompt: Prompt, **sampling) -> CompletionRequest:
@@ -60,7 +60,7 @@ def test_tools_and_a_tool_conversation_in_their_format():
     from dataclasses import replace
 
     from llmesh.types import Tool, ToolCall, Tools
-    from llmesh.gateway.providers import _tool_calls
+    from llmesh.gateway.upstream.providers import _tool_calls
     schema = {"type": "object", "properties": {"city": {"type": "string"}}}
     conversation = Prompt(messages=(
         Message("user", "Weather in Paris?"),

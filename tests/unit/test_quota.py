@@ -5,8 +5,8 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from llmesh.liveconfig.schema import Price, RateLimit
-from llmesh.gateway.limits import Verdict
-from llmesh.gateway.quota import Periods, duration, micro_usd, period_bounds, ratelimit_headers
+from llmesh.gateway.domain.limits import Verdict
+from llmesh.gateway.domain.quota import Periods, duration, micro_usd, period_bounds, ratelimit_headers
 
 
 def test_reset_durations_read_like_openais():

@@ -3,7 +3,7 @@
 from dataclasses import replace
 
 from llmesh.liveconfig.schema import CircuitBreaker, RetryBudget
-from llmesh.gateway.resilience import Breakers, BreakerState, RetryBudgetGate
+from llmesh.gateway.upstream.resilience import Breakers, BreakerState, RetryBudgetGate
 
 
 def breakers(**cfg):

@@ -8,8 +8,8 @@ from pydantic import ValidationError
 
 from llmesh.liveconfig.schema import MeshConfig
 from llmesh.shadow import Answer, FileShadowStore, ShadowRecord, report, similarity, text_hash
-from llmesh.gateway.cascade import cost_usd, mean_logprob
-from llmesh.gateway.shadow import sampled
+from llmesh.gateway.stages.cascade import cost_usd, mean_logprob
+from llmesh.gateway.stages.shadow import sampled
 from llmesh.liveconfig.schema import Price
 from llmesh.types import Usage
 

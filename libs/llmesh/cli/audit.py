@@ -59,7 +59,7 @@ def _verify_one(path: Path, args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
-def add_parser(sub) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("audit", help="check the audit log", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     actions = p.add_subparsers(dest="action", required=True)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import grpc
 
@@ -19,7 +21,8 @@ from llmesh.settings import MeshSettings
 from llmesh.v1 import cache_pb2, cache_pb2_grpc
 
 
-def add_parser(sub, add_layout_args) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser],
+               add_layout_args: Callable[[argparse.ArgumentParser], None]) -> None:
     cache = sub.add_parser("cache", help="response cache: stats, invalidate")
     verbs = cache.add_subparsers(dest="verb", required=True)
     stats = verbs.add_parser("stats", help="entries, hits and misses per tenant")
@@ -34,7 +37,7 @@ def add_parser(sub, add_layout_args) -> None:
     inv.add_argument("--all", action="store_true", help="every entry of every tenant")
 
 
-def _stats_dict(resp: cache_pb2.StatsResponse) -> dict:
+def _stats_dict(resp: cache_pb2.StatsResponse) -> dict[str, Any]:
     return {"backend": resp.backend, "backend_available": resp.backend_available,
             "semantic_indexed": resp.semantic_indexed,
             "tenants": {t.tenant: {"entries": t.entries, "hits": t.hits, "semantic_hits": t.semantic_hits,
@@ -42,7 +45,7 @@ def _stats_dict(resp: cache_pb2.StatsResponse) -> dict:
                         for t in resp.tenants}}
 
 
-def render(stats: dict) -> str:
+def render(stats: dict[str, Any]) -> str:
     state = "available" if stats["backend_available"] else "UNAVAILABLE (bypassed)"
     lines = [f"backend {stats['backend']} ({state}), semantic index {stats['semantic_indexed']} entries",
              f"{'tenant':<20} {'entries':>8} {'hits':>8} {'semantic':>8} {'misses':>8} {'hit%':>6} "
@@ -65,8 +68,8 @@ async def run(args: argparse.Namespace, address: str) -> int:
         stub = cache_pb2_grpc.CacheStub(channel)
         try:
             if args.verb == "stats":
-                req = cache_pb2.StatsRequest(tenant=args.tenant) if args.tenant else cache_pb2.StatsRequest()
-                stats = _stats_dict(await stub.Stats(req, timeout=10))
+                ask = cache_pb2.StatsRequest(tenant=args.tenant) if args.tenant else cache_pb2.StatsRequest()
+                stats = _stats_dict(await stub.Stats(ask, timeout=10))
                 print(json.dumps(stats, indent=2) if args.json else render(stats))
                 return 0
             if not (args.all or args.tenant or args.model or args.prefix):

@@ -16,8 +16,12 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import yaml
+
+if TYPE_CHECKING:
+    import aetcd
 
 from llmesh.liveconfig.document import InvalidConfig, diff, parse, render
 from llmesh.liveconfig.schema import MeshConfig
@@ -25,7 +29,7 @@ from llmesh.liveconfig.stores import ConfigStore, EtcdStore, FileStore
 from llmesh.settings import MeshSettings
 
 
-def open_store(args: argparse.Namespace) -> tuple[ConfigStore, object | None]:
+def open_store(args: argparse.Namespace) -> tuple[ConfigStore, aetcd.Client | None]:
     mesh = MeshSettings()
     backend = args.backend or ("etcd" if mesh.config_backend == "etcd" else "file")
     if backend == "etcd":
@@ -41,7 +45,7 @@ def _read_file(path: str) -> tuple[str, MeshConfig]:
     return text, parse(text)
 
 
-def _set_path(doc: dict, dotted: str, value) -> None:
+def _set_path(doc: dict[str, Any], dotted: str, value: object) -> None:
     node = doc
     parts = dotted.split(".")
     for part in parts[:-1]:
@@ -100,7 +104,7 @@ async def _run(args: argparse.Namespace, store: ConfigStore) -> int:
     return 0
 
 
-def add_parser(sub) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("config", help="read and change the live config", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backend", choices=["file", "etcd"], help="default: LLMESH_CONFIG_BACKEND")

@@ -15,6 +15,10 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import redis.asyncio
 
 from llmesh.keys import FileKeyStore, KeyStore, RedisKeyStore, new_key, revoke, rotate
 
@@ -36,12 +40,12 @@ def parse_expiry(text: str, now: float) -> float:
     return t.timestamp()
 
 
-def _redis(args):
+def _redis(args: argparse.Namespace) -> redis.asyncio.Redis | None:
     import redis.asyncio
     return redis.asyncio.from_url(args.redis_url) if args.redis_url else None
 
 
-def _store(args, client) -> KeyStore:
+def _store(args: argparse.Namespace, client: redis.asyncio.Redis | None) -> KeyStore:
     return RedisKeyStore(client) if client is not None else FileKeyStore(args.keys_file)
 
 
@@ -49,7 +53,7 @@ def _when(ts: float | None) -> str:
     return "-" if ts is None else datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%d %H:%M")
 
 
-def _admin_audit(args, action: str, **fields) -> None:
+def _admin_audit(args: argparse.Namespace, action: str, **fields: object) -> None:
     """Key changes are audited in their own chain (the gateways each write theirs)."""
     from llmesh.audit import AuditLog
     with AuditLog(args.admin_audit_file) as log:
@@ -57,7 +61,7 @@ def _admin_audit(args, action: str, **fields) -> None:
                              **{k: v for k, v in fields.items() if v is not None}})
 
 
-async def keys_main(args) -> int:
+async def keys_main(args: argparse.Namespace) -> int:
     client = _redis(args)
     try:
         store = _store(args, client)
@@ -74,8 +78,8 @@ async def keys_main(args) -> int:
             now = time.time()
             for r in await store.all():
                 state = "revoked" if r.revoked_at else ("expired" if not r.usable(now) else "active")
-                models = ",".join(r.models) if r.models is not None else "(tenant's)"
-                print(f"{r.key_id:<14}{r.tenant:<16}{models:<28}{_when(r.expires_at):<18}{state:<9}{r.name}")
+                shown = ",".join(r.models) if r.models is not None else "(tenant's)"
+                print(f"{r.key_id:<14}{r.tenant:<16}{shown:<28}{_when(r.expires_at):<18}{state:<9}{r.name}")
         elif args.action == "rotate":
             plaintext, record = await rotate(store, args.key_id)
             _admin_audit(args, "key.rotate", key_id=args.key_id, target=record.key_id, tenant=record.tenant)
@@ -93,12 +97,13 @@ async def keys_main(args) -> int:
             await client.aclose()
 
 
-async def usage_rows(client, days: list[str]) -> list[dict]:
-    rows: dict[tuple[str, str, str], dict] = {}
+async def usage_rows(client: redis.asyncio.Redis, days: list[str]) -> list[dict[str, Any]]:
+    rows: dict[tuple[str, str, str], dict[str, Any]] = {}
     for day in days:
         raw = await client.hgetall(f"llmesh:usage:{day}")
         for field, value in raw.items():
-            tenant, model, counter = field.decode().split("\t")
+            key = field.decode() if isinstance(field, bytes) else field  # bytes: no decode_responses
+            tenant, model, counter = key.split("\t")
             row = rows.setdefault((day, tenant, model), {"day": day, "tenant": tenant, "model": model,
                                                          "requests": 0, "prompt_tokens": 0,
                                                          "completion_tokens": 0, "cost_usd": 0.0})
@@ -109,10 +114,10 @@ async def usage_rows(client, days: list[str]) -> list[dict]:
     return [rows[k] for k in sorted(rows)]
 
 
-def audit_usage_rows(paths: list[Path]) -> list[dict]:
+def audit_usage_rows(paths: list[Path]) -> list[dict[str, Any]]:
     """Usage summed from gateways' audit logs: what a mesh without Redis keeps."""
     from llmesh.audit import read_records
-    rows: dict[tuple[str, str, str], dict] = {}
+    rows: dict[tuple[str, str, str], dict[str, Any]] = {}
     for path in paths:
         for rec in read_records(path):
             f = rec["fields"]
@@ -129,12 +134,12 @@ def audit_usage_rows(paths: list[Path]) -> list[dict]:
     return [rows[k] for k in sorted(rows)]
 
 
-async def usage_main(args) -> int:
+async def usage_main(args: argparse.Namespace) -> int:
     from llmesh.audit import chain_files  # the default log and the worker logs beside it
     client = _redis(args)
     if client is None:
-        rows = [r for r in audit_usage_rows(args.audit_file or chain_files(args.audit_default)) if args.tenant in (None, r["tenant"])
-                and (not args.day or r["day"] in args.day)]
+        rows = [r for r in audit_usage_rows(args.audit_file or chain_files(args.audit_default))
+                if args.tenant in (None, r["tenant"]) and (not args.day or r["day"] in args.day)]
         return _print_usage(rows, args.csv)
     try:
         if args.day:
@@ -148,7 +153,7 @@ async def usage_main(args) -> int:
     return _print_usage(rows, args.csv)
 
 
-def _print_usage(rows: list[dict], as_csv: bool) -> int:
+def _print_usage(rows: list[dict[str, Any]], as_csv: bool) -> int:
     fields = ["day", "tenant", "model", "requests", "prompt_tokens", "completion_tokens", "cost_usd"]
     if as_csv:
         out = csv.DictWriter(sys.stdout, fieldnames=fields)
@@ -162,7 +167,7 @@ def _print_usage(rows: list[dict], as_csv: bool) -> int:
     return 0
 
 
-def add_parsers(sub) -> None:
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     def redis_arg(p: argparse.ArgumentParser) -> None:
         p.add_argument("--redis-url", default=os.environ.get("LLMESH_REDIS_URL"),
                        help="the gateways' Redis (default: LLMESH_REDIS_URL)")

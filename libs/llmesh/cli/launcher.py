@@ -17,6 +17,7 @@ import logging
 import signal
 import subprocess
 from collections.abc import Callable
+from typing import Any
 
 import grpc
 
@@ -38,7 +39,7 @@ class EngineLauncher:
         self.backends = backends             # scaled model -> engine backend
         self._say = say
         self._replicas: dict[str, list[Child]] = {m: [] for m in backends}
-        self._draining: dict[str, asyncio.Task] = {}  # child name -> its stop
+        self._draining: dict[str, asyncio.Task[Any]] = {}  # child name -> its stop
 
     def replicas(self, model: str) -> list[Child]:
         return list(self._replicas[model])
@@ -65,7 +66,7 @@ class EngineLauncher:
                 child.start()
                 have.append(child)
                 self._children.append(child)
-                self._say(f"llmesh: autoscaler started {child.name} for {model} (pid {child.proc.pid}; "
+                self._say(f"llmesh: autoscaler started {child.name} for {model} (pid {child.process.pid}; "
                           f"{len(have)} of {want})")
                 changed = True
             while len(have) > want:
@@ -81,13 +82,13 @@ class EngineLauncher:
         self._say(f"llmesh: autoscaler drains {child.name} of {model} (down to {want})")
         try:
             if child.alive():
-                child.proc.send_signal(signal.SIGTERM)
+                child.process.send_signal(signal.SIGTERM)
                 try:
-                    await asyncio.to_thread(child.proc.wait, self._spec.grace_s + 2 + ROUTE_AWAY_S)
+                    await asyncio.to_thread(child.process.wait, self._spec.grace_s + 2 + ROUTE_AWAY_S)
                 except subprocess.TimeoutExpired:
-                    child.proc.kill()
-                    await asyncio.to_thread(child.proc.wait)
-            self._say(f"llmesh: {child.name} stopped (exit code {child.proc.returncode})")
+                    child.process.kill()
+                    await asyncio.to_thread(child.process.wait)
+            self._say(f"llmesh: {child.name} stopped (exit code {child.process.returncode})")
         finally:
             self._draining.pop(child.name, None)
 

@@ -10,7 +10,7 @@
     llmesh models   model registry: import, deploy, promote, rollback, history, eval
     llmesh cache    response cache: stats, invalidate
     llmesh shadow   shadow traffic: report how a shadow version compared
-    llmesh bench    run a benchmark from bench/ (cache, engine, gateway, guards, llamacpp)
+    llmesh bench    run a benchmark of a checkout's bench/ (python -m bench lists them)
 """
 
 from __future__ import annotations
@@ -21,8 +21,13 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from llmesh.cli.layout import Layout
+
+if TYPE_CHECKING:
+    from llmesh.cli.up import MeshSpec
+    from llmesh.restarts import RestartPolicy
 
 
 def _layout(args: argparse.Namespace) -> Layout:
@@ -63,36 +68,37 @@ def parse_autoscale(items: list[str]) -> dict[str, str]:
     return scaled
 
 
-def cmd_up(args: argparse.Namespace) -> int:
-    from llmesh.cli.launcher import EngineLauncher, follow
-    from llmesh.cli.up import (MeshSpec, RestartPolicy, StartFailed, plan, start_all, stop_all, supervise,
-                               write_state)
+def _up_options(args: argparse.Namespace) -> tuple[MeshSpec, dict[str, str], RestartPolicy]:
+    """``llmesh up``'s arguments as (MeshSpec, autoscaled models, RestartPolicy); a ValueError
+    says what is wrong with them."""
+    from llmesh.cli.up import MeshSpec
+    from llmesh.restarts import RestartPolicy
 
-    layout = _layout(args)
-    try:
-        engines = parse_engines(args.engines)
-    except ValueError as exc:
-        print(f"llmesh: {exc}", file=sys.stderr)
-        return 2
-    spec = MeshSpec(layout=layout, engines=engines, model_dir=args.model_dir.resolve(),
+    engines = parse_engines(args.engines)
+    spec = MeshSpec(layout=_layout(args), engines=engines, model_dir=args.model_dir.resolve(),
                     log_dir=args.log_dir.resolve(), grace_s=args.grace, cache=not args.no_cache,
                     gateway_workers=args.gateway_workers)
     if args.gateway_workers < 1:
-        print("llmesh: --gateway-workers must be >= 1", file=sys.stderr)
-        return 2
+        raise ValueError("--gateway-workers must be >= 1")
     if "llamacpp" in engines and not (spec.model_dir / spec.model).is_dir():
-        print(f"llmesh: no model '{spec.model}' in {spec.model_dir}; run 'make model' first", file=sys.stderr)
-        return 2
+        raise ValueError(f"no model '{spec.model}' in {spec.model_dir}; run 'make model' first")
+    scaled = parse_autoscale(args.autoscale)
+    if args.max_restarts < 0 or args.restart_window <= 0:
+        raise ValueError("--max-restarts must be >= 0 and --restart-window > 0")
+    return spec, scaled, RestartPolicy(max_restarts=args.max_restarts, window_s=args.restart_window)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from llmesh.cli.launcher import EngineLauncher, follow
+    from llmesh.cli.up import StartFailed, plan, start_all, stop_all, supervise, write_state
+
     try:
-        scaled = parse_autoscale(args.autoscale)
+        spec, scaled, policy = _up_options(args)
     except ValueError as exc:
         print(f"llmesh: {exc}", file=sys.stderr)
         return 2
+    layout = spec.layout
     children = plan(spec)
-    if args.max_restarts < 0 or args.restart_window <= 0:
-        print("llmesh: --max-restarts must be >= 0 and --restart-window > 0", file=sys.stderr)
-        return 2
-    policy = RestartPolicy(max_restarts=args.max_restarts, window_s=args.restart_window)
     state_path = spec.log_dir / "supervisor.json"
 
     async def main() -> int:
@@ -118,6 +124,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             if following is not None:
                 following.cancel()
                 await asyncio.gather(following, return_exceptions=True)
+            if launcher is not None:
                 await launcher.close()
         if gave_up:
             print(f"llmesh: {gave_up.name} exited {gave_up.exits} times within {gave_up.window_s:.0f}s "
@@ -135,7 +142,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     return code
 
 
-def _banner(layout: Layout, spec) -> str:
+def _banner(layout: Layout, spec: MeshSpec) -> str:
     model = spec.model if "llamacpp" in spec.engines else spec.sim_model
     url = layout.http_url
     return f"""llmesh is up: OpenAI-compatible API at {url}/v1, gRPC at {layout.address('gateway')}
@@ -204,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--gateway-workers", type=int, default=1, metavar="N",
                     help="gateway worker processes sharing its ports (more than 1 needs LLMESH_REDIS_URL)")
     up.add_argument("--max-restarts", type=int, default=5,
-                    help="a service that dies is restarted (backoff 0.5 s doubling to 10 s); more exits than "
+                    help="a service that dies is restarted (backoff 0.5 s doubling to 10 s, jittered); more exits than "
                          "this within --restart-window stops the mesh")
     up.add_argument("--restart-window", type=float, default=60.0, help="seconds (see --max-restarts)")
     up.set_defaults(func=cmd_up)
@@ -244,11 +251,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-BENCHES = {"cache": "bench.cache", "engine": "bench.engine", "gateway": "bench.gateway",
-           "governance": "bench.governance", "guards": "bench.guards", "llamacpp": "bench.llamacpp",
-           "routing": "bench.routing", "shadow": "bench.shadow"}
-
-
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["bench"]:
@@ -258,19 +260,12 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def cmd_bench(argv: list[str]) -> int:
-    """``llmesh bench NAME [args]``: the benchmarks in bench/, run from a checkout."""
-    import importlib
-    import runpy
+    """``llmesh bench [NAME] [args]``: ``python -m bench`` in a checkout's bench/ folder,
+    which lists the benchmarks (bench/ is not part of the installed package)."""
+    import subprocess
 
-    if not argv or argv[0] not in BENCHES:
-        print(f"usage: llmesh bench {{{','.join(BENCHES)}}} [--help | args]", file=sys.stderr)
+    if not (Path.cwd() / "bench" / "__main__.py").is_file():
+        print("llmesh bench runs the benchmarks of a checkout of llmesh (its bench/ folder); cd there first",
+              file=sys.stderr)
         return 2
-    sys.path.insert(0, str(Path.cwd()))
-    try:
-        importlib.import_module("bench")
-    except ImportError:
-        print("llmesh bench runs from a checkout of llmesh (the bench/ folder); cd there first", file=sys.stderr)
-        return 2
-    sys.argv = [f"llmesh bench {argv[0]}", *argv[1:]]
-    runpy.run_module(BENCHES[argv[0]], run_name="__main__")
-    return 0
+    return subprocess.run([sys.executable, "-m", "bench", *argv]).returncode

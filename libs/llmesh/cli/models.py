@@ -85,89 +85,124 @@ async def run(args: argparse.Namespace, address: str) -> int:
             return 1
 
 
-async def _run(args: argparse.Namespace, stub: modelmgr_pb2_grpc.ModelManagerStub) -> int:
-    a = args.action
-    if a == "import":
-        lineage = dict(item.split("=", 1) for item in args.lineage)
-        req = modelmgr_pb2.ImportModelRequest(name=args.name, source=args.source, sha256=args.sha256 or "",
-                                              parent_version=args.parent or 0, lineage=lineage)
-        from tqdm import tqdm
-        with tqdm(unit="B", unit_scale=True, unit_divisor=1024, desc=args.name, file=sys.stderr,
-                  disable=args.quiet or None) as bar:
-            async for p in stub.ImportModel(req, timeout=3600):
-                bar.total = p.bytes_total or None
-                bar.update(p.bytes_done - bar.n)
-                if p.HasField("version"):
-                    version = p.version
-        _print_version(version)
-    elif a == "list":
-        resp = await stub.ListVersions(modelmgr_pb2.ListVersionsRequest(name=args.name or ""), timeout=30)
-        aliases = await stub.ListAliases(modelmgr_pb2.ListAliasesRequest(), timeout=30)
-        if args.json:
-            from google.protobuf.json_format import MessageToDict
-            print(json.dumps({"versions": [MessageToDict(v) for v in resp.versions],
-                              "aliases": [MessageToDict(x) for x in aliases.aliases]}, indent=2))
-            return 0
-        for v in resp.versions:
-            _print_version(v)
-        for x in aliases.aliases:
-            print(f"alias {x.name} -> {x.current}" + (f" (before: {x.previous})" if x.previous else ""))
-    elif a == "quantize":
-        name, number = args.version
-        for q in args.quantization:
-            v = await stub.QuantizeVersion(modelmgr_pb2.QuantizeVersionRequest(
-                name=name, version=number, quantization=q, from_variant=args.from_variant or ""), timeout=1800)
-        _print_version(v)
-    elif a == "deploy":
-        name, number = args.version
-        v = await stub.Deploy(modelmgr_pb2.DeployRequest(name=name, version=number, replicas=args.replicas,
-                                                         variant=args.variant or ""), timeout=1800)
-        _print_version(v)
-    elif a == "promote":
-        name, number = args.version
-        req = modelmgr_pb2.PromoteRequest(alias=args.alias, name=name, version=number,
-                                          canary_percent=args.canary, canary_step_s=args.step,
-                                          skip_eval=args.skip_eval)
-        if args.threshold is not None:
-            req.threshold = args.threshold
-        resp = await stub.Promote(req, timeout=3600)
-        if resp.HasField("eval"):
-            _print_eval(resp.eval)
-        print(f"alias {resp.alias.name} -> {resp.alias.current}"
-              + (f" (was {resp.alias.previous})" if resp.alias.previous else ""))
-    elif a == "rollback":
-        x = await stub.Rollback(modelmgr_pb2.RollbackRequest(alias=args.alias), timeout=600)
-        print(f"alias {x.name} -> {x.current} (rolled back from {x.previous})")
-    elif a == "archive":
-        name, number = args.version
-        _print_version(await stub.ArchiveVersion(modelmgr_pb2.ArchiveVersionRequest(name=name, version=number),
-                                                 timeout=600))
-    elif a == "history":
-        resp = await stub.History(modelmgr_pb2.HistoryRequest(name=args.name or "", alias=args.alias or ""),
-                                  timeout=30)
-        for e in resp.events:
-            alias = f"  [{e.alias}]" if e.alias else ""
-            print(f"{_when(e.at_unix)}  {e.model}:{e.version}  {e.kind}{alias}  {e.detail_json}")
-    elif a == "eval":
-        name, number = args.version
-        req = modelmgr_pb2.EvaluateRequest(name=name, version=number, baseline=args.baseline)
-        if args.threshold is not None:
-            req.threshold = args.threshold
-        report = await stub.Evaluate(req, timeout=1800)
-        _print_eval(report)
-        return 0 if report.passed else 3
-    elif a == "evals":
-        name, number = args.version or ("", 0)
-        resp = await stub.ListEvals(modelmgr_pb2.ListEvalsRequest(name=name, version=number), timeout=30)
-        for e in resp.reports:
-            _print_eval(e)
-            if args.json:
-                print(e.report_json)
+Stub = modelmgr_pb2_grpc.ModelManagerStub
+
+
+async def _run(args: argparse.Namespace, stub: Stub) -> int:
+    return await _ACTIONS[args.action](args, stub)
+
+
+async def _import(args: argparse.Namespace, stub: Stub) -> int:
+    lineage = dict(item.split("=", 1) for item in args.lineage)
+    req = modelmgr_pb2.ImportModelRequest(name=args.name, source=args.source, sha256=args.sha256 or "",
+                                          parent_version=args.parent or 0, lineage=lineage)
+    from tqdm import tqdm
+    with tqdm(unit="B", unit_scale=True, unit_divisor=1024, desc=args.name, file=sys.stderr,
+              disable=args.quiet or None) as bar:
+        async for p in stub.ImportModel(req, timeout=3600):
+            bar.total = p.bytes_total or None
+            bar.update(p.bytes_done - bar.n)
+            if p.HasField("version"):
+                version = p.version
+    _print_version(version)
     return 0
 
 
-def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("models", help="model registry: import, deploy, promote, rollback",
+async def _list(args: argparse.Namespace, stub: Stub) -> int:
+    resp = await stub.ListVersions(modelmgr_pb2.ListVersionsRequest(name=args.name or ""), timeout=30)
+    aliases = await stub.ListAliases(modelmgr_pb2.ListAliasesRequest(), timeout=30)
+    if args.json:
+        from google.protobuf.json_format import MessageToDict
+        print(json.dumps({"versions": [MessageToDict(v) for v in resp.versions],
+                          "aliases": [MessageToDict(x) for x in aliases.aliases]}, indent=2))
+        return 0
+    for v in resp.versions:
+        _print_version(v)
+    for x in aliases.aliases:
+        print(f"alias {x.name} -> {x.current}" + (f" (before: {x.previous})" if x.previous else ""))
+    return 0
+
+
+async def _quantize(args: argparse.Namespace, stub: Stub) -> int:
+    name, number = args.version
+    for q in args.quantization:
+        v = await stub.QuantizeVersion(modelmgr_pb2.QuantizeVersionRequest(
+            name=name, version=number, quantization=q, from_variant=args.from_variant or ""), timeout=1800)
+    _print_version(v)
+    return 0
+
+
+async def _deploy(args: argparse.Namespace, stub: Stub) -> int:
+    name, number = args.version
+    v = await stub.Deploy(modelmgr_pb2.DeployRequest(name=name, version=number, replicas=args.replicas,
+                                                     variant=args.variant or ""), timeout=1800)
+    _print_version(v)
+    return 0
+
+
+async def _promote(args: argparse.Namespace, stub: Stub) -> int:
+    name, number = args.version
+    req = modelmgr_pb2.PromoteRequest(alias=args.alias, name=name, version=number,
+                                      canary_percent=args.canary, canary_step_s=args.step,
+                                      skip_eval=args.skip_eval)
+    if args.threshold is not None:
+        req.threshold = args.threshold
+    resp = await stub.Promote(req, timeout=3600)
+    if resp.HasField("eval"):
+        _print_eval(resp.eval)
+    print(f"alias {resp.alias.name} -> {resp.alias.current}"
+          + (f" (was {resp.alias.previous})" if resp.alias.previous else ""))
+    return 0
+
+
+async def _rollback(args: argparse.Namespace, stub: Stub) -> int:
+    x = await stub.Rollback(modelmgr_pb2.RollbackRequest(alias=args.alias), timeout=600)
+    print(f"alias {x.name} -> {x.current} (rolled back from {x.previous})")
+    return 0
+
+
+async def _archive(args: argparse.Namespace, stub: Stub) -> int:
+    name, number = args.version
+    _print_version(await stub.ArchiveVersion(modelmgr_pb2.ArchiveVersionRequest(name=name, version=number),
+                                             timeout=600))
+    return 0
+
+
+async def _history(args: argparse.Namespace, stub: Stub) -> int:
+    resp = await stub.History(modelmgr_pb2.HistoryRequest(name=args.name or "", alias=args.alias or ""),
+                              timeout=30)
+    for e in resp.events:
+        alias = f"  [{e.alias}]" if e.alias else ""
+        print(f"{_when(e.at_unix)}  {e.model}:{e.version}  {e.kind}{alias}  {e.detail_json}")
+    return 0
+
+
+async def _eval(args: argparse.Namespace, stub: Stub) -> int:
+    name, number = args.version
+    req = modelmgr_pb2.EvaluateRequest(name=name, version=number, baseline=args.baseline)
+    if args.threshold is not None:
+        req.threshold = args.threshold
+    report = await stub.Evaluate(req, timeout=1800)
+    _print_eval(report)
+    return 0 if report.passed else 3
+
+
+async def _evals(args: argparse.Namespace, stub: Stub) -> int:
+    name, number = args.version or ("", 0)
+    resp = await stub.ListEvals(modelmgr_pb2.ListEvalsRequest(name=name, version=number), timeout=30)
+    for e in resp.reports:
+        _print_eval(e)
+        if args.json:
+            print(e.report_json)
+    return 0
+
+
+_ACTIONS = {"import": _import, "list": _list, "quantize": _quantize, "deploy": _deploy, "promote": _promote,
+            "rollback": _rollback, "archive": _archive, "history": _history, "eval": _eval, "evals": _evals}
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser("models", help="model registry: import, deploy, promote, rollback",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--address", help="the model manager (default: the layout's, base port + 2)")
     actions = p.add_subparsers(dest="action", required=True)

@@ -13,11 +13,12 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from llmesh.shadow import FileShadowStore, RedisShadowStore, report
 
 
-async def _read(args) -> tuple[list, int]:
+async def _read(args: argparse.Namespace) -> tuple[list[Any], int]:
     if args.redis_url:
         import redis.asyncio
         client = redis.asyncio.from_url(args.redis_url)
@@ -28,11 +29,11 @@ async def _read(args) -> tuple[list, int]:
     return await FileShadowStore(args.dir).read(args.alias)
 
 
-def _fmt(value, spec: str = ".1f") -> str:
+def _fmt(value: float | None, spec: str = ".1f") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def render(r: dict) -> str:
+def render(r: dict[str, Any]) -> str:
     lines = [f"shadow report for {r['alias']}: {r['count']} copies recorded, {r['compared']} compared, "
              f"{r['dropped']} dropped"]
     if not r["count"]:
@@ -61,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parser(sub) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("shadow", help="compare an alias's shadow version with its primary", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     actions = p.add_subparsers(dest="action", required=True)

@@ -6,7 +6,9 @@ import asyncio
 import os
 
 import math
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 import httpx
@@ -21,7 +23,7 @@ from llmesh.cli.layout import Layout
 SERVICES = ("gateway", "scheduler", "modelmgr", "cache")
 
 
-async def _endpoints(address: str) -> list[dict]:
+async def _endpoints(address: str) -> list[dict[str, Any]]:
     async with insecure_channel(address) as ch:
         try:
             table = await scheduler_pb2_grpc.SchedulerStub(ch).ListEndpoints(
@@ -40,7 +42,7 @@ async def _endpoints(address: str) -> list[dict]:
                            "latency_ms": round(e.self_test.latency_ms, 1)}} for e in table.endpoints]
 
 
-async def _models(address: str) -> list[dict]:
+async def _models(address: str) -> list[dict[str, Any]]:
     async with insecure_channel(address) as ch:
         try:
             resp = await modelmgr_pb2_grpc.ModelManagerStub(ch).ListModels(
@@ -51,11 +53,11 @@ async def _models(address: str) -> list[dict]:
              "context_length": m.context_length, "source": m.source} for m in resp.models]
 
 
-def _samples(text: str) -> list:
+def _samples(text: str) -> list[Any]:
     return [s for fam in text_string_to_metric_families(text) for s in fam.samples]
 
 
-async def _scrape(port: int) -> list:
+async def _scrape(port: int) -> list[Any]:
     try:
         async with httpx.AsyncClient(timeout=2) as http:
             return _samples((await http.get(f"http://127.0.0.1:{port}/metrics")).text)
@@ -78,14 +80,18 @@ def quantile(q: float, buckets: dict[float, float]) -> float | None:
     return None
 
 
-async def live_figures(layout: Layout, endpoints: list[dict], window_s: float = 1.0) -> dict:
+async def live_figures(layout: Layout, endpoints: list[dict[str, Any]], window_s: float = 1.0) -> dict[str, Any]:
     """Requests per second over ``window_s``, gateway TTFT quantiles since start,
     and each engine's queue and KV-cache use."""
     port = layout.metrics_port("gateway")
     first = await _scrape(port)
     await asyncio.sleep(window_s)
     second = await _scrape(port)
-    count = lambda samples: sum(s.value for s in samples if s.name == "llmesh_requests_total")  # noqa: E731
+
+    def count(samples: list[Any]) -> float:
+        total: float = sum(s.value for s in samples if s.name == "llmesh_requests_total")
+        return total
+
     buckets: dict[float, float] = {}
     for s in second:
         if s.name == "llmesh_time_to_first_token_seconds_bucket":
@@ -107,7 +113,7 @@ async def live_figures(layout: Layout, endpoints: list[dict], window_s: float = 
             "engines": engines}
 
 
-def supervised(state_path: Path | None) -> dict[str, dict]:
+def supervised(state_path: Path | None) -> dict[str, dict[str, Any]]:
     """Per process of a running ``llmesh up`` (its supervisor.json): pid, restarts, last exit code."""
     try:
         state = orjson.loads(state_path.read_bytes()) if state_path else None
@@ -126,11 +132,12 @@ def _pid_alive(pid: int) -> bool:
     return pid > 0
 
 
-async def collect(layout: Layout, state_path: Path | None = None) -> dict:
+async def collect(layout: Layout, state_path: Path | None = None) -> dict[str, Any]:
     addresses = {s: layout.address(s) for s in SERVICES}
     health = await asyncio.gather(*(health_status(a) for a in addresses.values()))
     endpoints, models = await asyncio.gather(_endpoints(addresses["scheduler"]), _models(addresses["modelmgr"]))
-    services = [{"name": s, "address": a, "health": h} for (s, a), h in zip(addresses.items(), health)]
+    services: list[dict[str, Any]] = [{"name": s, "address": a, "health": h}
+                                      for (s, a), h in zip(addresses.items(), health)]
     services += [{"name": e["endpoint_id"], "address": e["address"], "health": await health_status(e["address"])}
                  for e in endpoints]
     procs = supervised(state_path)
@@ -143,7 +150,7 @@ async def collect(layout: Layout, state_path: Path | None = None) -> dict:
             "live": await live_figures(layout, endpoints)}
 
 
-def render(report: dict, as_json: bool) -> str:
+def render(report: dict[str, Any], as_json: bool) -> str:
     if as_json:
         return orjson.dumps(report, option=orjson.OPT_INDENT_2).decode()
     lines = [f"gateway HTTP  {report['gateway_http']}", "",
@@ -158,7 +165,7 @@ def render(report: dict, as_json: bool) -> str:
     lines += [f"  {e['endpoint_id']:<16} DEGRADED, no new work: {e['degraded']}"
               for e in report["endpoints"] if e["degraded"]]
     live = report["live"]
-    fmt = lambda v, unit="": "-" if v is None else f"{v}{unit}"  # noqa: E731
+    fmt: Callable[..., str] = lambda v, unit="": "-" if v is None else f"{v}{unit}"  # noqa: E731
     lines += ["", f"LIVE  {fmt(live['requests_per_s'])} req/s ({fmt(live['requests_total'])} total)  "
               f"TTFT p50 {fmt(live['ttft_ms_p50'], ' ms')}  p99 {fmt(live['ttft_ms_p99'], ' ms')} (since start)"]
     for e in live["engines"]:

@@ -15,8 +15,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from llmesh.rpc.health import health_status
 from llmesh.cli.layout import CORE_SERVICES, Layout
@@ -30,8 +32,8 @@ class Child:
     address: str
     env: dict[str, str]
     log_path: Path
-    proc: subprocess.Popen | None = None
-    extra: dict = field(default_factory=dict)
+    proc: subprocess.Popen[bytes] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
     restarts: int = 0
     last_exit_code: int | None = None
 
@@ -45,6 +47,13 @@ class Child:
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def process(self) -> subprocess.Popen[bytes]:
+        """The process start() began (the last one, after restarts)."""
+        if self.proc is None:
+            raise RuntimeError(f"{self.name} was never started")
+        return self.proc
 
 
 EMBED_MODEL = "all-minilm-l6-v2"  # the cache's sentence embedder, extracted by `make model`
@@ -126,7 +135,7 @@ async def _wait_serving(child: Child, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if not child.alive():
-            raise StartFailed(f"{child.name} exited with code {child.proc.returncode}; see {child.log_path}")
+            raise StartFailed(f"{child.name} exited with code {child.process.returncode}; see {child.log_path}")
         if await health_status(child.address, timeout_s=0.5) == "SERVING":
             return
         await asyncio.sleep(0.1)
@@ -148,12 +157,12 @@ def stop_all(children: list[Child], grace_s: float) -> list[tuple[str, int]]:
     """SIGTERM in reverse start order (front door first), then SIGKILL what is left."""
     for child in reversed(children):
         if child.alive():
-            child.proc.send_signal(signal.SIGTERM)
+            child.process.send_signal(signal.SIGTERM)
             try:
-                child.proc.wait(timeout=grace_s + 2)
+                child.process.wait(timeout=grace_s + 2)
             except subprocess.TimeoutExpired:
-                child.proc.kill()
-                child.proc.wait()
+                child.process.kill()
+                child.process.wait()
     return [(c.name, c.proc.returncode) for c in children if c.proc is not None]
 
 
@@ -176,7 +185,7 @@ def write_state(children: list[Child], path: Path) -> None:
 
 
 async def supervise(children: list[Child], stop: asyncio.Event, policy: RestartPolicy = RestartPolicy(),
-                    state_path: Path | None = None, say=print) -> GaveUp | None:
+                    state_path: Path | None = None, say: Callable[[str], None] = print) -> GaveUp | None:
     """Restarts children that die until a stop request (returns None) or until one
     dies more often than the policy allows (returns which)."""
     budgets: dict[str, RestartBudget] = {}
@@ -196,11 +205,11 @@ async def supervise(children: list[Child], stop: asyncio.Event, policy: RestartP
                     child.start()
                     child.restarts += 1
                     changed = True
-                    say(f"llmesh: restarted {child.name} (pid {child.proc.pid}, restart {child.restarts})")
+                    say(f"llmesh: restarted {child.name} (pid {child.process.pid}, restart {child.restarts})")
                 continue
             if child.alive():
                 continue
-            child.last_exit_code = child.proc.returncode
+            child.last_exit_code = child.process.returncode
             changed = True
             delay = budgets.setdefault(child.name, RestartBudget(policy)).next_delay(now)
             if delay is None:

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, Callable
+from typing import Any
 
 import grpc
 from google.protobuf.message import Message
 
-from llmesh.client.core import (Deadline, Result, RetryPolicy, as_dict, call_metadata,
-                                ClientBase)
+from llmesh.client.core import (CallMetadata, Deadline, Response, Result, RetryPolicy, Timeout, as_dict,
+                                call_metadata, ClientBase)
 from llmesh.client.errors import from_rpc_error
+from llmesh.v1 import common_pb2
 
 
 class AsyncStream:
@@ -18,14 +20,15 @@ class AsyncStream:
     ``index``) as they arrive: ``async for``. ``aclose()``,
     leaving its ``async with`` block or cancelling the task that reads it cancels the RPC."""
 
-    def __init__(self, rpc, request: Message, metadata, deadline: Deadline, policy: RetryPolicy):
+    def __init__(self, rpc: Callable[..., Any], request: Message, metadata: tuple[tuple[str, str], ...],
+                 deadline: Deadline, policy: RetryPolicy):
         self._rpc, self._request, self._metadata = rpc, request, metadata
         self._deadline, self._policy = deadline, policy
-        self._call = None
+        self._call: Any = None  # the current attempt's call
         self.attempts = 0
         self._messages = self._run()
 
-    async def _run(self) -> AsyncIterator[Message]:
+    async def _run(self) -> AsyncGenerator[Response, None]:
         yielded = False
         while True:
             self.attempts += 1
@@ -46,7 +49,7 @@ class AsyncStream:
     def __aiter__(self) -> AsyncStream:
         return self
 
-    async def __anext__(self) -> Message:
+    async def __anext__(self) -> Response:
         return await self._messages.__anext__()
 
     async def aclose(self) -> None:
@@ -55,7 +58,7 @@ class AsyncStream:
     async def __aenter__(self) -> AsyncStream:
         return self
 
-    async def __aexit__(self, *exc) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
     async def initial_metadata(self) -> dict[str, str]:
@@ -70,7 +73,8 @@ class AsyncClient(ClientBase):
 
     _grpc = grpc.aio
 
-    def _start(self, method: str, request: Message | None, timeout_s, metadata, fields: dict) -> AsyncStream:
+    def _start(self, method: str, request: Message | None, timeout_s: Timeout, metadata: CallMetadata,
+               fields: dict[str, Any]) -> AsyncStream:
         return AsyncStream(*self._call_parts(method, request, timeout_s, metadata, fields))
 
     @staticmethod
@@ -81,25 +85,26 @@ class AsyncClient(ClientBase):
             result.trailing_metadata = await stream.trailing_metadata()
         return result
 
-    def stream(self, request: Message | None = None, /, *, timeout_s: float | None = ..., metadata=None,
-               **fields) -> AsyncStream:
+    def stream(self, request: Message | None = None, /, *, timeout_s: Timeout = ..., metadata: CallMetadata = None,
+               **fields: Any) -> AsyncStream:
         """Start a chat (see ``Client.stream``); iterate the result with ``async for``."""
         return self._start("Chat", request, timeout_s, metadata, fields)
 
-    async def chat(self, request: Message | None = None, /, *, timeout_s: float | None = ..., metadata=None,
-                   **fields) -> Result:
+    async def chat(self, request: Message | None = None, /, *, timeout_s: Timeout = ..., metadata: CallMetadata = None,
+                   **fields: Any) -> Result:
         return await self._collect(self.stream(request, timeout_s=timeout_s, metadata=metadata, **fields))
 
-    def stream_complete(self, request: Message | None = None, /, *, timeout_s: float | None = ..., metadata=None,
-                        **fields) -> AsyncStream:
+    def stream_complete(self, request: Message | None = None, /, *, timeout_s: Timeout = ...,
+                        metadata: CallMetadata = None, **fields: Any) -> AsyncStream:
         """Start a text completion (see ``Client.stream_complete``); iterate it with ``async for``."""
         return self._start("Complete", request, timeout_s, metadata, fields)
 
-    async def complete(self, request: Message | None = None, /, *, timeout_s: float | None = ..., metadata=None,
-                       **fields) -> Result:
+    async def complete(self, request: Message | None = None, /, *, timeout_s: Timeout = ...,
+                       metadata: CallMetadata = None, **fields: Any) -> Result:
         return await self._collect(self.stream_complete(request, timeout_s=timeout_s, metadata=metadata, **fields))
 
-    async def list_models(self, *, timeout_s: float | None = ..., metadata=None) -> list:
+    async def list_models(self, *, timeout_s: Timeout = ...,
+                          metadata: CallMetadata = None) -> list[common_pb2.ModelInfo]:
         deadline = self._deadline(timeout_s)
         request = self._methods["ListModels"].request_type()
         attempts = 0
@@ -121,5 +126,5 @@ class AsyncClient(ClientBase):
     async def __aenter__(self) -> AsyncClient:
         return self
 
-    async def __aexit__(self, *exc) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.close()

@@ -6,17 +6,27 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import EllipsisType
+from typing import Any
 
 import grpc
 from google.protobuf import json_format, message_factory
 from google.protobuf.message import Message
 
+from llmesh.backoff import Backoff
 from llmesh.v1 import gateway_pb2
+from llmesh.v1 import common_pb2
 
 # Keyword arguments that are not fields of the request itself are looked up in
 # these message fields of it, so ``temperature=0`` lands in ``sampling``.
 NESTED_FIELDS = ("sampling",)
+
+Response = gateway_pb2.ChatResponse | gateway_pb2.CompleteResponse
+# A call's timeout: seconds, None for no deadline, ``...`` for the client's default.
+Timeout = float | None | EllipsisType
+CallMetadata = Mapping[str, str] | Iterable[tuple[str, str]] | None  # extra metadata for one call
 
 
 @dataclass(frozen=True)
@@ -35,7 +45,7 @@ def gateway_methods() -> dict[str, Method]:
             for m in service.methods}
 
 
-def _plain(value):
+def _plain(value: Any) -> Any:
     """Protobuf messages inside keyword arguments, as dicts for ParseDict."""
     if isinstance(value, Message):
         return json_format.MessageToDict(value, preserving_proto_field_name=True)
@@ -44,7 +54,7 @@ def _plain(value):
     return value
 
 
-def build_request(request_type: type[Message], request: Message | None, fields: dict) -> Message:
+def build_request(request_type: type[Message], request: Message | None, fields: dict[str, Any]) -> Message:
     """A copy of ``request`` (or an empty one) with ``fields`` set. A keyword that is a
     field of the request replaces its value; one that is a field of a NESTED_FIELDS
     message replaces that field there. Values may be plain Python (dicts for messages,
@@ -52,7 +62,8 @@ def build_request(request_type: type[Message], request: Message | None, fields: 
     out = request_type()
     if request is not None:
         out.CopyFrom(request)
-    top, nested = {}, {}
+    top: dict[str, Any] = {}
+    nested: dict[str, dict[str, Any]] = {}
     names = request_type.DESCRIPTOR.fields_by_name
     for key, value in fields.items():
         if value is None:
@@ -61,8 +72,8 @@ def build_request(request_type: type[Message], request: Message | None, fields: 
             top[key] = _plain(value)
             out.ClearField(key)
             continue
-        holder = next((n for n in NESTED_FIELDS if n in names
-                       and key in names[n].message_type.fields_by_name), None)
+        holder = next((n for n in NESTED_FIELDS if n in names and (kind := names[n].message_type) is not None
+                       and key in kind.fields_by_name), None)
         if holder is None:
             raise TypeError(f"{request_type.__name__} has no field {key!r}")
         nested.setdefault(holder, {})[key] = _plain(value)
@@ -76,7 +87,7 @@ def build_request(request_type: type[Message], request: Message | None, fields: 
     return out
 
 
-def call_metadata(credential: str | None, extra) -> tuple[tuple[str, str], ...]:
+def call_metadata(credential: str | None, extra: CallMetadata) -> tuple[tuple[str, str], ...]:
     md = [("authorization", f"Bearer {credential}")] if credential else []
     md.extend(dict(extra or {}).items())
     return tuple(md)
@@ -95,16 +106,25 @@ class Deadline:
 @dataclass(frozen=True)
 class RetryPolicy:
     """Retries on UNAVAILABLE only, and for a stream only before its first message:
-    once tokens were yielded a retry would repeat them."""
+    once tokens were yielded a retry would repeat them. Waits double from
+    ``initial_backoff_s`` up to ``max_backoff_s``, each jittered down by up to ``jitter``
+    of it (``rng``: a seeded one for reproducible waits)."""
     max_attempts: int = 3
     initial_backoff_s: float = 0.1
     max_backoff_s: float = 2.0
+    jitter: float = 0.5
+    rng: random.Random = field(default_factory=random.Random, repr=False, compare=False)
+    _backoff: Backoff = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_backoff", Backoff(initial_s=self.initial_backoff_s, max_s=self.max_backoff_s,
+                                                     jitter=self.jitter, rng=self.rng))
 
     def delay(self, code: grpc.StatusCode, attempts: int, deadline: Deadline) -> float | None:
         """Seconds to wait before the next attempt, or None: do not retry."""
         if code != grpc.StatusCode.UNAVAILABLE or attempts >= self.max_attempts:
             return None
-        wait = min(self.max_backoff_s, self.initial_backoff_s * 2 ** (attempts - 1)) * random.uniform(0.5, 1.0)
+        wait = self._backoff.delay(attempts)
         remaining = deadline.remaining()
         return None if remaining is not None and remaining <= wait else wait
 
@@ -116,12 +136,12 @@ class Choice:
     text: str = ""
     role: str = ""                 # "assistant" for a chat answer; empty for a text completion
     finish_reason: int = 0         # a common_pb2.FinishReason value; 0 while the choice is unfinished
-    usage: Message | None = None   # the prompt's and this choice's tokens, from its last message
-    logprobs: list = field(default_factory=list)    # TokenLogprob messages, one per token, in order
-    tool_calls: list = field(default_factory=list)  # whole ToolCall messages, ordered by their index
+    usage: common_pb2.Usage | None = None   # the prompt's and this choice's tokens, from its last message
+    logprobs: list[common_pb2.TokenLogprob] = field(default_factory=list)  # one per token, in order
+    tool_calls: list[common_pb2.ToolCall] = field(default_factory=list)  # whole calls, ordered by their index
 
 
-def _add_tool_call(calls: dict[int, Message], piece: Message) -> None:
+def _add_tool_call(calls: dict[int, common_pb2.ToolCall], piece: common_pb2.ToolCall) -> None:
     """Join a streamed tool-call piece onto the call with its index: the first piece
     names the call (id, function name), the following ones carry more argument text."""
     call = calls.get(piece.index)
@@ -134,12 +154,12 @@ def _add_tool_call(calls: dict[int, Message], piece: Message) -> None:
     call.arguments += piece.arguments
 
 
-def collect_choices(responses: list) -> list[Choice]:
+def collect_choices(responses: list[Response]) -> list[Choice]:
     """The answers in ChatResponse or CompleteResponse messages, by index: n > 1
     choices interleave on the stream and are told apart by their ``index``."""
     choices: dict[int, Choice] = {}
     texts: dict[int, list[str]] = {}
-    calls: dict[int, dict[int, Message]] = {}
+    calls: dict[int, dict[int, common_pb2.ToolCall]] = {}
     for response in responses:
         i = response.index
         choice = choices.setdefault(i, Choice(index=i))
@@ -163,7 +183,7 @@ class Result:
     """A whole answer (Chat or Complete) collected from the stream. ``choices`` has one
     Choice per index; ``text``, ``finish_reason``, ``usage``, ``logprobs`` and
     ``tool_calls`` are choice 0's, the whole answer when n is 1."""
-    responses: list = field(default_factory=list)  # every ChatResponse/CompleteResponse, in order
+    responses: list[Response] = field(default_factory=list)  # every ChatResponse/CompleteResponse, in order
     initial_metadata: dict[str, str] = field(default_factory=dict)  # e.g. x-llmesh-cache, rate-limit facts
     trailing_metadata: dict[str, str] = field(default_factory=dict)  # x-request-id, failover marker
     choices: list[Choice] = field(init=False)
@@ -184,15 +204,15 @@ class Result:
         return self._first.finish_reason
 
     @property
-    def usage(self):
+    def usage(self) -> common_pb2.Usage | None:
         return self._first.usage
 
     @property
-    def logprobs(self) -> list:
+    def logprobs(self) -> list[common_pb2.TokenLogprob]:
         return self._first.logprobs
 
     @property
-    def tool_calls(self) -> list:
+    def tool_calls(self) -> list[common_pb2.ToolCall]:
         return self._first.tool_calls
 
     @property
@@ -204,7 +224,7 @@ class Result:
         return next((r.model for r in self.responses if r.model), "")
 
     @property
-    def last(self):
+    def last(self) -> Response:
         return self.responses[-1]
 
     @property
@@ -212,7 +232,7 @@ class Result:
         return self.trailing_metadata.get("x-request-id")
 
 
-def as_dict(metadata) -> dict[str, str]:
+def as_dict(metadata: Iterable[tuple[str, str | bytes]] | None) -> dict[str, str]:
     return {key: value for key, value in (metadata or ()) if isinstance(value, str)}
 
 
@@ -230,28 +250,31 @@ class ClientBase:
     _grpc = grpc
 
     def __init__(self, address: str, *, credential: str | None = None, tls: bool | grpc.ChannelCredentials = False,
-                 timeout_s: float | None = 60.0, retry: RetryPolicy | None = None, options=None):
+                 timeout_s: float | None = 60.0, retry: RetryPolicy | None = None,
+                 options: Sequence[tuple[str, Any]] | None = None):
         creds = channel_credentials(tls)
-        self._channel = (self._grpc.secure_channel(address, creds, options=options) if creds
+        # grpc's or grpc.aio's channel and callables (the subclass's _grpc): typed Any here.
+        self._channel: Any = (self._grpc.secure_channel(address, creds, options=options) if creds
                          else self._grpc.insecure_channel(address, options=options))
         self._credential = credential
         self._timeout_s = timeout_s
         self._retry = retry or RetryPolicy()
         self._methods = gateway_methods()
-        self._streams = {name: self._channel.unary_stream(
+        self._streams: dict[str, Any] = {name: self._channel.unary_stream(
             m.path, request_serializer=m.request_type.SerializeToString,
             response_deserializer=m.response_type.FromString)
             for name, m in self._methods.items() if name in ("Chat", "Complete")}
         models = self._methods["ListModels"]
-        self._models = self._channel.unary_unary(models.path,
+        self._models: Any = self._channel.unary_unary(models.path,
                                                  request_serializer=models.request_type.SerializeToString,
                                                  response_deserializer=models.response_type.FromString)
 
-    def _deadline(self, timeout_s) -> Deadline:
+    def _deadline(self, timeout_s: Timeout) -> Deadline:
         """``...``: the client's default timeout; None: no deadline."""
         return Deadline(self._timeout_s if timeout_s is ... else timeout_s)
 
-    def _call_parts(self, method: str, request: Message | None, timeout_s, metadata, fields: dict) -> tuple:
+    def _call_parts(self, method: str, request: Message | None, timeout_s: Timeout, metadata: CallMetadata,
+                    fields: dict[str, Any]) -> tuple[Any, Message, tuple[tuple[str, str], ...], Deadline, RetryPolicy]:
         """A stream's arguments: its callable, request, metadata, deadline and retry policy."""
         return (self._streams[method], build_request(self._methods[method].request_type, request, fields),
                 call_metadata(self._credential, metadata), self._deadline(timeout_s), self._retry)

@@ -8,6 +8,8 @@ and the request id.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import grpc
 
 REASON_KEY = "llmesh-error-reason"
@@ -57,6 +59,7 @@ _BY_CODE: dict[grpc.StatusCode, type[GatewayError]] = {
 def from_rpc_error(exc: grpc.RpcError) -> GatewayError:
     """The typed error for a failed call (sync ``grpc.RpcError`` or ``grpc.aio.AioRpcError``)."""
     code = exc.code()
-    trailing = exc.trailing_metadata() or ()
+    # (key, value) pairs at runtime: namedtuples (grpc) or tuples (grpc.aio), whatever the stub says.
+    trailing: Iterable[tuple[str, str | bytes]] = exc.trailing_metadata() or ()  # type: ignore[assignment]
     metadata = {key: value for key, value in trailing if isinstance(value, str)}
     return _BY_CODE.get(code, GatewayError)(code, exc.details() or "", metadata)

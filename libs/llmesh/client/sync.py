@@ -4,14 +4,16 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Generator
+from typing import Any
 
 import grpc
 from google.protobuf.message import Message
 
-from llmesh.client.core import (Deadline, Result, RetryPolicy, as_dict, call_metadata,
-                                ClientBase)
+from llmesh.client.core import (CallMetadata, Deadline, Response, Result, RetryPolicy, Timeout, as_dict,
+                                call_metadata, ClientBase)
 from llmesh.client.errors import from_rpc_error
+from llmesh.v1 import common_pb2
 
 
 class Stream:
@@ -19,14 +21,15 @@ class Stream:
     n > 1 the choices' messages interleave, each with its ``index``. Iterate it;
     ``close()`` (or leaving its ``with`` block) cancels the RPC."""
 
-    def __init__(self, rpc, request: Message, metadata, deadline: Deadline, policy: RetryPolicy):
+    def __init__(self, rpc: Callable[..., Any], request: Message, metadata: tuple[tuple[str, str], ...],
+                 deadline: Deadline, policy: RetryPolicy):
         self._rpc, self._request, self._metadata = rpc, request, metadata
         self._deadline, self._policy = deadline, policy
-        self._call = None
+        self._call: Any = None  # the current attempt's call
         self.attempts = 0  # RPCs started: more than 1 only after UNAVAILABLE before the first message
         self._messages = self._run()
 
-    def _run(self) -> Iterator[Message]:
+    def _run(self) -> Generator[Response, None, None]:
         yielded = False
         while True:
             self.attempts += 1
@@ -47,7 +50,7 @@ class Stream:
     def __iter__(self) -> Stream:
         return self
 
-    def __next__(self) -> Message:
+    def __next__(self) -> Response:
         return next(self._messages)
 
     def close(self) -> None:
@@ -56,7 +59,7 @@ class Stream:
     def __enter__(self) -> Stream:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def initial_metadata(self) -> dict[str, str]:
@@ -76,7 +79,8 @@ class Client(ClientBase):
 
     _grpc = grpc
 
-    def _start(self, method: str, request: Message | None, timeout_s, metadata, fields: dict) -> Stream:
+    def _start(self, method: str, request: Message | None, timeout_s: Timeout, metadata: CallMetadata,
+               fields: dict[str, Any]) -> Stream:
         return Stream(*self._call_parts(method, request, timeout_s, metadata, fields))
 
     @staticmethod
@@ -87,29 +91,29 @@ class Client(ClientBase):
             result.trailing_metadata = stream.trailing_metadata()
         return result
 
-    def stream(self, request: Message | None = None, /, *, timeout_s: float | None = ..., metadata=None,
-               **fields) -> Stream:
+    def stream(self, request: Message | None = None, /, *, timeout_s: Timeout = ..., metadata: CallMetadata = None,
+               **fields: Any) -> Stream:
         """Start a chat; ``fields`` are ChatRequest fields (``model``, ``messages`` as dicts,
         ``n``, ``tools``) or sampling fields (``max_tokens``, ``temperature``, ...), merged onto ``request``."""
         return self._start("Chat", request, timeout_s, metadata, fields)
 
-    def chat(self, request: Message | None = None, /, *, timeout_s: float | None = ..., metadata=None,
-             **fields) -> Result:
+    def chat(self, request: Message | None = None, /, *, timeout_s: Timeout = ..., metadata: CallMetadata = None,
+             **fields: Any) -> Result:
         """The whole answer: every streamed message collected by choice, with the call's metadata."""
         return self._collect(self.stream(request, timeout_s=timeout_s, metadata=metadata, **fields))
 
-    def stream_complete(self, request: Message | None = None, /, *, timeout_s: float | None = ..., metadata=None,
-                        **fields) -> Stream:
+    def stream_complete(self, request: Message | None = None, /, *, timeout_s: Timeout = ...,
+                        metadata: CallMetadata = None, **fields: Any) -> Stream:
         """Start a text completion of a raw prompt; ``fields`` are CompleteRequest fields
         (``model``, ``prompt``, ``n``) or sampling fields, merged onto ``request``."""
         return self._start("Complete", request, timeout_s, metadata, fields)
 
-    def complete(self, request: Message | None = None, /, *, timeout_s: float | None = ..., metadata=None,
-                 **fields) -> Result:
+    def complete(self, request: Message | None = None, /, *, timeout_s: Timeout = ..., metadata: CallMetadata = None,
+                 **fields: Any) -> Result:
         """The whole text completion, collected by choice, with the call's metadata."""
         return self._collect(self.stream_complete(request, timeout_s=timeout_s, metadata=metadata, **fields))
 
-    def list_models(self, *, timeout_s: float | None = ..., metadata=None) -> list:
+    def list_models(self, *, timeout_s: Timeout = ..., metadata: CallMetadata = None) -> list[common_pb2.ModelInfo]:
         """The models this caller may use."""
         deadline = self._deadline(timeout_s)
         request = self._methods["ListModels"].request_type()
@@ -131,5 +135,5 @@ class Client(ClientBase):
     def __enter__(self) -> Client:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

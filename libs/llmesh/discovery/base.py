@@ -8,8 +8,9 @@ import ipaddress
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
+from llmesh.backoff import Backoff
 from llmesh.errors import DiscoveryError
 
 log = logging.getLogger("llmesh.discovery")
@@ -88,7 +89,7 @@ class Follower:
         self._backoff_max = backoff_max_s
         self._instances: list[Instance] = []
         self._answered = asyncio.Event()
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[Any] | None = None
         self._turn = 0
 
     @property
@@ -109,19 +110,20 @@ class Follower:
         return self._instances[self._turn % len(self._instances)].address
 
     async def _follow(self) -> None:
-        backoff = 0.2
+        backoff = Backoff(initial_s=0.2, max_s=self._backoff_max)
         while True:
             try:
                 async for instances in self._registry.watch(self._service):
                     self._instances = list(instances)
                     self._answered.set()
-                    backoff = 0.2
+                    backoff.reset()
+                wait = backoff.next()  # a watch that ended (backend restarted): start over
             except DiscoveryError as exc:
+                wait = backoff.next()
                 log.warning("discovery watch failed; keeping the last known instances",
-                            extra={"service": self._service, "error": str(exc), "retry_in_s": backoff,
+                            extra={"service": self._service, "error": str(exc), "retry_in_s": wait,
                                    "instances": len(self._instances)})
-            await asyncio.sleep(backoff)  # a watch that ended (backend restarted): start over
-            backoff = min(backoff * 2, self._backoff_max)
+            await asyncio.sleep(wait)
 
     async def close(self) -> None:
         if self._task is not None:

@@ -23,6 +23,7 @@ import aiohttp
 import consul
 import consul.aio
 
+from llmesh.backoff import Backoff
 from llmesh.discovery.base import Instance, advertisable
 from llmesh.errors import DiscoveryError
 
@@ -67,7 +68,7 @@ class ConsulRegistry:
         self._backoff_max = backoff_max_s
         self._client: consul.aio.Consul | None = None
         self._registered: dict[str, Instance] = {}
-        self._keeper: asyncio.Task | None = None
+        self._keeper: asyncio.Task[Any] | None = None
 
     def _consul(self) -> consul.aio.Consul:
         if self._client is None:  # built in the running loop: aiohttp sessions belong to one
@@ -126,7 +127,7 @@ class ConsulRegistry:
         await self._call("deregister", self._consul().agent.service.deregister(instance.instance_id))
 
     @staticmethod
-    def _instances(service: str, nodes: list | None) -> list[Instance]:
+    def _instances(service: str, nodes: list[Any] | None) -> list[Instance]:
         out = []
         for n in nodes or []:
             svc = n["Service"]
@@ -145,7 +146,8 @@ class ConsulRegistry:
         an index that goes backwards restarts from 0, one below 1 becomes 1; queries
         start at most every ``min_query_gap_s``; failures retry with backoff."""
         loop = asyncio.get_running_loop()
-        index, last, backoff, started = 0, None, 0.2, -1e9
+        index, last, started = 0, None, -1e9
+        backoff = Backoff(initial_s=0.2, max_s=self._backoff_max)
         while True:
             await asyncio.sleep(max(0.0, started + self._min_gap - loop.time()))
             started = loop.time()
@@ -156,13 +158,13 @@ class ConsulRegistry:
                     timeout=self._wait * 17 / 16 + self._call_timeout)
                 new = int(answer_index)
             except (DiscoveryError, ValueError) as exc:  # ValueError: a garbled X-Consul-Index
+                wait = backoff.next()
                 log.warning("consul watch failed; retrying", extra={"service": service, "error": str(exc),
-                                                                    "retry_in_s": backoff})
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, self._backoff_max)
+                                                                    "retry_in_s": wait})
+                await asyncio.sleep(wait)
                 index = 0  # the agent may have restarted: ask for the current state first
                 continue
-            backoff = 0.2
+            backoff.reset()
             index = 0 if new < index else max(new, 1)
             instances = self._instances(service, nodes)
             if instances != last:

@@ -9,12 +9,14 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import aetcd
 import aetcd.exceptions
 import grpc
 import orjson
 
+from llmesh.backoff import Backoff
 from llmesh.discovery.base import Instance, advertisable
 from llmesh.errors import DiscoveryError
 
@@ -39,7 +41,7 @@ class EtcdRegistry:
         self._client = client
         self._prefix = prefix.rstrip("/")
         self._ttl = ttl_s
-        self._keepers: dict[Instance, asyncio.Task] = {}
+        self._keepers: dict[Instance, asyncio.Task[Any]] = {}
 
     def _key(self, instance: Instance) -> bytes:
         return f"{self._prefix}/{instance.service}/{instance.instance_id}".encode()
@@ -51,7 +53,8 @@ class EtcdRegistry:
         lease = await self._client.lease(self._ttl)
         value = orjson.dumps({"address": instance.address, "instance_id": instance.instance_id})
         await self._client.put(self._key(instance), value, lease=lease)
-        return lease.id
+        lease_id: int = lease.id
+        return lease_id
 
     async def register(self, instance: Instance) -> None:
         try:
@@ -66,7 +69,7 @@ class EtcdRegistry:
     async def _keep_alive(self, instance: Instance, lease_id: int) -> None:
         """Refresh at a third of the TTL; if etcd was away long enough for the lease
         to lapse, announce again with a new one."""
-        backoff = 0.2
+        backoff = Backoff(initial_s=min(0.2, self._ttl), max_s=self._ttl)
         while True:
             await asyncio.sleep(self._ttl / 3)
             try:
@@ -76,12 +79,12 @@ class EtcdRegistry:
                     log.info("re-registered after the lease lapsed", extra={"service": instance.service})
                 else:
                     await self._client.refresh_lease(lease_id)
-                backoff = 0.2
+                backoff.reset()
             except Exception as exc:  # noqa: BLE001 - etcd away: keep serving, keep trying
+                wait = backoff.next()
                 log.warning("etcd unreachable; registration not refreshed",
-                            extra={"error": type(exc).__name__, "retry_in_s": backoff})
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, self._ttl)
+                            extra={"error": type(exc).__name__, "retry_in_s": wait})
+                await asyncio.sleep(wait)
 
     async def deregister(self, instance: Instance) -> None:
         task = self._keepers.pop(instance, None)

@@ -9,9 +9,11 @@ import asyncio
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from llmesh.backoff import Backoff
 from llmesh.liveconfig.document import InvalidConfig, parse
 from llmesh.liveconfig.schema import MeshConfig
 from llmesh.liveconfig.stores import ConfigStore, Version
@@ -40,7 +42,7 @@ class LiveConfig:
         # is the oldest revision any live one runs.
         self._revision = Gauge("llmesh_config_revision", "revision of the config in force", ["service"],
                                registry=metrics, multiprocess_mode="livemin")
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[Any] | None = None
 
     def offer(self, version: Version) -> bool:
         """Validate and apply a document; False (and nothing changed) if it is invalid."""
@@ -68,7 +70,7 @@ class LiveConfig:
             return
         try:
             version = await asyncio.wait_for(self._store.read(), self._start_timeout)
-        except Exception as exc:  # noqa: BLE001 - any way of being unreachable
+        except Exception as exc:  # any way of being unreachable
             snap = self._load_snapshot()
             if snap is None:
                 raise ConfigUnavailable(
@@ -82,20 +84,23 @@ class LiveConfig:
         self._task = asyncio.create_task(self._follow(), name="config-watch")
 
     async def _follow(self) -> None:
-        backoff = 0.2
+        store = self._store
+        assert store is not None  # start() follows only a configured store
+        backoff = Backoff(initial_s=0.2, max_s=5.0)
         while True:
             try:
-                async for version in self._store.watch():
+                async for version in store.watch():
                     self.offer(version)
-                    backoff = 0.2
+                    backoff.reset()
+                wait = backoff.next()  # the watch ended: start over
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - backend away: keep the config, retry
+                wait = backoff.next()
                 log.warning("config backend unreachable; keeping the current config",
-                            extra={"backend": self._store.address, "error": type(exc).__name__,
-                                   "retry_in_s": backoff})
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 5.0)
+                            extra={"backend": store.address, "error": type(exc).__name__,
+                                   "retry_in_s": wait})
+            await asyncio.sleep(wait)
 
     async def stop(self) -> None:
         if self._task is not None:

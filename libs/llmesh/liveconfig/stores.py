@@ -103,7 +103,7 @@ class EtcdStore:
 
     async def write(self, text: str) -> int:
         put = await self._client.put(self._current, text.encode())
-        revision = put.header.revision
+        revision: int = put.header.revision
         await self._client.put(self._history + f"{revision:012d}".encode(),
                                orjson.dumps({"text": text, "ts": time.time()}))
         return revision

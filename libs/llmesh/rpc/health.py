@@ -16,4 +16,5 @@ async def health_status(address: str, service: str = "", timeout_s: float = 1.0)
                 health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)
         except grpc.aio.AioRpcError:
             return "UNREACHABLE"
-    return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+    name: str = health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+    return name

@@ -13,9 +13,10 @@ import hashlib
 import hmac
 import ipaddress
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -93,11 +94,11 @@ class Identity:
             raise IdentityError(f"local trust (LLMESH_LOCAL_TRUST) opens the admin RPCs to every caller, so it "
                                 f"needs a loopback address; {address} is not (set LLMESH_SERVICE_SECRET_FILE)")
 
-    def authorize(self, method: str, metadata) -> None:
+    def authorize(self, method: str, metadata: Iterable[tuple[str, str | bytes]] | None) -> None:
         """Raises unless the caller may call ``method``."""
         if method not in ADMIN_METHODS:
             return
-        token = next((v for k, v in metadata or () if k == TOKEN_KEY), None)
+        token = next((v for k, v in metadata or () if k == TOKEN_KEY and isinstance(v, str)), None)  # a text key
         if self.secret:
             if token is None:
                 raise Unauthenticated(f"{method} needs a service token", reason="service_identity_required")
@@ -118,31 +119,39 @@ class _WithToken:
 
     def _details(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
         metadata = grpc.aio.Metadata(*(details.metadata or ()))
-        metadata.add(TOKEN_KEY, self._identity.token())
-        return details._replace(metadata=metadata)
+        token = self._identity.token()
+        if token is not None:  # always: these interceptors are installed only with a secret
+            metadata.add(TOKEN_KEY, token)
+        # ClientCallDetails is a namedtuple at runtime; its stub does not say so.
+        replaced: grpc.aio.ClientCallDetails = details._replace(metadata=metadata)  # type: ignore[attr-defined]
+        return replaced
 
 
 class _UnaryUnary(_WithToken, grpc.aio.UnaryUnaryClientInterceptor):
-    async def intercept_unary_unary(self, continuation, details, request):
+    async def intercept_unary_unary(self, continuation: Callable[..., Any], details: grpc.aio.ClientCallDetails,
+                                    request: Any) -> Any:
         return await continuation(self._details(details), request)
 
 
 class _UnaryStream(_WithToken, grpc.aio.UnaryStreamClientInterceptor):
-    async def intercept_unary_stream(self, continuation, details, request):
+    async def intercept_unary_stream(self, continuation: Callable[..., Any], details: grpc.aio.ClientCallDetails,
+                                     request: Any) -> Any:
         return await continuation(self._details(details), request)
 
 
 class _StreamUnary(_WithToken, grpc.aio.StreamUnaryClientInterceptor):
-    async def intercept_stream_unary(self, continuation, details, request_iterator):
+    async def intercept_stream_unary(self, continuation: Callable[..., Any], details: grpc.aio.ClientCallDetails,
+                                     request_iterator: AsyncIterable[Any] | Iterable[Any]) -> Any:
         return await continuation(self._details(details), request_iterator)
 
 
 class _StreamStream(_WithToken, grpc.aio.StreamStreamClientInterceptor):
-    async def intercept_stream_stream(self, continuation, details, request_iterator):
+    async def intercept_stream_stream(self, continuation: Callable[..., Any], details: grpc.aio.ClientCallDetails,
+                                      request_iterator: AsyncIterable[Any] | Iterable[Any]) -> Any:
         return await continuation(self._details(details), request_iterator)
 
 
-def client_interceptors(identity: Identity | None) -> list:
+def client_interceptors(identity: Identity | None) -> list[grpc.aio.ClientInterceptor]:
     if not (identity and identity.secret):
         return []
     return [kind(identity) for kind in (_UnaryUnary, _UnaryStream, _StreamUnary, _StreamStream)]

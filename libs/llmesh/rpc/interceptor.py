@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError
 
 from llmesh.errors import InvalidArgument, LlmeshError
 from opentelemetry import trace
-from opentelemetry.trace import SpanKind, Tracer
+from opentelemetry.trace import Span, SpanKind, Tracer
 
 from llmesh.logs import request_id_var
 from llmesh.rpc.identity import Identity
@@ -22,22 +24,25 @@ log = logging.getLogger("llmesh.rpc")
 
 REQUEST_ID_KEY = "x-request-id"
 
+Context = grpc.aio.ServicerContext[Any, Any]
+Metadata = tuple[tuple[str, str | bytes], ...]
 
-def _request_id(context: grpc.aio.ServicerContext) -> str:
+
+def _request_id(context: Context) -> str:
     for key, value in context.invocation_metadata() or ():
-        if key == REQUEST_ID_KEY:
+        if key == REQUEST_ID_KEY and isinstance(value, str):  # a -bin key's value is bytes
             return value
     return uuid.uuid4().hex
 
 
-def _merged(already, error) -> tuple[tuple[str, str | bytes], ...]:
+def _merged(already: Iterable[tuple[str, str | bytes]] | None, error: Metadata) -> Metadata:
     """What the servicer set before the error (x-request-id, ...) plus the error's own
     trailers; a key the error sets is the error's."""
     ours = {key for key, _ in error}
     return (*((k, v) for k, v in already or () if k not in ours), *error)
 
 
-async def _abort(context: grpc.aio.ServicerContext, exc: BaseException, method: str) -> None:
+async def _abort(context: Context, exc: BaseException, method: str) -> None:
     if isinstance(exc, grpc.aio.AbortError):
         raise exc
     if isinstance(exc, LlmeshError):
@@ -47,13 +52,18 @@ async def _abort(context: grpc.aio.ServicerContext, exc: BaseException, method: 
     await context.abort(grpc.StatusCode.INTERNAL, "internal error")
 
 
-def _parser(deserialize):
+def _text(metadata: Iterable[tuple[str, str | bytes]] | None) -> list[tuple[str, str]] | None:
+    """The text entries (trace context is text; -bin keys carry bytes)."""
+    return None if metadata is None else [(k, v) for k, v in metadata if isinstance(v, str)]
+
+
+def _parser(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], Any]:
     """Requests are parsed inside the call, so malformed bytes are INVALID_ARGUMENT
     (grpc.aio answers UNKNOWN, naming the exception, when its deserializer raises)."""
     if deserialize is None:
         return lambda raw: raw
 
-    def parse(raw: bytes):
+    def parse(raw: bytes) -> Any:
         try:
             return deserialize(raw)
         except DecodeError as exc:
@@ -61,7 +71,7 @@ def _parser(deserialize):
     return parse
 
 
-async def _parsed(raw_iterator, parse):
+async def _parsed(raw_iterator: AsyncIterator[bytes], parse: Callable[[bytes], Any]) -> AsyncIterator[Any]:
     async for raw in raw_iterator:
         yield parse(raw)
 
@@ -74,14 +84,16 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         self._tracer = tracer or trace.NoOpTracer()
         self._identity = identity
 
-    def _span(self, context: grpc.aio.ServicerContext, method: str):
-        parent = extract(context.invocation_metadata())
+    def _span(self, context: Context, method: str) -> Span:
+        parent = extract(_text(context.invocation_metadata()))
         span = self._tracer.start_span(method.lstrip("/"), context=parent, kind=SpanKind.SERVER,
                                        attributes={"rpc.system": "grpc", "rpc.method": method})
         bind_trace_id(span)
         return span
 
-    async def intercept_service(self, continuation, handler_call_details):
+    async def intercept_service(
+            self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]],
+            handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler[Any, Any] | None:
         handler = await continuation(handler_call_details)
         if handler is None:
             return None
@@ -91,15 +103,15 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         streamed_requests = bool(handler.stream_unary or handler.stream_stream)
         identity = self._identity
 
-        def authorize(context) -> None:
+        def authorize(context: Context) -> None:
             if identity:
                 identity.authorize(method, context.invocation_metadata())
 
-        def request(raw):
+        def request(raw: Any) -> Any:
             return _parsed(raw, parse) if streamed_requests else parse(raw)
 
-        def unary(inner):  # one response: unary-unary and stream-unary
-            async def call(request_or_iterator, context):
+        def unary(inner: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:  # one response
+            async def call(request_or_iterator: Any, context: Context) -> Any:
                 request_id_var.set(_request_id(context))
                 with trace.use_span(span_for(context, method), end_on_exit=True):
                     try:
@@ -109,8 +121,8 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                         await _abort(context, exc, method)
             return call
 
-        def streaming(inner):  # a response stream: unary-stream and stream-stream
-            async def call(request_or_iterator, context):
+        def streaming(inner: Callable[..., Any]) -> Callable[..., AsyncIterator[Any]]:  # a response stream
+            async def call(request_or_iterator: Any, context: Context) -> AsyncIterator[Any]:
                 request_id_var.set(_request_id(context))
                 with trace.use_span(span_for(context, method), end_on_exit=True):
                     try:
@@ -128,4 +140,5 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             return grpc.stream_unary_rpc_method_handler(unary(handler.stream_unary), *codec)
         if handler.unary_stream:
             return grpc.unary_stream_rpc_method_handler(streaming(handler.unary_stream), *codec)
+        assert handler.stream_stream is not None  # the one kind left
         return grpc.stream_stream_rpc_method_handler(streaming(handler.stream_stream), *codec)

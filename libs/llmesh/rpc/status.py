@@ -33,8 +33,8 @@ def grpc_code(err: LlmeshError) -> grpc.StatusCode:
     return _TO_GRPC[err.code]
 
 
-def trailing_metadata(err: LlmeshError) -> tuple[tuple[str, str], ...]:
-    md = []
+def trailing_metadata(err: LlmeshError) -> tuple[tuple[str, str | bytes], ...]:
+    md: list[tuple[str, str | bytes]] = []
     if err.reason:
         md.append((REASON_KEY, err.reason))
     if err.param:
@@ -51,7 +51,9 @@ def _retry_details(err: LlmeshError, retry_ms: int) -> bytes:
     delay = Duration(seconds=retry_ms // 1000, nanos=retry_ms % 1000 * 1_000_000)
     detail = Any()
     detail.Pack(error_details_pb2.RetryInfo(retry_delay=delay))
-    return status_pb2.Status(code=grpc_code(err).value[0], message=err.message, details=[detail]).SerializeToString()
+    status: bytes = status_pb2.Status(code=grpc_code(err).value[0], message=err.message,
+                                      details=[detail]).SerializeToString()
+    return status
 
 
 def from_rpc_error(exc: grpc.aio.AioRpcError) -> LlmeshError:

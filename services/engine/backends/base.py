@@ -3,10 +3,9 @@
 
 from __future__ import annotations
 
-import functools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeGuard
 
 from llmesh.kvhash import HashScheme
 from llmesh.types import Priority, Prompt, ResponseFormat, TokenLogprob
@@ -14,7 +13,9 @@ from llmesh.engine.kvblocks import KvEvent
 
 
 class KvEventSource(Protocol):
-    scheme: HashScheme | None  # how the hashes in its events are computed; None: unknown
+    @property
+    def scheme(self) -> HashScheme | None:
+        """How the hashes in its events are computed; None: unknown."""
     def take_events(self) -> list[KvEvent]: ...
     def resync(self) -> list[KvEvent]: ...
 
@@ -37,32 +38,28 @@ class DecodeParams:
         return self.continued_tokens > 0
 
 
-# What a backend may support beyond plain sampling; it names them in ``features``
-# and the core refuses requests that need a missing one.
-LOGPROBS = "logprobs"
-RESPONSE_FORMAT = "response_format"
-CONTINUATION = "continuation"  # the backend has ``tokenize_continuation(text) -> list[int]``
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a backend can do beyond plain sampling, as it declares it (``Backend.capabilities``;
+    the engine never probes for methods): the core refuses a request that needs a missing
+    one, and calls the optional methods below only on a backend that declares them."""
+    logprobs: bool = False          # reports log probabilities (``Token`` pieces)
+    response_format: bool = False   # constrains decoding to a JSON shape
+    continuation: bool = False      # has ``tokenize_continuation(text) -> list[int]``
+    steps: bool = False             # has ``stream_steps``: every piece a decode step made, in one list
+    adapters: bool = False          # has ``load_adapter(name, path)`` and ``unload_adapter(name)`` (LoRA)
 
 
-def steps_of(backend: Backend, tokens: list[int], params: DecodeParams) -> AsyncIterator[list]:
+def steps_of(backend: Backend, tokens: list[int], params: DecodeParams) -> AsyncGenerator[list[Piece], None]:
     """The backend's pieces grouped as they become ready: its own ``stream_steps``
-    (every piece a decode step produced, or a backlog, in one list) where it has
-    one, else one piece a list. The engine sends each group as one message."""
-    if _steps_are_current(type(backend)):
+    (every piece a decode step produced, or a backlog, in one list) where it declares
+    them, else one piece a list. The engine sends each group as one message."""
+    if has_steps(backend):
         return backend.stream_steps(tokens, params)
     return _one_by_one(backend.stream(tokens, params))
 
 
-@functools.lru_cache(maxsize=64)  # asked on every request, of a handful of backend classes
-def _steps_are_current(cls: type) -> bool:
-    """Whether ``stream_steps`` is defined, and not older than ``stream``: a subclass that
-    overrides ``stream`` alone (a test's backend) is streamed through its own ``stream``."""
-    owner = lambda name: next((c for c in cls.__mro__ if name in vars(c)), None)  # noqa: E731
-    steps, stream = owner("stream_steps"), owner("stream")
-    return steps is not None and (stream is None or issubclass(steps, stream))
-
-
-async def _one_by_one(pieces: AsyncIterator) -> AsyncIterator[list]:
+async def _one_by_one(pieces: AsyncGenerator[Piece, None]) -> AsyncGenerator[list[Piece], None]:
     try:
         async for piece in pieces:
             yield [piece]
@@ -77,22 +74,33 @@ class Token:
     logprob: TokenLogprob
 
 
+Piece = str | Token  # what a backend yields for a token: its text, or a Token when logprobs were asked for
+
+
 class Backend(Protocol):
     name: str            # "llamacpp", "sim", ...
     model: str           # the model name clients ask for
     context_length: int  # tokens of prompt + completion the backend can hold
     vocab_size: int      # valid token ids are 0 .. vocab_size - 1
-    models: tuple[str, ...]  # what requests may name: the model, then any LoRA adapters
-    kv_blocks: KvEventSource  # KV block events for the scheduler
-    features: frozenset[str]  # LOGPROBS, RESPONSE_FORMAT, CONTINUATION; a backend without the attribute has none
+    capabilities: Capabilities  # what it does beyond plain sampling, and which optional methods it has
+    gpu_memory_share: float  # of the GPU's memory it reserves while loaded (vLLM); 0 for none
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        """What requests may name: the model, then any LoRA adapters."""
+
+    @property
+    def kv_blocks(self) -> KvEventSource:
+        """KV block events for the scheduler."""
 
     def tokenize(self, prompt: Prompt) -> list[int]:
         """Token ids of the prompt as the model will see it (chat template applied)."""
         ...
 
-    def stream(self, tokens: list[int], params: DecodeParams) -> AsyncIterator[str]:
+    def stream(self, tokens: list[int], params: DecodeParams) -> AsyncGenerator[Piece, None]:
         """Yields the text of each generated token (possibly "" while a multi-byte
-        character is incomplete), or a ``Token`` when ``params.logprobs`` is set; ends at end-of-sequence or ``max_new_tokens``.
+        character is incomplete), or a ``Token`` when ``params.logprobs`` is set; ends at end-of-sequence or
+        ``max_new_tokens``.
         Closing the iterator early must stop the decoding and free its resources."""
         ...
 
@@ -105,3 +113,30 @@ class Backend(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+# The optional methods, each behind its capability: narrow a Backend with has_steps, can_continue
+# or has_adapters before calling one.
+class SteppingBackend(Backend, Protocol):
+    def stream_steps(self, tokens: list[int], params: DecodeParams) -> AsyncGenerator[list[Piece], None]: ...
+
+
+class ContinuingBackend(Backend, Protocol):
+    def tokenize_continuation(self, text: str) -> list[int]: ...
+
+
+class AdapterBackend(Backend, Protocol):
+    async def load_adapter(self, name: str, path: str) -> None: ...
+    async def unload_adapter(self, name: str) -> None: ...
+
+
+def has_steps(backend: Backend) -> TypeGuard[SteppingBackend]:
+    return backend.capabilities.steps
+
+
+def can_continue(backend: Backend) -> TypeGuard[ContinuingBackend]:
+    return backend.capabilities.continuation
+
+
+def has_adapters(backend: Backend) -> TypeGuard[AdapterBackend]:
+    return backend.capabilities.adapters

@@ -7,7 +7,7 @@ loaded once through the low-level API and decoded by a ``BatchRunner`` (see
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from pathlib import Path
 
@@ -15,7 +15,7 @@ from llmesh.errors import Internal, InvalidArgument, ModelNotFound, NotFound
 from llmesh.modelstore import ModelStore, quiet_native_stderr
 from llmesh.prompt_tokens import GgufChatTokenizer
 from llmesh.types import Prompt, ResponseFormat
-from llmesh.engine.backends.base import CONTINUATION, LOGPROBS, RESPONSE_FORMAT, DecodeParams
+from llmesh.engine.backends.base import Capabilities, DecodeParams, Piece
 from llmesh.engine.backends.llamacpp_batch import BatchRunner, Sequence
 from llmesh.engine.kvblocks import BlockLedger
 
@@ -43,7 +43,8 @@ _JSON_CHAR = r'char ::= [^"\\\x7F\x00-\x1F] |'
 
 class LlamaCppBackend:
     name = "llamacpp"
-    features = frozenset({LOGPROBS, RESPONSE_FORMAT, CONTINUATION})
+    capabilities = Capabilities(logprobs=True, response_format=True, continuation=True, steps=True)
+    gpu_memory_share = 0.0
 
     def __init__(self, model_path: Path, model: str, *, n_ctx: int, n_threads: int, n_batch: int, n_slots: int,
                  unified_kv: bool = False):
@@ -100,13 +101,13 @@ class LlamaCppBackend:
         if self._loop is not None:
             self._loop.call_soon_threadsafe(_dispatch, results)
 
-    async def stream(self, tokens: list[int], params: DecodeParams) -> AsyncIterator[str]:
+    async def stream(self, tokens: list[int], params: DecodeParams) -> AsyncGenerator[Piece, None]:
         async with aclosing(self.stream_steps(tokens, params)) as steps:
             async for pieces in steps:
                 for piece in pieces:
                     yield piece
 
-    async def stream_steps(self, tokens: list[int], params: DecodeParams) -> AsyncIterator[list]:
+    async def stream_steps(self, tokens: list[int], params: DecodeParams) -> AsyncGenerator[list[Piece], None]:
         """``stream``'s pieces, every piece ready at once in one list: a step's, or several
         steps' when the consumer fell behind."""
         if params.adapter is not None:

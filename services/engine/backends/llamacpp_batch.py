@@ -42,7 +42,7 @@ log = logging.getLogger("llmesh.engine.llamacpp")
 # as prefilling a couple of dozen tokens (a whole stream is copied when KV is split).
 SHARE_MIN = 32
 
-Deliver = Callable[[list[tuple["Sequence", list[str], BaseException | None, bool]]], None]
+Deliver = Callable[[list[tuple["Sequence", list[str | Token], BaseException | None, bool]]], None]
 
 
 class DecodeFailed(RuntimeError):
@@ -72,6 +72,12 @@ class Sequence:
     sampler: object = None
     decoder: codecs.IncrementalDecoder = field(
         default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace"))
+
+    @property
+    def held(self) -> _Slot:
+        """The slot of an admitted sequence (every one the runner decodes has one)."""
+        assert self.slot is not None
+        return self.slot
 
 
 @dataclass(eq=False)
@@ -164,7 +170,7 @@ class BatchRunner:
                 while not self._stopping and not self._incoming and not self._active:
                     self._cond.wait()
                 if self._stopping:
-                    out = []
+                    out: list[tuple[Sequence, list[str | Token], BaseException | None, bool]] = []
                     for seq in self._incoming + self._active:
                         self._finish(seq, out, RuntimeError("the engine is stopping"))
                     self._incoming = []
@@ -173,12 +179,12 @@ class BatchRunner:
             out = []
             try:
                 self._step(out)
-            except Exception as exc:  # noqa: BLE001 - a bug here must not end the engine
+            except Exception as exc:  # a bug here must not end the engine
                 log.exception("llama.cpp step failed; failing its sequences")
                 for seq in list(self._active):
-                    self._lc.llama_memory_seq_rm(self._mem, seq.slot.seq_id, -1, -1)
-                    seq.slot.tokens = []
-                    self._on_blocks(seq.slot.seq_id, [], True)
+                    self._lc.llama_memory_seq_rm(self._mem, seq.held.seq_id, -1, -1)
+                    seq.held.tokens = []
+                    self._on_blocks(seq.held.seq_id, [], True)
                     self._finish(seq, out, DecodeFailed(str(exc)))
             if out:
                 self._deliver(out)
@@ -215,7 +221,7 @@ class BatchRunner:
             if other.prompt[:SHARE_MIN] != head:
                 continue
             share = min(common_prefix(other.prompt, seq.prompt), len(seq.prompt) - 1)
-            if share >= SHARE_MIN and len(other.slot.tokens) < share:
+            if share >= SHARE_MIN and len(other.held.tokens) < share:
                 return True
         return False
 
@@ -305,7 +311,7 @@ class BatchRunner:
         n = 0
         logits_at: list[tuple[Sequence, int]] = []
         for seq, take in plan:
-            slot = seq.slot
+            slot = seq.held
             pos = len(slot.tokens)
             for i in range(take):
                 batch.token[n] = seq.pending[i]
@@ -322,7 +328,7 @@ class BatchRunner:
         self.steps += 1
         if rc != 0:
             for seq, _ in plan:  # nothing of this batch counts: back to where each sequence was
-                lc.llama_memory_seq_rm(self._mem, seq.slot.seq_id, len(seq.slot.tokens), -1)
+                lc.llama_memory_seq_rm(self._mem, seq.held.seq_id, len(seq.held.tokens), -1)
             if isolate:
                 for item in plan:
                     self._decode([item], out, isolate=False)
@@ -332,9 +338,9 @@ class BatchRunner:
             self._finish(seq, out, DecodeFailed(f"llama_decode returned {rc}"))
             return
         for seq, take in plan:
-            seq.slot.tokens.extend(seq.pending[:take])
+            seq.held.tokens.extend(seq.pending[:take])
             del seq.pending[:take]
-            self._on_blocks(seq.slot.seq_id, seq.slot.tokens, False)
+            self._on_blocks(seq.held.seq_id, seq.held.tokens, False)
         for seq, idx in logits_at:
             tok = lc.llama_sampler_sample(seq.sampler, self._ctx, idx)
             if lc.llama_vocab_is_eog(self._vocab, tok):
@@ -343,9 +349,10 @@ class BatchRunner:
             seq.produced += 1
             seq.pending.append(tok)
             done = seq.produced >= seq.params.max_new_tokens
-            piece = self._text(seq, tok)
+            text = self._text(seq, tok)
+            piece: str | Token = text
             if seq.params.logprobs is not None:
-                piece = Token(piece, self._logprob(idx, tok, seq.params.logprobs))
+                piece = Token(text, self._logprob(idx, tok, seq.params.logprobs))
             out.append((seq, [piece], None, done))
             if done:
                 self._release(seq)

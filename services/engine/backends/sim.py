@@ -18,14 +18,15 @@ import json
 import math
 import random
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from llmesh.errors import InvalidArgument, NotFound
 from llmesh.prompt_tokens import sim_token, sim_tokenize
 from llmesh.types import Prompt, TokenLogprob
-from llmesh.engine.backends.base import CONTINUATION, LOGPROBS, DecodeParams, Token
+from llmesh.engine.backends.base import Capabilities, DecodeParams, Piece, Token
 from llmesh.engine.kvblocks import BlockLedger
 
 _WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel",
@@ -66,10 +67,10 @@ class _Seq:
     uncached: int = 0
     produced: int = 0
     cancelled: bool = False
-    ready: list = field(default_factory=list)  # produced, not yet taken by its stream
-    waiter: asyncio.Future | None = None       # its stream, waiting for the next piece
+    ready: list[Any] = field(default_factory=list)  # produced (pieces, then _END), not yet taken by its stream
+    waiter: asyncio.Future[None] | None = None    # its stream, waiting for the next piece
 
-    def put(self, piece) -> None:
+    def put(self, piece: object) -> None:  # a Piece, or _END
         self.ready.append(piece)
         waiter = self.waiter
         if waiter is not None:
@@ -81,7 +82,9 @@ class _Seq:
 class SimBackend:
     name = "sim"
     vocab_size = VOCAB_SIZE
-    features = frozenset({LOGPROBS, CONTINUATION})  # words are drawn uniformly: each has probability 1/16
+    # logprobs: words are drawn uniformly, each has probability 1/16
+    capabilities = Capabilities(logprobs=True, continuation=True, steps=True)
+    gpu_memory_share = 0.0
 
     def __init__(self, model: str, context_length: int, profile: SimProfile = SimProfile()):
         if not model.startswith("sim"):
@@ -95,7 +98,7 @@ class SimBackend:
         self._running: list[_Seq] = []
         self._reserved = 0
         self._work = asyncio.Event()
-        self._loop_task: asyncio.Task | None = None
+        self._loop_task: asyncio.Task[Any] | None = None
         self._gone = False  # a stream has ended since the last step
         self.prefix_queries = 0
         self.prefix_hits = 0
@@ -115,13 +118,13 @@ class SimBackend:
     def prefix_cache_stats(self) -> tuple[int, int]:
         return self.prefix_queries, self.prefix_hits
 
-    async def stream(self, tokens: list[int], params: DecodeParams) -> AsyncIterator[str]:
+    async def stream(self, tokens: list[int], params: DecodeParams) -> AsyncGenerator[Piece, None]:
         async with contextlib.aclosing(self.stream_steps(tokens, params)) as steps:
             async for pieces in steps:
                 for piece in pieces:
                     yield piece
 
-    async def stream_steps(self, tokens: list[int], params: DecodeParams) -> AsyncIterator[list]:
+    async def stream_steps(self, tokens: list[int], params: DecodeParams) -> AsyncGenerator[list[Piece], None]:
         """``stream``'s pieces, every piece ready at once in one list (a consumer
         that fell behind the steps takes the backlog in one go)."""
         if params.adapter is not None:
@@ -210,11 +213,12 @@ class SimBackend:
                 continue
             word = seq.rng.choice(_WORDS)  # the draw randrange(len(_WORDS)) makes, with less argument checking
             text = word if seq.produced == 0 and not seq.params.continues else " " + word
+            piece: Piece = text
             if seq.params.logprobs is not None:
                 lp = -math.log(len(_WORDS))
                 top = tuple((w if text == word else " " + w, lp) for w in _WORDS[:seq.params.logprobs])
-                text = Token(text, TokenLogprob(text, lp, top))
-            seq.put(text)
+                piece = Token(text, TokenLogprob(text, lp, top))
+            seq.put(piece)
             seq.produced += 1
             seq.tokens.append(word_tokens[word])  # the answer joins the sequence's KV, as in an engine
             if len(seq.tokens) % block_size == 0:  # it completed a block

@@ -20,17 +20,21 @@ import os
 import tempfile
 import threading
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from llmesh.errors import InvalidArgument, NotFound
 from llmesh.kvhash import VLLM_ALGOS, HashScheme, hash64
 from llmesh.types import Prompt
-from llmesh.engine.backends.base import DecodeParams
+from llmesh.engine.backends.base import Capabilities, DecodeParams, Piece
 from llmesh.engine.kvblocks import KvEventLog
+
+if TYPE_CHECKING:
+    from vllm.lora.request import LoRARequest
 
 log = logging.getLogger("llmesh.engine.vllm")
 
@@ -39,6 +43,7 @@ KV_TOPIC = "kv"
 
 class VllmBackend:
     name = "vllm"
+    capabilities = Capabilities(adapters=True)  # LoRA; whether this engine enables it, load_adapter says
 
     def __init__(self, engine, tokenizer, model: str, context_length: int, api: SimpleNamespace,
                  kv_events: KvEventLog | None = None, *, enable_lora: bool = True, max_lora_rank: int = 16,
@@ -53,7 +58,7 @@ class VllmBackend:
         self.enable_lora = enable_lora
         self.max_lora_rank = max_lora_rank
         self.gpu_memory_share = gpu_memory_share  # of the GPU's memory this engine holds (vLLM reserves it)
-        self._adapters: dict[str, object] = {}
+        self._adapters: dict[str, LoRARequest] = {}
         self._lora_ids = itertools.count(1)
         self._kv_usage = 0.0
         self._prefix = (0, 0)
@@ -118,7 +123,7 @@ class VllmBackend:
         request = self._api.LoRARequest(name, next(self._lora_ids), path)
         try:
             loaded = await self._engine.add_lora(request)
-        except Exception as exc:  # noqa: BLE001 - vLLM reports every adapter failure as a bare Exception
+        except Exception as exc:  # vLLM reports every adapter failure as a bare Exception
             raise InvalidArgument(lora_failure(str(exc), path, self.max_lora_rank), param="adapter_path") from exc
         if not loaded:
             raise InvalidArgument(f"vLLM could not load the adapter at {path}", param="adapter_path")
@@ -137,7 +142,7 @@ class VllmBackend:
                 tokenize=True, add_generation_prompt=True, return_dict=False))
         return list(self._tokenizer.encode(prompt.text or ""))
 
-    async def stream(self, tokens: list[int], params: DecodeParams) -> AsyncIterator[str]:
+    async def stream(self, tokens: list[int], params: DecodeParams) -> AsyncGenerator[Piece, None]:
         lora = None
         if params.adapter is not None:
             lora = self._adapters.get(params.adapter)
@@ -307,7 +312,7 @@ class KvEventSubscriber:
 
         self._sink = sink
         self.endpoint = endpoint
-        self._ctx = zmq.Context.instance()
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.SUB)
         self._sock.setsockopt(zmq.RCVTIMEO, 200)
         self._sock.setsockopt_string(zmq.SUBSCRIBE, topic)
@@ -336,7 +341,7 @@ class KvEventSubscriber:
         self.received += 1
         try:
             apply_vllm_events(payload, self._sink)
-        except Exception:  # noqa: BLE001 - one bad message must not stop the relay
+        except Exception:  # one bad message must not stop the relay
             log.exception("undecodable vLLM KV event batch")
 
     def stop(self) -> None:

@@ -18,6 +18,13 @@ def _at(name: str = "created_at") -> sa.Column:
 
 
 def upgrade() -> None:
+    _catalog()
+    _serving()
+    _history()
+
+
+def _catalog() -> None:
+    """Models, their versions and each version's artifacts."""
     op.create_table(
         "models",
         sa.Column("id", sa.Integer, primary_key=True),
@@ -49,6 +56,10 @@ def upgrade() -> None:
         sa.Column("derived_from", sa.String(32), nullable=False),
         _at(),
         sa.UniqueConstraint("version_id", "variant"))
+
+
+def _serving() -> None:
+    """Where versions run, and the aliases clients name them by."""
     op.create_table(
         "replicas",
         sa.Column("id", sa.Integer, primary_key=True),
@@ -65,6 +76,10 @@ def upgrade() -> None:
         sa.Column("version_id", sa.Integer, sa.ForeignKey("versions.id"), nullable=False),
         sa.Column("previous_version_id", sa.Integer, sa.ForeignKey("versions.id"), nullable=True),
         _at("updated_at"))
+
+
+def _history() -> None:
+    """What happened to each model, and the evaluations behind promotions."""
     op.create_table(
         "events",
         sa.Column("id", sa.Integer, primary_key=True),

@@ -1,0 +1,103 @@
+"""Gateway gRPC servicer: protobuf <-> the same pipeline the HTTP front uses."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
+
+from llmesh.convert import finish_to_pb, logprobs_to_pb, tool_calls_to_pb, usage_to_pb
+from llmesh.logs import request_id_var
+from llmesh.rpc.interceptor import REQUEST_ID_KEY
+from llmesh.types import Delta, Finish
+from llmesh.v1 import gateway_pb2, gateway_pb2_grpc
+
+from llmesh.gateway.fronts.choices import choice_requests, merge
+from llmesh.gateway.context import CompletionRequest, Context
+from llmesh.gateway.pipeline import Pipeline
+from llmesh.gateway.fronts.proto_api import chat_request, complete_request
+
+
+def credential(context) -> str | None:
+    """The caller's API key or JWT, from the ``authorization`` metadata ("Bearer X" or X)."""
+    for key, value in context.invocation_metadata() or ():
+        if key == "authorization":
+            scheme, _, token = value.partition(" ")
+            return (token if scheme.lower() == "bearer" else value).strip() or None
+    return None
+
+
+class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
+    def __init__(self, pipeline: Pipeline, model_names: Callable[[str | None], Awaitable[list[str]]],
+                 default_timeout_s: float):
+        self._pipeline = pipeline
+        self._model_names = model_names
+        self._default_timeout = default_timeout_s
+
+    def _call(self, context) -> tuple[str, float]:
+        """(request id, timeout): the interceptor read x-request-id; the deadline caps the timeout."""
+        rid = request_id_var.get() or uuid.uuid4().hex
+        context.set_trailing_metadata(((REQUEST_ID_KEY, rid),))
+        remaining = context.time_remaining()
+        return rid, self._default_timeout if remaining is None else min(remaining, self._default_timeout)
+
+    def Chat(self, request, context) -> AsyncIterator[gateway_pb2.ChatResponse]:
+        rid, timeout = self._call(context)
+        req, n = chat_request(request, rid, timeout, credential(context))
+        chat_id = "chatcmpl-" + rid
+
+        def message(index: int, item: Delta | Finish) -> gateway_pb2.ChatResponse:
+            if isinstance(item, Delta):
+                if not (item.logprobs or item.tool_calls):  # a token's message: a third of the cost
+                    return gateway_pb2.ChatResponse(id=chat_id, index=index, text=item.text)
+                return gateway_pb2.ChatResponse(id=chat_id, index=index, text=item.text,
+                                                logprobs=logprobs_to_pb(item.logprobs),
+                                                tool_calls=tool_calls_to_pb(item.tool_calls))
+            return gateway_pb2.ChatResponse(id=chat_id, index=index, finish_reason=finish_to_pb(item.reason),
+                                            usage=usage_to_pb(item.usage))
+
+        return self._stream(req, n, context, message, role="assistant")
+
+    def Complete(self, request, context) -> AsyncIterator[gateway_pb2.CompleteResponse]:
+        rid, timeout = self._call(context)
+        req, n = complete_request(request, rid, timeout, credential(context))
+        cmpl_id = "cmpl-" + rid
+
+        def message(index: int, item: Delta | Finish) -> gateway_pb2.CompleteResponse:
+            if isinstance(item, Delta):
+                if not item.logprobs:
+                    return gateway_pb2.CompleteResponse(id=cmpl_id, index=index, text=item.text)
+                return gateway_pb2.CompleteResponse(id=cmpl_id, index=index, text=item.text,
+                                                    logprobs=logprobs_to_pb(item.logprobs))
+            return gateway_pb2.CompleteResponse(id=cmpl_id, index=index, finish_reason=finish_to_pb(item.reason),
+                                                usage=usage_to_pb(item.usage))
+
+        return self._stream(req, n, context, message)
+
+    async def _stream(self, req: CompletionRequest, n: int, context, message, role: str = "") -> AsyncIterator:
+        """Runs the request's choices; each choice's first message carries the model (and
+        ``role``). Response headers of the HTTP front travel as metadata: the stages'
+        (rate-limit facts, cache hit) in the initial metadata, all of them again in the
+        trailers, once failover and fallback are known. One choice is read straight from
+        its pipeline run: every generator a token passes through costs CPU per token."""
+        ctxs = [Context.of(r) for r in choice_requests(req, n)]
+        started: set[int] = set()
+        runs = [self._pipeline.run(c.req, c) for c in ctxs]
+        async with aclosing(merge(runs) if n > 1 else runs[0]) as items:
+            async for entry in items:
+                index, item = entry if n > 1 else (0, entry)
+                if isinstance(item, Delta) and not (item.text or item.logprobs or item.tool_calls):
+                    continue
+                msg = message(index, item)
+                if index not in started:
+                    started.add(index)
+                    msg.model = req.model
+                    if role:
+                        msg.role = role  # a choice's first message also says who speaks
+                    if not started - {index} and ctxs[0].headers:  # the call's first message
+                        await context.send_initial_metadata(tuple(ctxs[0].headers.items()))
+                yield msg
+        context.set_trailing_metadata(((REQUEST_ID_KEY, req.request_id), *ctxs[0].headers.items()))
+
+    async def ListModels(self, request, context):
+        return gateway_pb2.GatewayListModelsResponse(models=await self._model_names(credential(context)))

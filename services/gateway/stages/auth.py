@@ -1,0 +1,173 @@
+"""Who is calling: API keys and JWT bearer tokens -> a Caller (tenant, groups).
+
+Local mode: until an API key exists or a JWKS is configured, every request is
+the tenant ``default`` (what ``make run`` on 127.0.0.1 gives). From then on a
+request without valid credentials is refused with 401.
+
+Key records are read from the shared store and kept for ``cache_s`` (0.5 s), so
+a revocation reaches every gateway replica within a second at the cost of two
+store reads per key and second."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import jwt
+
+from llmesh.errors import Unauthenticated, Unavailable
+from llmesh.keys import ApiKey, KeyStore, matches, split_key
+from llmesh.gateway.context import Caller, Context
+from llmesh.gateway.stages.base import Stage
+
+LOCAL = Caller()
+ALGORITHMS = ["RS256", "RS384", "RS512", "ES256", "ES384", "PS256", "EdDSA"]
+
+
+@dataclass(frozen=True, slots=True)
+class JwtSettings:
+    jwks_file: Path | None = None
+    jwks_url: str | None = None
+    issuer: str | None = None
+    audience: str | None = None
+    tenant_claim: str = "tenant"
+    groups_claim: str = "groups"
+    leeway_s: float = 0.0
+
+
+class JwtVerifier:
+    """Signature (keys from a JWKS file or URL), iss, aud, exp and nbf."""
+
+    def __init__(self, settings: JwtSettings):
+        if not (settings.jwks_file or settings.jwks_url):
+            raise ValueError("a JWKS file or URL is needed")
+        self._s = settings
+        self._client = jwt.PyJWKClient(settings.jwks_url, cache_keys=True) if settings.jwks_url else None
+        self._file_keys: dict[str | None, jwt.PyJWK] | None = None
+
+    def _file_key(self, kid: str | None) -> jwt.PyJWK:
+        if self._file_keys is None:
+            jwks = jwt.PyJWKSet.from_json(self._s.jwks_file.read_text())
+            self._file_keys = {k.key_id: k for k in jwks.keys}
+        key = self._file_keys.get(kid)
+        if key is None and kid is None and len(self._file_keys) == 1:
+            key = next(iter(self._file_keys.values()))
+        if key is None:
+            raise jwt.InvalidTokenError(f"no key '{kid}' in the JWKS")
+        return key
+
+    async def verify(self, token: str) -> Caller:
+        try:
+            if self._client is not None:
+                key = await asyncio.to_thread(self._client.get_signing_key_from_jwt, token)
+            else:
+                key = self._file_key(jwt.get_unverified_header(token).get("kid"))
+            claims = jwt.decode(token, key, algorithms=ALGORITHMS, audience=self._s.audience,
+                                issuer=self._s.issuer, leeway=self._s.leeway_s,
+                                options={"require": ["exp"], "verify_aud": self._s.audience is not None})
+        except jwt.ExpiredSignatureError:
+            raise Unauthenticated("The bearer token has expired.", reason="token_expired") from None
+        except (jwt.PyJWTError, ValueError) as exc:
+            raise Unauthenticated(f"The bearer token is not valid: {exc}.", reason="invalid_token") from None
+        tenant = claims.get(self._s.tenant_claim)
+        if not isinstance(tenant, str) or not tenant:
+            raise Unauthenticated(f"The bearer token has no '{self._s.tenant_claim}' claim.",
+                                  reason="invalid_token")
+        groups = claims.get(self._s.groups_claim) or ()
+        if isinstance(groups, str):
+            groups = (groups,)
+        return Caller(tenant=tenant, subject=str(claims.get("sub", "")), method="jwt",
+                      groups=tuple(str(g) for g in groups))
+
+
+class Authenticator:
+    """``store_errors``: what the key store raises when it cannot answer; then the
+    last record seen is used (and a key never seen gets 503), so a Redis outage
+    keeps known callers served. ``always_required`` turns local mode off."""
+
+    def __init__(self, keys: KeyStore | None, jwt_verifier: JwtVerifier | None = None,
+                 cache_s: float = 0.5, clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time, always_required: bool = False,
+                 store_errors: tuple[type[BaseException], ...] = (OSError,)):
+        self._keys = keys
+        self._jwt = jwt_verifier
+        self._cache_s = cache_s
+        self._clock = clock
+        self._wall = wall
+        self._always = always_required
+        self._errors = store_errors
+        self._records: dict[str, tuple[float, ApiKey | None]] = {}
+        self._inflight: dict[str, asyncio.Future] = {}  # one store read per key at a time
+        self._required: tuple[float, bool] = (float("-inf"), False)
+
+    async def required(self) -> bool:
+        if self._jwt is not None or self._always:
+            return True
+        if self._keys is None:
+            return False
+        at, value = self._required
+        if self._clock() - at > self._cache_s:
+            try:
+                value = await self._keys.configured()
+            except self._errors:
+                value = value if at > float("-inf") else True  # unknown: stay strict
+            self._required = (self._clock(), value)
+        return value
+
+    async def _record(self, key_id: str) -> ApiKey | None:
+        hit = self._records.get(key_id)
+        if hit is not None and self._clock() - hit[0] <= self._cache_s:
+            return hit[1]
+        task = self._inflight.get(key_id)
+        if task is None:  # a burst with one key waits for one read, which no caller's cancel stops
+            task = self._inflight[key_id] = asyncio.ensure_future(self._fetch(key_id, hit))
+            task.add_done_callback(lambda _: self._inflight.pop(key_id, None))
+        return await asyncio.shield(task)
+
+    async def _fetch(self, key_id: str, hit: tuple[float, ApiKey | None] | None) -> ApiKey | None:
+        try:
+            record = await self._keys.get(key_id)
+        except self._errors:
+            if hit is None:
+                raise Unavailable("API keys cannot be checked right now; retry shortly.",
+                                  reason="auth_unavailable") from None
+            return hit[1]  # the store is away: the last record seen stands
+        if len(self._records) > 100_000:
+            self._records.clear()
+        self._records[key_id] = (self._clock(), record)
+        return record
+
+    async def authenticate(self, credential: str | None) -> Caller:
+        if not credential:
+            if await self.required():
+                raise Unauthenticated("You didn't provide an API key. Send it as 'Authorization: Bearer KEY'.",
+                                      reason="missing_api_key")
+            return LOCAL
+        parts = split_key(credential) if self._keys is not None else None
+        if parts is not None:
+            record = await self._record(parts[0])
+            if record is None or not matches(record, parts[1]):
+                raise Unauthenticated("Incorrect API key provided.")
+            if not record.usable(self._wall()):
+                raise Unauthenticated("This API key has been revoked or has expired.", reason="key_revoked"
+                                      if record.revoked_at is not None else "key_expired")
+            return Caller(tenant=record.tenant, subject=record.key_id, method="api_key", models=record.models)
+        if self._jwt is not None and credential.count(".") == 2:
+            return await self._jwt.verify(credential)
+        if not await self.required():
+            return LOCAL  # local mode: any credential (the SDK always sends one) is the default tenant
+        raise Unauthenticated("Incorrect API key provided.")
+
+
+class AuthenticateStage(Stage):
+    def __init__(self, authenticator: Authenticator):
+        self._auth = authenticator
+
+    async def admit(self, ctx: Context) -> None:
+        caller = await self._auth.authenticate(ctx.req.credential)
+        ctx.req = replace(ctx.req, caller=caller, tenant=caller.tenant, credential=None)
+        ctx.record.tenant = caller.tenant
+        ctx.record.caller = caller.subject

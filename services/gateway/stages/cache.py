@@ -1,0 +1,67 @@
+"""The response cache as a stage: a request the live config's ``cache`` section covers
+(and that asks for no logprobs or tools) is looked up once every stage before has had
+its say, so the cache sees the prompt the engines would (PII masked). A hit answers it
+in one piece (``x-llmesh-cache: hit``); a miss's answer is stored once it is whole, in
+the background. It goes after the stages that rewrite the request and before the
+shadow stage, whose wrap then sees a hit like any answer."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from functools import partial
+from typing import Protocol
+
+from opentelemetry.trace import Span
+
+from llmesh.background import Background
+from llmesh.types import Delta, Finish
+from llmesh.gateway.context import CompletionRequest, Context, Upstream, WholeAnswer
+from llmesh.gateway.stages.base import Stage
+
+CACHE_HEADER = "x-llmesh-cache"
+
+
+class ResponseCache(Protocol):
+    def applies(self, req: CompletionRequest) -> bool: ...
+    async def lookup(self, req: CompletionRequest, parent: Span) -> tuple[str, Finish] | None: ...
+    async def store(self, req: CompletionRequest, text: str, finish: Finish, parent: Span) -> None: ...
+
+
+class CacheStage(Stage):
+    def __init__(self, cache: ResponseCache):
+        self._cache = cache
+        self._background = Background()
+
+    async def admit(self, ctx: Context) -> None:
+        req = ctx.req
+        if req.sampling.logprobs is not None or req.tools is not None or not self._cache.applies(req):
+            return
+        hit = await self._cache.lookup(req, ctx.span)
+        if hit is None:
+            ctx.record.cache = "miss"
+            ctx.wrap(partial(self._store_after, ctx.span))
+            return
+        ctx.record.cache = "hit"
+        ctx.headers[CACHE_HEADER] = "hit"  # HTTP header, gRPC metadata
+        ctx.wrap(partial(_answer, *hit))
+
+    async def _store_after(self, span: Span, req: CompletionRequest, upstream: Upstream
+                           ) -> AsyncIterator[Delta | Finish]:
+        parts: list[str] = []
+        async with aclosing(upstream(req)) as items:
+            async for item in items:
+                if isinstance(item, Delta):
+                    parts.append(item.text)
+                else:
+                    self._background.spawn(self._cache.store(req, "".join(parts), item, span))
+                yield item
+
+    async def drain(self) -> None:
+        await self._background.drain()
+
+
+async def _answer(text: str, finish: Finish, req: CompletionRequest, upstream: Upstream
+                  ) -> AsyncIterator[Delta | Finish]:
+    yield WholeAnswer(text=text, tokens=finish.usage.completion_tokens)
+    yield finish

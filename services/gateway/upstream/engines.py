@@ -1,0 +1,67 @@
+"""The engines' gRPC client (Engine.Generate, server streaming): one channel per
+engine address, the client's deadline and trace context on every call."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+from opentelemetry.trace import NoOpTracer, Span, SpanKind, Status, StatusCode, Tracer
+
+from llmesh.convert import finish_from_pb, logprobs_from_pb, priority_to_pb, prompt_fields, sampling_to_pb, usage_from_pb
+from llmesh.errors import Unavailable
+from llmesh.rpc.channels import insecure_channel
+from llmesh.rpc.interceptor import REQUEST_ID_KEY
+from llmesh.rpc.status import from_rpc_error
+from llmesh.telemetry import child_context, inject
+from llmesh.types import Delta, Finish
+from llmesh.v1 import engine_pb2, engine_pb2_grpc
+from llmesh.gateway.context import CompletionRequest
+
+
+class EngineClients:
+    """One channel per engine address, opened on first use."""
+
+    def __init__(self, tracer: Tracer | None = None) -> None:
+        self._tracer = tracer or NoOpTracer()
+        self._stubs: dict[str, tuple[grpc.aio.Channel, engine_pb2_grpc.EngineStub]] = {}
+
+    def _stub(self, address: str) -> engine_pb2_grpc.EngineStub:
+        entry = self._stubs.get(address)
+        if entry is None:
+            channel = insecure_channel(address)
+            entry = self._stubs[address] = (channel, engine_pb2_grpc.EngineStub(channel))
+        return entry[1]
+
+    async def generate(self, address: str, req: CompletionRequest, timeout_s: float, parent: Span
+                       ) -> AsyncIterator[Delta | Finish]:
+        request = engine_pb2.GenerateRequest(
+            request_id=req.request_id, model=req.model, sampling=sampling_to_pb(req.sampling),
+            priority=priority_to_pb(req.priority), continuation=req.continuation, whole=not req.stream,
+            **prompt_fields(req.prompt, engine_pb2.ChatInput))
+        span = self._tracer.start_span("llmesh.v1.Engine/Generate", context=child_context(parent),
+                                       kind=SpanKind.CLIENT, attributes={"server.address": address})
+        call = self._stub(address).Generate(request, timeout=timeout_s,
+                                            metadata=((REQUEST_ID_KEY, req.request_id), *inject(span)))
+        try:
+            async for resp in call:
+                if resp.text or resp.token_count or resp.logprobs:  # the last may carry text too (whole)
+                    yield Delta(text=resp.text, tokens=resp.token_count,
+                                logprobs=logprobs_from_pb(resp.logprobs) if resp.logprobs else ())
+                if resp.finish_reason:
+                    yield Finish(reason=finish_from_pb(resp.finish_reason), usage=usage_from_pb(resp.usage))
+        except grpc.aio.AioRpcError as exc:
+            span.set_status(Status(StatusCode.ERROR, exc.code().name))
+            if exc.code() == grpc.StatusCode.CANCELLED:
+                # Our own cancel arrives as asyncio.CancelledError; this one is the engine's (a server
+                # stopping cancels what it still holds): the engine is going away, try another.
+                raise Unavailable(f"The engine at {address} cancelled the call.", reason="engine_cancelled") from None
+            raise from_rpc_error(exc) from None
+        finally:
+            call.cancel()  # no-op once finished; frees the engine's slot if we stop early
+            span.end()
+
+    async def close(self) -> None:
+        for channel, _ in self._stubs.values():
+            await channel.close()
+        self._stubs.clear()

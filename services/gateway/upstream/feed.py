@@ -1,0 +1,55 @@
+"""The scheduler's WatchEndpoints stream -> the picker's endpoint table and KV view:
+the gateway picks locally and pays no hop to the scheduler per request."""
+
+from __future__ import annotations
+
+import logging
+
+import grpc
+
+from llmesh.backoff import Backoff
+from llmesh.convert import kv_hash_from_pb
+from llmesh.discovery.base import Resolver
+from llmesh.errors import DiscoveryError
+from llmesh.rpc.channels import insecure_channel
+from llmesh.v1 import scheduler_pb2, scheduler_pb2_grpc
+from llmesh.gateway.upstream.picking import Endpoint, EndpointPicker
+from llmesh.gateway.upstream.rpc import why
+
+log = logging.getLogger("llmesh.gateway.upstreams")
+
+
+def endpoint_from_pb(e: scheduler_pb2.Endpoint) -> Endpoint:
+    return Endpoint(endpoint_id=e.endpoint_id, address=e.address, models=frozenset(e.models),
+                    running=e.load.running, waiting=e.load.waiting, max_running=e.load.max_running,
+                    healthy=e.healthy, degraded=e.degraded,
+                    kv_hash=kv_hash_from_pb(e.kv_hash) if e.HasField("kv_hash") else None,
+                    context={s.name: s.context_length for s in e.served if s.context_length},
+                    adapters={s.name: s.in_flight for s in e.served if s.base_model})
+
+
+class SchedulerFeed:
+    """Keeps the picker's table current from the scheduler's WatchEndpoints stream.
+    If the scheduler goes away, the last known table stays in use."""
+
+    def __init__(self, resolve: Resolver, picker: EndpointPicker):
+        self._resolve = resolve
+        self._picker = picker
+
+    async def run(self) -> None:
+        backoff = Backoff(initial_s=0.2, max_s=5.0)
+        while True:
+            address = "?"
+            try:
+                address = await self._resolve()  # anew on every (re)connect
+                async with insecure_channel(address) as channel:
+                    stub = scheduler_pb2_grpc.SchedulerStub(channel)
+                    async for table in stub.WatchEndpoints(scheduler_pb2.WatchEndpointsRequest()):
+                        self._picker.replace_all(endpoint_from_pb(e) for e in table.endpoints)
+                        for b in table.kv:
+                            self._picker.kv.apply(b.endpoint_id, b.resync, b.stored, b.removed)
+                        backoff.reset()
+            except (grpc.aio.AioRpcError, DiscoveryError) as exc:
+                log.warning("scheduler stream broke; keeping the last endpoint table",
+                            extra={"scheduler": address, "error": why(exc)})
+            await backoff.sleep()

@@ -1,0 +1,100 @@
+"""The picker: filters, then weighted scorers, then the best (ties at random)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Mapping
+
+from llmesh.gateway.upstream.picking.filters import FILTERS, OPTIONAL_FILTERS
+from llmesh.gateway.upstream.picking.kvview import KvView
+from llmesh.gateway.upstream.picking.scorers import (PRESETS, LeastLoad, LoraAffinity, PrefixAware, RoundRobin,
+                                            SessionAffinity, TokenAware)
+from llmesh.gateway.upstream.picking.types import Endpoint, LocalState, PickInput
+
+
+class EndpointPicker:
+    """Holds the gateway's view of the engines (the scheduler's table, the KV blocks,
+    our own in-flight work) and picks one for a request by a routing policy."""
+
+    def __init__(self, rng: random.Random | None = None, down_for_s: float = 2.0, filters=FILTERS,
+                 expect_for_s: float = 10.0):
+        self._endpoints: dict[str, Endpoint] = {}
+        self._seen_models: set[str] = set()
+        self.kv = KvView()
+        self.local = LocalState()
+        self._down_for = down_for_s
+        self._expect_for = expect_for_s
+        self._rng = rng or random.Random()
+        self._filters = filters
+        self._scorers = {s.name: s for s in (LeastLoad(), TokenAware(), PrefixAware(self.kv), SessionAffinity(),
+                                             RoundRobin(), LoraAffinity())}
+
+    def replace_all(self, endpoints: Iterable[Endpoint]) -> None:
+        old, self._endpoints = self._endpoints, {e.endpoint_id: e for e in endpoints}
+        for eid, e in self._endpoints.items():
+            before = old.get(eid)
+            if before is None or (before.running, before.waiting) != (e.running, e.waiting):
+                self.local.since_report.pop(eid, None)  # a fresh report already counts our work
+        for e in self._endpoints.values():
+            self._seen_models |= e.models
+        self.kv.keep_only(set(self._endpoints))
+
+    def all(self) -> list[Endpoint]:
+        return list(self._endpoints.values())
+
+    def models(self) -> set[str]:
+        """Models some endpoint serves now."""
+        return {m for e in self._endpoints.values() for m in e.models}
+
+    def seen_models(self) -> set[str]:
+        """Models any endpoint has served since start: asking for one whose engines are
+        all gone is 'unavailable', not 'no such model'."""
+        return self._seen_models
+
+    def candidates(self, req: PickInput) -> list[Endpoint]:
+        cands = [e for e in self._endpoints.values() if all(f.keep(e, req, self.local) for f in self._filters)]
+        for name in req.filters:  # the policy's optional filters narrow the set, never empty it
+            f = OPTIONAL_FILTERS[name]
+            kept = [e for e in cands if f.keep(e, req, self.local)]
+            if kept:
+                cands = kept
+        return cands
+
+    def pick(self, req: PickInput, routing: str = "least_loaded",
+             weights: Mapping[str, float] | None = None) -> Endpoint | None:
+        cands = self.candidates(req)
+        if len(cands) <= 1:
+            return cands[0] if cands else None
+        weights = weights or PRESETS[routing]
+        total = [0.0] * len(cands)
+        for name, w in weights.items():
+            if w:
+                for n, s in enumerate(self._scorers[name].scores(cands, req, self.local)):
+                    total[n] += w * s
+        top = max(total)
+        best = [e for e, t in zip(cands, total) if t >= top - 1e-9]
+        chosen = best[0] if len(best) == 1 else self._rng.choice(best)
+        if chosen.kv_hash is not None and chosen.kv_hash in req.hashed():
+            # Its engine will hold the prompt's blocks before its KV events can say so.
+            self.kv.expect(chosen.endpoint_id, req.block_hashes(chosen.kv_hash), req.now + self._expect_for)
+        return chosen
+
+    def acquire(self, endpoint_id: str, tokens: int = 0) -> None:
+        loc = self.local
+        loc.inflight[endpoint_id] = loc.inflight.get(endpoint_id, 0) + 1
+        loc.inflight_tokens[endpoint_id] = loc.inflight_tokens.get(endpoint_id, 0) + tokens
+        loc.since_report[endpoint_id] = loc.since_report.get(endpoint_id, 0) + 1
+
+    def release(self, endpoint_id: str, tokens: int = 0) -> None:
+        loc = self.local
+        loc.since_report[endpoint_id] = loc.since_report.get(endpoint_id, 0) - 1
+        for counts, n in ((loc.inflight, 1), (loc.inflight_tokens, tokens)):
+            left = counts.get(endpoint_id, 0) - n
+            if left > 0:
+                counts[endpoint_id] = left
+            else:
+                counts.pop(endpoint_id, None)
+
+    def mark_down(self, endpoint_id: str, now: float) -> None:
+        """Skip an endpoint that refused a connection until the scheduler catches up."""
+        self.local.down_until[endpoint_id] = now + self._down_for
