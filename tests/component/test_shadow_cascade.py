@@ -46,8 +46,8 @@ def shadow_mesh(picker, store, config: MeshConfig):
     registry = CollectorRegistry()
     shadow = ShadowStage(lambda: config, store, ShadowMetrics(registry))
     clients = EngineClients()
-    pipeline = Pipeline(picker, clients, Catalog(), config=lambda: config,
-                        stages=[ValidateStage(), RouteStage(Catalog(), lambda: config), shadow])
+    pipeline = Pipeline(picker, clients, Catalog(FAST, SLOW), config=lambda: config,
+                        stages=[ValidateStage(), RouteStage(Catalog(FAST, SLOW), lambda: config), shadow])
     return pipeline, shadow, clients, registry
 
 
