@@ -16,7 +16,7 @@ class AuditStage(Stage):
 
     async def finish(self, ctx: Context) -> None:
         r, req = ctx.record, ctx.req
-        fields = {
+        fields: dict[str, object] = {
             "request_id": req.request_id, "tenant": r.tenant or "", "model": r.model,
             "operation": req.operation, "status": r.status,
             "decision": "allowed" if r.status in ("ok", "cancelled") or r.ttft_ms is not None else "refused",
