@@ -173,10 +173,10 @@ def _enum_of_size(size: int) -> Schema:
 def _wide(size: int) -> Schema:
     """As many properties as allowed, each padded alike, to about ``size`` bytes."""
     n = LIMITS.max_properties
-    bare = len(json.dumps({"type": "object", "properties": {f"p{i:03d}": {"type": "string", "description": ""} for i in range(n)},
-                           "required": [f"p{i:03d}" for i in range(n)]}))
-    pad = "w" * max(0, (size - bare) // n)
     names = [f"p{i:03d}" for i in range(n)]
+    bare = len(json.dumps({"type": "object", "properties": {name: {"type": "string", "description": ""}
+                                                            for name in names}, "required": names}))
+    pad = "w" * max(0, (size - bare) // n)
     return {"type": "object", "properties": {name: {"type": "string", "description": pad} for name in names},
             "required": names}
 

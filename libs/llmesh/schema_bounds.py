@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from itertools import accumulate
 from typing import Any
 
@@ -76,7 +76,7 @@ class SchemaLimits:
 
     def table(self) -> list[tuple[str, int]]:
         """(name, limit) for each bound, in the order above (docs and tests read it)."""
-        return [(name, getattr(self, name)) for name in self.__slots__]  # type: ignore[attr-defined]
+        return [(f.name, getattr(self, f.name)) for f in fields(self)]
 
 
 LIMITS = SchemaLimits()

@@ -51,7 +51,7 @@ def schema_grammar(schema: str, max_bytes: int = LIMITS.max_grammar_bytes) -> st
 
     check_schema(schema, PARAM)
     try:
-        grammar = json_schema_to_gbnf(schema)
+        grammar = json_schema_to_gbnf(schema).replace(_LAX_CHAR, _JSON_CHAR)
     except Exception as exc:  # noqa: BLE001 - the converter raises plain errors for schemas it cannot express
         raise InvalidArgument(f"The JSON schema cannot be enforced: {str(exc)[:300]}.", param=PARAM) from None
     if len(grammar) > max_bytes:
@@ -61,7 +61,7 @@ def schema_grammar(schema: str, max_bytes: int = LIMITS.max_grammar_bytes) -> st
     if nesting > MAX_NESTING:
         raise InvalidArgument(f"The JSON schema expands to a grammar nested {nesting} groups deep; at most "
                               f"{MAX_NESTING} are allowed.", param=PARAM)
-    return grammar.replace(_LAX_CHAR, _JSON_CHAR)
+    return grammar
 
 
 class GrammarCompiler:
