@@ -3,7 +3,7 @@ budget, and checked to be safe for llama.cpp's parser before the decode thread s
 
 llama-cpp-python's JSON-Schema converter expands repetition bounds into grammar text and
 llama.cpp's grammar parser recurses once per nested group (measured here: it refuses more
-than 1,000 nested optional groups, and crashed the engine with SIGSEGV from ~17,000 nested
+than 1,000 nested optional groups, and crashed the engine with SIGSEGV from 19,000 nested
 groups on an 8 MB thread stack). So a schema is first held to ``llmesh.schema_bounds``
 (the gateway checked them too; a direct caller may not have), converted on a worker
 thread with a deadline, its grammar held to a size and a nesting, and parsed once there
@@ -24,7 +24,7 @@ from llmesh.types import ResponseFormat
 
 PARAM = "response_format.json_schema.schema"
 # Nested groups in one rule: llama.cpp refuses over 1,000 nested `?` groups by itself, and
-# its parser's recursion crashed at ~17,000; plain groups are held to the same 1,000.
+# its parser's recursion crashed from 19,000 (18,000 parsed); plain groups are held to the same 1,000.
 MAX_NESTING = 1_000
 TIMEOUT_S = 2.0  # conversion and the trial parse; bounded schemas convert in under ~0.3 s here
 CACHE_ENTRIES = 32  # grammars (or refusals) by schema text: a client sends one schema many times
