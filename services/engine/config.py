@@ -83,8 +83,8 @@ class EngineSettings(ServiceSettings):
                                      "--calibrate`; replaces the sim_* timings above")
 
     # Fault injection: test aids, refused unless fault_injection is on. Never in production.
-    fault_injection: bool = Field(default=False, description="allow the fault-injection settings below (tests "
-                                  "only)")
+    fault_injection: bool = Field(default=False, description="allow fault-injection settings (sim_die_on); tests "
+                                  "only, never in production")
     sim_die_on: str | None = Field(default=None, min_length=1, description="fault injection (tests only; needs "
                                    "LLMESH_ENGINE_FAULT_INJECTION=true): a sim engine whose prompt contains this "
                                    "text kills its own process (SIGKILL) before answering")

@@ -6,7 +6,7 @@ annotations.
 Whatever a client sends, its request gets its record: every value is fitted to the
 log's limits first (strings cut to ``MAX_STRING`` characters, lists and maps to
 ``MAX_ITEMS``), and a record the log still refuses is written with its core fields
-only. A record that cannot be written at all (the log's file failed) is counted
+only, escaped. A record that cannot be written at all (the log's file failed) is counted
 (``on_failure``) and logged, without the prompt. With ``required`` (the gateway's
 ``audit_required``) a request is refused (503, ``audit_unavailable``) before it
 reaches an engine while the log cannot be written: no request is served unaudited,
@@ -45,7 +45,7 @@ class AuditStage(Stage):
             except ValueError as exc:  # a value the log refuses even fitted: the core still goes in
                 log.warning("audit record written with its core fields only",
                             extra={"request_id": ctx.req.request_id, "error": str(exc)})
-                self._log.append("request", {name: fields[name] for name in _CORE})
+                self._log.append("request", {name: _escaped(fields[name]) for name in _CORE})
         except (AuditError, ValueError) as exc:
             self._on_failure()
             log.error("audit record not written", extra={"request_id": ctx.req.request_id, "error": str(exc)})
@@ -71,6 +71,11 @@ def record_fields(ctx: Context) -> dict[str, object]:
         if value is not None:
             fields[name] = value
     return {name: _fit(value) for name, value in fields.items()}
+
+
+def _escaped(value: object) -> object:
+    """A string as printable ASCII (``\\x..``, ``\\u....`` escapes), which any log takes."""
+    return ascii(value)[1:-1][:MAX_STRING] if isinstance(value, str) else value
 
 
 def _fit(value: object) -> object:

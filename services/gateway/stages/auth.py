@@ -10,7 +10,7 @@ store reads per key and second. Key ids come from clients, so what is kept is
 bounded: the records of known keys in an LRU of ``max_keys`` (4,096), the key ids
 the store did not know in one of ``max_unknown`` (1,024), apart, so a flood of
 made-up ids never pushes a real key out (and with it the record a store outage
-would fall back on)."""
+would fall back on); a key id over ``MAX_KEY_ID`` characters is refused unread."""
 
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ from llmesh.gateway.stages.base import Stage
 LOCAL = Caller()
 MAX_KEYS = 4096  # known keys' records kept
 MAX_UNKNOWN = 1024  # key ids the store did not know, kept as briefly (cache_s)
+MAX_KEY_ID = 64  # ours are 12 hex digits; a longer id is refused without a store read
 ALGORITHMS = ["RS256", "RS384", "RS512", "ES256", "ES384", "PS256", "EdDSA"]
 
 
@@ -164,6 +165,8 @@ class Authenticator:
             return LOCAL
         parts = split_key(credential) if self._keys is not None else None
         if parts is not None:
+            if len(parts[0]) > MAX_KEY_ID:
+                raise Unauthenticated("Incorrect API key provided.")
             record = await self._record(parts[0])
             if record is None or not matches(record, parts[1]):
                 raise Unauthenticated("Incorrect API key provided.")
