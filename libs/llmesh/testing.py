@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -139,7 +140,7 @@ def terminate(proc: subprocess.Popen[bytes] | subprocess.Popen[str] | None, sig:
     return proc.returncode
 
 
-def wait_until(predicate, timeout_s: float = 10.0, interval_s: float = 0.05) -> bool:
+def wait_until(predicate: Callable[[], object], timeout_s: float = 10.0, interval_s: float = 0.05) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if predicate():

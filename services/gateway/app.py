@@ -21,7 +21,7 @@ from llmesh.liveconfig.schema import MeshConfig
 from llmesh.platform import Platform, standalone_platform
 from llmesh.rpc.server import GrpcServer, ServiceBinding
 from llmesh.shadow import FileShadowStore, RedisShadowStore
-from llmesh.workers import reuse_port_socket
+from llmesh.ports import bind_retrying, listen_socket
 from llmesh.v1 import gateway_pb2_grpc
 from llmesh.gateway.config import GatewaySettings
 from llmesh.gateway.domain.limits import FallbackLimiter, Limiter, LocalLimiter
@@ -134,7 +134,8 @@ class GatewayApp:
         self.grpc = GrpcServer(settings.address, [ServiceBinding(
             "llmesh.v1.Gateway", GatewayServicer(self.pipeline, self.models_for, settings.request_timeout_s),
             gateway_pb2_grpc.add_GatewayServicer_to_server)], tracer=platform.tracing.tracer,
-            reuse_port=settings.workers > 1)  # worker processes share the ports (llmesh.workers)
+            reuse_port=settings.workers > 1,  # worker processes share the ports (llmesh.workers)
+            bind_wait_s=settings.bind_wait_s)
         self._uvicorn = _EmbeddedUvicorn(uvicorn.Config(
             self.http.app, host=settings.http_host, port=settings.http_port, log_config=None,
             access_log=False, lifespan="off", http="httptools", loop="none", interface="asgi3",
@@ -151,9 +152,10 @@ class GatewayApp:
         would see it (after the guards); the shadow's wrap is the outermost, so it sees the
         answer the client gets."""
         settings, current = self.settings, self._current
-        limiter: Limiter = LocalLimiter()
+        local = LocalLimiter()
+        limiter: Limiter = local
         if self.redis is not None:
-            limiter = FallbackLimiter(RedisLimiter(self.redis), limiter, errors=STORE_ERRORS, retry_s=5.0,
+            limiter = FallbackLimiter(RedisLimiter(self.redis), local, errors=STORE_ERRORS, retry_s=5.0,
                                       on_fallback=self.metrics.limits_fallback.inc)
         audit = (AuditStage(self.audit, settings.audit_required, self.metrics.audit_failures.inc)
                  if self.audit else None)
@@ -202,9 +204,10 @@ class GatewayApp:
                        asyncio.create_task(self.model_catalog.run(), name="model-catalog"),
                        asyncio.create_task(self.demand.run(), name="demand-reporter")]
         await self.grpc.start()
-        sockets = ([reuse_port_socket(self.settings.http_host, self.settings.http_port)]
-                   if self.settings.workers > 1 else None)
-        self._tasks.append(asyncio.create_task(self._uvicorn.serve(sockets), name="http"))
+        host, port = self.settings.http_host, self.settings.http_port
+        sock = await bind_retrying(lambda: listen_socket(host, port, reuse_port=self.settings.workers > 1),
+                                   f"{host}:{port}", wait_s=self.settings.bind_wait_s)
+        self._tasks.append(asyncio.create_task(self._uvicorn.serve([sock]), name="http"))
         while not self._uvicorn.started:
             if self._tasks[-1].done():
                 self._tasks[-1].result()  # re-raise the bind error

@@ -42,8 +42,9 @@ class GatewaySettings(ServiceSettings):
     model_dir: Path | None = Field(default=None, description="where to read models' tokenizers for admission")
     reserve_tokens: int = Field(default=512, ge=1, description="output tokens reserved when max_tokens is unset")
     audit: bool = Field(default=True, description="one hash-chained record per request")
-    audit_file: Path | None = Field(default=None, description="default <state_dir>/audit.jsonl; one per gateway process "
-                                  "(worker i of several writes <stem>.worker<i><suffix>)")
+    audit_file: Path | None = Field(default=None,
+                                    description="default <state_dir>/audit.jsonl; one per gateway process "
+                                                "(worker i of several writes <stem>.worker<i><suffix>)")
     audit_fsync: bool = Field(default=False, description="fsync every written batch")
     audit_required: bool = Field(default=False, description="fail closed: while the audit log cannot be written "
                                  "(a write failed), refuse every request with 503 audit_unavailable before it "

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import aclosing
 
 from opentelemetry.trace import NoOpTracer, SpanKind, Status, StatusCode, Tracer
@@ -20,7 +20,7 @@ from llmesh.errors import LlmeshError
 from llmesh.liveconfig.schema import MeshConfig
 from llmesh.telemetry import bind_trace_id, extract
 from llmesh.types import Delta, Finish, Prompt
-from llmesh.gateway.context import Catalog, CompletionRequest, Context
+from llmesh.gateway.context import Catalog, CompletionRequest, Context, Items
 from llmesh.gateway.output import LogprobGate, filtered, tail
 from llmesh.gateway.record import RequestRecord, clipped
 from llmesh.gateway.spans import end_span, request_attributes
@@ -59,7 +59,7 @@ class Pipeline:
         self._clock = clock
         self._background = Background()
 
-    async def run(self, req: CompletionRequest, ctx: Context | None = None) -> AsyncIterator[Delta | Finish]:
+    async def run(self, req: CompletionRequest, ctx: Context | None = None) -> Items:
         """Yields text deltas then one Finish; raises a LlmeshError on failure.
         Pass a ``ctx`` to read what the stages said (headers) once the first item came."""
         started = self._clock()
@@ -119,7 +119,7 @@ class Pipeline:
                 stage = self._stages[i]
                 try:
                     await stage.finish(ctx)
-                except Exception:  # noqa: BLE001 - one stage's bookkeeping never stops the others'
+                except Exception:  # one stage's bookkeeping never stops the others' (logged)
                     log.exception("stage finish failed", extra={"stage": type(stage).__name__})
 
     async def drain(self) -> None:

@@ -22,7 +22,8 @@ def chat_request(pb: gateway_pb2.ChatRequest, request_id: str, timeout_s: float,
     """(the request, how many choices); INVALID_ARGUMENT naming the field on a broken rule."""
     check_message(pb)
     req = CompletionRequest(request_id=request_id, tenant="", model=pb.model,
-                            prompt=Prompt(messages=messages_from_pb(pb.messages)), sampling=sampling_from_pb(pb.sampling),
+                            prompt=Prompt(messages=messages_from_pb(pb.messages)),
+                            sampling=sampling_from_pb(pb.sampling),
                             timeout_s=timeout_s, user=pb.user or None, credential=credential,
                             trace_headers=trace_headers, tools=tools_from_pb(pb), checked=True,
                             client_request_id=client_request_id)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
+from typing import Any
 
 from llmesh.convert import finish_to_pb, logprobs_to_pb, tool_calls_to_pb, usage_to_pb
 from llmesh.logs import request_id_var
@@ -95,7 +96,11 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         ctxs = [Context.of(r) for r in choice_requests(req, n)]
         started: set[int] = set()
         runs = [self._pipeline.run(c.req, c) for c in ctxs]
-        async with aclosing(merge(runs) if n > 1 else runs[0]) as items:
+        # n > 1: (index, item) pairs from merge; one choice: its run's items
+        stream: AsyncGenerator[Any, None] = merge(runs) if n > 1 else runs[0]
+        index: int
+        item: Delta | Finish
+        async with aclosing(stream) as items:
             async for entry in items:
                 index, item = entry if n > 1 else (0, entry)
                 if isinstance(item, Delta) and not (item.text or item.logprobs or item.tool_calls):

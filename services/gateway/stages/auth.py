@@ -20,6 +20,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import cast
 
 import jwt
 
@@ -58,7 +59,8 @@ class JwtVerifier:
 
     def _file_key(self, kid: str | None) -> jwt.PyJWK:
         if self._file_keys is None:
-            jwks = jwt.PyJWKSet.from_json(self._s.jwks_file.read_text())
+            jwks_file = cast(Path, self._s.jwks_file)  # no JWKS URL: the constructor saw a file
+            jwks = jwt.PyJWKSet.from_json(jwks_file.read_text())
             self._file_keys = {k.key_id: k for k in jwks.keys}
         key = self._file_keys.get(kid)
         if key is None and kid is None and len(self._file_keys) == 1:
@@ -111,7 +113,7 @@ class Authenticator:
         self._known = _Lru(max_keys)  # key id -> (read at, record)
         self._unknown = _Lru(max_unknown)  # key id -> (read at, None): the store has no such key
         self._on_size = on_size  # ("known" | "unknown", entries) after each change
-        self._inflight: dict[str, asyncio.Future] = {}  # one store read per key at a time
+        self._inflight: dict[str, asyncio.Future[ApiKey | None]] = {}  # one store read per key at a time
         self._required: tuple[float, bool] = (float("-inf"), False)
 
     async def required(self) -> bool:
@@ -128,19 +130,20 @@ class Authenticator:
             self._required = (self._clock(), value)
         return value
 
-    async def _record(self, key_id: str) -> ApiKey | None:
+    async def _record(self, keys: KeyStore, key_id: str) -> ApiKey | None:
         hit = self._known.get(key_id) or self._unknown.get(key_id)
         if hit is not None and self._clock() - hit[0] <= self._cache_s:
             return hit[1]
         task = self._inflight.get(key_id)
         if task is None:  # a burst with one key waits for one read, which no caller's cancel stops
-            task = self._inflight[key_id] = asyncio.ensure_future(self._fetch(key_id, hit))
+            task = self._inflight[key_id] = asyncio.ensure_future(self._fetch(keys, key_id, hit))
             task.add_done_callback(lambda _: self._inflight.pop(key_id, None))
         return await asyncio.shield(task)
 
-    async def _fetch(self, key_id: str, hit: tuple[float, ApiKey | None] | None) -> ApiKey | None:
+    async def _fetch(self, keys: KeyStore, key_id: str, hit: tuple[float, ApiKey | None] | None
+                     ) -> ApiKey | None:
         try:
-            record = await self._keys.get(key_id)
+            record = await keys.get(key_id)
         except self._errors:
             if hit is None:
                 raise Unavailable("API keys cannot be checked right now; retry shortly.",
@@ -163,11 +166,11 @@ class Authenticator:
                 raise Unauthenticated("You didn't provide an API key. Send it as 'Authorization: Bearer KEY'.",
                                       reason="missing_api_key")
             return LOCAL
-        parts = split_key(credential) if self._keys is not None else None
-        if parts is not None:
+        keys = self._keys
+        if keys is not None and (parts := split_key(credential)) is not None:
             if len(parts[0]) > MAX_KEY_ID:
                 raise Unauthenticated("Incorrect API key provided.")
-            record = await self._record(parts[0])
+            record = await self._record(keys, parts[0])
             if record is None or not matches(record, parts[1]):
                 raise Unauthenticated("Incorrect API key provided.")
             if not record.usable(self._wall()):

@@ -13,7 +13,7 @@ from llmesh.liveconfig.schema import MeshConfig
 from llmesh.types import Prompt
 from llmesh.gateway.context import Context
 from llmesh.gateway.domain.guards.injection import InjectionScreen
-from llmesh.gateway.domain.guards.pii import Placeholders, PiiMasker
+from llmesh.gateway.domain.guards.pii import Masked, MaskedChat, Placeholders, PiiMasker
 from llmesh.gateway.domain.guards.pii_stream import StreamMasker, StreamRestorer
 from llmesh.gateway.stages.base import Stage
 
@@ -45,6 +45,7 @@ class GuardStage(Stage):
                                       reason="prompt_injection", param="messages")
         placeholders = None
         if guards.pii == "mask":
+            masked: Masked | MaskedChat
             if prompt.messages is not None:
                 masked = self._masker.mask_messages(prompt.messages)
                 prompt = Prompt(messages=masked.messages)

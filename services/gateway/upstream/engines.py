@@ -3,12 +3,11 @@ engine address, the client's deadline and trace context on every call."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import grpc
 from opentelemetry.trace import NoOpTracer, Span, SpanKind, Status, StatusCode, Tracer
 
-from llmesh.convert import finish_from_pb, logprobs_from_pb, priority_to_pb, prompt_fields, sampling_to_pb, usage_from_pb
+from llmesh.convert import (finish_from_pb, logprobs_from_pb, priority_to_pb, prompt_fields, sampling_to_pb,
+                            usage_from_pb)
 from llmesh.errors import EngineLost, Unavailable
 from llmesh.rpc.channels import insecure_channel
 from llmesh.rpc.interceptor import REQUEST_ID_KEY
@@ -16,7 +15,7 @@ from llmesh.rpc.status import REASON_KEY, from_rpc_error
 from llmesh.telemetry import child_context, inject
 from llmesh.types import Delta, Finish
 from llmesh.v1 import engine_pb2, engine_pb2_grpc
-from llmesh.gateway.context import CompletionRequest
+from llmesh.gateway.context import CompletionRequest, Items
 
 
 # What grpc-core says when a connection that carried the call reset or closed under it: the engine's
@@ -53,7 +52,7 @@ class EngineClients:
         return entry[1]
 
     async def generate(self, address: str, req: CompletionRequest, timeout_s: float, parent: Span
-                       ) -> AsyncIterator[Delta | Finish]:
+                       ) -> Items:
         request = engine_pb2.GenerateRequest(
             request_id=req.request_id, model=req.model, sampling=sampling_to_pb(req.sampling),
             priority=priority_to_pb(req.priority), continuation=req.continuation, whole=not req.stream,

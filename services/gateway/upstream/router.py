@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Protocol, cast
 
 from opentelemetry.trace import INVALID_SPAN, Span
 
@@ -35,7 +35,7 @@ from llmesh.errors import (DeadlineExceeded, EngineLost, Internal, InvalidArgume
 from llmesh.liveconfig.schema import MeshConfig, ModelPolicy, Provider
 from llmesh.types import Delta, Finish, FinishReason, Prompt, Usage
 from llmesh.validation import uses_tools
-from llmesh.gateway.context import CompletionRequest, Context, Upstream, Wrap
+from llmesh.gateway.context import CompletionRequest, Context, Items, Upstream, Wrap
 from llmesh.gateway.record import RequestRecord
 from llmesh.gateway.upstream.picking import EndpointPicker, PickInput
 from llmesh.gateway.upstream.picking.types import work_tokens
@@ -48,7 +48,6 @@ MAX_ENGINES_LOST = 2  # engines that may go away under one request: the first, a
 
 log = logging.getLogger("llmesh.gateway.upstream")
 
-Items = AsyncIterator[Delta | Finish]
 Attempt = Callable[[CompletionRequest, float], Items]  # (request, seconds left) -> one upstream's answer
 
 
@@ -182,7 +181,7 @@ class Router:
             key = f"provider:{provider[0]}"
             if key in refusing:
                 return None
-            p, providers = provider[1], self._providers
+            p, providers = provider[1], cast(ProviderPort, self._providers)  # found only with a port
             return key, lambda t, remaining: providers.generate(p, p.models[model], t, remaining)
         pick = PickInput(model=model, now=now, exclude=frozenset(tried) | refusing, session=target.user,
                          work_tokens=work, tokens=lambda: self._prompt_tokens(model, target.prompt),

@@ -226,7 +226,8 @@ class InjectionScreen:
             self._match_encoded(text, matched)
 
     @staticmethod
-    def _match_at(text: str, lowered: str, term: str, is_word: bool, pattern: re.Pattern, line_start: bool) -> bool:
+    def _match_at(text: str, lowered: str, term: str, is_word: bool, pattern: re.Pattern[str],
+                  line_start: bool) -> bool:
         at = lowered.find(term)
         while at != -1:
             if not (is_word and at and lowered[at - 1] in _WORD_CHARS) and \
