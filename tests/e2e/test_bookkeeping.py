@@ -29,8 +29,6 @@ from llmesh.request_id import kept, safe
 from llmesh.testing import Mesh, free_layout, wait_until
 from llmesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
-pytestmark = pytest.mark.e2e
-
 MODEL = "sim-small"
 KNOWN_KEYS, UNKNOWN_KEY_IDS = 4096, 1024  # the authenticator's bounds
 CHAT = {"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]}

@@ -21,8 +21,6 @@ from llmesh.testing import Mesh, free_layout, wait_until
 from llmesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from tests.e2e.conftest import endpoints
 
-pytestmark = pytest.mark.e2e
-
 MARKER = "llmesh-fault-die-7f3a"
 ENGINES = 3
 
