@@ -106,15 +106,17 @@ class GatewayApp:
         self.holds = Holds()
         self.demand = DemandReporter(scheduler, self.holds, f"{socket.gethostname()}:{os.getpid()}",
                                      platform.identity)
-        self.metrics = GatewayMetrics(platform.metrics)
+        self.metrics = GatewayMetrics(platform.metrics, known=self._known_model)
         mesh = platform.settings
         self.redis = _redis(mesh.redis_url) if mesh.redis_url else None
         self.keys: KeyStore = (RedisKeyStore(self.redis) if self.redis is not None
                                else FileKeyStore(settings.keys_file or mesh.state_dir / "keys.json"))
         self.authenticator = Authenticator(self.keys, _jwt_verifier(settings), always_required=settings.require_auth,
-                                           store_errors=STORE_ERRORS)
+                                           store_errors=STORE_ERRORS,
+                                           on_size=lambda kind, n: self.metrics.auth_cache.labels(kind).set(n))
         prompt_tokens = PromptTokens(settings.model_dir)  # one tokenizer per model for limits and picking
-        self.audit = (AuditLog(settings.audit_file or mesh.state_dir / "audit.jsonl", fsync=settings.audit_fsync)
+        self.audit = (AuditLog(settings.audit_file or mesh.state_dir / "audit.jsonl", fsync=settings.audit_fsync,
+                               on_lost=self.metrics.audit_failures.inc)
                       if settings.audit else None)
         shadow_store = (RedisShadowStore(self.redis) if self.redis is not None
                         else FileShadowStore(mesh.state_dir / "shadow"))
@@ -155,7 +157,9 @@ class GatewayApp:
         if self.redis is not None:
             limiter = FallbackLimiter(RedisLimiter(self.redis), local, errors=STORE_ERRORS, retry_s=5.0,
                                       on_fallback=self.metrics.limits_fallback.inc)
-        return [*([AuditStage(self.audit)] if self.audit else []),
+        audit = (AuditStage(self.audit, settings.audit_required, self.metrics.audit_failures.inc)
+                 if self.audit else None)
+        return [*([audit] if audit else []),
                 AuthenticateStage(self.authenticator), ValidateStage(), AuthorizeStage(current),
                 CascadeStage(current, CascadeMetrics(platform.metrics)),  # a cascade alias -> its cheap model
                 RouteStage(self.catalog, current),
@@ -169,6 +173,13 @@ class GatewayApp:
     def _ready(self, model: str) -> bool:
         """Some replica could take a request for ``model`` now."""
         return bool(self.picker.candidates(PickInput(model=model, now=time.monotonic())))
+
+    def _known_model(self, model: str) -> bool:
+        """A name the gateway knows (catalog, splits, cascades, providers): the only model
+        names that become metric labels."""
+        config = self.config.current
+        return (model in config.splits or model in config.cascades or self.catalog.known(model)
+                or config.provider_for(model) is not None)
 
     def model_names(self) -> list[str]:
         """What clients may ask for: registered and served models, and split aliases."""

@@ -46,10 +46,20 @@ class GatewaySettings(ServiceSettings):
                                     description="default <state_dir>/audit.jsonl; one per gateway process "
                                                 "(worker i of several writes <stem>.worker<i><suffix>)")
     audit_fsync: bool = Field(default=False, description="fsync every written batch")
+    audit_required: bool = Field(default=False, description="fail closed: while the audit log cannot be written "
+                                 "(a write failed), refuse every request with 503 audit_unavailable before it "
+                                 "reaches an engine; off: serve it, and count the record not written "
+                                 "(llmesh_audit_write_failures_total)")
 
     @model_validator(mode="after")
     def _workers_share_fixed_ports(self) -> GatewaySettings:
         if self.workers > 1 and 0 in (self.port, self.http_port):
             raise ValueError("workers > 1 share fixed ports: set LLMESH_GATEWAY_PORT and LLMESH_GATEWAY_HTTP_PORT "
                              "(0, any free port, would give each worker its own)")
+        return self
+
+    @model_validator(mode="after")
+    def _required_audit_is_on(self) -> GatewaySettings:
+        if self.audit_required and not self.audit:
+            raise ValueError("audit_required needs the audit log: set LLMESH_GATEWAY_AUDIT=true")
         return self

@@ -50,6 +50,7 @@ class CompletionRequest:
     tools: Tools | None = None  # functions the model may call (OpenAI-compatible providers only)
     checked: bool = False  # the front already checked it against the protos' rules (gRPC: as it arrived)
     stream: bool = True  # False: the client takes the answer at once (upstreams may send it whole)
+    client_request_id: str | None = None  # the client's x-request-id when it was replaced (llmesh.request_id)
 
 
 @dataclass(frozen=True, slots=True)

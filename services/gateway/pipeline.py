@@ -22,7 +22,7 @@ from llmesh.telemetry import bind_trace_id, extract
 from llmesh.types import Delta, Finish, Prompt
 from llmesh.gateway.context import Catalog, CompletionRequest, Context, Items
 from llmesh.gateway.output import LogprobGate, filtered, tail
-from llmesh.gateway.record import RequestRecord
+from llmesh.gateway.record import RequestRecord, clipped
 from llmesh.gateway.spans import end_span, request_attributes
 from llmesh.gateway.stages.base import Stage, finishes
 from llmesh.gateway.stages.cache import CacheStage, ResponseCache
@@ -63,8 +63,10 @@ class Pipeline:
         """Yields text deltas then one Finish; raises a LlmeshError on failure.
         Pass a ``ctx`` to read what the stages said (headers) once the first item came."""
         started = self._clock()
-        record = RequestRecord(model=req.model, tenant=req.tenant)
-        span = self._tracer.start_span(f"{req.operation} {req.model}", context=extract(req.trace_headers),
+        record = RequestRecord(model=clipped(req.model), tenant=req.tenant)
+        if req.client_request_id is not None:
+            record.client_request_id = req.client_request_id
+        span = self._tracer.start_span(f"{req.operation} {record.model}", context=extract(req.trace_headers),
                                        kind=SpanKind.SERVER if req.trace_headers is not None else SpanKind.INTERNAL,
                                        attributes=request_attributes(req))
         bind_trace_id(span)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
@@ -22,6 +21,7 @@ import orjson
 
 from llmesh.errors import ErrorCode, InvalidArgument, LlmeshError, NestedTooDeep
 from llmesh.logs import request_id_var
+from llmesh.request_id import accept
 from llmesh.types import Delta, Finish, TokenLogprob
 from llmesh.gateway.fronts.choices import ChoiceItems, UsageSum, choice_requests, merge
 from llmesh.gateway.fronts.openai_api import (CHAT, TEXT, Body, ChatBody, Choice, ChunkWriter, CompletionBody, Shape,
@@ -162,7 +162,7 @@ class HttpFront:
     async def _complete(self, scope: dict, receive: Receive, send: Send, body_cls: type[Body], shape: Shape
                         ) -> None:
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        rid = headers.get(REQUEST_ID) or os.urandom(16).hex()  # uuid4's randomness, a third of its cost
+        rid, client_rid = accept(headers.get(REQUEST_ID))  # an unsafe or overlong id is replaced
         request_id_var.set(rid)
         try:
             async with asyncio.timeout(self._body_timeout):
@@ -174,10 +174,10 @@ class HttpFront:
         except LlmeshError as exc:
             return await _error(send, exc, rid)
         async with _cancelled_on_disconnect(receive):
-            await self._answer(send, rid, headers, raw, body_cls, shape)
+            await self._answer(send, rid, headers, raw, body_cls, shape, client_rid)
 
     async def _answer(self, send: Send, rid: str, headers: dict[str, str], raw: bytes, body_cls: type[Body],
-                      shape: Shape) -> None:
+                      shape: Shape, client_rid: str | None = None) -> None:
         try:
             body = parse(body_cls, raw)
             prompt = body.prompt_value()
@@ -188,7 +188,7 @@ class HttpFront:
                                     user=body.user, trace_headers=headers,
                                     operation="chat" if shape.chat else "text_completion",
                                     credential=bearer(headers), tools=body.tools_value(),
-                                    stream=bool(body.stream))
+                                    stream=bool(body.stream), client_request_id=client_rid)
             ctxs = [Context.of(r) for r in choice_requests(req, n)]
             items = merge([self._pipeline.run(c.req, c) for c in ctxs])
             want_logprobs = sampling.logprobs is not None
