@@ -38,6 +38,25 @@ class InvalidArgument(LlmeshError):
     code = ErrorCode.INVALID_ARGUMENT
 
 
+class NestedTooDeep(InvalidArgument):
+    """A request nested deeper than the code handling it could recurse (Python's
+    RecursionError): the client's doing, so INVALID_ARGUMENT, never a traceback."""
+
+    def __init__(self) -> None:
+        super().__init__("The request is nested too deeply to be processed; flatten it (JSON schemas: at most "
+                         "64 levels).", reason="nested_too_deep")
+
+
+def domain_error(exc: BaseException) -> LlmeshError | None:
+    """The domain error an exception stands for at a front's edge: itself, a RecursionError
+    as NestedTooDeep, anything else None (a bug: INTERNAL)."""
+    if isinstance(exc, LlmeshError):
+        return exc
+    if isinstance(exc, RecursionError):
+        return NestedTooDeep()
+    return None
+
+
 class ContextLengthExceeded(InvalidArgument):
     def __init__(self, prompt_tokens: int, requested: int, context_length: int):
         if requested > prompt_tokens:

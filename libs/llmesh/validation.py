@@ -5,13 +5,13 @@ clients may call it directly).
 The limits are declared once, as protovalidate rules (buf.validate) in protos/ where
 clients can read them, and enforced by buf's own validator: a domain request is
 checked in its protobuf form (llmesh.convert), so a rule changed in a .proto changes
-every front at once. What the rules cannot say (a JSON Schema that must parse, the
-wire types' ranges before anything is encoded, what an engine cannot do) is here."""
+every front at once. What the rules cannot say (a JSON Schema that must parse and stay
+within the schema bounds, the wire types' ranges before anything is encoded, what an
+engine cannot do) is here."""
 
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Callable
 
 import protovalidate
@@ -20,6 +20,7 @@ from google.protobuf.message import Message as PbMessage
 
 from llmesh.convert import request_to_pb, sampling_to_pb
 from llmesh.errors import InvalidArgument
+from llmesh.schema_bounds import check_request_size, check_schema
 from llmesh.types import Prompt, ResponseFormat, Sampling, Tools
 from llmesh.v1 import common_pb2, gateway_pb2
 
@@ -27,6 +28,7 @@ from llmesh.v1 import common_pb2, gateway_pb2
 # Out of these ranges a value cannot even be encoded, so they are checked first.
 UINT32_MAX = 2**32 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+SCHEMA_PARAM = "response_format.json_schema.schema"
 
 
 @functools.cache
@@ -100,8 +102,8 @@ def check_sampling(s: Sampling, chat: bool = True) -> None:
 
 
 def check_response_format(f: ResponseFormat) -> None:
-    """What the proto's rules cannot say: a schema only with json_schema, and one
-    that parses to a JSON object."""
+    """What the proto's rules cannot say: a schema only with json_schema, and one that
+    parses to a JSON object within the schema bounds (llmesh.schema_bounds)."""
     if f.type != "json_schema":
         if f.schema is not None:
             raise InvalidArgument(f"response_format of type '{f.type}' takes no schema.",
@@ -109,14 +111,7 @@ def check_response_format(f: ResponseFormat) -> None:
         return
     if not f.schema:
         raise InvalidArgument("response_format json_schema needs a schema.", param="response_format.json_schema")
-    try:
-        schema = json.loads(f.schema)
-    except ValueError:
-        raise InvalidArgument("response_format.json_schema.schema is not valid JSON.",
-                              param="response_format.json_schema.schema") from None
-    if not isinstance(schema, dict):
-        raise InvalidArgument("response_format.json_schema.schema must be a JSON object.",
-                              param="response_format.json_schema.schema")
+    check_schema(f.schema, SCHEMA_PARAM)
 
 
 def uses_tools(prompt: Prompt, tools: Tools | None) -> str | None:
@@ -151,6 +146,7 @@ def check_request(model: str, prompt: Prompt, sampling: Sampling, *, user: str |
     if not rules_checked:
         check_message(request_to_pb(model, prompt, sampling, user=user, tools=tools, texts=_texts_ruled()),
                       lambda path: http_name(path, prompt.is_chat))
+    check_schemas_size(sampling, tools)
     if sampling.response_format is not None:
         check_response_format(sampling.response_format)
     if tools is not None:
@@ -160,16 +156,22 @@ def check_request(model: str, prompt: Prompt, sampling: Sampling, *, user: str |
 def check_tools(tools: Tools) -> None:
     for i, tool in enumerate(tools.functions):
         if tool.parameters:
-            try:
-                ok = isinstance(json.loads(tool.parameters), dict)
-            except ValueError:
-                ok = False
-            if not ok:
-                raise InvalidArgument(f"tools[{i}].function.parameters must be a JSON Schema object.",
-                                      param=f"tools[{i}].function.parameters")
+            check_schema(tool.parameters, f"tools[{i}].function.parameters")
     if tools.choice == "function":
         if tools.function not in {t.name for t in tools.functions}:
             raise InvalidArgument(f"tool_choice names the function '{tools.function}', which is not in tools.",
                                   param="tool_choice")
     elif tools.choice in ("required",) and not tools.functions:
         raise InvalidArgument("tool_choice 'required' needs tools.", param="tool_choice")
+
+
+def check_schemas_size(sampling: Sampling, tools: Tools | None) -> None:
+    """The request's JSON schemas together, before any of them is walked."""
+    sizes = []
+    fmt = sampling.response_format
+    if fmt is not None and fmt.schema:
+        sizes.append((SCHEMA_PARAM, len(fmt.schema)))
+    for i, tool in enumerate(tools.functions if tools is not None else ()):
+        sizes.append((f"tools[{i}].function.parameters", len(tool.parameters)))
+    if sizes:
+        check_request_size(sizes)

@@ -12,8 +12,10 @@ import jsonschema
 import pytest
 
 from llmesh.errors import Internal, InvalidArgument
+from llmesh.schema_bounds import LIMITS
 from llmesh.types import Delta, Finish, Message, Prompt, ResponseFormat, Sampling
 from llmesh.engine.admission import Admission
+from llmesh.engine.backends.base import DecodeParams
 from llmesh.engine.backends.llamacpp import LlamaCppBackend
 from llmesh.engine.backends.sim import SimBackend, SimProfile
 from llmesh.engine.core import EngineCore
@@ -117,10 +119,65 @@ async def test_llamacpp_json_continued_after_a_failover_stays_one_json_value(lla
 
 
 async def test_llamacpp_refuses_a_schema_it_cannot_express(llama):
-    with pytest.raises(InvalidArgument) as info:
+    with pytest.raises(InvalidArgument) as info:  # the converter's refusal
+        await run(core_for(llama), MODEL, ask("x"), Sampling(max_tokens=5, response_format=ResponseFormat(
+            "json_schema", json.dumps({"type": "object", "properties": {"a": {"type": "string",
+                                                                              "pattern": "no anchors"}}}))))
+    assert info.value.param == "response_format.json_schema.schema"
+    with pytest.raises(InvalidArgument) as info:  # the schema bounds', naming the field
         await run(core_for(llama), MODEL, ask("x"), Sampling(max_tokens=5, response_format=ResponseFormat(
             "json_schema", json.dumps({"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}))))
+    assert info.value.param == "response_format.json_schema.schema.properties.a.$ref"
+
+
+def schema_params(schema: str, max_new_tokens: int = 24) -> DecodeParams:
+    return DecodeParams(max_new_tokens=max_new_tokens, temperature=0.0, top_p=1.0, seed=0,
+                        response_format=ResponseFormat("json_schema", schema))
+
+
+async def straight(backend, schema: str) -> str:
+    """A request straight to the backend, past the engine core's checks (as a caller of
+    the backend's own API would)."""
+    tokens = backend.tokenize(ask("Answer in JSON."))
+    async with aclosing(backend.stream(tokens, schema_params(schema))) as pieces:
+        return "".join([p async for p in pieces])
+
+
+@pytest.mark.parametrize("schema, param", [
+    ('{"type":"string","maxLength":100000}', "maxLength"),  # 36 bytes: SIGSEGV in llama.cpp's parser before
+    ('{"type":"array","items":{"type":"integer"},"minItems":10000000}', "minItems"),  # a 180 MB grammar before
+])
+async def test_llamacpp_refuses_what_would_crash_it_and_serves_on(llama, schema, param):
+    with pytest.raises(InvalidArgument) as info:  # through the engine core
+        await run(core_for(llama), MODEL, ask("x"), Sampling(max_tokens=5, response_format=ResponseFormat(
+            "json_schema", schema)))
+    assert info.value.param == f"response_format.json_schema.schema.{param}"
+    with pytest.raises(InvalidArgument) as info:  # and straight to the backend
+        await straight(llama, schema)
+    assert info.value.param == f"response_format.json_schema.schema.{param}"
+    text = await straight(llama, json.dumps(PERSON))
+    assert text.startswith("{"), text
+
+
+async def test_llamacpp_serves_schemas_at_the_bounds(llama):
+    """Each repetition bound at its limit converts, parses and constrains decoding."""
+    at_limits = {"type": "object", "required": ["tags", "code", "note"], "properties": {
+        "tags": {"type": "array", "items": {"type": "integer"}, "minItems": 1, "maxItems": LIMITS.max_items},
+        "code": {"type": "string", "pattern": f"^[a-z]{{1,{LIMITS.max_pattern_repeat}}}$"},
+        "note": {"type": "string", "maxLength": LIMITS.max_length},
+        "kind": {"enum": [f"k{i}" for i in range(LIMITS.max_enum - 8)]}}}
+    text = await straight(llama, json.dumps(at_limits))
+    assert text.startswith('{ "tags"') or text.startswith('{"tags"'), text
+
+
+async def test_llamacpp_refuses_a_grammar_its_parser_refuses(llama):
+    """Left recursion passes the bounds; llama.cpp's parser refuses it, on the worker: INVALID_ARGUMENT."""
+    left = {"type": "object", "properties": {"v": {"$ref": "#/$defs/l"}},
+            "$defs": {"l": {"anyOf": [{"$ref": "#/$defs/l"}, {"type": "null"}]}}}
+    with pytest.raises(InvalidArgument, match="left recursion") as info:
+        await straight(llama, json.dumps(left))
     assert info.value.param == "response_format.json_schema.schema"
+    assert (await straight(llama, json.dumps(PERSON))).startswith("{")
 
 
 async def test_sim_reports_its_uniform_logprobs_and_refuses_response_format():

@@ -10,7 +10,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
-from llmesh.errors import InvalidArgument, LlmeshError
+from llmesh.errors import InvalidArgument, domain_error
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Tracer
 
@@ -46,9 +46,12 @@ def _merged(already: Iterable[tuple[str, str | bytes]] | None, error: Metadata) 
 async def _abort(context: Context, exc: BaseException, method: str) -> None:
     if isinstance(exc, grpc.aio.AbortError):
         raise exc
-    if isinstance(exc, LlmeshError):
-        context.set_trailing_metadata(_merged(context.trailing_metadata(), trailing_metadata(exc)))
-        await context.abort(grpc_code(exc), exc.message)
+    err = domain_error(exc)
+    if err is not None:
+        if err is not exc:  # a RecursionError: said without its traceback
+            log.warning("request nested too deeply", extra={"method": method, "error": type(exc).__name__})
+        context.set_trailing_metadata(_merged(context.trailing_metadata(), trailing_metadata(err)))
+        await context.abort(grpc_code(err), err.message)
     log.exception("unhandled error", extra={"method": method})
     await context.abort(grpc.StatusCode.INTERNAL, "internal error")
 

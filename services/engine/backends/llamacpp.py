@@ -11,34 +11,14 @@ from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from pathlib import Path
 
-from llmesh.errors import Internal, InvalidArgument, ModelNotFound, NotFound
+from llmesh.errors import Internal, ModelNotFound, NotFound
 from llmesh.modelstore import ModelStore, quiet_native_stderr
 from llmesh.prompt_tokens import GgufChatTokenizer
-from llmesh.types import Prompt, ResponseFormat
+from llmesh.types import Prompt
 from llmesh.engine.backends.base import Capabilities, DecodeParams, Piece
 from llmesh.engine.backends.llamacpp_batch import BatchRunner, Sequence
+from llmesh.engine.backends.llamacpp_grammar import GrammarCompiler
 from llmesh.engine.kvblocks import BlockLedger
-
-
-def grammar_for(fmt: ResponseFormat) -> str:
-    """GBNF for a response format, with llama-cpp-python's JSON grammar and its
-    JSON-Schema converter."""
-    from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
-
-    if fmt.type == "json_object":
-        return JSON_GBNF
-    try:
-        grammar = json_schema_to_gbnf(fmt.schema or "{}")
-    except Exception as exc:  # noqa: BLE001 - the converter raises plain errors for schemas it cannot express
-        raise InvalidArgument(f"The JSON schema cannot be enforced: {exc}.",
-                              param="response_format.json_schema.schema") from None
-    # The converter's string characters admit raw control characters, which JSON
-    # forbids inside strings (its own JSON_GBNF excludes them): exclude them here too.
-    return grammar.replace(_LAX_CHAR, _JSON_CHAR)
-
-
-_LAX_CHAR = r'char ::= [^"\\] |'
-_JSON_CHAR = r'char ::= [^"\\\x7F\x00-\x1F] |'
 
 
 class LlamaCppBackend:
@@ -63,6 +43,8 @@ class LlamaCppBackend:
         self.context_length = min(n_ctx, llama_cpp.llama_model_n_ctx_train(self._model_p))
         self.vocab_size = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(self._model_p))
         self._loop: asyncio.AbstractEventLoop | None = None
+        # response formats' grammars: converted and parsed once off the event loop and decode thread
+        self._grammars = GrammarCompiler(llama_cpp.llama_model_get_vocab(self._model_p))
         with quiet_native_stderr():
             self._runner = BatchRunner(self._model_p, llama_cpp.llama_model_get_vocab(self._model_p),
                                        n_slots=n_slots, n_ctx_per_seq=self.context_length, n_threads=n_threads,
@@ -114,7 +96,8 @@ class LlamaCppBackend:
             raise NotFound(f"the llamacpp backend serves no adapters; {params.adapter!r} is not loaded")
         self._loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
-        grammar = grammar_for(params.response_format) if params.response_format is not None else None
+        fmt = params.response_format
+        grammar = await self._grammars.grammar(fmt) if fmt is not None else None
         answered = list(tokens[len(tokens) - params.continued_tokens:]) if params.continued_tokens else []
         seq = Sequence(prompt=list(tokens), params=params, sink=queue, grammar=grammar, answered=answered)
         self._runner.submit(seq)
@@ -144,6 +127,7 @@ class LlamaCppBackend:
     async def close(self) -> None:
         import llama_cpp
 
+        self._grammars.close()
         await asyncio.to_thread(self._runner.stop)
         llama_cpp.llama_model_free(self._model_p)
         self._vocab.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
@@ -18,7 +19,7 @@ from typing import Any, cast
 
 import orjson
 
-from llmesh.errors import ErrorCode, InvalidArgument, LlmeshError
+from llmesh.errors import ErrorCode, InvalidArgument, LlmeshError, NestedTooDeep
 from llmesh.logs import request_id_var
 from llmesh.request_id import accept
 from llmesh.types import Delta, Finish, TokenLogprob
@@ -27,6 +28,8 @@ from llmesh.gateway.fronts.openai_api import (CHAT, TEXT, Body, ChatBody, Choice
                                               ToolCalls, completion_json, error_json, parse, sse)
 from llmesh.gateway.context import CompletionRequest, Context
 from llmesh.gateway.pipeline import Pipeline
+
+log = logging.getLogger("llmesh.gateway.http")
 
 HTTP_STATUS = {
     ErrorCode.INVALID_ARGUMENT: 400, ErrorCode.NOT_FOUND: 404, ErrorCode.RESOURCE_EXHAUSTED: 429,
@@ -217,6 +220,9 @@ class HttpFront:
                         rid=rid, extra=ctxs[0].headers)
         except LlmeshError as exc:
             await _error(send, exc, rid)
+        except RecursionError:  # the client's nesting, not a bug: 400 without the traceback
+            log.warning("request nested too deeply")
+            await _error(send, NestedTooDeep(), rid)
 
     async def _stream(self, send: Send, rid: str, writer: ChunkWriter,
                       first: tuple[int, Delta | Finish], items: ChoiceItems,
@@ -267,8 +273,9 @@ class HttpFront:
                 usage = writer.usage(total.usage)
                 if usage is not None:
                     tail += sse(usage)
-            except LlmeshError as exc:
+            except (LlmeshError, RecursionError) as caught:
                 # Headers are gone; OpenAI's convention is an error object in the stream.
+                exc = caught if isinstance(caught, LlmeshError) else NestedTooDeep()
                 tail += sse(error_json(HTTP_STATUS[exc.code], exc.message, exc.reason, exc.param))
             yield tail + b"data: [DONE]\n\n", False
 
