@@ -45,6 +45,18 @@ class GatewaySettings(ServiceSettings):
     audit_file: Path | None = Field(default=None, description="default <state_dir>/audit.jsonl; one per gateway process "
                                   "(worker i of several writes <stem>.worker<i><suffix>)")
     audit_fsync: bool = Field(default=False, description="fsync every written batch")
+    # The guards (PII masking, the prompt-injection screen) on a large prompt run in worker processes.
+    guard_workers: int = Field(default=2, ge=0, le=64, description="worker processes for the guards' work on "
+                               "large prompts (a small one is screened inline); 0: all inline, on the event loop")
+    guard_deadline_s: float = Field(default=5.0, gt=0, description="longest the guards may work on one prompt; "
+                                    "then the request is refused (400 guard_timeout)")
+    guard_queue: int = Field(default=16, ge=1, description="large prompts waiting for a guard worker; more get 429 "
+                             "(guards_busy)")
+    injection_scan_chars: int = Field(default=128 * 1024, ge=1, description="characters of a message the "
+                                      "prompt-injection screen reads; past them it decides on what it read and the "
+                                      "request's record says injection_truncated")
+    injection_scan_total_chars: int = Field(default=512 * 1024, ge=1, description="characters of a request the "
+                                            "prompt-injection screen reads")
 
     @model_validator(mode="after")
     def _workers_share_fixed_ports(self) -> GatewaySettings:

@@ -182,7 +182,8 @@ class HttpFront:
                                     operation="chat" if shape.chat else "text_completion",
                                     credential=bearer(headers), tools=body.tools_value(),
                                     stream=bool(body.stream))
-            ctxs = [Context.of(r) for r in choice_requests(req, n)]
+            shared: dict | None = {} if n > 1 else None  # the choices' common work (the guards')
+            ctxs = [Context.of(r, shared) for r in choice_requests(req, n)]
             items = merge([self._pipeline.run(c.req, c) for c in ctxs])
             want_logprobs = sampling.logprobs is not None
             if body.stream:

@@ -31,4 +31,6 @@ class AuditStage(Stage):
                             ("injection_score", r.injection_score), ("injection_rules", r.injection_rules)):
             if value is not None:
                 fields[name] = value
+        if r.injection_truncated:
+            fields["injection_truncated"] = True
         self._log.append("request", fields)

@@ -62,6 +62,15 @@ class Placeholders:
         self._next: Counter[str] = Counter()
         self._reserved = set(reserved)
 
+    def copy(self) -> Placeholders:
+        """An independent copy: each choice of a request (``n`` > 1) masks its own answer, starting
+        from the prompt's placeholders."""
+        other = Placeholders(self._reserved)
+        other.found = dict(self.found)
+        other._by_value = dict(self._by_value)
+        other._next = Counter(self._next)
+        return other
+
     def reserve(self, texts: Iterable[str]) -> None:
         """Keeps placeholder-shaped text already present in ``texts`` from being handed out."""
         for text in texts:
