@@ -219,17 +219,19 @@ def run(args: argparse.Namespace) -> dict:
             rss = RssSampler(gateway)
             ctx = multiprocessing.get_context("spawn")
             stop, out = ctx.Event(), str(Path(tmp) / "victims.json")
-            proc = ctx.Process(target=victims, args=(url, out, stop, args.victims))
+            proc = ctx.Process(target=victims, args=(url, out, stop, args.victims), daemon=True)
             proc.start()
-            time.sleep(2.0)  # the victims' process and connections up
-            base_start = time.monotonic()
-            note(f"baseline: {args.baseline_s:g} s of small requests alone")
-            time.sleep(args.baseline_s)
-            baseline = (base_start, time.monotonic())
-            windows = asyncio.run(attack(url, by_class(args.max_bytes, set(args.only)), args.attackers))
-            stop.set()
-            proc.join(60)
-            rss.stop()
+            try:
+                time.sleep(2.0)  # the victims' process and connections up
+                base_start = time.monotonic()
+                note(f"baseline: {args.baseline_s:g} s of small requests alone")
+                time.sleep(args.baseline_s)
+                baseline = (base_start, time.monotonic())
+                windows = asyncio.run(attack(url, by_class(args.max_bytes, set(args.only)), args.attackers))
+            finally:
+                stop.set()
+                proc.join(60)
+                rss.stop()
             rows = json.loads(Path(out).read_text())
         finally:
             mesh.stop(signal.SIGINT)

@@ -13,7 +13,9 @@ stall but still spend the loop's one core on the attacker's prompt.
 
 A job that runs past its deadline is stopped in the worker (SIGALRM) and the request refused
 (400 ``guard_timeout``): the rules are linear, so only a prompt far larger than any model's
-context gets there. More jobs than ``queue`` waiting is a 429 (``guards_busy``)."""
+context gets there. A job whose worst-case bound (``screening.worst_seconds``) is over twice
+the time left is refused at once, so a hopeless prompt costs a worker ~0.1 s, not the deadline.
+More jobs than ``queue`` waiting is a 429 (``guards_busy``)."""
 
 from __future__ import annotations
 
@@ -47,8 +49,8 @@ def _work(job: GuardJob, deadline: float) -> GuardResult | None:
     """In the worker: the job, or None when ``deadline`` (time.monotonic, the same clock in every
     process of the machine) passed before it finished."""
     remaining = deadline - time.monotonic()
-    if remaining <= 0:
-        return None
+    if remaining <= 0 or (job.kinds is not None and screening.worst_seconds(job.prompt) > 2 * remaining):
+        return None  # late, or hopeless: not worth the deadline's time of a worker
     signal.signal(signal.SIGALRM, _alarm)
     signal.setitimer(signal.ITIMER_REAL, remaining)
     try:

@@ -21,6 +21,10 @@ from llmesh.gateway.domain.guards.pii import PiiMasker, Placeholders
 INLINE_CHARS = 4096
 INLINE_CANDIDATES = 128
 _CANDIDATES = "0123456789@:-_AJ"  # where PII rules are tried (pii._MAYBE_PII)
+# The worst costs measured (bench.hostile's shapes, one core): per character read, per place a PII
+# rule is tried. An upper bound on a job's time, within about 2x.
+WORST_S_PER_CHAR = 0.05e-6
+WORST_S_PER_CANDIDATE = 2.5e-6
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +48,15 @@ class GuardResult:
 
 def texts(prompt: Prompt) -> list[str]:
     return [m.content for m in prompt.messages] if prompt.messages is not None else [prompt.text or ""]
+
+
+def worst_seconds(prompt: Prompt) -> float:
+    """About the longest the job can take, from a few C-speed passes over the text (a 16 MiB prompt:
+    ~0.1 s). A job that could not finish within its deadline by this bound is refused at once
+    rather than tried for the whole deadline."""
+    parts = texts(prompt)
+    candidates = sum(t.count(c) for t in parts for c in _CANDIDATES)
+    return sum(map(len, parts)) * WORST_S_PER_CHAR + candidates * WORST_S_PER_CANDIDATE
 
 
 def light(prompt: Prompt) -> bool:
