@@ -110,7 +110,7 @@ class GuardWorkers:
                 result = None
             except BrokenProcessPool:
                 log.error("a guard worker died; starting new ones")
-                self._pool = None
+                self.close()
                 raise Unavailable("The gateway's guard worker stopped; retry.", reason="guards_unavailable")
         finally:
             self._waiting -= 1

@@ -61,7 +61,7 @@ class GuardStage(Stage):
         placeholders, found = None, None
         if result is not None and job.kinds is not None:
             placeholders = result.placeholders.copy() if result.placeholders is not None else None
-            if result.counts:
+            if result.counts and result.prompt is not None:
                 ctx.record.pii = dict(result.counts)
                 ctx.req = replace(ctx.req, prompt=_own(ctx.req.prompt, result.prompt))
             if guards.restore and result.found:

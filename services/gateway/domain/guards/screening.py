@@ -40,7 +40,7 @@ class GuardJob:
 @dataclass(frozen=True, slots=True)
 class GuardResult:
     verdict: Verdict | None
-    prompt: Prompt  # masked (the job's own prompt when nothing was masked)
+    prompt: Prompt | None  # masked; None when nothing was (a worker then sends no copy of it back)
     counts: dict[str, int] = field(default_factory=dict)  # kind -> occurrences masked
     found: dict[str, str] = field(default_factory=dict)  # placeholder -> original
     placeholders: Placeholders | None = None
@@ -77,13 +77,13 @@ def run(job: GuardJob, screen: InjectionScreen | None = None, masker: PiiMasker 
                                            max_total_chars=job.max_total_chars)
         verdict = screen.check(prompt.messages) if prompt.messages is not None else screen.check_text(prompt.text or "")
     if job.kinds is None:
-        return GuardResult(verdict, prompt)
+        return GuardResult(verdict, None)
     masker = masker or PiiMasker(job.kinds)
     if prompt.messages is not None:
         chat = masker.mask_messages(prompt.messages)
-        masked_prompt = Prompt(messages=chat.messages) if chat.counts else prompt
+        masked_prompt = Prompt(messages=chat.messages) if chat.counts else None
         return GuardResult(verdict, masked_prompt, dict(chat.counts), dict(chat.found), chat.placeholders)
     masked = masker.mask(prompt.text or "")
-    masked_prompt = Prompt(text=masked.text) if masked.counts else prompt
+    masked_prompt = Prompt(text=masked.text) if masked.counts else None
     return GuardResult(verdict, masked_prompt, dict(masked.counts), dict(masked.found), masked.placeholders)
 
