@@ -58,7 +58,7 @@ def test_each_injection_rule_is_linear(rule):
 
 
 @pytest.mark.parametrize("shape", [
-    lambda n: "ignore " + fill("your ", n) + " instructions",  # overlapping (word\s+)* groups: 16 KB took 2.3 s
+    lambda n: "ignore " + fill("your ", n) + " x instructions",  # overlapping (word\s+)* groups: 16 KB took 2.3 s
     lambda n: fill("system ", n) + ":",  # a line re-sliced at every start word
     lambda n: fill("<|im_start|>", n),
     lambda n: fill("QUJD", n),  # one long base64 run
