@@ -136,8 +136,14 @@ images:
 	for target in gateway scheduler modelmgr cache engine-cpu engine-gpu; do \
 	    docker build -f deploy/docker/Dockerfile --target $$target -t llmesh/$$target:$(TAG) . || exit 1; done
 
+# One layer at a time (tests/conftest.py marks each test under tests/e2e `e2e`). pytest's exit
+# code 5, no test collected, fails these targets like any other non-zero code.
 test-unit: install
 	$(BIN)/python -m pytest -q tests/unit
+
+# The whole mesh as processes: needs the test servers (tools) and the built TypeScript example.
+test-e2e: tools install ts-example
+	$(BIN)/python -m pytest -q -m e2e --ignore=tests/deploy
 
 # The benchmarks are listed once, in bench/__main__.py (python -m bench shows them).
 bench: install bench-tools

@@ -8,7 +8,20 @@ import pytest
 from llmesh.testing import EtcdServer, PostgresServer, RedisServer
 
 ROOT = Path(__file__).resolve().parents[1]
+TESTS = ROOT / "tests"
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy loads: as the cache service runs it
+
+# Every test under tests/<layer>/ carries that layer's marker (pyproject declares them):
+# `make test-e2e` is `pytest -m e2e`, and `-m "not e2e"` is everything else.
+LAYER_MARKERS = {"e2e": "e2e", "chaos": "chaos"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.is_relative_to(TESTS):
+            layer = item.path.relative_to(TESTS).parts[0]
+            if layer in LAYER_MARKERS:
+                item.add_marker(LAYER_MARKERS[layer])
 
 
 @pytest.fixture(scope="session")
@@ -20,26 +33,33 @@ def real_model_dir() -> Path:
     return path
 
 
+def running(server):
+    """A fixture's body for a server of llmesh.testing: started, yielded, stopped (also when
+    it fails to start part way)."""
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+
+
+def require(program: str, package: str) -> None:
+    if shutil.which(program) is None:
+        pytest.fail(f"{program} is not installed: apt-get install {package} (make test does)")
+
+
 @pytest.fixture(scope="session")
 def etcd(tmp_path_factory):
     """A real etcd-server on free 127.0.0.1 ports, shared by tests that use their own key prefixes."""
-    if shutil.which("etcd") is None:
-        pytest.fail("etcd is not installed: apt-get install etcd-server (.ci/run does)")
-    server = EtcdServer(tmp_path_factory.mktemp("etcd") / "data")
-    server.start()
-    yield server
-    server.stop()
+    require("etcd", "etcd-server")
+    yield from running(EtcdServer(tmp_path_factory.mktemp("etcd") / "data"))
 
 
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory):
     """A real redis-server on a free 127.0.0.1 port; tests use their own key prefixes or flush."""
-    if shutil.which("redis-server") is None:
-        pytest.fail("redis-server is not installed: apt-get install redis-server (make test does)")
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    server.start()
-    yield server
-    server.stop()
+    require("redis-server", "redis-server")
+    yield from running(RedisServer(tmp_path_factory.mktemp("redis")))
 
 
 @pytest.fixture(scope="session")
@@ -48,12 +68,9 @@ def postgres_server(tmp_path_factory):
     # Not under pytest's tmp dir: that is root-only, and as root the cluster runs as 'postgres'.
     root = Path(tempfile.mkdtemp(prefix="llmesh-pg-"))
     root.chmod(0o755)
-    server = PostgresServer(root / "data")
     try:
-        server.start()
-        yield server
+        yield from running(PostgresServer(root / "data"))
     finally:
-        server.stop()
         shutil.rmtree(root, ignore_errors=True)
 
 

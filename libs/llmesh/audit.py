@@ -21,6 +21,9 @@ a thread); a writer thread writes what is queued every ``batch_s`` (50 ms) with 
 ``fsync`` when asked), sooner when 512 lines wait or someone flushes.
 ``flush`` waits until everything appended so far is written; ``aflush`` does so off the event loop.
 Records still queued when a process dies are lost: ``close()`` (or ``flush()``) on shutdown.
+A write that fails (disk full, I/O error) stops the log: the records of that batch and any
+still queued are lost (``on_lost`` is told how many), ``writable`` turns False, and every
+later ``append`` raises :class:`AuditError`, until the process restarts.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ KINDS = ("request", "admin")
 REQUEST_FIELDS = frozenset({
     "request_id", "tenant", "key_id", "subject", "groups", "model", "endpoint", "operation", "status",
     "decision", "reason", "priority", "prompt_tokens", "completion_tokens", "cost", "latency_ms", "cache",
-    "pii", "injection_score", "injection_rules", "client",
+    "pii", "injection_score", "injection_rules", "injection_truncated", "client", "client_request_id",
 })
 ADMIN_FIELDS = frozenset({
     "actor", "action", "target", "tenant", "key_id", "models", "expires", "revision", "result", "reason",
@@ -153,8 +156,10 @@ class AuditLog:
     """Appends records to ``path``, continuing the chain already in it."""
 
     def __init__(self, path: str | os.PathLike[str], *, fields: Mapping[str, frozenset[str]] | None = None,
-                 fsync: bool = False, clock: Callable[[], float] = time.time, batch_s: float = 0.05):
+                 fsync: bool = False, clock: Callable[[], float] = time.time, batch_s: float = 0.05,
+                 on_lost: Callable[[int], None] = lambda n: None):
         self.path = Path(path)
+        self._on_lost = on_lost  # told how many queued records a failed write lost (from the writer thread)
         self._batch_s = batch_s  # the writer wakes this often (or at 512 queued, or on flush), not per record
         self._allowed = dict(fields) if fields is not None else {"request": REQUEST_FIELDS, "admin": ADMIN_FIELDS}
         self._fsync = fsync
@@ -171,6 +176,12 @@ class AuditLog:
         self._ts_ms, self._ts = -1, ""
         self._writer = threading.Thread(target=self._write_loop, name=f"audit-writer:{self.path.name}", daemon=True)
         self._writer.start()
+
+    @property
+    def writable(self) -> bool:
+        """Records appended now will be written (as far as the log knows): no write has
+        failed and it is not closed."""
+        return self._error is None and not self._closing
 
     @property
     def head(self) -> Appended:
@@ -262,7 +273,10 @@ class AuditLog:
             except OSError as exc:
                 with self._cond:
                     self._error = exc
+                    lost = len(batch) + len(self._queue)
+                    self._queue = []
                     self._cond.notify_all()
+                self._on_lost(lost)
                 return
             with self._cond:
                 self._written_seq = upto

@@ -88,6 +88,28 @@ class Unavailable(LlmeshError):
     code = ErrorCode.UNAVAILABLE
 
 
+class EngineLost(Unavailable):
+    """The engine's process went away under a call it had taken (killed, crashed): its
+    connection reset or closed before the answer ended. Not a refusal the engine sent
+    (draining, a full queue), nor a connection refused before the call reached it."""
+
+    def __init__(self, message: str):
+        super().__init__(message, reason="engine_lost")
+
+
+class PoisonRequest(InvalidArgument):
+    """The engines that took a request went away under it, one after another: it is
+    refused rather than tried on yet another engine (it may be what kills them). A 400
+    (INVALID_ARGUMENT), not a 5xx, so clients and SDKs do not send it again by
+    themselves, each time taking engines down with it."""
+
+    def __init__(self, request_id: str, lost: int):
+        super().__init__(
+            f"Request {request_id} was not answered: {lost} engines stopped while it was on them, one after "
+            "the other, so it is not tried on another. It may be what stops them; if the request is valid, "
+            f"report its id ({request_id}).", reason="poison_request")
+
+
 class DiscoveryError(Unavailable):
     """The discovery backend (etcd, Consul) failed or refused a call: unreachable, no
     leader, permission denied, a bad answer. Every backend raises this and only this,

@@ -15,6 +15,8 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
+from llmesh.ports import DEFAULT_BIND_WAIT_S, bind_retrying
+
 
 class _Server(ThreadingMixIn, WSGIServer):
     daemon_threads = True
@@ -36,3 +38,9 @@ def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> WSGIServ
     server = make_server(host, port, classic_text, server_class=_Server, handler_class=_QuietHandler)
     threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
     return server
+
+
+async def start_metrics(registry: CollectorRegistry, host: str, port: int,
+                        wait_s: float = DEFAULT_BIND_WAIT_S) -> WSGIServer:
+    """``serve_metrics``, waiting up to ``wait_s`` for a taken port (llmesh.ports)."""
+    return await bind_retrying(lambda: serve_metrics(registry, host, port), f"{host}:{port}", wait_s=wait_s)

@@ -19,7 +19,7 @@ from llmesh.backoff import Backoff
 from llmesh.discovery.base import Instance, unspecified
 from llmesh.liveconfig.live import ConfigUnavailable
 from llmesh.logs import setup_logging
-from llmesh.metrics_http import serve_metrics
+from llmesh.metrics_http import start_metrics
 from llmesh.platform import Platform, build_platform
 from llmesh.settings import MeshSettings, ServiceSettings
 from llmesh.discovery.base import Registry
@@ -113,7 +113,8 @@ async def serve(name: str, build: Callable[[Platform], App], settings: ServiceSe
         raise StartFailed(str(exc)) from exc
     metrics_server = None
     if settings.metrics_port is not None and worker is None:
-        metrics_server = serve_metrics(platform.metrics, settings.host, settings.metrics_port)
+        metrics_server = await start_metrics(platform.metrics, settings.host, settings.metrics_port,
+                                             settings.bind_wait_s)
     app = build(platform)
     await app.start()
     registration = None

@@ -10,6 +10,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from llmesh.discovery.base import advertisable
+from llmesh.ports import DEFAULT_BIND_WAIT_S
 
 
 class ServiceSettings(BaseSettings):
@@ -22,6 +23,10 @@ class ServiceSettings(BaseSettings):
     event_loop: Literal["uvloop", "asyncio"] = "uvloop"
     metrics_port: int | None = Field(default=None, ge=0, le=65535,
                                      description="serve Prometheus /metrics on host:port; off when unset")
+    bind_wait_s: float = Field(default=DEFAULT_BIND_WAIT_S, ge=0, description="how long a listener whose port is "
+                               "taken (by another process, or for a moment by an outgoing connection) tries again "
+                               "before the service fails naming the port and its holder; a port only closed "
+                               "connections hold (TIME_WAIT) is waited for up to 65 s. See docs/operations.md, Ports")
     advertise_address: str | None = Field(
         default=None, description="host:port other hosts reach this service at, as registered in discovery "
         "(and, for an engine, handed to gateways); needed when `host` is 0.0.0.0 or ::. Default: the bound address")

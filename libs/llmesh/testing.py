@@ -4,6 +4,8 @@ every process started here is stopped here."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import random
 import signal
@@ -12,8 +14,12 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from llmesh.cli.layout import Layout
 
@@ -103,6 +109,19 @@ class Mesh:
     def stop(self, sig: int = signal.SIGINT, timeout_s: float = 30.0) -> int:
         return terminate(self.proc, sig, timeout_s)
 
+    def metrics_ports(self) -> dict[str, int]:
+        """The /metrics port of each live process of the mesh (as its supervisor.json names them)."""
+        path = self.log_dir / "supervisor.json"
+        # written just after the "llmesh is up" line that start() waits for
+        if not wait_until(path.is_file, 5.0):
+            raise RuntimeError(f"no {path}: is the mesh running?")
+        state = json.loads(path.read_text())
+        return {c["name"]: self.layout.metrics_port(c["name"]) for c in state["children"] if c["alive"]}
+
+    def wait_for_config(self, revision: int, timeout_s: float = 10.0) -> None:
+        """Block until every process of the mesh runs config ``revision`` (or a newer one)."""
+        wait_for_config_revision(self.metrics_ports(), revision, timeout_s)
+
 
 @dataclass
 class Service:
@@ -139,13 +158,73 @@ def terminate(proc: subprocess.Popen[bytes] | subprocess.Popen[str] | None, sig:
     return proc.returncode
 
 
-def wait_until(predicate, timeout_s: float = 10.0, interval_s: float = 0.05) -> bool:
+def wait_until(predicate: Callable[[], object], timeout_s: float = 10.0, interval_s: float = 0.05) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if predicate():
             return True
         time.sleep(interval_s)
     return bool(predicate())
+
+
+async def wait_until_async(predicate: Callable[[], object], timeout_s: float = 10.0,
+                           interval_s: float = 0.02) -> bool:
+    """``wait_until`` for async tests: polls without blocking the event loop."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        await asyncio.sleep(interval_s)
+    return bool(predicate())
+
+
+def metric_values(port: int, name: str, timeout_s: float = 2.0) -> list[float]:
+    """The values of the samples called ``name`` on the /metrics page at 127.0.0.1:``port``;
+    empty when the page does not answer."""
+    try:
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=timeout_s).text
+    except httpx.HTTPError:
+        return []
+    return [s.value for fam in text_string_to_metric_families(text) for s in fam.samples if s.name == name]
+
+
+def write_config_file(path: Path, text: str) -> int:
+    """Replace a live-config file in one step (as ``FileStore.write`` does, so no service
+    reads it half written); the revision the services will report for it (its mtime in ns).
+    A file's clock ticks coarsely (a few ms): a write in the same tick as the last one would
+    repeat its revision, which services ignore, so it is written again on the next tick."""
+    last = path.stat().st_mtime_ns if path.exists() else -1
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    while True:
+        tmp.write_text(text)
+        tmp.replace(path)
+        revision = path.stat().st_mtime_ns
+        if revision > last:
+            return revision
+        time.sleep(0.005)
+
+
+def wait_for_config_revision(metrics_ports: Mapping[str, int], revision: int, timeout_s: float = 10.0) -> None:
+    """Block until every service (name -> its /metrics port) reports ``llmesh_config_revision``
+    at ``revision`` or later: the config a test wrote is the one in force. Polls instead of
+    sleeping; after ``timeout_s``, AssertionError naming each service behind, the revision it
+    reports and how many documents it rejected."""
+    if not metrics_ports:
+        raise ValueError("no service to wait for")
+    behind = dict(metrics_ports)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        # The gauge is a float: a file's ns mtime compares after the same rounding.
+        behind = {name: port for name, port in behind.items()
+                  if not any(v >= float(revision) for v in metric_values(port, "llmesh_config_revision"))}
+        if not behind or time.monotonic() >= deadline:
+            break
+        time.sleep(0.05)
+    if behind:
+        report = ", ".join(
+            f"{name} at {metric_values(port, 'llmesh_config_revision') or 'no revision'} "
+            f"(rejected {sum(metric_values(port, 'llmesh_config_rejected_total'))})" for name, port in behind.items())
+        raise AssertionError(f"config revision {revision} not in force within {timeout_s} s: {report}")
 
 
 @dataclass

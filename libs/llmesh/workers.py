@@ -1,11 +1,14 @@
 """Several worker processes of one service on the same ports, under one supervisor.
 
-Each worker binds the service's ports with SO_REUSEPORT (:func:`reuse_port_socket`, and
-``GrpcServer(reuse_port=True)``), so the kernel spreads new connections over them and one
+Each worker binds the service's ports with SO_REUSEPORT (``llmesh.ports.listen_socket(reuse_port=True)``,
+and ``GrpcServer(reuse_port=True)``), so the kernel spreads new connections over them and one
 service uses every core. The supervisor (:func:`supervise`):
 
 - starts ``count`` workers (``argv`` + ``--worker I --ready-fd FD``) and waits for each to
   write one byte on its pipe once it serves; if one does not, it stops the others and exits 1;
+- checks, once they serve, that no other process listens on their ports beside them (SO_REUSEPORT
+  would let another of this user's processes, a second mesh's gateway say, take a share of the
+  connections silently); if one does, it stops the workers and exits 1 naming it;
 - registers the one instance in discovery (the workers register nothing), at the service's
   address: it lives as long as the service, while any single worker may die and come back;
 - serves the workers' metrics merged on the service's metrics port (prometheus_client's
@@ -27,7 +30,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -40,8 +42,9 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
 from llmesh.logs import setup_logging
-from llmesh.metrics_http import serve_metrics
+from llmesh.metrics_http import start_metrics
 from llmesh.platform import build_registry
+from llmesh.ports import foreign_listeners, split_address
 from llmesh.restarts import RestartBudget, RestartPolicy
 from llmesh.service import Registration, StartFailed, check_advertisable
 from llmesh.settings import MeshSettings, ServiceSettings
@@ -57,20 +60,6 @@ STOP_MARGIN_S = 1.5
 
 class WorkersFailed(RuntimeError):
     """Workers did not start, or one kept dying past its restart budget."""
-
-
-def reuse_port_socket(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to host:port with SO_REUSEPORT (not yet listening), for a server
-    that shares its port with the other workers."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
-    return sock
 
 
 def ready_signal(fd: int) -> Callable[[], None]:
@@ -209,8 +198,19 @@ def fresh_metrics_dir(name: str, parent: str | None = None) -> str:
     return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=root)
 
 
+async def _check_alone(supervisor: Supervisor, addresses: Sequence[str]) -> None:
+    """Stops the workers and raises WorkersFailed if another process listens on their ports."""
+    for address in addresses:
+        strangers = await asyncio.to_thread(foreign_listeners, *split_address(address), supervisor.pids())
+        if strangers:
+            await supervisor.stop()
+            raise WorkersFailed(f"{address} is shared with {', '.join(strangers)}: it listens there with "
+                                "SO_REUSEPORT too, and would take a share of the connections; stop it or "
+                                "give this service other ports")
+
+
 async def _supervise(name: str, settings: ServiceSettings, argv: Sequence[str], count: int,
-                     health_service: str, policy: RestartPolicy) -> int:
+                     health_service: str, policy: RestartPolicy, shared: Sequence[str]) -> int:
     mesh = MeshSettings()
     check_advertisable(name, settings, mesh)
     loop = asyncio.get_running_loop()
@@ -227,12 +227,14 @@ async def _supervise(name: str, settings: ServiceSettings, argv: Sequence[str], 
             MultiProcessCollector(registry, path=metrics_dir)
             restarts = Counter("llmesh_worker_restarts", "Worker processes restarted after an unexpected exit.",
                                registry=registry)
-            metrics_server = serve_metrics(registry, settings.host, settings.metrics_port)
+            metrics_server = await start_metrics(registry, settings.host, settings.metrics_port,
+                                                 settings.bind_wait_s)
         supervisor = Supervisor(
             argv, count, env, grace_s=settings.grace_s, policy=policy,
             on_exit=(lambda pid: mark_process_dead(pid, metrics_dir)) if metrics_dir else (lambda pid: None),
             on_restart=restarts.inc if restarts is not None else (lambda: None))
         await supervisor.start()
+        await _check_alone(supervisor, shared or [settings.address])
         registry_backend = build_registry(mesh)
         registration = Registration(name, registry_backend, mesh, settings.advertise_address or settings.address,
                                     health_service)
@@ -258,10 +260,11 @@ async def _supervise(name: str, settings: ServiceSettings, argv: Sequence[str], 
 
 
 def supervise(name: str, settings: ServiceSettings, argv: Sequence[str], count: int, health_service: str,
-              policy: RestartPolicy = RestartPolicy()) -> None:
-    """Run ``count`` workers of ``name`` (each started as ``argv``) until SIGTERM or SIGINT."""
+              policy: RestartPolicy = RestartPolicy(), shared: Sequence[str] = ()) -> None:
+    """Run ``count`` workers of ``name`` (each started as ``argv``) until SIGTERM or SIGINT;
+    ``shared``: the host:port addresses the workers share (default: the service's address)."""
     setup_logging(name, settings.log_level, {"role": "supervisor"})
-    main = _supervise(name, settings, argv, count, health_service, policy)
+    main = _supervise(name, settings, argv, count, health_service, policy, shared)
     try:
         code = uvloop.run(main) if settings.event_loop == "uvloop" else asyncio.run(main)
     except (OSError, StartFailed, WorkersFailed) as exc:

@@ -38,7 +38,8 @@ def build_backend(settings: EngineSettings) -> Backend:
                                  decode_ms_per_seq=settings.sim_decode_ms_per_seq,
                                  kv_blocks=settings.sim_kv_blocks, max_batch=settings.max_running,
                                  output_tokens=settings.sim_output_tokens)
-        return SimBackend(model=settings.model, context_length=settings.sim_context_length, profile=profile)
+        return SimBackend(model=settings.model, context_length=settings.sim_context_length, profile=profile,
+                          die_on=settings.sim_die_on)
     if settings.backend == "vllm":
         from llmesh.engine.backends.vllm import VllmBackend
         return VllmBackend.create(settings.vllm_model_path or settings.model, served_name=settings.model,
@@ -84,7 +85,7 @@ class EngineApp:
             "llmesh.v1.Engine", EngineServicer(self.core, self.lifecycle, settings.endpoint_id),
             engine_pb2_grpc.add_EngineServicer_to_server)],
             tracer=platform.tracing.tracer if platform else None,
-            identity=platform.identity if platform else None)
+            identity=platform.identity if platform else None, bind_wait_s=settings.bind_wait_s)
         self._platform = platform
         self.hardware = scheduler_pb2.HardwareProfile()
         self.self_test = scheduler_pb2.SelfTest()

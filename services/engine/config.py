@@ -6,7 +6,7 @@ import socket
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from llmesh.settings import DEFAULT_PORTS, ServiceSettings, default_address
@@ -81,3 +81,17 @@ class EngineSettings(ServiceSettings):
     sim_output_tokens: int = Field(default=64, ge=1)
     sim_profile: Path | None = Field(default=None, description="a profile fitted by `llmesh bench engine "
                                      "--calibrate`; replaces the sim_* timings above")
+
+    # Fault injection: test aids, refused unless fault_injection is on. Never in production.
+    fault_injection: bool = Field(default=False, description="allow fault-injection settings (sim_die_on); tests "
+                                  "only, never in production")
+    sim_die_on: str | None = Field(default=None, min_length=1, description="fault injection (tests only; needs "
+                                   "LLMESH_ENGINE_FAULT_INJECTION=true): a sim engine whose prompt contains this "
+                                   "text kills its own process (SIGKILL) before answering")
+
+    @model_validator(mode="after")
+    def _fault_injection_is_asked_for(self) -> EngineSettings:
+        if self.sim_die_on is not None and not self.fault_injection:
+            raise ValueError("sim_die_on is a fault-injection aid for tests: it needs "
+                             "LLMESH_ENGINE_FAULT_INJECTION=true as well")
+        return self

@@ -54,7 +54,8 @@ def main(argv: list[str] | None = None) -> None:
             logging.getLogger("llmesh.gateway").error("cannot start", extra={"error": problem})
             raise SystemExit(1)
         supervise("gateway", settings, [sys.executable, "-m", "llmesh.gateway", "--workers", str(settings.workers)],
-                  settings.workers, "llmesh.v1.Gateway")
+                  settings.workers, "llmesh.v1.Gateway",
+                  shared=[settings.address, f"{settings.http_host}:{settings.http_port}"])
     else:
         run("gateway", settings, GatewayApp)
 

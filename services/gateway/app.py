@@ -21,7 +21,7 @@ from llmesh.liveconfig.schema import MeshConfig
 from llmesh.platform import Platform, standalone_platform
 from llmesh.rpc.server import GrpcServer, ServiceBinding
 from llmesh.shadow import FileShadowStore, RedisShadowStore
-from llmesh.workers import reuse_port_socket
+from llmesh.ports import bind_retrying, listen_socket
 from llmesh.v1 import gateway_pb2_grpc
 from llmesh.gateway.config import GatewaySettings
 from llmesh.gateway.domain.limits import FallbackLimiter, Limiter, LocalLimiter
@@ -108,15 +108,17 @@ class GatewayApp:
         self.holds = Holds()
         self.demand = DemandReporter(scheduler, self.holds, f"{socket.gethostname()}:{os.getpid()}",
                                      platform.identity)
-        self.metrics = GatewayMetrics(platform.metrics)
+        self.metrics = GatewayMetrics(platform.metrics, known=self._known_model)
         mesh = platform.settings
         self.redis = _redis(mesh.redis_url) if mesh.redis_url else None
         self.keys: KeyStore = (RedisKeyStore(self.redis) if self.redis is not None
                                else FileKeyStore(settings.keys_file or mesh.state_dir / "keys.json"))
         self.authenticator = Authenticator(self.keys, _jwt_verifier(settings), always_required=settings.require_auth,
-                                           store_errors=STORE_ERRORS)
+                                           store_errors=STORE_ERRORS,
+                                           on_size=lambda kind, n: self.metrics.auth_cache.labels(kind).set(n))
         prompt_tokens = PromptTokens(settings.model_dir)  # one tokenizer per model for limits and picking
-        self.audit = (AuditLog(settings.audit_file or mesh.state_dir / "audit.jsonl", fsync=settings.audit_fsync)
+        self.audit = (AuditLog(settings.audit_file or mesh.state_dir / "audit.jsonl", fsync=settings.audit_fsync,
+                               on_lost=self.metrics.audit_failures.inc)
                       if settings.audit else None)
         self.guard_workers = (GuardWorkers(settings.guard_workers, settings.guard_deadline_s, settings.guard_queue)
                               if settings.guard_workers else None)
@@ -136,7 +138,8 @@ class GatewayApp:
         self.grpc = GrpcServer(settings.address, [ServiceBinding(
             "llmesh.v1.Gateway", GatewayServicer(self.pipeline, self.models_for, settings.request_timeout_s),
             gateway_pb2_grpc.add_GatewayServicer_to_server)], tracer=platform.tracing.tracer,
-            reuse_port=settings.workers > 1)  # worker processes share the ports (llmesh.workers)
+            reuse_port=settings.workers > 1,  # worker processes share the ports (llmesh.workers)
+            bind_wait_s=settings.bind_wait_s)
         self._uvicorn = _EmbeddedUvicorn(uvicorn.Config(
             self.http.app, host=settings.http_host, port=settings.http_port, log_config=None,
             access_log=False, lifespan="off", http="httptools", loop="none", interface="asgi3",
@@ -153,11 +156,14 @@ class GatewayApp:
         would see it (after the guards); the shadow's wrap is the outermost, so it sees the
         answer the client gets."""
         settings, current = self.settings, self._current
-        limiter: Limiter = LocalLimiter()
+        local = LocalLimiter()
+        limiter: Limiter = local
         if self.redis is not None:
-            limiter = FallbackLimiter(RedisLimiter(self.redis), limiter, errors=STORE_ERRORS, retry_s=5.0,
+            limiter = FallbackLimiter(RedisLimiter(self.redis), local, errors=STORE_ERRORS, retry_s=5.0,
                                       on_fallback=self.metrics.limits_fallback.inc)
-        return [*([AuditStage(self.audit)] if self.audit else []),
+        audit = (AuditStage(self.audit, settings.audit_required, self.metrics.audit_failures.inc)
+                 if self.audit else None)
+        return [*([audit] if audit else []),
                 AuthenticateStage(self.authenticator), ValidateStage(), AuthorizeStage(current),
                 CascadeStage(current, CascadeMetrics(platform.metrics)),  # a cascade alias -> its cheap model
                 RouteStage(self.catalog, current),
@@ -175,6 +181,13 @@ class GatewayApp:
     def _ready(self, model: str) -> bool:
         """Some replica could take a request for ``model`` now."""
         return bool(self.picker.candidates(PickInput(model=model, now=time.monotonic())))
+
+    def _known_model(self, model: str) -> bool:
+        """A name the gateway knows (catalog, splits, cascades, providers): the only model
+        names that become metric labels."""
+        config = self.config.current
+        return (model in config.splits or model in config.cascades or self.catalog.known(model)
+                or config.provider_for(model) is not None)
 
     def model_names(self) -> list[str]:
         """What clients may ask for: registered and served models, and split aliases."""
@@ -201,9 +214,10 @@ class GatewayApp:
         if self.guard_workers is not None:
             await self.guard_workers.start()
         await self.grpc.start()
-        sockets = ([reuse_port_socket(self.settings.http_host, self.settings.http_port)]
-                   if self.settings.workers > 1 else None)
-        self._tasks.append(asyncio.create_task(self._uvicorn.serve(sockets), name="http"))
+        host, port = self.settings.http_host, self.settings.http_port
+        sock = await bind_retrying(lambda: listen_socket(host, port, reuse_port=self.settings.workers > 1),
+                                   f"{host}:{port}", wait_s=self.settings.bind_wait_s)
+        self._tasks.append(asyncio.create_task(self._uvicorn.serve([sock]), name="http"))
         while not self._uvicorn.started:
             if self._tasks[-1].done():
                 self._tasks[-1].result()  # re-raise the bind error

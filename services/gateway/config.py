@@ -42,9 +42,14 @@ class GatewaySettings(ServiceSettings):
     model_dir: Path | None = Field(default=None, description="where to read models' tokenizers for admission")
     reserve_tokens: int = Field(default=512, ge=1, description="output tokens reserved when max_tokens is unset")
     audit: bool = Field(default=True, description="one hash-chained record per request")
-    audit_file: Path | None = Field(default=None, description="default <state_dir>/audit.jsonl; one per gateway process "
-                                  "(worker i of several writes <stem>.worker<i><suffix>)")
+    audit_file: Path | None = Field(default=None,
+                                    description="default <state_dir>/audit.jsonl; one per gateway process "
+                                                "(worker i of several writes <stem>.worker<i><suffix>)")
     audit_fsync: bool = Field(default=False, description="fsync every written batch")
+    audit_required: bool = Field(default=False, description="fail closed: while the audit log cannot be written "
+                                 "(a write failed), refuse every request with 503 audit_unavailable before it "
+                                 "reaches an engine; off: serve it, and count the record not written "
+                                 "(llmesh_audit_write_failures_total)")
     # The guards (PII masking, the prompt-injection screen) on a large prompt run in worker processes.
     guard_workers: int = Field(default=2, ge=0, le=64, description="worker processes for the guards' work on "
                                "large prompts (a small one is screened inline); 0: all inline, on the event loop")
@@ -63,4 +68,10 @@ class GatewaySettings(ServiceSettings):
         if self.workers > 1 and 0 in (self.port, self.http_port):
             raise ValueError("workers > 1 share fixed ports: set LLMESH_GATEWAY_PORT and LLMESH_GATEWAY_HTTP_PORT "
                              "(0, any free port, would give each worker its own)")
+        return self
+
+    @model_validator(mode="after")
+    def _required_audit_is_on(self) -> GatewaySettings:
+        if self.audit_required and not self.audit:
+            raise ValueError("audit_required needs the audit log: set LLMESH_GATEWAY_AUDIT=true")
         return self

@@ -9,7 +9,7 @@ stage that wraps the way to the answer (the cache, a cascade, a shadow copy) put
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -50,6 +50,7 @@ class CompletionRequest:
     tools: Tools | None = None  # functions the model may call (OpenAI-compatible providers only)
     checked: bool = False  # the front already checked it against the protos' rules (gRPC: as it arrived)
     stream: bool = True  # False: the client takes the answer at once (upstreams may send it whole)
+    client_request_id: str | None = None  # the client's x-request-id when it was replaced (llmesh.request_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,26 +65,30 @@ class OutputFilter(Protocol):
     def flush(self) -> str: ...
 
 
-Call = Callable[[CompletionRequest], AsyncIterator[Delta | Finish]]
+Items = AsyncGenerator[Delta | Finish, None]
+"""An answer as it streams: text deltas, then one Finish. Whoever takes it closes it
+(``contextlib.aclosing``), so it is an async generator, not any async iterator."""
+
+Call = Callable[[CompletionRequest], Items]
 
 
 class Upstream(Protocol):
     """The way to the answer, as a ``Wrap`` sees it."""
 
-    def __call__(self, req: CompletionRequest) -> AsyncIterator[Delta | Finish]:
+    def __call__(self, req: CompletionRequest) -> Items:
         """This request's answer from ``req.model``: its endpoints (or provider), retries and
         fallbacks per that model's policy, within the request's deadline and retry budget.
         The request's record and headers say what happened (endpoint, fallback, failover)."""
         ...
 
-    def detached(self, req: CompletionRequest) -> AsyncIterator[Delta | Finish]:
+    def detached(self, req: CompletionRequest) -> Items:
         """The answer to a copy of the request (shadow), apart from it: per ``req.model``'s
         policy, within ``req.timeout_s``, outside the retry budget; nothing of it lands in
         this request's record or headers."""
         ...
 
 
-Wrap = Callable[[CompletionRequest, Upstream], AsyncIterator[Delta | Finish]]
+Wrap = Callable[[CompletionRequest, Upstream], Items]
 """Given the request and the upstream as the stages before left it, yields the answer
 (before output filters): it may answer itself (a cache hit), call the upstream once or
 more (a cascade), or watch what passes (a shadow's primary answer)."""

@@ -1,6 +1,14 @@
-"""Gateway metrics: what operators run an LLM platform by, per model and tenant."""
+"""Gateway metrics: what operators run an LLM platform by, per model and tenant.
+
+Every label value comes from the configuration or the fleet, never straight from a
+client: a model name becomes a label only when the gateway knows it (``known``: the
+catalog, splits, cascades, providers), any other is ``unknown``; tenants come from keys
+and verified tokens, statuses and results from fixed sets. So the number of series does
+not grow with what clients send."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -8,8 +16,12 @@ from llmesh.buckets import LATENCY_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS
 from llmesh.gateway.record import RequestRecord
 
 
+UNKNOWN_MODEL = "unknown"  # the model label of a request for a name the gateway does not know
+
+
 class GatewayMetrics:
-    def __init__(self, registry: CollectorRegistry):
+    def __init__(self, registry: CollectorRegistry, known: Callable[[str], bool]):
+        self._known = known  # model names that may become labels
         self.requests = Counter("llmesh_requests", "Requests by model, tenant and outcome.",
                                 ("model", "tenant", "status"), registry=registry)
         self.ttft = Histogram("llmesh_time_to_first_token_seconds", "Time to first token seen by clients.",
@@ -41,6 +53,17 @@ class GatewayMetrics:
                                        "limiter because Redis did not answer.", registry=registry)
         self.picks = Counter("llmesh_endpoint_picks", "Endpoint choices by routing policy.",
                              ("policy", "endpoint"), registry=registry)
+        self.engines_lost = Counter("llmesh_engines_lost", "Engines whose process went away under a request "
+                                    "(killed, crashed).", ("model",), registry=registry)
+        self.poison_requests = Counter("llmesh_poison_requests", "Requests refused because the engines they "
+                                       "were sent to went away under them, one after another.", ("model",),
+                                       registry=registry)
+        self.audit_failures = Counter("llmesh_audit_write_failures", "Audit records that could not be written "
+                                      "(refused by the log, or lost with a batch whose write failed).",
+                                      registry=registry)
+        self.auth_cache = Gauge("llmesh_auth_cache_entries", "API key records the authenticator holds, by kind "
+                                "(known keys, and key ids the store did not know); bounded LRUs.", ("kind",),
+                                registry=registry, multiprocess_mode="liveall")
 
         # Labelled series by label values, looked up once: prometheus_client's labels() takes a lock and
         # checks the values on every call. A series still appears only when a request first uses it.
@@ -55,7 +78,8 @@ class GatewayMetrics:
 
     def observe(self, r: RequestRecord) -> None:
         """Called once per request with the pipeline's record of it."""
-        model, tenant, of = r.model, r.tenant, self._of
+        model = r.model if self._known(r.model) else UNKNOWN_MODEL
+        tenant, of = r.tenant, self._of
         of(self.requests, model, tenant, r.status).inc()
         of(self.e2e, model).observe(r.duration_ms / 1000)
         if r.cache in ("hit", "miss"):
@@ -68,6 +92,10 @@ class GatewayMetrics:
             of(self.retries, model).inc(r.retries)
         if r.failovers:
             of(self.failovers, model).inc(r.failovers)
+        if r.engines_lost:
+            of(self.engines_lost, model).inc(r.engines_lost)
+            if r.reason == "poison_request":
+                of(self.poison_requests, model).inc()
         if r.retry_budget_exhausted:
             self.retry_budget_exhausted.inc()
         if r.fallback and r.status == "ok":

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import aclosing
 
 from opentelemetry.trace import NoOpTracer, SpanKind, Status, StatusCode, Tracer
@@ -20,9 +20,9 @@ from llmesh.errors import LlmeshError
 from llmesh.liveconfig.schema import MeshConfig
 from llmesh.telemetry import bind_trace_id, extract
 from llmesh.types import Delta, Finish, Prompt
-from llmesh.gateway.context import Catalog, CompletionRequest, Context
+from llmesh.gateway.context import Catalog, CompletionRequest, Context, Items
 from llmesh.gateway.output import LogprobGate, filtered, tail
-from llmesh.gateway.record import RequestRecord
+from llmesh.gateway.record import RequestRecord, clipped
 from llmesh.gateway.spans import end_span, request_attributes
 from llmesh.gateway.stages.base import Stage, finishes
 from llmesh.gateway.stages.cache import CacheStage, ResponseCache
@@ -59,12 +59,14 @@ class Pipeline:
         self._clock = clock
         self._background = Background()
 
-    async def run(self, req: CompletionRequest, ctx: Context | None = None) -> AsyncIterator[Delta | Finish]:
+    async def run(self, req: CompletionRequest, ctx: Context | None = None) -> Items:
         """Yields text deltas then one Finish; raises a LlmeshError on failure.
         Pass a ``ctx`` to read what the stages said (headers) once the first item came."""
         started = self._clock()
-        record = RequestRecord(model=req.model, tenant=req.tenant)
-        span = self._tracer.start_span(f"{req.operation} {req.model}", context=extract(req.trace_headers),
+        record = RequestRecord(model=clipped(req.model), tenant=req.tenant)
+        if req.client_request_id is not None:
+            record.client_request_id = req.client_request_id
+        span = self._tracer.start_span(f"{req.operation} {record.model}", context=extract(req.trace_headers),
                                        kind=SpanKind.SERVER if req.trace_headers is not None else SpanKind.INTERNAL,
                                        attributes=request_attributes(req))
         bind_trace_id(span)
@@ -117,7 +119,7 @@ class Pipeline:
                 stage = self._stages[i]
                 try:
                     await stage.finish(ctx)
-                except Exception:  # noqa: BLE001 - one stage's bookkeeping never stops the others'
+                except Exception:  # one stage's bookkeeping never stops the others' (logged)
                     log.exception("stage finish failed", extra={"stage": type(stage).__name__})
 
     async def drain(self) -> None:

@@ -7,6 +7,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+MAX_MODEL = 256  # the longest model name a request may carry (the protos' rule); a record keeps no more
+
+
+def clipped(model: str) -> str:
+    """The model name as a record keeps it before validation: a name over the rule's
+    limit (which validation then refuses) is cut, so logs and spans stay small."""
+    return model if len(model) <= MAX_MODEL else model[:MAX_MODEL] + "..."
+
 
 @dataclass(slots=True)
 class RequestRecord:
@@ -26,6 +34,7 @@ class RequestRecord:
     finish_reason: str | None = None
     fallback: str | None = None  # the fallback model that answered
     failovers: int = 0  # times the answer moved to another engine mid-stream
+    engines_lost: int = 0  # engines whose process went away under the request (killed, crashed)
     breaker_panic: bool = False  # every endpoint's breaker was open; one was tried anyway
     retry_budget_exhausted: bool = False
     caller: str | None = None  # key id, JWT subject or "local"
@@ -38,6 +47,7 @@ class RequestRecord:
     cascade: str | None = None  # a cascade's decision: accepted | escalated
     cascade_confidence: float | None = None  # the cheap answer's mean token logprob
     held_ms: float | None = None  # held while a scaled model had no ready replica (scale from zero)
+    client_request_id: str | None = None  # the client's x-request-id when it was replaced (escaped, cut short)
 
     def log_fields(self) -> dict[str, Any]:
         """The access log's fields: the core always, the rest when they happened."""

@@ -6,14 +6,15 @@ from __future__ import annotations
 from opentelemetry.trace import Span
 
 from llmesh.gateway.context import CompletionRequest
-from llmesh.gateway.record import RequestRecord
+from llmesh.gateway.record import RequestRecord, clipped
 
 
-def request_attributes(req: CompletionRequest) -> dict:
+def request_attributes(req: CompletionRequest) -> dict[str, str | int | float]:
     """OpenTelemetry GenAI semantic-convention attributes known before the call."""
     s = req.sampling
-    attrs = {"gen_ai.operation.name": req.operation, "gen_ai.request.model": req.model,
-             "gen_ai.system": "llmesh", "llmesh.request_id": req.request_id, "llmesh.tenant": req.tenant}
+    attrs: dict[str, str | int | float] = {
+        "gen_ai.operation.name": req.operation, "gen_ai.request.model": clipped(req.model),
+        "gen_ai.system": "llmesh", "llmesh.request_id": req.request_id, "llmesh.tenant": req.tenant}
     for key, value in (("gen_ai.request.max_tokens", s.max_tokens), ("gen_ai.request.temperature", s.temperature),
                        ("gen_ai.request.top_p", s.top_p), ("gen_ai.request.seed", s.seed)):
         if value is not None:

@@ -77,7 +77,7 @@ class ModelMgrApp:
             "llmesh.v1.ModelManager", ModelManagerServicer(self.store, self.registry, self.importer, self.rollout),
             modelmgr_pb2_grpc.add_ModelManagerServicer_to_server)],
             tracer=platform.tracing.tracer if platform else None,
-            identity=platform.identity if platform else None)
+            identity=platform.identity if platform else None, bind_wait_s=settings.bind_wait_s)
 
     @property
     def advertise_address(self) -> str:

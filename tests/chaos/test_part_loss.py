@@ -27,7 +27,7 @@ import pytest
 from llmesh.testing import Mesh, free_layout, wait_until
 from tests.e2e.conftest import endpoints
 
-pytestmark = [pytest.mark.chaos, pytest.mark.timeout(240)]
+pytestmark = pytest.mark.timeout(240)
 
 CLIENTS = 200
 LOAD_S = 8.0

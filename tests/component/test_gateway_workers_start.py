@@ -39,9 +39,25 @@ def test_workers_that_cannot_bind_fail_the_gateway(tmp_path):
         taken.bind(("127.0.0.1", http_port))
         taken.listen()
         done = gateway(tmp_path, {"LLMESH_GATEWAY_WORKERS": "2", "LLMESH_REDIS_URL": "redis://127.0.0.1:1/0",
-                                  "LLMESH_GATEWAY_HTTP_PORT": str(http_port)})
+                                  "LLMESH_GATEWAY_HTTP_PORT": str(http_port),
+                                  "LLMESH_GATEWAY_BIND_WAIT_S": "1"})  # held for good: no use waiting long
     assert done.returncode == 1, done.stderr[-2000:]
     assert any("2 of 2 workers did not start" in e for e in errors(done)), done.stderr[-2000:]
+
+
+def test_workers_never_share_their_port_with_another_process(tmp_path):
+    """SO_REUSEPORT would let another of this user's processes (a second gateway with workers) listen
+    beside the workers and take a share of their connections: the supervisor refuses to run so."""
+    (grpc_port,) = free_ports(1)
+    with socket.socket() as stranger:
+        stranger.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        stranger.bind(("127.0.0.1", grpc_port))
+        stranger.listen()
+        done = gateway(tmp_path, {"LLMESH_GATEWAY_WORKERS": "2", "LLMESH_REDIS_URL": "redis://127.0.0.1:1/0",
+                                  "LLMESH_GATEWAY_PORT": str(grpc_port)})
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert any(f"127.0.0.1:{grpc_port} is shared with pid {os.getpid()} (" in e for e in errors(done)), \
+        done.stderr[-2000:]
 
 
 async def test_several_workers_are_one_gateway_instance_in_etcd(etcd, redis_server, tmp_path):

@@ -25,14 +25,11 @@ from llmesh.errors import InvalidArgument
 from llmesh.liveconfig.schema import MeshConfig
 from llmesh.logs import JsonFormatter
 from llmesh.platform import standalone_platform
-from llmesh.testing import free_ports
-from llmesh.types import Delta, Message, Priority, Prompt, Sampling
+from llmesh.types import Delta, Priority, Prompt
 from llmesh.cache.app import CacheApp
 from llmesh.cache.config import CacheSettings
-from llmesh.engine.app import EngineApp
 from llmesh.engine.backends.base import DecodeParams
 from llmesh.engine.backends.sim import SimBackend
-from llmesh.engine.config import EngineSettings
 from llmesh.gateway.context import CompletionRequest
 from llmesh.gateway.pipeline import Pipeline
 from llmesh.gateway.stages.audit import AuditStage
@@ -43,7 +40,8 @@ from llmesh.gateway.stages.route import RouteStage
 from llmesh.gateway.stages.validate import ValidateStage
 from llmesh.gateway.upstream.cache import CacheClient
 from llmesh.gateway.upstream.engines import EngineClients
-from llmesh.gateway.upstream.picking import Endpoint, EndpointPicker
+from llmesh.gateway.upstream.picking import EndpointPicker
+from tests.component.helpers import Catalog, collect, completion_request, free_port
 
 MODEL = "sim-echo"
 EMAIL, PHONE, CARD = "jane.doe@example.com", "13812345678", "4111 1111 1111 1111"
@@ -76,23 +74,10 @@ class EchoBackend(SimBackend):
             yield answer[i:i + 3]
 
 
-class Catalog:
-    def known(self, model: str) -> bool:
-        return model == MODEL
-
-    def names(self) -> list[str]:
-        return [MODEL]
-
-
-def free_port() -> int:
-    return free_ports(1)[0]
-
-
 @pytest.fixture
-async def world(tmp_path, redis_server, minilm_dir):
+async def world(tmp_path, redis_server, minilm_dir, engines):
     backend = EchoBackend()
-    engine = EngineApp(EngineSettings(backend="sim", model=MODEL, port=free_port(), endpoint_id="e",
-                                      scheduler_address=None), backend=backend)
+    engine = await engines("e", MODEL, backend=backend)
     # The cache on a real Redis in semantic mode: it keeps the (masked) last user turn too.
     cache_platform = standalone_platform("cache")
     cache_platform.config.current = MeshConfig.model_validate({"cache": {"mode": "semantic"}})
@@ -100,40 +85,37 @@ async def world(tmp_path, redis_server, minilm_dir):
     cache = CacheApp(CacheSettings(port=free_port(), backend="redis", redis_url=redis_server.url,
                                    namespace=namespace, embed_model_dir=minilm_dir, store_budget_s=1.0),
                      cache_platform)
-    await engine.start()
     await cache.start()
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracer = provider.get_tracer("test")
     picker = EndpointPicker()
-    picker.replace_all([Endpoint(endpoint_id="e", address=engine.server.bound_address, models=frozenset({MODEL}))])
-    engines = EngineClients(tracer)
+    picker.replace_all([engine])
+    engine_clients = EngineClients(tracer)
     cache_client = CacheClient(fixed(cache.advertise_address), tracer=tracer)
     config = {"value": MeshConfig()}
     audit = AuditLog(tmp_path / "audit.jsonl")
     current = lambda: config["value"]  # noqa: E731
     stages = [AuditStage(audit), AuthenticateStage(Authenticator(None)), ValidateStage(), AuthorizeStage(current),
-              RouteStage(Catalog(), current), GuardStage(current)]
-    pipeline = Pipeline(picker, engines, Catalog(), cache_client, tracer=tracer, stages=stages)
+              RouteStage(Catalog(MODEL), current), GuardStage(current)]
+    pipeline = Pipeline(picker, engine_clients, Catalog(MODEL), cache_client, tracer=tracer, stages=stages)
     yield {"pipeline": pipeline, "backend": backend, "cache": cache, "spans": exporter, "config": config,
            "audit": audit, "audit_path": tmp_path / "audit.jsonl", "redis": redis_server, "namespace": namespace}
     await pipeline.drain()
-    await engines.close()
+    await engine_clients.close()
     await cache_client.close()
     audit.close()
-    await engine.stop(0)
     await cache.stop(0)
 
 
 def request(content: str, rid: str = "r1") -> CompletionRequest:
-    return CompletionRequest(request_id=rid, tenant="", model=MODEL, timeout_s=10,
-                             prompt=Prompt(messages=(Message("system", "Be helpful."), Message("user", content))),
-                             sampling=Sampling(max_tokens=200, temperature=0.0))
+    return completion_request(MODEL, content, request_id=rid, tenant="", system="Be helpful.", max_tokens=200,
+                              temperature=0.0)
 
 
 async def answer(pipeline: Pipeline, req: CompletionRequest) -> str:
-    return "".join([item.text async for item in pipeline.run(req) if isinstance(item, Delta)])
+    return (await collect(pipeline, req)).text
 
 
 def set_guards(world, **guards) -> None:

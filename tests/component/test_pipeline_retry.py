@@ -4,80 +4,34 @@ choice, retry elsewhere before the first token, and the errors that surface."""
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import pytest
 
 from llmesh.errors import QueueFull, Unavailable
-from llmesh.testing import free_ports
-from llmesh.types import Delta, Finish, Message, Prompt, Sampling
-from llmesh.engine.app import EngineApp
-from llmesh.engine.config import EngineSettings
-from llmesh.gateway.context import CompletionRequest
 from llmesh.gateway.pipeline import Pipeline
 from llmesh.gateway.upstream.engines import EngineClients
-from llmesh.gateway.upstream.picking import Endpoint, EndpointPicker, PickInput
+from llmesh.gateway.upstream.picking import EndpointPicker, PickInput
+from tests.component.helpers import Catalog, collect, completion_request, dead_endpoint
 
 MODEL = "sim-retry"
-
-
-def free_port() -> int:
-    return free_ports(1)[0]
-
-
-class StaticCatalog:
-    def known(self, model: str) -> bool:
-        return model == MODEL
-
-
-def request(**sampling) -> CompletionRequest:
-    return CompletionRequest(request_id="r1", tenant="t", model=MODEL, timeout_s=10,
-                             prompt=Prompt(messages=(Message("user", "hello there"),)),
-                             sampling=Sampling(max_tokens=5, temperature=0.5, **sampling))
-
-
-@pytest.fixture
-async def engines():
-    apps = []
-
-    async def start(endpoint_id: str, **overrides) -> Endpoint:
-        fields = {"sim_decode_ms_per_token": 1, **overrides}
-        settings = EngineSettings(backend="sim", model=MODEL, port=free_port(), endpoint_id=endpoint_id,
-                                  scheduler_address=None, **fields)
-        app = EngineApp(settings)
-        await app.start()
-        apps.append(app)
-        return Endpoint(endpoint_id=endpoint_id, address=app.server.bound_address, models=frozenset({MODEL}),
-                        max_running=settings.max_running)
-
-    yield start
-    for app in apps:
-        await app.stop(0)
-
-
-async def collect(pipeline: Pipeline, req: CompletionRequest) -> tuple[str, Finish]:
-    text, finish = [], None
-    async for item in pipeline.run(req):
-        if isinstance(item, Delta):
-            text.append(item.text)
-        else:
-            finish = item
-    return "".join(text), finish
+request = partial(completion_request, MODEL, request_id="r1", max_tokens=5, temperature=0.5)
 
 
 async def test_dead_endpoint_is_retried_elsewhere_and_marked_down(engines):
-    live = await engines("live")
-    dead = Endpoint(endpoint_id="dead", address=f"127.0.0.1:{free_port()}", models=frozenset({MODEL}))
+    live = await engines("live", MODEL)
+    dead = dead_endpoint("dead", MODEL)
     picker = EndpointPicker()
     picker.replace_all([dead, live])
     clients = EngineClients()
-    pipeline = Pipeline(picker, clients, StaticCatalog())  # default policy: 2 attempts
+    pipeline = Pipeline(picker, clients, Catalog(MODEL))  # default policy: 2 attempts
     try:
         picker.acquire("live")  # the dead one looks less loaded, so it is tried first
-        text, finish = await collect(pipeline, request())
+        text, finish, *_ = await collect(pipeline, request())
         assert text and finish.usage.completion_tokens == 5
         picker.release("live")
         for _ in range(4):
-            text, finish = await collect(pipeline, request())
+            text, finish, *_ = await collect(pipeline, request())
             assert text and finish.usage.completion_tokens == 5
         # Once refused, the dead endpoint is skipped without another attempt.
         assert picker.pick(PickInput(MODEL, time.monotonic())).endpoint_id == "live"
@@ -86,12 +40,12 @@ async def test_dead_endpoint_is_retried_elsewhere_and_marked_down(engines):
 
 
 async def test_full_engine_sends_the_request_to_the_next_one(engines):
-    tight = await engines("tight", max_running=1, max_waiting=0, sim_decode_ms_per_token=50)
-    roomy = await engines("roomy")
+    tight = await engines("tight", MODEL, max_running=1, max_waiting=0, sim_decode_ms_per_token=50)
+    roomy = await engines("roomy", MODEL)
     picker = EndpointPicker()
     picker.replace_all([tight])
     clients = EngineClients()
-    pipeline = Pipeline(picker, clients, StaticCatalog(), retry_after_s=1.5)  # default policy: 2 attempts
+    pipeline = Pipeline(picker, clients, Catalog(MODEL), retry_after_s=1.5)  # default policy: 2 attempts
     try:
         hold = pipeline.run(request())
         await anext(hold)  # tight's only slot is taken
@@ -102,7 +56,7 @@ async def test_full_engine_sends_the_request_to_the_next_one(engines):
         picker.replace_all([tight, roomy])
         picker.acquire("roomy")  # make tight look like the better choice
         picker.acquire("roomy")
-        text, _ = await collect(pipeline, request())
+        text, *_ = await collect(pipeline, request())
         assert text
         await hold.aclose()
     finally:
@@ -112,12 +66,12 @@ async def test_full_engine_sends_the_request_to_the_next_one(engines):
 async def test_full_queues_with_the_rest_down_is_come_back_later(engines):
     """A full engine tried first and a dead one last: the request still hears 429 with
     Retry-After (there is capacity, busy), not the dead one's 503."""
-    tight = await engines("tight", max_running=1, max_waiting=0, sim_decode_ms_per_token=50)
-    dead = Endpoint(endpoint_id="dead", address=f"127.0.0.1:{free_port()}", models=frozenset({MODEL}))
+    tight = await engines("tight", MODEL, max_running=1, max_waiting=0, sim_decode_ms_per_token=50)
+    dead = dead_endpoint("dead", MODEL)
     picker = EndpointPicker()
     picker.replace_all([tight])
     clients = EngineClients()
-    pipeline = Pipeline(picker, clients, StaticCatalog())
+    pipeline = Pipeline(picker, clients, Catalog(MODEL))
     try:
         hold = pipeline.run(request())
         await anext(hold)
@@ -133,7 +87,7 @@ async def test_full_queues_with_the_rest_down_is_come_back_later(engines):
 
 
 async def test_no_endpoint_at_all_is_unavailable():
-    pipeline = Pipeline(EndpointPicker(), EngineClients(), StaticCatalog())
+    pipeline = Pipeline(EndpointPicker(), EngineClients(), Catalog(MODEL))
     with pytest.raises(Unavailable) as info:
         await collect(pipeline, request())
     assert info.value.reason == "no_healthy_endpoint"

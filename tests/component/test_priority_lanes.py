@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from contextlib import aclosing
+from dataclasses import replace
 
 import grpc
 import pytest
@@ -17,15 +18,15 @@ from opentelemetry.trace import INVALID_SPAN
 from llmesh.platform import standalone_platform
 from llmesh.rpc.channels import insecure_channel
 from llmesh.rpc.status import REASON_KEY
-from llmesh.testing import free_ports
-from llmesh.types import Message, Priority, Prompt, Sampling
+from llmesh.testing import free_ports, wait_until_async
+from llmesh.types import Message, Priority, Prompt
 from llmesh.v1 import common_pb2, engine_pb2, engine_pb2_grpc
 from llmesh.engine.app import EngineApp
 from llmesh.engine.backends.base import DecodeParams
 from llmesh.engine.backends.llamacpp import LlamaCppBackend
-from llmesh.gateway.context import CompletionRequest
 from llmesh.gateway.upstream.engines import EngineClients
 from llmesh.engine.config import EngineSettings
+from tests.component.helpers import completion_request
 
 MODEL = "smollm2-135m-instruct"
 LOW, HIGH = common_pb2.PRIORITY_LOW, common_pb2.PRIORITY_HIGH
@@ -82,16 +83,9 @@ async def fill_queue(app, stub, log: Log, lows: int) -> list[asyncio.Task]:
     await asyncio.wait_for(log.running.wait(), 30)
     for i in range(1, lows + 1):
         tasks.append(asyncio.create_task(log.send(stub, f"low{i}", LOW, 4)))
-    await wait_for(lambda: app.admission.waiting == lows)
+    assert await wait_until_async(lambda: app.admission.waiting == lows, 10.0, 0.005)
     assert "low0" not in log.done, "the running request ended before the queue filled; the test proves nothing"
     return tasks
-
-
-async def wait_for(cond, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.005)
 
 
 async def test_a_high_priority_request_overtakes_queued_low_ones(engine):
@@ -157,8 +151,8 @@ async def test_the_gateway_client_carries_the_priority_to_the_engine(engine):
     running = asyncio.Event()
 
     async def send(name: str, priority: Priority, n: int) -> None:
-        req = CompletionRequest(request_id=name, tenant="t", model="sim-lanes", timeout_s=30, priority=priority,
-                                prompt=Prompt(messages=(Message("user", name),)), sampling=Sampling(max_tokens=n))
+        req = replace(completion_request("sim-lanes", name, request_id=name, timeout_s=30, max_tokens=n),
+                      priority=priority)
         async with aclosing(clients.generate(app.server.bound_address, req, 30, INVALID_SPAN)) as items:
             async for _ in items:
                 first.setdefault(name, time.monotonic())
@@ -168,7 +162,7 @@ async def test_the_gateway_client_carries_the_priority_to_the_engine(engine):
         tasks = [asyncio.create_task(send("low0", Priority.LOW, 10))]
         await asyncio.wait_for(running.wait(), 10)
         tasks += [asyncio.create_task(send(f"low{i}", Priority.LOW, 2)) for i in (1, 2)]
-        await wait_for(lambda: app.admission.waiting == 2)
+        assert await wait_until_async(lambda: app.admission.waiting == 2, 10.0, 0.005)
         tasks.append(asyncio.create_task(send("high", Priority.HIGH, 2)))
         await asyncio.gather(*tasks)
     finally:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from contextlib import aclosing
+from functools import partial
 
 import orjson
 import pytest
@@ -16,14 +17,13 @@ from aiohttp import web
 
 from llmesh.errors import DeadlineExceeded, Unavailable
 from llmesh.liveconfig.schema import Provider
-from llmesh.types import Delta, Finish, Message, Prompt, Sampling
+from llmesh.types import Delta, Finish
 from llmesh.gateway.context import CompletionRequest
 from llmesh.gateway.upstream.providers import ProviderClients
+from tests.component.helpers import completion_request
 
 
-def request(stream: bool = True) -> CompletionRequest:
-    return CompletionRequest(request_id="r", tenant="t", model="hosted", timeout_s=30, stream=stream,
-                             prompt=Prompt(messages=(Message("user", "hi"),)), sampling=Sampling(max_tokens=4))
+request = partial(completion_request, "hosted", "hi", timeout_s=30, max_tokens=4)
 
 
 def chunk(text: str, finish: str | None = None) -> bytes:
@@ -105,7 +105,7 @@ async def test_connections_are_reused_and_cookies_never_kept(provider):
     clients = ProviderClients(proxies={})
     try:
         for stream in (True, False, True, False, True):
-            text, finish = await collect(clients, p, request(stream))
+            text, finish = await collect(clients, p, request(stream=stream))
             assert text == (" w0 w1 w2" if stream else "whole")
             assert finish.reason.value == ("length" if stream else "stop")
         assert len(scripted.peers) == 5 and len(set(scripted.peers)) == 1  # one TCP connection for all
@@ -176,13 +176,13 @@ async def test_an_http_proxy_from_the_environment_is_used(provider):
     hidden = Provider(base_url="http://provider.invalid/v1", models={"hosted": "remote"})
     clients = ProviderClients(proxies={"http": proxy})
     try:
-        assert (await collect(clients, hidden, request(False)))[0] == "whole"
+        assert (await collect(clients, hidden, request(stream=False)))[0] == "whole"
         assert scripted.paths[-1] == "http://provider.invalid/v1/chat/completions"
     finally:
         await clients.close()
     bypassed = ProviderClients(proxies={"http": proxy, "no": "provider.invalid"})
     try:
         with pytest.raises(Unavailable):  # NO_PROXY: straight to a host that does not exist
-            await collect(bypassed, hidden, request(False), timeout_s=10)
+            await collect(bypassed, hidden, request(stream=False), timeout_s=10)
     finally:
         await bypassed.close()

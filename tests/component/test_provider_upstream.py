@@ -8,19 +8,21 @@ from __future__ import annotations
 import subprocess
 import sys
 from dataclasses import replace
+from functools import partial
 
 import pytest
 
 from llmesh.errors import Unavailable
 from llmesh.liveconfig.schema import MeshConfig, ModelPolicy, Provider
 from llmesh.testing import free_ports, port_open, terminate, wait_until
-from llmesh.types import Delta, Finish, Message, Prompt, Sampling
+from llmesh.types import Delta, Finish, Message, Prompt
 from llmesh.gateway.context import CompletionRequest, Context
 from llmesh.gateway.pipeline import Pipeline
 from llmesh.gateway.upstream.engines import EngineClients
 from llmesh.gateway.upstream.picking import Endpoint, EndpointPicker
 from llmesh.gateway.upstream.providers import ProviderClients
 from llmesh.gateway.upstream.router import FALLBACK_HEADER
+from tests.component.helpers import Catalog, collect, completion_request
 
 REMOTE = "smol-remote"
 
@@ -41,15 +43,8 @@ def openai_server(real_model_dir, tmp_path_factory):
         log.close()
 
 
-class Catalog:
-    def known(self, model: str) -> bool:
-        return True
-
-
-def request(model: str, **sampling) -> CompletionRequest:
-    return CompletionRequest(request_id="r", tenant="t", model=model, timeout_s=60,
-                             prompt=Prompt(messages=(Message("user", "What color is the sky?"),)),
-                             sampling=Sampling(max_tokens=8, temperature=0.0, **sampling))
+EVERY_MODEL = Catalog(prefix="")
+request = partial(completion_request, text="What color is the sky?", timeout_s=60, max_tokens=8, temperature=0.0)
 
 
 def pipeline_for(base_url: str, key_file=None) -> tuple[Pipeline, EndpointPicker, ProviderClients, list]:
@@ -60,19 +55,14 @@ def pipeline_for(base_url: str, key_file=None) -> tuple[Pipeline, EndpointPicker
                         providers={"local": Provider(base_url=base_url, models={"hosted": REMOTE},
                                                      api_key_file=str(key_file) if key_file else None)})
     providers, records = ProviderClients(), []
-    return (Pipeline(picker, EngineClients(), Catalog(), config=lambda: config, providers=providers,
+    return (Pipeline(picker, EngineClients(), EVERY_MODEL, config=lambda: config, providers=providers,
                      observe=records.append), picker, providers, records)
 
 
 async def run(pipeline: Pipeline, req: CompletionRequest) -> tuple[list[Delta], Finish, Context]:
     ctx = Context.of(req)
-    deltas, finish = [], None
-    async for item in pipeline.run(req, ctx):
-        if isinstance(item, Delta):
-            deltas.append(item)
-        else:
-            finish = item
-    return deltas, finish, ctx
+    answer = await collect(pipeline, req, ctx)
+    return answer.deltas, answer.finish, ctx
 
 
 async def test_falls_back_to_the_provider_when_every_engine_is_down(openai_server, tmp_path):
@@ -130,13 +120,12 @@ async def test_tool_calls_pass_through_the_provider_and_the_guards(openai_server
     guarded = MeshConfig(providers={"local": Provider(base_url=openai_server, models={"hosted": REMOTE})})
     assert guarded.tenant("t").guards.output_pii == "mask"  # the default: PII in answers is masked
     providers = ProviderClients()
-    pipeline = Pipeline(EndpointPicker(), EngineClients(), Catalog(), config=lambda: guarded, providers=providers,
+    pipeline = Pipeline(EndpointPicker(), EngineClients(), EVERY_MODEL, config=lambda: guarded, providers=providers,
                         stages=[ValidateStage(), GuardStage(lambda: guarded, PiiMasker()),
-                                RouteStage(Catalog(), lambda: guarded)])
+                                RouteStage(EVERY_MODEL, lambda: guarded)])
     try:
-        ask = CompletionRequest(request_id="t", tenant="t", model="hosted", timeout_s=60, tools=tools,
-                                prompt=Prompt(messages=(Message("user", "Weather in Paris? Mail bob@example.com"),)),
-                                sampling=Sampling(max_tokens=40, temperature=0.0))
+        ask = replace(completion_request("hosted", "Weather in Paris? Mail bob@example.com", request_id="t",
+                                         timeout_s=60, max_tokens=40, temperature=0.0), tools=tools)
         deltas, finish, _ = await run(pipeline, ask)
         pieces = [c for d in deltas for c in d.tool_calls]
         assert finish.reason.value == "tool_calls" and pieces[0].name == "get_weather" and pieces[0].id

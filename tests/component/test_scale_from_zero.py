@@ -15,7 +15,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from llmesh.errors import Unavailable
-from llmesh.gateway.context import CompletionRequest, Context
+from llmesh.gateway.context import Context
 from llmesh.gateway.domain.holds import Holds
 from llmesh.gateway.stages.coldstart import ColdStartStage
 from llmesh.gateway.upstream.catalog import ScaledCatalog
@@ -26,8 +26,9 @@ from llmesh.liveconfig.schema import Autoscale, Autoscaling, MeshConfig
 from llmesh.platform import standalone_platform
 from llmesh.scheduler.app import SchedulerApp
 from llmesh.scheduler.config import SchedulerSettings
-from llmesh.types import Prompt, Sampling
+from llmesh.types import Prompt
 from llmesh.v1 import engine_pb2, scheduler_pb2, scheduler_pb2_grpc
+from tests.component.helpers import completion_request
 
 MODEL = "sim-cold"
 
@@ -38,9 +39,7 @@ def config(hold_s: float) -> MeshConfig:
 
 
 def request(timeout_s: float = 30) -> Context:
-    req = CompletionRequest(request_id="r1", tenant="t", model=MODEL, prompt=Prompt(text="hi"),
-                            sampling=Sampling(), timeout_s=timeout_s)
-    return Context.of(req)
+    return Context.of(completion_request(MODEL, prompt=Prompt(text="hi"), request_id="r1", timeout_s=timeout_s))
 
 
 def engine_report() -> scheduler_pb2.EngineReport:
@@ -133,8 +132,7 @@ async def test_unscaled_models_pass_and_scaled_ones_are_known(mesh):
     app, platform, picker, holds, stub = mesh
     stage = ColdStartStage(ready(picker), holds, lambda: platform.config.current)
     ctx = request()
-    ctx.req = CompletionRequest(request_id="r2", tenant="t", model="other", prompt=Prompt(text="hi"),
-                                sampling=Sampling(), timeout_s=5)
+    ctx.req = completion_request("other", prompt=Prompt(text="hi"), request_id="r2", timeout_s=5)
     await asyncio.wait_for(stage.admit(ctx), 0.5)         # not scaled: no hold, whatever its replicas
     assert ctx.record.held_ms is None
 

@@ -16,15 +16,8 @@ from llmesh.gateway.upstream.picking import EndpointPicker, PickInput
 from llmesh.rpc.channels import insecure_channel
 from llmesh.scheduler.app import SchedulerApp
 from llmesh.scheduler.config import SchedulerSettings
-from llmesh.testing import free_ports
+from llmesh.testing import free_ports, wait_until_async
 from llmesh.v1 import common_pb2, engine_pb2, engine_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
-
-
-async def wait_for(check, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.02)
 
 
 async def test_engines_report_context_and_in_flight_and_the_gateway_picks_by_context(real_model_dir):
@@ -49,7 +42,7 @@ async def test_engines_report_context_and_in_flight_and_the_gateway_picks_by_con
     try:
         for e in engines:
             await e.start()
-        await wait_for(lambda: len(picker.all()) == 3)
+        assert await wait_until_async(lambda: len(picker.all()) == 3)
         async with insecure_channel(scheduler.advertise_address) as ch:
             table = await scheduler_pb2_grpc.SchedulerStub(ch).ListEndpoints(scheduler_pb2.ListEndpointsRequest())
         served = {e.endpoint_id: [(s.name, s.context_length, s.base_model) for s in e.served] for e in table.endpoints}
@@ -64,10 +57,11 @@ async def test_engines_report_context_and_in_flight_and_the_gateway_picks_by_con
                 model="sim-m", prompt="hello", sampling=common_pb2.SamplingParams(max_tokens=50)), timeout=10)
             first = await call.read()
             assert first.text
-            await wait_for(lambda: scheduler.table.snapshot() and any(
+            assert await wait_until_async(lambda: scheduler.table.snapshot() and any(
                 e.endpoint_id == "sim-short" and e.served[0].in_flight == 1 for e in scheduler.table.snapshot()))
             call.cancel()
-        await wait_for(lambda: all(s.in_flight == 0 for e in scheduler.table.snapshot() for s in e.served))
+        assert await wait_until_async(lambda: all(s.in_flight == 0 for e in scheduler.table.snapshot()
+                                                  for s in e.served))
 
         # context_fits: 300 prompt tokens + 100 fit only sim-long; a short one fits both
         long_req = PickInput("sim-m", time.monotonic(), tokens=lambda: list(range(300)), max_tokens=100,

@@ -15,71 +15,40 @@ from prometheus_client import CollectorRegistry
 
 from llmesh.liveconfig.schema import MeshConfig
 from llmesh.shadow import FileShadowStore, RedisShadowStore
-from llmesh.testing import free_ports
-from llmesh.types import Delta, Message, Prompt, Sampling
-from llmesh.engine.app import EngineApp
-from llmesh.engine.config import EngineSettings
-from llmesh.gateway.context import CompletionRequest, Context
+from llmesh.types import Delta
+from llmesh.gateway.context import Context
 from llmesh.gateway.pipeline import Pipeline
 from llmesh.gateway.stages.cascade import CASCADE_HEADER, CONFIDENCE_HEADER, MODEL_HEADER, CascadeMetrics, CascadeStage
 from llmesh.gateway.stages.route import RouteStage
 from llmesh.gateway.stages.shadow import ShadowMetrics, ShadowStage
 from llmesh.gateway.stages.validate import ValidateStage
 from llmesh.gateway.upstream.engines import EngineClients
-from llmesh.gateway.upstream.picking import Endpoint, EndpointPicker
+from llmesh.gateway.upstream.picking import EndpointPicker
+from tests.component.helpers import Catalog, collect, completion_request
 
 FAST, SLOW = "sim-fast", "sim-slow"
 
 
-class Catalog:
-    def known(self, model: str) -> bool:
-        return model in (FAST, SLOW)
-
-
-def request(model: str, rid: str = "r1", **sampling) -> CompletionRequest:
-    return CompletionRequest(request_id=rid, tenant="t", model=model, timeout_s=20,
-                             prompt=Prompt(messages=(Message("user", f"hello there {rid}"),)),
-                             sampling=Sampling(max_tokens=8, temperature=0, **sampling))
+def request(model: str, rid: str = "r1", **sampling):
+    return completion_request(model, f"hello there {rid}", request_id=rid, timeout_s=20, max_tokens=8, temperature=0,
+                              **sampling)
 
 
 @pytest.fixture
-async def picker():
+async def picker(engines):
     """sim-fast answers at 1 ms a token, sim-slow at 60 ms a token (8 tokens: ~0.5 s)."""
-    apps, endpoints = [], []
-    for model, ms in ((FAST, 1), (SLOW, 60)):
-        settings = EngineSettings(backend="sim", model=model, port=free_ports(1)[0], endpoint_id=model,
-                                  scheduler_address=None, sim_decode_ms_per_token=ms)
-        app = EngineApp(settings)
-        await app.start()
-        apps.append(app)
-        endpoints.append(Endpoint(endpoint_id=model, address=app.server.bound_address, models=frozenset({model}),
-                                  max_running=settings.max_running))
     p = EndpointPicker()
-    p.replace_all(endpoints)
-    yield p
-    for app in apps:
-        await app.stop(0)
+    p.replace_all([await engines(model, model, sim_decode_ms_per_token=ms) for model, ms in ((FAST, 1), (SLOW, 60))])
+    return p
 
 
 def shadow_mesh(picker, store, config: MeshConfig):
     registry = CollectorRegistry()
     shadow = ShadowStage(lambda: config, store, ShadowMetrics(registry))
     clients = EngineClients()
-    pipeline = Pipeline(picker, clients, Catalog(), config=lambda: config,
-                        stages=[ValidateStage(), RouteStage(Catalog(), lambda: config), shadow])
+    pipeline = Pipeline(picker, clients, Catalog(FAST, SLOW), config=lambda: config,
+                        stages=[ValidateStage(), RouteStage(Catalog(FAST, SLOW), lambda: config), shadow])
     return pipeline, shadow, clients, registry
-
-
-async def collect(pipeline: Pipeline, req: CompletionRequest, ctx: Context | None = None):
-    text, finish, first_at = [], None, None
-    started = time.monotonic()
-    async for item in pipeline.run(req, ctx):
-        first_at = first_at if first_at is not None else time.monotonic() - started
-        if isinstance(item, Delta):
-            text.append(item.text)
-        else:
-            finish = item
-    return "".join(text), finish, first_at
 
 
 async def test_shadow_copy_never_delays_the_primary_and_is_recorded(picker, tmp_path):
@@ -89,7 +58,7 @@ async def test_shadow_copy_never_delays_the_primary_and_is_recorded(picker, tmp_
     pipeline, shadow, clients, registry = shadow_mesh(picker, store, config)
     try:
         started = time.monotonic()
-        text, finish, _ = await collect(pipeline, request("assistant"))
+        text, finish, *_ = await collect(pipeline, request("assistant"))
         primary_s = time.monotonic() - started
         assert text and finish.usage.completion_tokens == 8
         await pipeline.drain()  # stage finishes ran: the copy is under way, not done
@@ -125,7 +94,7 @@ async def test_copies_past_max_concurrency_are_dropped_and_counted_in_redis(pick
     pipeline, shadow, clients, registry = shadow_mesh(picker, store, config)
     try:
         results = await asyncio.gather(*(collect(pipeline, request(FAST, rid=f"r{i}")) for i in range(8)))
-        assert all(text for text, _, _ in results)
+        assert all(text for text, *_ in results)
         await pipeline.drain()
         dropped = registry.get_sample_value("llmesh_shadow_copies_total", {"alias": FAST, "outcome": "dropped"})
         for _ in range(40):  # drop counts reach the store within a second, no shutdown needed
@@ -147,9 +116,9 @@ async def test_copies_past_max_concurrency_are_dropped_and_counted_in_redis(pick
 def cascade_pipeline(picker, config: MeshConfig):
     registry = CollectorRegistry()
     clients = EngineClients()
-    pipeline = Pipeline(picker, clients, Catalog(), config=lambda: config,
+    pipeline = Pipeline(picker, clients, Catalog(FAST, SLOW), config=lambda: config,
                         stages=[ValidateStage(), CascadeStage(lambda: config, CascadeMetrics(registry)),
-                                RouteStage(Catalog(), lambda: config)])
+                                RouteStage(Catalog(FAST, SLOW), lambda: config)])
     return pipeline, clients, registry
 
 
@@ -166,10 +135,10 @@ async def test_cascade_holds_the_cheap_answer_and_decides_on_its_confidence(pick
     pipeline, clients, registry = cascade_pipeline(picker, config)
     try:
         ctx = Context.of(request("smart"))
-        text, finish, first_at = await collect(pipeline, request("smart"), ctx)
+        text, finish, first_at, _ = await collect(pipeline, request("smart"), ctx)
         assert first_at > 0.4  # the first item came after the cheap answer was complete
         answered = SLOW if outcome == "accepted" else FAST
-        direct, _, _ = await collect(pipeline, request(answered))
+        direct, *_ = await collect(pipeline, request(answered))
         assert text == direct and finish.usage.completion_tokens == 8
         assert ctx.headers[CASCADE_HEADER] == outcome and ctx.headers[MODEL_HEADER] == answered
         assert float(ctx.headers[CONFIDENCE_HEADER]) == pytest.approx(SIM_CONFIDENCE, abs=1e-4)
@@ -205,7 +174,7 @@ async def test_cascade_escalates_when_the_cheap_model_cannot_answer(picker):
     pipeline, clients, registry = cascade_pipeline(picker, config)
     try:
         ctx = Context.of(request("smart"))
-        text, finish, _ = await collect(pipeline, request("smart"), ctx)
+        text, finish, *_ = await collect(pipeline, request("smart"), ctx)
         assert text and ctx.headers[MODEL_HEADER] == SLOW and CONFIDENCE_HEADER not in ctx.headers
         assert registry.get_sample_value("llmesh_cascade_requests_total",
                                          {"alias": "smart", "outcome": "escalated"}) == 1

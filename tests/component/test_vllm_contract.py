@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from llmesh.convert import kv_event_from_pb, kv_event_to_pb, kv_hash_from_pb, kv_hash_to_pb
 from llmesh.errors import InvalidArgument, Unavailable
 from llmesh.kvhash import HashScheme, hash64
+from llmesh.testing import wait_until_async
 from llmesh.types import Message, Prompt
 from llmesh.engine.backends.base import DecodeParams
 from llmesh.engine.config import EngineSettings
@@ -47,15 +48,6 @@ def tokenizer(real_model_dir):
 def chat_tokens(tokenizer, text: str) -> list[int]:
     return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=True,
                                          add_generation_prompt=True)
-
-
-async def wait_for(cond, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        await asyncio.sleep(0.02)
-    return cond()
 
 
 # --- the KV-event endpoint ---
@@ -93,7 +85,7 @@ async def test_events_from_vllms_publisher_reach_the_relay_over_tcp():
         publisher.publish(KVEventBatch(ts=time.time(), events=[BlockStored(
             block_hashes=[b"\x01" * 24 + b"\x00" * 7 + b"\x2a"], parent_block_hash=None, token_ids=list(range(16)),
             block_size=16, lora_id=None, medium="GPU", lora_name=None)]))
-        assert await wait_for(lambda: sink.present == 1)
+        assert await wait_until_async(lambda: sink.present == 1, 5.0)
         assert [e.hashes for e in sink.take_events()] == [(42,)]
     finally:
         sub.stop()
@@ -219,7 +211,7 @@ async def test_prefix_aware_picking_for_a_vllm_and_a_llamacpp_engine(real_model_
         llama = BlockLedger()
         llama.hold(0, b)  # what the llamacpp backend records for a KV slot holding b
 
-        assert await wait_for(lambda: vllm_backend.kv_blocks.present >= len(a) // 16)
+        assert await wait_until_async(lambda: vllm_backend.kv_blocks.present >= len(a) // 16, 5.0)
         index = KvIndex()
         for eid, source in (("vllm-1", vllm_backend.kv_blocks), ("llama-1", llama)):
             index.set_scheme(eid, kv_hash_from_pb(kv_hash_to_pb(source.scheme)))

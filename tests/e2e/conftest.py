@@ -5,13 +5,15 @@ own (one slot, no queue, slow) for the overload and deadline cases."""
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Mapping
 from pathlib import Path
 
 import grpc
 import pytest
 from openai import OpenAI
 
-from llmesh.testing import Mesh, Service, free_layout, wait_until
+from llmesh.testing import Mesh, Service, free_layout, wait_until, write_config_file
 from llmesh.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 SMOL = "smollm2-135m-instruct"
@@ -57,22 +59,46 @@ def mesh(model_dir: Path, config_file: Path, tmp_path_factory):
     assert code == 0, m.logs()
 
 
-def endpoints(mesh: Mesh) -> list:
+@pytest.fixture
+def live_config(mesh: Mesh, config_file: Path):
+    """``live_config(text)`` makes ``text`` the shared mesh's config and returns once every
+    process of the mesh runs it (its llmesh_config_revision), instead of sleeping for it to
+    apply; the config as it was is back in force after the test."""
+    before = config_file.read_text()
+
+    def apply(text: str) -> int:
+        revision = write_config_file(config_file, text)
+        mesh.wait_for_config(revision)
+        return revision
+
+    yield apply
+    apply(before)
+
+
+def endpoints(mesh: Mesh, timeout_s: float = 5) -> list:
+    """The scheduler's endpoint table."""
     with grpc.insecure_channel(mesh.layout.address("scheduler")) as ch:
         return list(scheduler_pb2_grpc.SchedulerStub(ch).ListEndpoints(
-            scheduler_pb2.ListEndpointsRequest(), timeout=2).endpoints)
+            scheduler_pb2.ListEndpointsRequest(), timeout=timeout_s).endpoints)
+
+
+def sim_engine(endpoint_id: str, address: str, log_path: Path, model: str = "sim-small",
+               env: Mapping[str, str] | None = None, **settings: object) -> Service:
+    """A sim engine as a process of its own, not started yet: listening on ``address``'s port,
+    ``settings`` its EngineSettings fields (as LLMESH_ENGINE_<NAME>), ``env`` the rest."""
+    return Service("llmesh.engine", {
+        **(env or {}), "LLMESH_ENGINE_BACKEND": "sim", "LLMESH_ENGINE_MODEL": model,
+        "LLMESH_ENGINE_ENDPOINT_ID": endpoint_id, "LLMESH_ENGINE_PORT": address.rsplit(":", 1)[1],
+        **{f"LLMESH_ENGINE_{name.upper()}": str(value) for name, value in settings.items()}}, log_path)
 
 
 @pytest.fixture(scope="session")
 def tight_engine(mesh: Mesh, tmp_path_factory):
     """sim-tight: one slot, no queue, 50 ms a token, 64 tokens (3.2 s a request)."""
     address = mesh.layout.engine_address(2)
-    svc = Service("llmesh.engine", {
-        "LLMESH_ENGINE_BACKEND": "sim", "LLMESH_ENGINE_MODEL": "sim-tight",
-        "LLMESH_ENGINE_PORT": address.rsplit(":", 1)[1], "LLMESH_ENGINE_ENDPOINT_ID": "tight",
-        "LLMESH_ENGINE_SCHEDULER_ADDRESS": mesh.layout.address("scheduler"),
-        "LLMESH_ENGINE_MAX_RUNNING": "1", "LLMESH_ENGINE_MAX_WAITING": "0",
-        "LLMESH_ENGINE_SIM_DECODE_MS_PER_TOKEN": "50"}, tmp_path_factory.mktemp("tight") / "engine.log")
+    svc = sim_engine("tight", address, tmp_path_factory.mktemp("tight") / "engine.log", model="sim-tight",
+                     scheduler_address=mesh.layout.address("scheduler"), max_running=1, max_waiting=0,
+                     sim_decode_ms_per_token=50)
     svc.start()
     assert wait_until(lambda: any(e.endpoint_id == "tight" and e.healthy for e in endpoints(mesh)), 20), \
         svc.log_path.read_text()
@@ -80,6 +106,41 @@ def tight_engine(mesh: Mesh, tmp_path_factory):
     assert svc.stop() == 0, svc.log_path.read_text()
 
 
+def openai_client(mesh: Mesh, timeout: float = 30) -> OpenAI:
+    """The official client on a mesh's HTTP front, with no retries of its own."""
+    return OpenAI(base_url=mesh.layout.http_url + "/v1", api_key="unused", max_retries=0, timeout=timeout)
+
+
 @pytest.fixture(scope="session")
 def client(mesh: Mesh) -> OpenAI:
-    return OpenAI(base_url=mesh.layout.http_url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    return openai_client(mesh, timeout=120)
+
+
+class ChatLoad:
+    """``workers`` threads asking ``model`` over and over while the block runs: ``done``
+    counts the answers (each must have text), ``failures`` keeps every exception."""
+
+    def __init__(self, client: OpenAI, model: str, messages: list[dict], workers: int = 4):
+        self._ask = lambda: client.chat.completions.create(model=model, messages=messages)
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run) for _ in range(workers)]
+        self.done = 0
+        self.failures: list[Exception] = []
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                assert self._ask().choices[0].message.content
+                self.done += 1
+            except Exception as exc:  # noqa: BLE001 - counted
+                self.failures.append(exc)
+
+    def __enter__(self) -> ChatLoad:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join()

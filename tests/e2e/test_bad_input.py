@@ -27,8 +27,6 @@ MODEL = "sim-small"
 FIELDS = ("model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p",
           "stop", "seed", "n", "stream", "stream_options", "user")
 
-pytestmark = pytest.mark.e2e
-
 
 @pytest.fixture(scope="module")
 def mesh(tmp_path_factory):

@@ -18,10 +18,10 @@ import redis
 from openai import OpenAI
 
 from llmesh.testing import RedisServer, Service, free_layout, free_ports, port_open, wait_until
+from tests.e2e.conftest import sim_engine
 
 MODEL = "sim-small"
 CACHE_HEADER = "x-llmesh-cache"
-pytestmark = pytest.mark.e2e
 
 
 class CacheMesh:
@@ -45,12 +45,8 @@ class CacheMesh:
             Service("llmesh.scheduler", {**common, "LLMESH_SCHEDULER_PORT": str(lay.port("scheduler"))},
                     root / "scheduler.log"),
             self.cache,
-            Service("llmesh.engine", {
-                **common, "LLMESH_ENGINE_BACKEND": "sim", "LLMESH_ENGINE_MODEL": MODEL,
-                "LLMESH_ENGINE_PORT": lay.engine_address(0).rsplit(":", 1)[1], "LLMESH_ENGINE_ENDPOINT_ID": "sim-0",
-                "LLMESH_ENGINE_SCHEDULER_ADDRESS": lay.address("scheduler"),
-                "LLMESH_ENGINE_SIM_DECODE_MS_PER_TOKEN": "1", "LLMESH_ENGINE_SIM_OUTPUT_TOKENS": "16"},
-                root / "engine.log"),
+            sim_engine("sim-0", lay.engine_address(0), root / "engine.log", model=MODEL, env=common,
+                       scheduler_address=lay.address("scheduler"), sim_decode_ms_per_token=1, sim_output_tokens=16),
         ]
         for name, grpc_port, http_port in (("a", lay.port("gateway"), lay.http_port),
                                            ("b", self.grpc_b, self.http_b)):

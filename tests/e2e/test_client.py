@@ -30,8 +30,6 @@ from tests.e2e.conftest import SMOL
 from tests.e2e.test_grpc_parity import WEATHER, tool_provider  # noqa: F401 (a fixture)
 from tests.e2e.test_openai_api import engine_load
 
-pytestmark = pytest.mark.e2e
-
 HI = [{"role": "user", "content": "What is 2+2?"}]
 STORY = [{"role": "user", "content": "Tell me a long story about a dragon."}]
 

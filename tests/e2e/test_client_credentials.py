@@ -17,8 +17,6 @@ import pytest
 from llmesh.client import Client, PermissionDeniedError, RetryPolicy, UnauthenticatedError, UnavailableError
 from llmesh.testing import Mesh, RedisServer, Service, free_layout, free_ports, port_open, wait_until
 
-pytestmark = pytest.mark.e2e
-
 SIM = "sim-small"
 HI = [{"role": "user", "content": "hello there"}]
 

@@ -17,8 +17,6 @@ import pytest
 from llmesh.testing import Mesh, free_layout, wait_until
 from llmesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
-pytestmark = pytest.mark.e2e
-
 SIM = "sim-small"
 RUNNING = re.compile(r'^vllm:num_requests_running\{[^}]*\} (\S+)$', re.M)
 

@@ -7,16 +7,13 @@ leaving, and a service with a watch in flight shuts down in under 2 s."""
 from __future__ import annotations
 
 import signal
-import threading
 import time
 
-import grpc
 import pytest
-from openai import OpenAI
 
 from llmesh.testing import Mesh, Service, free_layout, wait_until
-from llmesh.v1 import scheduler_pb2, scheduler_pb2_grpc
 from tests.integration.consul_standin import ConsulStandin
+from tests.e2e.conftest import ChatLoad, endpoints, openai_client, sim_engine
 
 MSG = [{"role": "user", "content": "hi"}]
 SERVICES = ("gateway", "scheduler", "modelmgr", "cache")
@@ -49,16 +46,6 @@ def all_registered(mesh: Mesh) -> bool:
             and passing(mesh, "engine") == sorted(mesh.layout.engine_address(i) for i in range(2)))
 
 
-def endpoints(mesh: Mesh) -> list:
-    with grpc.insecure_channel(mesh.layout.address("scheduler")) as ch:
-        return list(scheduler_pb2_grpc.SchedulerStub(ch).ListEndpoints(
-            scheduler_pb2.ListEndpointsRequest(), timeout=2).endpoints)
-
-
-def client(mesh: Mesh) -> OpenAI:
-    return OpenAI(base_url=mesh.layout.http_url + "/v1", api_key="unused", max_retries=0, timeout=30)
-
-
 def test_every_service_registers_with_a_passing_grpc_check(consul_mesh):
     assert wait_until(lambda: all_registered(consul_mesh), 10), consul_mesh.logs()
     _, _, entries = consul_mesh.agent.get("/v1/health/service/cache")
@@ -66,46 +53,23 @@ def test_every_service_registers_with_a_passing_grpc_check(consul_mesh):
 
 
 def test_serving_goes_on_while_the_agent_is_killed_and_restarted(consul_mesh):
-    c = client(consul_mesh)
-    failures, done = [], 0
-    stop = threading.Event()
-
-    def load():
-        nonlocal done
-        while not stop.is_set():
-            try:
-                assert c.chat.completions.create(model="sim-small", messages=MSG).choices[0].message.content
-                done += 1
-            except Exception as exc:  # noqa: BLE001 - counted
-                failures.append(exc)
-
-    workers = [threading.Thread(target=load) for _ in range(4)]
-    for w in workers:
-        w.start()
-    try:
+    with ChatLoad(openai_client(consul_mesh), "sim-small", MSG) as load:
         time.sleep(1)
         consul_mesh.agent.kill()
-        before = done
+        before = load.done
         time.sleep(3)
-        assert done > before  # served with the agent gone
+        assert load.done > before  # served with the agent gone
         consul_mesh.agent.start()  # a fresh agent: every registration lost
         assert wait_until(lambda: all_registered(consul_mesh), 10), consul_mesh.logs()
         time.sleep(1)
-    finally:
-        stop.set()
-        for w in workers:
-            w.join()
-    assert done > 20 and failures == []
+    assert load.done > 20 and load.failures == []
     assert "re-registered" in (consul_mesh.log_dir / "gateway.log").read_text()
 
 
 def test_routing_follows_an_engine_joining_and_leaving(consul_mesh, tmp_path):
-    c = client(consul_mesh)
+    c = openai_client(consul_mesh)
     address = free_layout(1).engine_address(0)
-    extra = Service("llmesh.engine", {
-        **consul_mesh.env, "LLMESH_ENGINE_BACKEND": "sim", "LLMESH_ENGINE_MODEL": "sim-small",
-        "LLMESH_ENGINE_ENDPOINT_ID": "joiner", "LLMESH_ENGINE_PORT": address.rsplit(":", 1)[1]},
-        tmp_path / "joiner.log")
+    extra = sim_engine("joiner", address, tmp_path / "joiner.log", env=consul_mesh.env)
     extra.start()
     try:
         # Joins: registered with a passing check, and it finds the scheduler through Consul.

@@ -8,17 +8,16 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 import uuid
 
 import openai
 import pytest
-from openai import OpenAI
 
 import httpx
 
-from llmesh.testing import EtcdServer, Mesh, Service, free_layout, wait_until
+from llmesh.testing import EtcdServer, Mesh, free_layout, wait_until
+from tests.e2e.conftest import ChatLoad, openai_client, sim_engine
 
 MSG = [{"role": "user", "content": "hi"}]
 
@@ -47,10 +46,6 @@ def config_cli(mesh: Mesh, *args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=30)
 
 
-def client(mesh: Mesh) -> OpenAI:
-    return OpenAI(base_url=mesh.layout.http_url + "/v1", api_key="unused", max_retries=0, timeout=30)
-
-
 def registered(mesh: Mesh, service: str) -> list[str]:
     out = subprocess.run([sys.executable, "-c", (
         "import asyncio, sys\n"
@@ -72,23 +67,8 @@ def test_every_service_registers_in_etcd(etcd_mesh):
 
 
 def test_config_hot_reload_under_load_drops_nothing(etcd_mesh, tmp_path):
-    c = client(etcd_mesh)
-    failures, done = [], 0
-    stop = threading.Event()
-
-    def load():
-        nonlocal done
-        while not stop.is_set():
-            try:
-                c.chat.completions.create(model="sim-small", messages=MSG)
-                done += 1
-            except Exception as exc:  # noqa: BLE001 - counted
-                failures.append(exc)
-
-    workers = [threading.Thread(target=load) for _ in range(4)]
-    for w in workers:
-        w.start()
-    try:
+    c = openai_client(etcd_mesh)
+    with ChatLoad(c, "sim-small", MSG) as load:
         with pytest.raises(openai.NotFoundError):
             c.chat.completions.create(model="fast", messages=MSG)
         doc = tmp_path / "split.yaml"
@@ -99,18 +79,15 @@ def test_config_hot_reload_under_load_drops_nothing(etcd_mesh, tmp_path):
         assert wait_until(lambda: "fast" in {m.id for m in c.models.list()}, 1.0)
         assert c.chat.completions.create(model="fast", messages=MSG).choices[0].message.content
         assert time.monotonic() - t0 < 1.5
-        for n in (1, 2, 3):
-            assert config_cli(etcd_mesh, "set", "default.max_attempts", str(n)).returncode == 0
-            time.sleep(0.3)
-    finally:
-        stop.set()
-        for w in workers:
-            w.join()
-    assert done > 20 and failures == []
+        for n in (1, 2, 3):  # each one in force under the load before the next
+            out = config_cli(etcd_mesh, "set", "default.max_attempts", str(n))
+            assert out.returncode == 0 and out.stdout.startswith("applied as revision "), out.stderr
+            etcd_mesh.wait_for_config(int(out.stdout.split()[-1]))
+    assert load.done > 20 and load.failures == []
 
 
 def test_invalid_config_is_rejected_and_the_last_good_stays(etcd_mesh, tmp_path):
-    c = client(etcd_mesh)
+    c = openai_client(etcd_mesh)
     bad = tmp_path / "bad.yaml"
     bad.write_text("splits: {}\ndefault: {max_attempts: 0}\n")
     refused = config_cli(etcd_mesh, "apply", "-f", str(bad))
@@ -148,12 +125,9 @@ def test_history_and_rollback(etcd_mesh):
 
 
 def test_killed_engine_leaves_discovery_and_routing(etcd_mesh, tmp_path):
-    c = client(etcd_mesh)
+    c = openai_client(etcd_mesh)
     address = free_layout(1).engine_address(0)
-    extra = Service("llmesh.engine", {
-        **etcd_mesh.env, "LLMESH_ENGINE_BACKEND": "sim", "LLMESH_ENGINE_MODEL": "sim-small",
-        "LLMESH_ENGINE_ENDPOINT_ID": "extra", "LLMESH_ENGINE_PORT": address.rsplit(":", 1)[1]},
-        tmp_path / "extra.log")
+    extra = sim_engine("extra", address, tmp_path / "extra.log", env=etcd_mesh.env)
     extra.start()
     try:
         assert wait_until(lambda: address in registered(etcd_mesh, "engine"), 10), extra.log_path.read_text()
@@ -169,7 +143,7 @@ def test_killed_engine_leaves_discovery_and_routing(etcd_mesh, tmp_path):
 
 
 def test_serving_goes_on_while_etcd_is_down(etcd_mesh, tmp_path):
-    c = client(etcd_mesh)
+    c = openai_client(etcd_mesh)
     etcd_mesh.etcd.stop()
     try:
         for _ in range(10):

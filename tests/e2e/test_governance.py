@@ -21,8 +21,6 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from llmesh.testing import Mesh, RedisServer, Service, free_layout, free_ports, port_open, wait_until
 from llmesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
-pytestmark = pytest.mark.e2e
-
 SIM = "sim-small"
 TPM = 6000
 CONFIG = {

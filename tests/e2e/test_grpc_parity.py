@@ -16,7 +16,7 @@ import jsonschema
 import openai
 import pytest
 
-from llmesh.testing import free_ports, port_open, terminate, wait_until
+from llmesh.testing import free_ports, port_open, terminate, wait_until, write_config_file
 from llmesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from tests.e2e.conftest import SMOL
 
@@ -151,25 +151,19 @@ def test_out_of_range_values_name_the_field_on_both_fronts(stub, client, fields,
     assert http_info.value.body["param"] == http_param
 
 
-def test_a_user_stays_on_one_arm_of_a_split_on_both_fronts(stub, client, config_file):
-    before = config_file.read_text()
-    config_file.write_text(json.dumps({"default": {"max_attempts": 2}, "splits": {"ab": {"targets": [
+def test_a_user_stays_on_one_arm_of_a_split_on_both_fronts(stub, client, live_config):
+    live_config(json.dumps({"default": {"max_attempts": 2}, "splits": {"ab": {"targets": [
         {"model": SMOL, "weight": 1}, {"model": "sim-small", "weight": 1}]}}}))
-    try:
-        assert wait_until(lambda: "ab" in stub.ListModels(gateway_pb2.GatewayListModelsRequest(), timeout=5).models,
-                          5.0)
-        sampling = {"temperature": 0.0, "seed": 1, "max_tokens": 4}
-        arms = set()
-        for name in ("ann", "bob", "cat", "dan", "eve", "fay"):
-            grpc_texts = {choice_texts(chat(stub, model="ab", user=name, sampling=sampling)[0])[0] for _ in range(3)}
-            http = client.chat.completions.create(model="ab", messages=[{"role": "user", "content": SKY}], user=name,
-                                                  temperature=0, seed=1, max_tokens=4)
-            assert grpc_texts == {http.choices[0].message.content}, name  # one arm per user, either front
-            arms |= grpc_texts
-        assert len(arms) == 2  # both arms serve somebody
-    finally:
-        config_file.write_text(before)
-        time.sleep(1.5)
+    assert "ab" in stub.ListModels(gateway_pb2.GatewayListModelsRequest(), timeout=5).models
+    sampling = {"temperature": 0.0, "seed": 1, "max_tokens": 4}
+    arms = set()
+    for name in ("ann", "bob", "cat", "dan", "eve", "fay"):
+        grpc_texts = {choice_texts(chat(stub, model="ab", user=name, sampling=sampling)[0])[0] for _ in range(3)}
+        http = client.chat.completions.create(model="ab", messages=[{"role": "user", "content": SKY}], user=name,
+                                              temperature=0, seed=1, max_tokens=4)
+        assert grpc_texts == {http.choices[0].message.content}, name  # one arm per user, either front
+        arms |= grpc_texts
+    assert len(arms) == 2  # both arms serve somebody
 
 
 # --- tools: an OpenAI-compatible provider serving the real model ---------------------------
@@ -191,15 +185,14 @@ def tool_provider(mesh, config_file, real_model_dir, tmp_path_factory):
     before = config_file.read_text()
     try:
         assert wait_until(lambda: port_open(port), 60), "llama_cpp.server did not start"
-        config_file.write_text(json.dumps({"default": {"max_attempts": 2}, "providers": {"local": {
-            "base_url": f"http://127.0.0.1:{port}/v1", "models": {"smol-tools": REMOTE}}}}))
-        time.sleep(1.5)  # the live config applies
+        mesh.wait_for_config(write_config_file(config_file, json.dumps({
+            "default": {"max_attempts": 2}, "providers": {"local": {
+                "base_url": f"http://127.0.0.1:{port}/v1", "models": {"smol-tools": REMOTE}}}})))
         yield "smol-tools"
     finally:
-        config_file.write_text(before)
+        mesh.wait_for_config(write_config_file(config_file, before))
         terminate(proc, 15, 15.0)
         log.close()
-        time.sleep(1.5)
 
 
 def test_tool_calls_through_a_provider_on_both_fronts(stub, client, tool_provider):

@@ -16,8 +16,6 @@ from llmesh.testing import Mesh, Service, free_layout, free_ports, wait_until
 from llmesh.v1 import engine_pb2, engine_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from tests.e2e.conftest import endpoints
 
-pytestmark = pytest.mark.e2e
-
 
 @pytest.fixture(scope="module")
 def secret_mesh(tmp_path_factory):

@@ -16,8 +16,8 @@ import openai
 import pytest
 from openai import OpenAI
 
-from llmesh.testing import Mesh, Service, children_of, free_layout, pid_alive, wait_until
-from tests.e2e.conftest import endpoints
+from llmesh.testing import Mesh, children_of, free_layout, pid_alive, wait_until
+from tests.e2e.conftest import endpoints, sim_engine
 
 
 @pytest.fixture
@@ -50,11 +50,9 @@ def test_killed_supervisor_leaves_no_orphans(sim_mesh):
 def test_engine_drains_in_flight_stream_then_leaves_the_table(sim_mesh, tmp_path):
     lay = sim_mesh.layout
     address = lay.engine_address(1)
-    engine = Service("llmesh.engine", {
-        "LLMESH_ENGINE_BACKEND": "sim", "LLMESH_ENGINE_MODEL": "sim-drain", "LLMESH_ENGINE_ENDPOINT_ID": "drain",
-        "LLMESH_ENGINE_PORT": address.rsplit(":", 1)[1], "LLMESH_ENGINE_SCHEDULER_ADDRESS": lay.address("scheduler"),
-        "LLMESH_ENGINE_SIM_DECODE_MS_PER_TOKEN": "30", "LLMESH_ENGINE_SIM_OUTPUT_TOKENS": "40",
-        "LLMESH_ENGINE_GRACE_S": "10"}, tmp_path / "drain.log")
+    engine = sim_engine("drain", address, tmp_path / "drain.log", model="sim-drain",
+                        scheduler_address=lay.address("scheduler"), sim_decode_ms_per_token=30, sim_output_tokens=40,
+                        grace_s=10)
     engine.start()
     try:
         assert wait_until(lambda: any(e.endpoint_id == "drain" for e in endpoints(sim_mesh)), 20)

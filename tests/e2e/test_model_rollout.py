@@ -22,7 +22,6 @@ from llmesh.modelmgr.gguf import quantize
 from llmesh.testing import Mesh, free_layout
 from llmesh.v1 import modelmgr_pb2, modelmgr_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 
-pytestmark = pytest.mark.e2e
 SMOL = "smollm2-135m-instruct"
 
 

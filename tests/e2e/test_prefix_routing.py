@@ -12,21 +12,13 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
-import grpc
 import pytest
-from openai import OpenAI
 
 from llmesh.testing import Mesh, free_layout, wait_until
-from llmesh.v1 import scheduler_pb2, scheduler_pb2_grpc
+from tests.e2e.conftest import endpoints, openai_client
 
 MODEL = "sim-small"
 PREFILL_MS_PER_TOKEN = 3.0
-
-
-def endpoints(layout) -> list:
-    with grpc.insecure_channel(layout.address("scheduler")) as ch:
-        return list(scheduler_pb2_grpc.SchedulerStub(ch).ListEndpoints(
-            scheduler_pb2.ListEndpointsRequest(), timeout=5).endpoints)
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +37,7 @@ def mesh(tmp_path_factory, real_model_dir, config_file):
                   "LLMESH_ENGINE_SELF_TEST_INTERVAL_S": "600", "LLMESH_CONFIG_FILE": str(config_file)},
              args=["--no-cache"])
     m.start(timeout_s=120)
-    assert wait_until(lambda: sum(e.healthy for e in endpoints(m.layout)) == 2, 30)
+    assert wait_until(lambda: sum(e.healthy for e in endpoints(m)) == 2, 30)
     yield m
     assert m.stop() == 0, m.logs()
 
@@ -80,7 +72,7 @@ def turn(client, mesh, messages, model: str = MODEL) -> tuple[str, float, str]:
 
 
 def test_follow_up_turn_lands_on_the_engine_holding_its_prefix(mesh):
-    client = OpenAI(base_url=mesh.layout.http_url + "/v1", api_key="unused", max_retries=0, timeout=30)
+    client = openai_client(mesh)
     results = []
     with ThreadPoolExecutor(2) as pool:
         for pair in range(3):
@@ -104,7 +96,7 @@ def test_follow_up_turn_lands_on_the_engine_holding_its_prefix(mesh):
 
 
 def test_routing_policy_switches_live_to_round_robin(mesh, config_file):
-    client = OpenAI(base_url=mesh.layout.http_url + "/v1", api_key="unused", max_retries=0, timeout=30)
+    client = openai_client(mesh)
     messages = [{"role": "user", "content": "same question every time " * 20}]
     home = turn(client, mesh, messages)[0]
     time.sleep(1.5)
@@ -132,13 +124,13 @@ def llama_mesh(tmp_path_factory, real_model_dir):
                   "LLMESH_ENGINE_SELF_TEST_INTERVAL_S": "600", "LLMESH_CONFIG_FILE": str(config)},
              args=["--no-cache"])
     m.start(timeout_s=240)
-    assert wait_until(lambda: sum(e.healthy for e in endpoints(m.layout)) == 2, 60)
+    assert wait_until(lambda: sum(e.healthy for e in endpoints(m)) == 2, 60)
     yield m
     assert m.stop() == 0, m.logs()
 
 
 def test_follow_up_turn_lands_on_the_llamacpp_engine_holding_its_prefix(llama_mesh):
-    client = OpenAI(base_url=llama_mesh.layout.http_url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    client = openai_client(llama_mesh, timeout=60)
     results = []
     with ThreadPoolExecutor(2) as pool:
         for pair in range(2):

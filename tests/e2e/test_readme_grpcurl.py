@@ -16,8 +16,6 @@ from google.protobuf.descriptor_pool import DescriptorPool
 from google.protobuf.message_factory import GetMessageClass
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
-pytestmark = pytest.mark.e2e
-
 README = Path(__file__).resolve().parents[2] / "README.md"
 README_ADDRESS = "127.0.0.1:50051"
 

@@ -27,20 +27,20 @@ def ask(client, prompt: str, **kw):
         model=kw.pop("model"), messages=[{"role": "user", "content": prompt}], temperature=0, max_tokens=8, **kw)
 
 
-def use_config(client, config_file, text: str, name: str) -> None:
-    config_file.write_text(text)
-    assert wait_until(lambda: name in {m.id for m in client.models.list()}, 5.0)
+def use_config(client, live_config, text: str, name: str) -> None:
+    live_config(text)
+    assert name in {m.id for m in client.models.list()}
 
 
 @pytest.fixture
-def restore_config(client, config_file):
+def restore_config(client, live_config):
     yield
-    config_file.write_text("default: {max_attempts: 2}\n")
-    assert wait_until(lambda: not {"smart", "assistant"} & {m.id for m in client.models.list()}, 5.0)
+    live_config("default: {max_attempts: 2}\n")
+    assert not {"smart", "assistant"} & {m.id for m in client.models.list()}
 
 
 @pytest.mark.timeout(600)  # 16 llama.cpp answers; a busy shared machine makes each take seconds
-def test_cascade_escalates_exactly_the_low_confidence_answers(client, mesh, config_file, restore_config):
+def test_cascade_escalates_exactly_the_low_confidence_answers(client, mesh, live_config, restore_config):
     # Each prompt's confidence on the cheap model, asked directly (greedy: the same answer every time).
     confidence, direct = {}, {}
     for prompt in PROMPTS:
@@ -52,7 +52,7 @@ def test_cascade_escalates_exactly_the_low_confidence_answers(client, mesh, conf
     assert ranked[0] < ranked[-1]  # real logprobs: the prompts differ in confidence
     mid = len(ranked) // 2
     threshold = (ranked[mid - 1] + ranked[mid]) / 2  # half the prompts under it, half over
-    use_config(client, config_file, f"cascades:\n  smart: {{cheap: {SMOL}, strong: {SIM}, "
+    use_config(client, live_config, f"cascades:\n  smart: {{cheap: {SMOL}, strong: {SIM}, "
                                     f"min_confidence: {threshold!r}}}\n", "smart")
     escalated = set()
     for prompt in PROMPTS:
@@ -97,8 +97,8 @@ def report(mesh, alias: str) -> dict:
     return json.loads(out.stdout)
 
 
-def test_shadow_report_after_traffic(client, mesh, config_file, restore_config):
-    use_config(client, config_file, f"splits:\n  assistant:\n    targets: [{{model: {SMOL}, weight: 1}}]\n"
+def test_shadow_report_after_traffic(client, mesh, live_config, restore_config):
+    use_config(client, live_config, f"splits:\n  assistant:\n    targets: [{{model: {SMOL}, weight: 1}}]\n"
                                     f"shadows:\n  assistant: {{model: {SIM}, max_concurrency: 4}}\n", "assistant")
     for prompt in PROMPTS[:4]:
         assert ask(client, prompt, model="assistant").parse().choices[0].message.content

@@ -6,24 +6,17 @@ from __future__ import annotations
 import asyncio
 import re
 
-import grpc
 import httpx
 import pytest
 from openai import AsyncOpenAI
 
 from llmesh.testing import Mesh, free_layout, wait_until
-from llmesh.v1 import scheduler_pb2, scheduler_pb2_grpc
+from tests.e2e.conftest import endpoints
 
 N = 16
 MODEL = "sim-small"
 # 40 words: the sim tokenizes by word, so two full 16-token KV blocks plus the role tag.
 SHARED = "policy " * 40
-
-
-def endpoints(layout) -> list:
-    with grpc.insecure_channel(layout.address("scheduler")) as ch:
-        return list(scheduler_pb2_grpc.SchedulerStub(ch).ListEndpoints(
-            scheduler_pb2.ListEndpointsRequest(), timeout=5).endpoints)
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +33,7 @@ def fleet(tmp_path_factory, real_model_dir):
 
 
 def test_sixteen_sim_engines_serve_one_model(fleet):
-    assert wait_until(lambda: sum(e.healthy for e in endpoints(fleet.layout)) == N, 60), endpoints(fleet.layout)
+    assert wait_until(lambda: sum(e.healthy for e in endpoints(fleet)) == N, 60), endpoints(fleet)
 
     async def run() -> list:
         client = AsyncOpenAI(base_url=fleet.layout.http_url + "/v1", api_key="unused", max_retries=0, timeout=60)
@@ -66,7 +59,7 @@ def test_sixteen_sim_engines_serve_one_model(fleet):
         served += done > 0
     assert served >= N // 2, f"only {served} of {N} engines served"
     # Every engine that served holds the shared prompt's blocks, and said so to the scheduler.
-    assert wait_until(lambda: sum(e.kv_blocks >= 2 for e in endpoints(fleet.layout)) >= served, 5), \
-        [(e.endpoint_id, e.kv_blocks) for e in endpoints(fleet.layout)]
+    assert wait_until(lambda: sum(e.kv_blocks >= 2 for e in endpoints(fleet)) >= served, 5), \
+        [(e.endpoint_id, e.kv_blocks) for e in endpoints(fleet)]
     # ... with how they name them, so a router can hash a request the same way
-    assert {(e.kv_hash.kind, e.kv_hash.block_size) for e in endpoints(fleet.layout)} == {("llmesh", 16)}
+    assert {(e.kv_hash.kind, e.kv_hash.block_size) for e in endpoints(fleet)} == {("llmesh", 16)}

@@ -11,9 +11,9 @@ import grpc
 import pytest
 
 from llmesh.engine.backends.sim import _WORDS
-from llmesh.testing import Service, free_ports, wait_until
+from llmesh.testing import free_ports, wait_until
 from llmesh.v1 import common_pb2, engine_pb2, engine_pb2_grpc, gateway_pb2, gateway_pb2_grpc
-from tests.e2e.conftest import endpoints
+from tests.e2e.conftest import endpoints, sim_engine
 
 MAX_TOKENS = 40
 
@@ -22,10 +22,8 @@ MAX_TOKENS = 40
 def doomed_engine(mesh, tmp_path):
     """A second sim-small engine, slow (40 ms a token), that the test kills."""
     port = free_ports(1)[0]
-    svc = Service("llmesh.engine", {
-        "LLMESH_ENGINE_BACKEND": "sim", "LLMESH_ENGINE_MODEL": "sim-small", "LLMESH_ENGINE_PORT": str(port),
-        "LLMESH_ENGINE_ENDPOINT_ID": "doomed", "LLMESH_ENGINE_SCHEDULER_ADDRESS": mesh.layout.address("scheduler"),
-        "LLMESH_ENGINE_SIM_DECODE_MS_PER_TOKEN": "40"}, tmp_path / "engine.log")
+    svc = sim_engine("doomed", f"127.0.0.1:{port}", tmp_path / "engine.log",
+                     scheduler_address=mesh.layout.address("scheduler"), sim_decode_ms_per_token=40)
     svc.start()
     assert wait_until(lambda: any(e.endpoint_id == "doomed" and e.healthy for e in endpoints(mesh)), 20)
     yield svc, f"127.0.0.1:{port}"

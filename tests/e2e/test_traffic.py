@@ -21,19 +21,13 @@ import httpx
 import pytest
 from google.rpc import error_details_pb2, status_pb2
 
-from llmesh.testing import Mesh, Service, children_of, free_layout, wait_until
-from llmesh.v1 import common_pb2, engine_pb2, engine_pb2_grpc, gateway_pb2, gateway_pb2_grpc, scheduler_pb2, \
-    scheduler_pb2_grpc
+from llmesh.testing import Mesh, children_of, free_layout, wait_until
+from llmesh.v1 import common_pb2, engine_pb2, engine_pb2_grpc, gateway_pb2, gateway_pb2_grpc
+from tests.e2e.conftest import endpoints, sim_engine
 
 SPLIT = {"sim-small": 80, "sim-next": 20}  # the alias "assistant": the mesh's own sim engine, and one more
 RETRY_AFTER_S = 2
 BUSY = ("busy-a", "busy-b")  # two engines of "sim-busy": one slot and a queue of one each, 100 ms a token
-
-
-def endpoints(mesh: Mesh) -> list:
-    with grpc.insecure_channel(mesh.layout.address("scheduler")) as ch:
-        return list(scheduler_pb2_grpc.SchedulerStub(ch).ListEndpoints(
-            scheduler_pb2.ListEndpointsRequest(), timeout=5).endpoints)
 
 
 def engine_load(address: str) -> engine_pb2.EngineLoad:
@@ -63,10 +57,7 @@ def traffic_mesh(tmp_path_factory, real_model_dir: Path):
     try:
         for i, (model, endpoint_id, env) in enumerate(extra, start=1):
             address = layout.engine_address(i)
-            svc = Service("llmesh.engine", {**common, **env, "LLMESH_ENGINE_MODEL": model,
-                                            "LLMESH_ENGINE_ENDPOINT_ID": endpoint_id,
-                                            "LLMESH_ENGINE_PORT": address.rsplit(":", 1)[1]},
-                          logs / f"{endpoint_id}.log")
+            svc = sim_engine(endpoint_id, address, logs / f"{endpoint_id}.log", model=model, env={**common, **env})
             svc.start()
             services.append(svc)
             engines[endpoint_id] = svc.proc.pid

@@ -12,8 +12,6 @@ import pytest
 
 from tests.e2e.conftest import SMOL
 
-pytestmark = pytest.mark.e2e
-
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "typescript" / "dist" / "chat.js"
 
 

@@ -15,7 +15,6 @@ from llmesh.discovery.base import Instance
 from llmesh.discovery.consul import ConsulRegistry
 from llmesh.engine.app import EngineApp
 from llmesh.engine.config import EngineSettings
-from llmesh.gateway.context import CompletionRequest
 from llmesh.gateway.upstream.cache import CacheClient
 from llmesh.gateway.upstream.catalog import ModelCatalog
 from llmesh.gateway.upstream.feed import SchedulerFeed
@@ -25,7 +24,7 @@ from llmesh.scheduler.app import SchedulerApp
 from llmesh.scheduler.config import SchedulerSettings
 from llmesh.settings import MeshSettings
 from llmesh.testing import free_ports
-from llmesh.types import Message, Prompt, Sampling
+from tests.component.helpers import completion_request
 from tests.integration.consul_standin import ConsulStandin
 
 
@@ -50,8 +49,7 @@ async def test_feeds_cache_and_reporter_survive_the_agent_being_down():
         await asyncio.sleep(2.5)  # the agent is down: every lookup fails meanwhile
         assert not any(t.done() for t in tasks), [t.exception() for t in tasks if t.done()]
         assert not engine.reporter._task.done()
-        req = CompletionRequest(request_id="r", tenant="t", model="sim-outage", timeout_s=5,
-                                prompt=Prompt(messages=(Message("user", "hi"),)), sampling=Sampling(max_tokens=2))
+        req = completion_request("sim-outage", "hi", timeout_s=5, max_tokens=2)
         t0 = time.monotonic()
         assert await cache.lookup(req, INVALID_SPAN) is None  # a miss, not an error in the request path
         assert time.monotonic() - t0 < 0.5  # and no longer than the cache's own timeout (0.25 s)

@@ -14,7 +14,7 @@ from llmesh.gateway.__main__ import _parser, worker_settings, workers_problem
 from llmesh.gateway.config import GatewaySettings
 from llmesh.rpc.server import server_options
 from llmesh.settings import MeshSettings
-from llmesh.workers import reuse_port_socket
+from llmesh.ports import listen_socket
 
 
 def test_one_worker_by_default_and_from_the_environment(monkeypatch):
@@ -58,9 +58,9 @@ def test_grpc_so_reuseport_is_off_unless_asked():
 
 
 def test_reuse_port_sockets_share_a_port_that_others_cannot_take():
-    first = reuse_port_socket("127.0.0.1", 0)
+    first = listen_socket("127.0.0.1", 0, reuse_port=True)
     port = first.getsockname()[1]
-    second = reuse_port_socket("127.0.0.1", port)
+    second = listen_socket("127.0.0.1", port, reuse_port=True)
     try:
         for s in (first, second):
             s.listen()

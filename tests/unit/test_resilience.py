@@ -100,7 +100,7 @@ def test_metrics_follow_breakers_fallbacks_and_the_budget():
     from llmesh.gateway.metrics import GatewayMetrics
     from llmesh.gateway.record import RequestRecord
     registry = CollectorRegistry()
-    m = GatewayMetrics(registry)
+    m = GatewayMetrics(registry, known=lambda model: True)
     b = Breakers(lambda: CircuitBreaker(failure_threshold=1),
                  on_state=lambda e, s: m.breaker.labels(e).set(int(s)))
     b.record("e1", False, None, 0.0)

@@ -36,6 +36,11 @@ class Layout:
             raise ValueError(f"a one-machine mesh runs at most {MAX_ENGINES} engines")
         return f"{self.host}:{self.base_port + 100 + index}"
 
+    def reserved_ports(self) -> str:
+        """Every port this layout may use, as net.ipv4.ip_local_reserved_ports takes them."""
+        top = self.base_port + 200 + MAX_ENGINES - 1
+        return f"{self.base_port}-{top}" + ("" if self.base_port <= self.http_port <= top else f",{self.http_port}")
+
     @property
     def http_url(self) -> str:
         return f"http://{self.host}:{self.http_port}"

@@ -90,7 +90,7 @@ def _up_options(args: argparse.Namespace) -> tuple[MeshSpec, dict[str, str], Res
 
 def cmd_up(args: argparse.Namespace) -> int:
     from llmesh.cli.launcher import EngineLauncher, follow
-    from llmesh.cli.up import StartFailed, plan, start_all, stop_all, supervise, write_state
+    from llmesh.cli.up import StartFailed, plan, port_hint, start_all, stop_all, supervise, write_state
 
     try:
         spec, scaled, policy = _up_options(args)
@@ -112,6 +112,10 @@ def cmd_up(args: argparse.Namespace) -> int:
         except StartFailed as exc:
             print(f"llmesh: {exc}", file=sys.stderr, flush=True)
             return 1
+        finally:
+            hint = port_hint(children, layout)
+            if hint:
+                print(hint, file=sys.stderr, flush=True)
         print(_banner(layout, spec), flush=True)
         say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
         launcher = EngineLauncher(spec, children, scaled, say=say) if scaled else None

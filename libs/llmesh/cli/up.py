@@ -9,8 +9,9 @@ reverse order with SIGTERM, then SIGKILL after the grace period."""
 from __future__ import annotations
 
 import asyncio
-import os
+import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from typing import Any
 
 from llmesh.rpc.health import health_status
 from llmesh.cli.layout import CORE_SERVICES, Layout
+from llmesh.ports import BUSY_MSG, reserve_hint
 from llmesh.restarts import RestartBudget, RestartPolicy
 from llmesh.workers import die_with_parent
 
@@ -36,10 +38,12 @@ class Child:
     extra: dict[str, Any] = field(default_factory=dict)
     restarts: int = 0
     last_exit_code: int | None = None
+    log_start: int = 0  # where the last start's lines begin in log_path
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("ab")
+        self.log_start = log.tell()
         self.proc = subprocess.Popen([sys.executable, "-m", self.module], env=self.env, stdout=log,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      start_new_session=True, preexec_fn=die_with_parent)
@@ -54,6 +58,24 @@ class Child:
         if self.proc is None:
             raise RuntimeError(f"{self.name} was never started")
         return self.proc
+
+    def records(self, msg: str, limit_bytes: int = 1 << 20) -> list[dict[str, Any]]:
+        """The JSON log lines with this ``msg`` the last start wrote (within its first ``limit_bytes``)."""
+        try:
+            with self.log_path.open("rb") as f:
+                f.seek(self.log_start)
+                text = f.read(limit_bytes)
+        except OSError:
+            return []
+        needle = json.dumps(msg).encode()
+        found = []
+        for line in text.splitlines():
+            if needle in line:
+                with contextlib.suppress(ValueError):
+                    record = json.loads(line)
+                    if isinstance(record, dict) and record.get("msg") == msg:
+                        found.append(record)
+        return found
 
 
 EMBED_MODEL = "all-minilm-l6-v2"  # the cache's sentence embedder, extracted by `make model`
@@ -135,7 +157,8 @@ async def _wait_serving(child: Child, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if not child.alive():
-            raise StartFailed(f"{child.name} exited with code {child.process.returncode}; see {child.log_path}")
+            why = "".join(f": {r['error']}" for r in child.records("cannot start")[-1:] if r.get("error"))
+            raise StartFailed(f"{child.name} exited with code {child.process.returncode}{why}; see {child.log_path}")
         if await health_status(child.address, timeout_s=0.5) == "SERVING":
             return
         await asyncio.sleep(0.1)
@@ -151,6 +174,16 @@ async def start_all(children: list[Child], timeout_s: float = 120.0) -> None:
         for child in group:
             child.start()
         await asyncio.gather(*(_wait_serving(c, timeout_s) for c in group))
+
+
+def port_hint(children: list[Child], layout: Layout) -> str | None:
+    """One line, if a service had to wait at start for a port someone else held (llmesh.ports)."""
+    waits = [f"{c.name} for {r.get('address')} (held by {r.get('holder')})"
+             for c in children for r in c.records(BUSY_MSG)]
+    if not waits:
+        return None
+    return (f"llmesh: waited for busy ports: {'; '.join(waits)}. To keep outgoing connections off the mesh's "
+            f"ports: {reserve_hint(layout.reserved_ports())}")
 
 
 def stop_all(children: list[Child], grace_s: float) -> list[tuple[str, int]]:

@@ -4,7 +4,6 @@ errors into gRPC status codes. Servicers raise; they never call context.abort.""
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
@@ -16,6 +15,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Tracer
 
 from llmesh.logs import request_id_var
+from llmesh.request_id import accept, new_request_id
 from llmesh.rpc.identity import Identity
 from llmesh.telemetry import bind_trace_id, extract
 from llmesh.rpc.status import grpc_code, trailing_metadata
@@ -29,10 +29,11 @@ Metadata = tuple[tuple[str, str | bytes], ...]
 
 
 def _request_id(context: Context) -> str:
+    """The caller's x-request-id when it is a safe one (``llmesh.request_id``), else a new one."""
     for key, value in context.invocation_metadata() or ():
         if key == REQUEST_ID_KEY and isinstance(value, str):  # a -bin key's value is bytes
-            return value
-    return uuid.uuid4().hex
+            return accept(value)[0]
+    return new_request_id()
 
 
 def _merged(already: Iterable[tuple[str, str | bytes]] | None, error: Metadata) -> Metadata:

@@ -3,6 +3,7 @@ interceptor, graceful stop."""
 
 from __future__ import annotations
 
+import errno
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from opentelemetry.trace import Tracer
 
+from llmesh.ports import DEFAULT_BIND_WAIT_S, bind_retrying, probe, split_address
 from llmesh.rpc.identity import Identity
 from llmesh.rpc.interceptor import ErrorInterceptor
 
@@ -48,11 +50,14 @@ class ServiceBinding:
 
 class GrpcServer:
     def __init__(self, address: str, bindings: Sequence[ServiceBinding], tracer: Tracer | None = None,
-                 identity: Identity | None = None, reuse_port: bool = False):
+                 identity: Identity | None = None, reuse_port: bool = False,
+                 bind_wait_s: float = DEFAULT_BIND_WAIT_S):
         """``identity`` decides who may call the admin RPCs (None: anyone, for in-process tests);
-        ``reuse_port``: bind with SO_REUSEPORT, beside other processes on the same port."""
+        ``reuse_port``: bind with SO_REUSEPORT, beside other processes on the same port;
+        ``bind_wait_s``: how long a taken port is tried again (llmesh.ports)."""
         self._address = address
         self._reuse_port = reuse_port
+        self._bind_wait_s = bind_wait_s
         self._identity = identity
         self._tracer = tracer
         self._bindings = bindings
@@ -71,13 +76,30 @@ class GrpcServer:
         names = [b.name for b in self._bindings] + [
             health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME]
         reflection.enable_server_reflection(names, server)
-        self.port = server.add_insecure_port(self._address)
-        if not self.port:
-            raise OSError(f"cannot bind gRPC server to {self._address}")
+        self.port = await bind_retrying(lambda: self._add_port(server), self._address, wait_s=self._bind_wait_s)
         await server.start()
         self._server = server
         await self.set_serving(True)
         log.info("grpc server listening", extra={"address": self.bound_address})
+
+    def _add_port(self, server: grpc.aio.Server) -> int:
+        """Binds the server's port; an OSError (EADDRINUSE when the port is taken) if it cannot.
+        grpcio raises RuntimeError (1.85) or returns 0 (older) without saying why: a plain
+        socket bound with the server's options tells."""
+        try:
+            port = server.add_insecure_port(self._address)
+        except RuntimeError as exc:
+            failure: Exception = exc
+        else:
+            if port:
+                return port
+            failure = RuntimeError(f"grpc returned port 0 for {self._address}")
+        try:
+            probe(*split_address(self._address), reuse_port=self._reuse_port)
+        except ValueError:
+            raise OSError(f"cannot bind gRPC server to {self._address}: {failure}") from failure
+        # Free now (it was taken a moment ago, or gRPC failed for its own reason): try again.
+        raise OSError(errno.EADDRINUSE, f"cannot bind gRPC server to {self._address}: {failure}") from failure
 
     @property
     def bound_address(self) -> str:

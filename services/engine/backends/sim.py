@@ -16,7 +16,9 @@ import asyncio
 import contextlib
 import json
 import math
+import os
 import random
+import signal
 from collections import deque
 from collections.abc import AsyncGenerator
 from dataclasses import asdict, dataclass, field
@@ -79,6 +81,14 @@ class _Seq:
                 waiter.set_result(None)
 
 
+def _die_if_marked(prompt: Prompt, marker: str) -> None:
+    """Fault injection: the process dies at once (SIGKILL, as a crash in native code
+    would end it) on a prompt carrying the marker, before answering anything."""
+    texts = [m.content for m in prompt.messages] if prompt.messages is not None else [prompt.text or ""]
+    if any(marker in text for text in texts):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 class SimBackend:
     name = "sim"
     vocab_size = VOCAB_SIZE
@@ -86,7 +96,8 @@ class SimBackend:
     capabilities = Capabilities(logprobs=True, continuation=True, steps=True)
     gpu_memory_share = 0.0
 
-    def __init__(self, model: str, context_length: int, profile: SimProfile = SimProfile()):
+    def __init__(self, model: str, context_length: int, profile: SimProfile = SimProfile(),
+                 die_on: str | None = None):
         if not model.startswith("sim"):
             raise ValueError("a simulated model's name must start with 'sim'")
         self.model = model
@@ -103,8 +114,11 @@ class SimBackend:
         self.prefix_queries = 0
         self.prefix_hits = 0
         self._word_tokens = {w: sim_token(w) for w in _WORDS}
+        self._die_on = die_on  # fault injection (tests): a prompt with this text kills the process
 
     def tokenize(self, prompt: Prompt) -> list[int]:
+        if self._die_on is not None:
+            _die_if_marked(prompt, self._die_on)
         return sim_tokenize(prompt)
 
     def tokenize_continuation(self, text: str) -> list[int]:

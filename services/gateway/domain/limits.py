@@ -89,8 +89,8 @@ def usage_key(day: str) -> str:
 
 @dataclass
 class _TenantState:
-    requests: deque = field(default_factory=deque)        # (ms, rid)
-    tokens: deque = field(default_factory=deque)          # (ms, rid)
+    requests: deque[tuple[int, str]] = field(default_factory=deque)  # (ms, rid)
+    tokens: deque[tuple[int, str]] = field(default_factory=deque)    # (ms, rid)
     amounts: dict[str, int] = field(default_factory=dict)
     token_sum: int = 0
     leases: dict[str, int] = field(default_factory=dict)  # rid -> expiry ms
@@ -99,7 +99,7 @@ class _TenantState:
 class LocalLimiter:
     """The same semantics in one process: each replica enforces each limit alone."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._tenants: dict[str, _TenantState] = {}
         self._budgets: dict[str, list[int]] = {}  # key -> [tokens, micro, reserved tokens, reserved micro]
         self.usage: dict[str, dict[str, int]] = {}  # day -> usage fields not yet stored elsewhere

@@ -5,6 +5,7 @@ batched into pipelines. It takes a ``redis.asyncio`` client and imports no trans
 from __future__ import annotations
 
 import asyncio
+from typing import Any, Protocol
 
 from llmesh.gateway.domain.limits import WINDOW_MS, Ask, Outcome, Verdict, usage_fields, usage_key
 
@@ -109,17 +110,25 @@ def _keys(tenant: str) -> list[str]:
     return [base + "req", base + "tok", base + "tok:amt", base + "tok:sum", base + "conc"]
 
 
+class RedisClient(Protocol):
+    """What this module uses of a ``redis.asyncio`` client (Redis or RedisCluster)."""
+
+    def register_script(self, script: str) -> Any: ...
+
+    def pipeline(self, transaction: bool = True) -> Any: ...
+
+
 class RedisLimiter:
     """Admissions are one script call each (on the request's path). Settles come
     after the answer, so they are batched: those that arrive while a batch is on
     the wire go together in the next pipeline, one round trip for all."""
 
-    def __init__(self, client):
+    def __init__(self, client: RedisClient):
         self._redis = client
         self._admit = client.register_script(ADMIT)
         self._settle = client.register_script(SETTLE)
-        self._pending: list[tuple[list, list, asyncio.Future]] = []
-        self._flusher: asyncio.Task | None = None
+        self._pending: list[tuple[list[str], list[str | int], asyncio.Future[None]]] = []  # keys, args, waiter
+        self._flusher: asyncio.Task[None] | None = None
 
     async def admit(self, ask: Ask, now_ms: int) -> Verdict:
         res = await self._admit(keys=[*_keys(ask.tenant), ask.budget_key or "llmesh:budget:none"], args=[
@@ -136,13 +145,13 @@ class RedisLimiter:
         actual = 0 if outcome is None else outcome.prompt_tokens + outcome.completion_tokens
         micro = 0 if outcome is None else outcome.cost_micro
         day = outcome.day if outcome is not None else "none"
-        args = [ask.rid, ask.tokens, actual, ask.cost_micro, micro,
+        args: list[str | int] = [ask.rid, ask.tokens, actual, ask.cost_micro, micro,
                 "1" if (ask.budget_tokens or ask.budget_micro) else "0"]
         for name, value in usage.items():
             args += [name, value]
         if not usage:
             args.append("")
-        done = asyncio.get_running_loop().create_future()
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._pending.append(([keys[1], keys[2], keys[3], keys[4], ask.budget_key or "llmesh:budget:none",
                                usage_key(day)], args, done))
         if self._flusher is None:

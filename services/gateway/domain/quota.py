@@ -39,7 +39,7 @@ def period_bounds(kind: str, now: float) -> tuple[str, float]:
 class Periods:
     """period_bounds, worked out again only when a period ends (not per request)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._current: dict[str, tuple[str, float]] = {}
 
     def __call__(self, kind: str, now: float) -> tuple[str, float]:

@@ -5,15 +5,15 @@ answer it); with a seed, choice i samples with seed + i so the choices differ.""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing, suppress
 from dataclasses import replace
 
 from llmesh.errors import LlmeshError
 from llmesh.types import Delta, Finish, Usage
-from llmesh.gateway.context import CompletionRequest
+from llmesh.gateway.context import CompletionRequest, Items
 
-_END = object()
+ChoiceItems = AsyncGenerator[tuple[int, Delta | Finish], None]  # (choice index, item)
 
 
 def choice_requests(req: CompletionRequest, n: int) -> list[CompletionRequest]:
@@ -26,7 +26,7 @@ def choice_requests(req: CompletionRequest, n: int) -> list[CompletionRequest]:
     return out
 
 
-async def merge(streams: list[AsyncIterator[Delta | Finish]]) -> AsyncIterator[tuple[int, Delta | Finish]]:
+async def merge(streams: list[Items]) -> ChoiceItems:
     """Items of every stream as they come, tagged with the stream's index. The first
     failure ends the merge (the other runs are cancelled) and is raised."""
     if len(streams) == 1:
@@ -34,14 +34,14 @@ async def merge(streams: list[AsyncIterator[Delta | Finish]]) -> AsyncIterator[t
             async for item in only:
                 yield 0, item
         return
-    queue: asyncio.Queue = asyncio.Queue()
+    queue: asyncio.Queue[tuple[int, Delta | Finish | LlmeshError | None]] = asyncio.Queue()  # None: i ended
 
-    async def pump(i: int, stream: AsyncIterator[Delta | Finish]) -> None:
+    async def pump(i: int, stream: Items) -> None:
         try:
             async with aclosing(stream):
                 async for item in stream:
                     await queue.put((i, item))
-            await queue.put((i, _END))
+            await queue.put((i, None))
         except LlmeshError as exc:
             await queue.put((i, exc))
 
@@ -49,13 +49,13 @@ async def merge(streams: list[AsyncIterator[Delta | Finish]]) -> AsyncIterator[t
     try:
         running = len(tasks)
         while running:
-            i, item = await queue.get()
-            if item is _END:
+            i, got = await queue.get()
+            if got is None:
                 running -= 1
-            elif isinstance(item, LlmeshError):
-                raise item
+            elif isinstance(got, LlmeshError):
+                raise got
             else:
-                yield i, item
+                yield i, got
     finally:
         for task in tasks:
             task.cancel()

@@ -11,18 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
+from typing import Any, cast
 
 import orjson
 
 from llmesh.errors import ErrorCode, InvalidArgument, LlmeshError
 from llmesh.logs import request_id_var
-from llmesh.types import Delta, Finish
-from llmesh.gateway.fronts.choices import UsageSum, choice_requests, merge
-from llmesh.gateway.fronts.openai_api import (CHAT, TEXT, ChatBody, Choice, ChunkWriter, CompletionBody, Shape,
+from llmesh.request_id import accept
+from llmesh.types import Delta, Finish, TokenLogprob
+from llmesh.gateway.fronts.choices import ChoiceItems, UsageSum, choice_requests, merge
+from llmesh.gateway.fronts.openai_api import (CHAT, TEXT, Body, ChatBody, Choice, ChunkWriter, CompletionBody, Shape,
                                               ToolCalls, completion_json, error_json, parse, sse)
 from llmesh.gateway.context import CompletionRequest, Context
 from llmesh.gateway.pipeline import Pipeline
@@ -90,7 +91,7 @@ async def _cancelled_on_disconnect(receive: Receive) -> AsyncIterator[None]:
     """Cancels the work inside when the client goes away (the ASGI server only says so
     on ``receive``), which cancels the pipeline and so the engine call; the CancelledError
     ends here. Streamed or not, before or after the first token."""
-    task = asyncio.current_task()
+    task = cast("asyncio.Task[Any]", asyncio.current_task())  # an ASGI request runs in a task
     gone = False
 
     async def watch() -> None:
@@ -123,8 +124,10 @@ class HttpFront:
         self._body_timeout = body_timeout_s
         self._started = int(time.time())
         self._routes = {
-            "/v1/chat/completions": ("POST", lambda scope, receive, send: self._complete(scope, receive, send, ChatBody, CHAT)),
-            "/v1/completions": ("POST", lambda scope, receive, send: self._complete(scope, receive, send, CompletionBody, TEXT)),
+            "/v1/chat/completions": ("POST", lambda scope, receive, send:
+                                     self._complete(scope, receive, send, ChatBody, CHAT)),
+            "/v1/completions": ("POST", lambda scope, receive, send:
+                                self._complete(scope, receive, send, CompletionBody, TEXT)),
             "/v1/models": ("GET", self.list_models),
             "/healthz": ("GET", self.healthz),
         }
@@ -153,9 +156,10 @@ class HttpFront:
                     return min(seconds, self._default_timeout)
         return self._default_timeout
 
-    async def _complete(self, scope: dict, receive: Receive, send: Send, body_cls, shape: Shape) -> None:
+    async def _complete(self, scope: dict, receive: Receive, send: Send, body_cls: type[Body], shape: Shape
+                        ) -> None:
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        rid = headers.get(REQUEST_ID) or os.urandom(16).hex()  # uuid4's randomness, a third of its cost
+        rid, client_rid = accept(headers.get(REQUEST_ID))  # an unsafe or overlong id is replaced
         request_id_var.set(rid)
         try:
             async with asyncio.timeout(self._body_timeout):
@@ -167,13 +171,13 @@ class HttpFront:
         except LlmeshError as exc:
             return await _error(send, exc, rid)
         async with _cancelled_on_disconnect(receive):
-            await self._answer(send, rid, headers, raw, body_cls, shape)
+            await self._answer(send, rid, headers, raw, body_cls, shape, client_rid)
 
-    async def _answer(self, send: Send, rid: str, headers: dict[str, str], raw: bytes, body_cls,
-                      shape: Shape) -> None:
+    async def _answer(self, send: Send, rid: str, headers: dict[str, str], raw: bytes, body_cls: type[Body],
+                      shape: Shape, client_rid: str | None = None) -> None:
         try:
             body = parse(body_cls, raw)
-            prompt = body.prompt() if shape.chat else body.prompt_value()
+            prompt = body.prompt_value()
             sampling = body.sampling_params()
             n = body.choices
             req = CompletionRequest(request_id=rid, tenant="", model=body.model, prompt=prompt,
@@ -181,7 +185,7 @@ class HttpFront:
                                     user=body.user, trace_headers=headers,
                                     operation="chat" if shape.chat else "text_completion",
                                     credential=bearer(headers), tools=body.tools_value(),
-                                    stream=bool(body.stream))
+                                    stream=bool(body.stream), client_request_id=client_rid)
             shared: dict | None = {} if n > 1 else None  # the choices' common work (the guards')
             ctxs = [Context.of(r, shared) for r in choice_requests(req, n)]
             items = merge([self._pipeline.run(c.req, c) for c in ctxs])
@@ -192,22 +196,23 @@ class HttpFront:
                 writer = ChunkWriter(shape, rid, body.model, body.include_usage, logprobs=want_logprobs)
                 return await self._stream(send, rid, writer, first, items, ctxs[0].headers, n)
             texts: list[list[str]] = [[] for _ in range(n)]
-            logprobs = [[] if want_logprobs else None for _ in range(n)]
-            finishes: list[Finish | None] = [None] * n
+            logprobs: list[list[TokenLogprob]] | None = [[] for _ in range(n)] if want_logprobs else None
+            finishes: list[Finish | None] = [None] * n  # each run ends in a Finish, or raises
             calls = [ToolCalls() for _ in range(n)] if req.tools is not None else None
             total = UsageSum()
             async with aclosing(items):
                 async for i, item in items:
                     if isinstance(item, Delta):
                         texts[i].append(item.text)
-                        if want_logprobs:
+                        if logprobs is not None:
                             logprobs[i].extend(item.logprobs)
                         if item.tool_calls and calls is not None:
                             calls[i].add(item.tool_calls)
                     else:
                         finishes[i] = item
                         total.add(item)
-            choices = [Choice("".join(texts[i]), finishes[i].reason, logprobs[i],
+            choices = [Choice("".join(texts[i]), cast(Finish, finishes[i]).reason,
+                              logprobs[i] if logprobs is not None else None,
                               calls[i].json() if calls is not None else None) for i in range(n)]
             await _json(send, completion_json(shape, rid, body.model, choices, total.usage),
                         rid=rid, extra=ctxs[0].headers)
@@ -215,7 +220,7 @@ class HttpFront:
             await _error(send, exc, rid)
 
     async def _stream(self, send: Send, rid: str, writer: ChunkWriter,
-                      first: tuple[int, Delta | Finish], items: AsyncIterator[tuple[int, Delta | Finish]],
+                      first: tuple[int, Delta | Finish], items: ChoiceItems,
                       extra: dict[str, str], n: int) -> None:
         """SSE, one write per event batch; a client that goes away cancels the stream
         (_cancelled_on_disconnect)."""
@@ -227,7 +232,7 @@ class HttpFront:
                 await send({"type": "http.response.body", "body": chunk, "more_body": more})
 
     async def _events(self, writer: ChunkWriter, first: tuple[int, Delta | Finish],
-                      items: AsyncIterator[tuple[int, Delta | Finish]], n: int) -> AsyncIterator[tuple[bytes, bool]]:
+                      items: ChoiceItems, n: int) -> AsyncGenerator[tuple[bytes, bool], None]:
         """(bytes, more): a write per step; the last choice's finish, the usage chunk,
         [DONE] and the end of the body leave in one write (four ASGI sends before)."""
         tail = b""

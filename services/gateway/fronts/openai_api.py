@@ -8,13 +8,14 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from llmesh.errors import InvalidArgument
-from llmesh.types import FinishReason, Message, Prompt, ResponseFormat, Sampling, TokenLogprob, Tool, ToolCall, Tools, Usage
+from llmesh.types import (FinishReason, Message, Prompt, ResponseFormat, Sampling, TokenLogprob, Tool, ToolCall, Tools,
+                          Usage)
 from llmesh.validation import check_choices
 # Fields we do not act on but that change nothing about the answer; any other field
 # we do not know is refused (400 naming it) unless it holds the value that means "off".
@@ -24,6 +25,7 @@ OFF_VALUES: dict[str, tuple[Any, ...]] = {
     "functions": ([], None), "function_call": ("none", None), "echo": (False, None), "best_of": (1, None),
     "suffix": (None, ""),
 }
+B = TypeVar("B", bound="Body")  # parse's body class
 
 
 class _JsonSchema(BaseModel):
@@ -48,7 +50,7 @@ class _ResponseFormat(BaseModel):
         return ResponseFormat("json_schema", json.dumps(self.json_schema.schema_))
 
 
-class _Body(BaseModel):
+class Body(BaseModel):  # a chat's or a text completion's request body
     model_config = ConfigDict(extra="allow")  # checked in ``refuse_unsupported``: never silently dropped
 
     model: str
@@ -96,6 +98,12 @@ class _Body(BaseModel):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    def prompt_value(self) -> Prompt:  # a chat's messages, a completion's text
+        raise NotImplementedError
+
+    def sampling_params(self) -> Sampling:
+        raise NotImplementedError
 
 
 class _TextPart(BaseModel):
@@ -154,7 +162,7 @@ class _NamedChoice(BaseModel):
     function: _NamedFunction
 
 
-class ChatBody(_Body):
+class ChatBody(Body):
     messages: list[_MessageIn]
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
@@ -180,13 +188,14 @@ class ChatBody(_Body):
 
     def prompt(self) -> Prompt:
         return Prompt(messages=tuple(m.to_domain() for m in self.messages))
+    prompt_value = prompt  # a completion's ``prompt`` is its field
 
     def sampling_params(self) -> Sampling:
         return self.sampling(self.max_completion_tokens if self.max_completion_tokens is not None
                              else self.max_tokens)
 
 
-class CompletionBody(_Body):
+class CompletionBody(Body):
     prompt: str | list[str]
     logprobs: int | None = None  # the legacy API's number of alternatives per token
 
@@ -204,7 +213,7 @@ class CompletionBody(_Body):
         return self.sampling(self.max_tokens if self.max_tokens is not None else 16)
 
 
-def parse(body_cls: type[_Body], raw: bytes) -> _Body:
+def parse(body_cls: type[B], raw: bytes) -> B:
     if not raw:
         raise InvalidArgument("The request body is empty; send a JSON object.")
     try:
@@ -381,8 +390,9 @@ class ChunkWriter:
         return dict(self._base, choices=[], usage=usage_json(usage))
 
 
-ERROR_TYPES = {400: "invalid_request_error", 408: "invalid_request_error", 401: "invalid_request_error", 403: "permission_error", 404: "invalid_request_error", 429: "rate_limit_error",
-               499: "cancelled", 500: "server_error", 503: "server_error", 504: "timeout_error"}
+ERROR_TYPES = {**dict.fromkeys((400, 401, 404, 408), "invalid_request_error"), 403: "permission_error",
+               429: "rate_limit_error", 499: "cancelled", **dict.fromkeys((500, 503), "server_error"),
+               504: "timeout_error"}
 
 
 def error_json(status: int, message: str, code: str | None, param: str | None) -> dict:

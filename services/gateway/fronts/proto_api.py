@@ -17,23 +17,28 @@ TEXT_MAX_TOKENS = 16  # a text completion's default length, as on OpenAI's (and 
 
 
 def chat_request(pb: gateway_pb2.ChatRequest, request_id: str, timeout_s: float, credential: str | None,
-                 trace_headers: Mapping[str, str] | None = None) -> tuple[CompletionRequest, int]:
+                 trace_headers: Mapping[str, str] | None = None, client_request_id: str | None = None
+                 ) -> tuple[CompletionRequest, int]:
     """(the request, how many choices); INVALID_ARGUMENT naming the field on a broken rule."""
     check_message(pb)
     req = CompletionRequest(request_id=request_id, tenant="", model=pb.model,
-                            prompt=Prompt(messages=messages_from_pb(pb.messages)), sampling=sampling_from_pb(pb.sampling),
+                            prompt=Prompt(messages=messages_from_pb(pb.messages)),
+                            sampling=sampling_from_pb(pb.sampling),
                             timeout_s=timeout_s, user=pb.user or None, credential=credential,
-                            trace_headers=trace_headers, tools=tools_from_pb(pb), checked=True)
+                            trace_headers=trace_headers, tools=tools_from_pb(pb), checked=True,
+                            client_request_id=client_request_id)
     return req, pb.n if pb.HasField("n") else 1
 
 
 def complete_request(pb: gateway_pb2.CompleteRequest, request_id: str, timeout_s: float, credential: str | None,
-                     trace_headers: Mapping[str, str] | None = None) -> tuple[CompletionRequest, int]:
+                     trace_headers: Mapping[str, str] | None = None, client_request_id: str | None = None
+                     ) -> tuple[CompletionRequest, int]:
     check_message(pb)
     sampling = sampling_from_pb(pb.sampling)
     if sampling.max_tokens is None:
         sampling = replace(sampling, max_tokens=TEXT_MAX_TOKENS)
     req = CompletionRequest(request_id=request_id, tenant="", model=pb.model, prompt=Prompt(text=pb.prompt),
                             sampling=sampling, timeout_s=timeout_s, user=pb.user or None, credential=credential,
-                            trace_headers=trace_headers, operation="text_completion", checked=True)
+                            trace_headers=trace_headers, operation="text_completion", checked=True,
+                            client_request_id=client_request_id)
     return req, pb.n if pb.HasField("n") else 1

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
+from typing import Any
 
 from llmesh.convert import finish_to_pb, logprobs_to_pb, tool_calls_to_pb, usage_to_pb
 from llmesh.logs import request_id_var
+from llmesh.request_id import kept, new_request_id
 from llmesh.rpc.interceptor import REQUEST_ID_KEY
 from llmesh.types import Delta, Finish
 from llmesh.v1 import gateway_pb2, gateway_pb2_grpc
@@ -27,6 +28,16 @@ def credential(context) -> str | None:
     return None
 
 
+def request_ids(context) -> tuple[str, str | None]:
+    """(the id the interceptor bound, the client's x-request-id as the record keeps it when
+    that id replaced it)."""
+    rid = request_id_var.get() or new_request_id()
+    for key, value in context.invocation_metadata() or ():
+        if key == REQUEST_ID_KEY and isinstance(value, str):  # the first, as the interceptor reads it
+            return rid, None if value == rid else kept(value)
+    return rid, None
+
+
 class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     def __init__(self, pipeline: Pipeline, model_names: Callable[[str | None], Awaitable[list[str]]],
                  default_timeout_s: float):
@@ -34,16 +45,17 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         self._model_names = model_names
         self._default_timeout = default_timeout_s
 
-    def _call(self, context) -> tuple[str, float]:
-        """(request id, timeout): the interceptor read x-request-id; the deadline caps the timeout."""
-        rid = request_id_var.get() or uuid.uuid4().hex
+    def _call(self, context) -> tuple[str, float, str | None]:
+        """(request id, timeout, the client's id when it was replaced): the interceptor read
+        x-request-id (a safe one is kept, any other replaced); the deadline caps the timeout."""
+        rid, client_rid = request_ids(context)
         context.set_trailing_metadata(((REQUEST_ID_KEY, rid),))
         remaining = context.time_remaining()
-        return rid, self._default_timeout if remaining is None else min(remaining, self._default_timeout)
+        return rid, self._default_timeout if remaining is None else min(remaining, self._default_timeout), client_rid
 
     def Chat(self, request, context) -> AsyncIterator[gateway_pb2.ChatResponse]:
-        rid, timeout = self._call(context)
-        req, n = chat_request(request, rid, timeout, credential(context))
+        rid, timeout, client_rid = self._call(context)
+        req, n = chat_request(request, rid, timeout, credential(context), client_request_id=client_rid)
         chat_id = "chatcmpl-" + rid
 
         def message(index: int, item: Delta | Finish) -> gateway_pb2.ChatResponse:
@@ -59,8 +71,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         return self._stream(req, n, context, message, role="assistant")
 
     def Complete(self, request, context) -> AsyncIterator[gateway_pb2.CompleteResponse]:
-        rid, timeout = self._call(context)
-        req, n = complete_request(request, rid, timeout, credential(context))
+        rid, timeout, client_rid = self._call(context)
+        req, n = complete_request(request, rid, timeout, credential(context),
+                                  client_request_id=client_rid)
         cmpl_id = "cmpl-" + rid
 
         def message(index: int, item: Delta | Finish) -> gateway_pb2.CompleteResponse:
@@ -84,7 +97,11 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         ctxs = [Context.of(r, shared) for r in choice_requests(req, n)]
         started: set[int] = set()
         runs = [self._pipeline.run(c.req, c) for c in ctxs]
-        async with aclosing(merge(runs) if n > 1 else runs[0]) as items:
+        # n > 1: (index, item) pairs from merge; one choice: its run's items
+        stream: AsyncGenerator[Any, None] = merge(runs) if n > 1 else runs[0]
+        index: int
+        item: Delta | Finish
+        async with aclosing(stream) as items:
             async for entry in items:
                 index, item = entry if n > 1 else (0, entry)
                 if isinstance(item, Delta) and not (item.text or item.logprobs or item.tool_calls):

@@ -6,15 +6,21 @@ request without valid credentials is refused with 401.
 
 Key records are read from the shared store and kept for ``cache_s`` (0.5 s), so
 a revocation reaches every gateway replica within a second at the cost of two
-store reads per key and second."""
+store reads per key and second. Key ids come from clients, so what is kept is
+bounded: the records of known keys in an LRU of ``max_keys`` (4,096), the key ids
+the store did not know in one of ``max_unknown`` (1,024), apart, so a flood of
+made-up ids never pushes a real key out (and with it the record a store outage
+would fall back on); a key id over ``MAX_KEY_ID`` characters is refused unread."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import cast
 
 import jwt
 
@@ -24,6 +30,9 @@ from llmesh.gateway.context import Caller, Context
 from llmesh.gateway.stages.base import Stage
 
 LOCAL = Caller()
+MAX_KEYS = 4096  # known keys' records kept
+MAX_UNKNOWN = 1024  # key ids the store did not know, kept as briefly (cache_s)
+MAX_KEY_ID = 64  # ours are 12 hex digits; a longer id is refused without a store read
 ALGORITHMS = ["RS256", "RS384", "RS512", "ES256", "ES384", "PS256", "EdDSA"]
 
 
@@ -50,7 +59,8 @@ class JwtVerifier:
 
     def _file_key(self, kid: str | None) -> jwt.PyJWK:
         if self._file_keys is None:
-            jwks = jwt.PyJWKSet.from_json(self._s.jwks_file.read_text())
+            jwks_file = cast(Path, self._s.jwks_file)  # no JWKS URL: the constructor saw a file
+            jwks = jwt.PyJWKSet.from_json(jwks_file.read_text())
             self._file_keys = {k.key_id: k for k in jwks.keys}
         key = self._file_keys.get(kid)
         if key is None and kid is None and len(self._file_keys) == 1:
@@ -91,7 +101,8 @@ class Authenticator:
     def __init__(self, keys: KeyStore | None, jwt_verifier: JwtVerifier | None = None,
                  cache_s: float = 0.5, clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time, always_required: bool = False,
-                 store_errors: tuple[type[BaseException], ...] = (OSError,)):
+                 store_errors: tuple[type[BaseException], ...] = (OSError,), max_keys: int = MAX_KEYS,
+                 max_unknown: int = MAX_UNKNOWN, on_size: Callable[[str, int], None] = lambda kind, n: None):
         self._keys = keys
         self._jwt = jwt_verifier
         self._cache_s = cache_s
@@ -99,8 +110,10 @@ class Authenticator:
         self._wall = wall
         self._always = always_required
         self._errors = store_errors
-        self._records: dict[str, tuple[float, ApiKey | None]] = {}
-        self._inflight: dict[str, asyncio.Future] = {}  # one store read per key at a time
+        self._known = _Lru(max_keys)  # key id -> (read at, record)
+        self._unknown = _Lru(max_unknown)  # key id -> (read at, None): the store has no such key
+        self._on_size = on_size  # ("known" | "unknown", entries) after each change
+        self._inflight: dict[str, asyncio.Future[ApiKey | None]] = {}  # one store read per key at a time
         self._required: tuple[float, bool] = (float("-inf"), False)
 
     async def required(self) -> bool:
@@ -117,28 +130,35 @@ class Authenticator:
             self._required = (self._clock(), value)
         return value
 
-    async def _record(self, key_id: str) -> ApiKey | None:
-        hit = self._records.get(key_id)
+    async def _record(self, keys: KeyStore, key_id: str) -> ApiKey | None:
+        hit = self._known.get(key_id) or self._unknown.get(key_id)
         if hit is not None and self._clock() - hit[0] <= self._cache_s:
             return hit[1]
         task = self._inflight.get(key_id)
         if task is None:  # a burst with one key waits for one read, which no caller's cancel stops
-            task = self._inflight[key_id] = asyncio.ensure_future(self._fetch(key_id, hit))
+            task = self._inflight[key_id] = asyncio.ensure_future(self._fetch(keys, key_id, hit))
             task.add_done_callback(lambda _: self._inflight.pop(key_id, None))
         return await asyncio.shield(task)
 
-    async def _fetch(self, key_id: str, hit: tuple[float, ApiKey | None] | None) -> ApiKey | None:
+    async def _fetch(self, keys: KeyStore, key_id: str, hit: tuple[float, ApiKey | None] | None
+                     ) -> ApiKey | None:
         try:
-            record = await self._keys.get(key_id)
+            record = await keys.get(key_id)
         except self._errors:
             if hit is None:
                 raise Unavailable("API keys cannot be checked right now; retry shortly.",
                                   reason="auth_unavailable") from None
             return hit[1]  # the store is away: the last record seen stands
-        if len(self._records) > 100_000:
-            self._records.clear()
-        self._records[key_id] = (self._clock(), record)
+        keep, drop = (self._known, self._unknown) if record is not None else (self._unknown, self._known)
+        keep.put(key_id, (self._clock(), record))
+        drop.pop(key_id)  # a key created (or deleted) since
+        self._on_size("known", len(self._known))
+        self._on_size("unknown", len(self._unknown))
         return record
+
+    def cache_sizes(self) -> dict[str, int]:
+        """Entries held: known keys' records, and key ids the store did not know."""
+        return {"known": len(self._known), "unknown": len(self._unknown)}
 
     async def authenticate(self, credential: str | None) -> Caller:
         if not credential:
@@ -146,9 +166,11 @@ class Authenticator:
                 raise Unauthenticated("You didn't provide an API key. Send it as 'Authorization: Bearer KEY'.",
                                       reason="missing_api_key")
             return LOCAL
-        parts = split_key(credential) if self._keys is not None else None
-        if parts is not None:
-            record = await self._record(parts[0])
+        keys = self._keys
+        if keys is not None and (parts := split_key(credential)) is not None:
+            if len(parts[0]) > MAX_KEY_ID:
+                raise Unauthenticated("Incorrect API key provided.")
+            record = await self._record(keys, parts[0])
             if record is None or not matches(record, parts[1]):
                 raise Unauthenticated("Incorrect API key provided.")
             if not record.usable(self._wall()):
@@ -160,6 +182,33 @@ class Authenticator:
         if not await self.required():
             return LOCAL  # local mode: any credential (the SDK always sends one) is the default tenant
         raise Unauthenticated("Incorrect API key provided.")
+
+
+class _Lru:
+    """At most ``size`` entries; the least recently used goes first."""
+    __slots__ = ("_size", "_entries")
+
+    def __init__(self, size: int):
+        self._size = size
+        self._entries: OrderedDict[str, tuple[float, ApiKey | None]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: str) -> tuple[float, ApiKey | None] | None:
+        entry = self._entries.get(key)
+        if entry is not None:
+            self._entries.move_to_end(key)
+        return entry
+
+    def put(self, key: str, entry: tuple[float, ApiKey | None]) -> None:
+        self._entries[key] = entry
+        self._entries.move_to_end(key)
+        if len(self._entries) > self._size:
+            self._entries.popitem(last=False)
+
+    def pop(self, key: str) -> None:
+        self._entries.pop(key, None)
 
 
 class AuthenticateStage(Stage):

@@ -7,7 +7,6 @@ shadow stage, whose wrap then sees a hit like any answer."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from contextlib import aclosing
 from functools import partial
 from typing import Protocol
@@ -16,7 +15,7 @@ from opentelemetry.trace import Span
 
 from llmesh.background import Background
 from llmesh.types import Delta, Finish
-from llmesh.gateway.context import CompletionRequest, Context, Upstream, WholeAnswer
+from llmesh.gateway.context import CompletionRequest, Context, Items, Upstream, WholeAnswer
 from llmesh.gateway.stages.base import Stage
 
 CACHE_HEADER = "x-llmesh-cache"
@@ -47,7 +46,7 @@ class CacheStage(Stage):
         ctx.wrap(partial(_answer, *hit))
 
     async def _store_after(self, span: Span, req: CompletionRequest, upstream: Upstream
-                           ) -> AsyncIterator[Delta | Finish]:
+                           ) -> Items:
         parts: list[str] = []
         async with aclosing(upstream(req)) as items:
             async for item in items:
@@ -62,6 +61,6 @@ class CacheStage(Stage):
 
 
 async def _answer(text: str, finish: Finish, req: CompletionRequest, upstream: Upstream
-                  ) -> AsyncIterator[Delta | Finish]:
+                  ) -> Items:
     yield WholeAnswer(text=text, tokens=finish.usage.completion_tokens)
     yield finish

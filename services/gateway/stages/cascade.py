@@ -18,7 +18,7 @@ stage answers through a wrap around the upstream (``Context.wrap``)."""
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from contextlib import aclosing
 from dataclasses import replace
 
@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry, Counter
 from llmesh.errors import Overloaded, Unavailable
 from llmesh.liveconfig.schema import Cascade, MeshConfig, Price
 from llmesh.types import Delta, Finish, Usage
-from llmesh.gateway.context import CompletionRequest, Context, Upstream
+from llmesh.gateway.context import CompletionRequest, Context, Items, Upstream
 from llmesh.gateway.stages.base import Stage
 
 MODEL_HEADER = "x-llmesh-model"
@@ -87,7 +87,7 @@ class _Answer:
         self._metrics = metrics
         self._prices = cheap_price, strong_price
 
-    async def run(self, req: CompletionRequest, upstream: Upstream) -> AsyncIterator[Delta | Finish]:
+    async def run(self, req: CompletionRequest, upstream: Upstream) -> Items:
         held: list[Delta | Finish] = []
         logprobs: list[float] = []
         try:

@@ -28,12 +28,15 @@ class Access:
 def access(config: MeshConfig, caller: Caller) -> Access:
     tenant = config.tenant(caller.tenant)
     grants = [tenant, *(config.groups[g] for g in caller.groups if g in config.groups)]
-    models: set[str] | None = set()
+    models: set[str] | None
+    named: set[str] = set()
     for grant in grants:
-        if grant.models is None:
+        if grant.models is None:  # a grant without a list: every model
             models = None
             break
-        models |= set(grant.models)
+        named |= set(grant.models)
+    else:
+        models = named
     if caller.models is not None:
         models = set(caller.models) if models is None else models & set(caller.models)
     caps = [g.max_tokens for g in grants if g.max_tokens is not None]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from contextlib import aclosing
 from dataclasses import dataclass, replace
 
@@ -29,7 +29,7 @@ from llmesh.errors import LlmeshError
 from llmesh.liveconfig.schema import MeshConfig, Shadow
 from llmesh.shadow import Answer, ShadowRecord, ShadowStore, similarity, text_hash
 from llmesh.types import Delta, Finish, Priority
-from llmesh.gateway.context import Call, CompletionRequest, Context, Slot, Upstream
+from llmesh.gateway.context import Call, CompletionRequest, Context, Items, Slot, Upstream
 from llmesh.gateway.stages.base import Stage
 
 log = logging.getLogger("llmesh.gateway.shadow")
@@ -59,7 +59,7 @@ class _Primary:
     parts: list[str]
     copy: Call | None = None  # the upstream's detached call, once the answer is under way
 
-    async def watch(self, req: CompletionRequest, upstream: Upstream) -> AsyncIterator[Delta | Finish]:
+    async def watch(self, req: CompletionRequest, upstream: Upstream) -> Items:
         self.copy = upstream.detached
         async with aclosing(upstream(req)) as items:
             async for item in items:
@@ -118,7 +118,7 @@ class ShadowStage(Stage):
         for alias, n in drops.items():
             try:
                 await self._store.add_drops(alias, n)
-            except Exception:  # noqa: BLE001 - a store outage loses counts, never a request
+            except Exception:  # a store outage loses counts, never a request (logged)
                 self._metrics.store_errors.inc()
                 log.warning("shadow drop count not stored", exc_info=True, extra={"alias": alias})
 
@@ -134,7 +134,7 @@ class ShadowStage(Stage):
                                   similarity=round(similarity("".join(primary.parts), text), 4) if both else None)
             try:
                 await self._store.add(record)
-            except Exception:  # noqa: BLE001
+            except Exception:  # a store outage loses the record, never a request (logged)
                 self._metrics.store_errors.inc()
                 log.warning("shadow record not stored", exc_info=True, extra={"alias": alias})
         finally:

@@ -3,20 +3,38 @@ engine address, the client's deadline and trace context on every call."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import grpc
 from opentelemetry.trace import NoOpTracer, Span, SpanKind, Status, StatusCode, Tracer
 
-from llmesh.convert import finish_from_pb, logprobs_from_pb, priority_to_pb, prompt_fields, sampling_to_pb, usage_from_pb
-from llmesh.errors import Unavailable
+from llmesh.convert import (finish_from_pb, logprobs_from_pb, priority_to_pb, prompt_fields, sampling_to_pb,
+                            usage_from_pb)
+from llmesh.errors import EngineLost, Unavailable
 from llmesh.rpc.channels import insecure_channel
 from llmesh.rpc.interceptor import REQUEST_ID_KEY
-from llmesh.rpc.status import from_rpc_error
+from llmesh.rpc.status import REASON_KEY, from_rpc_error
 from llmesh.telemetry import child_context, inject
 from llmesh.types import Delta, Finish
 from llmesh.v1 import engine_pb2, engine_pb2_grpc
-from llmesh.gateway.context import CompletionRequest
+from llmesh.gateway.context import CompletionRequest, Items
+
+
+# What grpc-core says when a connection that carried the call reset or closed under it: the engine's
+# process was gone mid-call. "Stream removed (Socket closed)" or "(recvmsg:Connection reset by peer)" on
+# a direct connection; Envoy's "reset reason: connection termination" behind a proxy. Not a death:
+# "failed to connect to all addresses" (refused before the call reached an engine: it was gone
+# already) or "sendmsg: Broken pipe" (our send found the connection dead: the call never arrived).
+_LOST_SIGNS = ("Stream removed", "reset reason: connection termination")
+
+
+def lost(exc: grpc.aio.AioRpcError) -> bool:
+    """The engine went away under this call (see ``_LOST_SIGNS``), as opposed to a refusal
+    it sent (those carry a reason) or an engine that was gone before the call."""
+    if exc.code() != grpc.StatusCode.UNAVAILABLE:
+        return False
+    details = exc.details() or ""
+    if "sendmsg" in details or not any(sign in details for sign in _LOST_SIGNS):
+        return False
+    return not any(key == REASON_KEY for key, _ in exc.trailing_metadata() or ())
 
 
 class EngineClients:
@@ -34,7 +52,7 @@ class EngineClients:
         return entry[1]
 
     async def generate(self, address: str, req: CompletionRequest, timeout_s: float, parent: Span
-                       ) -> AsyncIterator[Delta | Finish]:
+                       ) -> Items:
         request = engine_pb2.GenerateRequest(
             request_id=req.request_id, model=req.model, sampling=sampling_to_pb(req.sampling),
             priority=priority_to_pb(req.priority), continuation=req.continuation, whole=not req.stream,
@@ -56,6 +74,8 @@ class EngineClients:
                 # Our own cancel arrives as asyncio.CancelledError; this one is the engine's (a server
                 # stopping cancels what it still holds): the engine is going away, try another.
                 raise Unavailable(f"The engine at {address} cancelled the call.", reason="engine_cancelled") from None
+            if lost(exc):
+                raise EngineLost(f"The engine at {address} went away during the call ({exc.details()}).") from None
             raise from_rpc_error(exc) from None
         finally:
             call.cancel()  # no-op once finished; frees the engine's slot if we stop early

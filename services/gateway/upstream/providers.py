@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import urllib.request
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -16,7 +15,7 @@ from yarl import URL
 from llmesh.errors import DeadlineExceeded, Internal, InvalidArgument, LlmeshError, Overloaded, Unavailable
 from llmesh.liveconfig.schema import Provider
 from llmesh.types import Delta, Finish, FinishReason, Message, TokenLogprob, ToolCall, Tools, Usage
-from llmesh.gateway.context import CompletionRequest
+from llmesh.gateway.context import CompletionRequest, Items
 
 
 def api_key(p: Provider) -> str | None:
@@ -98,12 +97,14 @@ def tools_json(t: Tools) -> dict:
 
 
 def _tool_calls(delta: dict) -> tuple[ToolCall, ...]:
-    return tuple(ToolCall(index=c.get("index", i), id=c.get("id") or "", name=(c.get("function") or {}).get("name") or "",
+    return tuple(ToolCall(index=c.get("index", i), id=c.get("id") or "",
+                          name=(c.get("function") or {}).get("name") or "",
                           arguments=(c.get("function") or {}).get("arguments") or "")
                  for i, c in enumerate(delta.get("tool_calls") or ()))
 
 
-FINISH = {"length": FinishReason.LENGTH, "tool_calls": FinishReason.TOOL_CALLS, "function_call": FinishReason.TOOL_CALLS}
+FINISH = {"length": FinishReason.LENGTH, "tool_calls": FinishReason.TOOL_CALLS,
+          "function_call": FinishReason.TOOL_CALLS}
 
 
 def error_for_status(status: int, body: bytes) -> LlmeshError:
@@ -190,13 +191,15 @@ class ProviderClients:
         if found is None:
             url = URL(base_url.rstrip("/") + path)
             proxy = self._proxies.get(url.scheme) or self._proxies.get("all")
-            if proxy and url.host and urllib.request.proxy_bypass_environment(url.host, self._proxies):
+            # no_proxy, as urllib reads it; typeshed lacks this (undocumented) function of urllib.request
+            bypass = urllib.request.proxy_bypass_environment  # type: ignore[attr-defined]
+            if proxy and url.host and bypass(url.host, self._proxies):
                 proxy = None
             found = self._targets[(base_url, path)] = (url, proxy or None)
         return found
 
     async def generate(self, provider: Provider, remote_model: str, req: CompletionRequest, timeout_s: float
-                       ) -> AsyncIterator[Delta | Finish]:
+                       ) -> Items:
         path, body = request_body(req, remote_model)
         headers = {"content-type": "application/json"}
         key = api_key(provider)
@@ -243,17 +246,19 @@ class ProviderClients:
                             if choice.get("finish_reason"):
                                 reason = FINISH.get(choice["finish_reason"], FinishReason.STOP)
                     if tokens:
-                        yield Delta(text="".join(texts), tokens=tokens, logprobs=tuple(logprobs), tool_calls=tuple(calls))
+                        yield Delta(text="".join(texts), tokens=tokens, logprobs=tuple(logprobs),
+                                    tool_calls=tuple(calls))
         except TimeoutError:
             raise DeadlineExceeded() from None
         except aiohttp.ClientError as exc:
-            raise Unavailable(f"The provider cannot be reached: {type(exc).__name__}.", reason="provider_error") from None
+            raise Unavailable(f"The provider cannot be reached: {type(exc).__name__}.",
+                              reason="provider_error") from None
         except orjson.JSONDecodeError:
             raise Internal("The provider sent a malformed stream.", reason="provider_error") from None
         yield Finish(reason=reason, usage=usage or Usage(0, produced))
 
     async def _whole(self, url: URL, proxy: str | None, body: dict, headers: dict, timeout: aiohttp.ClientTimeout
-                     ) -> AsyncIterator[Delta | Finish]:
+                     ) -> Items:
         """A non-streamed call: the answer in one body, as one Delta and the Finish."""
         try:
             async with self._client().post(url, data=orjson.dumps(body), headers=headers, timeout=timeout,
@@ -271,7 +276,8 @@ class ProviderClients:
         except TimeoutError:
             raise DeadlineExceeded() from None
         except aiohttp.ClientError as exc:
-            raise Unavailable(f"The provider cannot be reached: {type(exc).__name__}.", reason="provider_error") from None
+            raise Unavailable(f"The provider cannot be reached: {type(exc).__name__}.",
+                              reason="provider_error") from None
         except (orjson.JSONDecodeError, AttributeError, IndexError, TypeError):
             raise Internal("The provider sent a malformed answer.", reason="provider_error") from None
         completion = u.get("completion_tokens", len(logprobs) or int(bool(text)))

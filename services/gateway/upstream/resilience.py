@@ -26,7 +26,7 @@ class BreakerState(enum.IntEnum):
 @dataclass
 class _Breaker:
     state: BreakerState = BreakerState.CLOSED
-    outcomes: deque = field(default_factory=deque)  # (time, failed, slow) over the window
+    outcomes: deque[tuple[float, bool, bool]] = field(default_factory=deque)  # (time, failed, slow) over the window
     failures: int = 0  # in the window
     slow: int = 0  # in the window: first token later than latency_p99_s
     streak: int = 0  # failures in a row

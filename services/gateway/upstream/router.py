@@ -6,6 +6,10 @@ that serves it), then from each fallback model's, until one answers.
   they refuse the last option no longer (Envoy's panic mode).
 - A failure before the first token is tried elsewhere, up to the policy's attempts;
   every attempt after a request's first is a retry, paid from the retry budget.
+- An engine that went away under the request (its process killed or crashed) may have
+  been killed by it: the request goes to one more engine at most. When a second one
+  goes away under it too, it is refused (``PoisonRequest``, 400 naming the request id)
+  and goes nowhere else, not to a fallback model either.
 - A context-length refusal moves on to the next model (a larger context may come next).
 - An engine that dies mid-stream: the answer goes on on another replica of the same
   model, from the prompt plus the text the client already has.
@@ -17,20 +21,21 @@ engines and providers are ports (``EngineClient``, ``ProviderPort``)."""
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Protocol, cast
 
 from opentelemetry.trace import INVALID_SPAN, Span
 
-from llmesh.errors import (DeadlineExceeded, Internal, InvalidArgument, LlmeshError, Overloaded, QueueFull,
-                           Unavailable)
+from llmesh.errors import (DeadlineExceeded, EngineLost, Internal, InvalidArgument, LlmeshError, Overloaded,
+                           PoisonRequest, QueueFull, Unavailable)
 from llmesh.liveconfig.schema import MeshConfig, ModelPolicy, Provider
 from llmesh.types import Delta, Finish, FinishReason, Prompt, Usage
 from llmesh.validation import uses_tools
-from llmesh.gateway.context import CompletionRequest, Context, Upstream, Wrap
+from llmesh.gateway.context import CompletionRequest, Context, Items, Upstream, Wrap
 from llmesh.gateway.record import RequestRecord
 from llmesh.gateway.upstream.picking import EndpointPicker, PickInput
 from llmesh.gateway.upstream.picking.types import work_tokens
@@ -39,8 +44,10 @@ from llmesh.gateway.upstream.resilience import Breakers, RetryBudgetGate
 FALLBACK_HEADER = "x-llmesh-fallback"  # the model that answered, when it was a fallback
 FAILOVER_HEADER = "x-llmesh-failover"  # how many times the answer moved to another engine mid-stream
 ENDPOINT_FAILURES = (Unavailable, Internal)  # what counts against a breaker as a failure
+MAX_ENGINES_LOST = 2  # engines that may go away under one request: the first, and the one retry after it
 
-Items = AsyncIterator[Delta | Finish]
+log = logging.getLogger("llmesh.gateway.upstream")
+
 Attempt = Callable[[CompletionRequest, float], Items]  # (request, seconds left) -> one upstream's answer
 
 
@@ -65,6 +72,7 @@ class _Attempts:
     carried_tokens: int = 0  # tokens sent so far
     carried_before_leg: int = 0  # tokens sent before the last failover
     busy: bool = False  # an upstream refused it for a full queue
+    lost: bool = False  # the last attempt's engine went away under it (EngineLost)
 
 
 class Router:
@@ -146,6 +154,8 @@ class Router:
                                 item = Finish(item.reason, Usage(max(0, item.usage.prompt_tokens - before),
                                                                  item.usage.completion_tokens + before))
                             yield item
+                    if state.lost:
+                        self._engine_lost(ctx, req, key)
                     if state.done:
                         return
                     if state.mid_stream is not None:
@@ -171,7 +181,7 @@ class Router:
             key = f"provider:{provider[0]}"
             if key in refusing:
                 return None
-            p, providers = provider[1], self._providers
+            p, providers = provider[1], cast(ProviderPort, self._providers)  # found only with a port
             return key, lambda t, remaining: providers.generate(p, p.models[model], t, remaining)
         pick = PickInput(model=model, now=now, exclude=frozenset(tried) | refusing, session=target.user,
                          work_tokens=work, tokens=lambda: self._prompt_tokens(model, target.prompt),
@@ -218,7 +228,7 @@ class Router:
             self._breakers.attempt(key, started)
         self._picker.acquire(key, work)
         streamed = False
-        state.next_model = False
+        state.next_model = state.lost = False
         state.mid_stream = None
         try:
             async with aclosing(items):
@@ -229,6 +239,7 @@ class Router:
                     yield item
             state.done = True
         except LlmeshError as exc:
+            state.lost = isinstance(exc, EngineLost)
             if isinstance(exc, DeadlineExceeded):
                 # The client's deadline, not necessarily the endpoint's fault: it counts as that slow.
                 self._outcome(key, True, self._clock() - started)
@@ -253,6 +264,18 @@ class Router:
             state.last_error = exc
         finally:
             self._picker.release(key, work)
+
+    @staticmethod
+    def _engine_lost(ctx: Context, req: CompletionRequest, key: str) -> None:
+        """Counts an engine that went away under the request (before or after its first
+        token); at the second the request goes nowhere else."""
+        record = ctx.record
+        record.engines_lost += 1
+        if record.engines_lost >= MAX_ENGINES_LOST:
+            log.warning("request refused: engines went away under it", extra={
+                "request_id": req.request_id, "model": record.model, "endpoint": key,
+                "engines_lost": record.engines_lost})
+            raise PoisonRequest(req.request_id, record.engines_lost)
 
     @staticmethod
     def _failover(target: CompletionRequest, req: CompletionRequest, state: _Attempts, emitted: list[str],

@@ -44,6 +44,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import cast
 
 from llmesh.types import Message
 from llmesh.gateway.domain.guards.pii_rules import (_AFTER_PHONE, _CHECKS, _RULES, LABELS, PEM_BEGIN, PEM_END,
@@ -167,7 +168,7 @@ class PiiMasker:
         either is left in the clear."""
         hits: list[Hit] = []
         if self._numeric is not None:
-            self._scan_numbers(text, hits)
+            self._scan_numbers(self._numeric, text, hits)
         if "ipv6" in self._single and ":" in text:
             self._scan_around(text, ":", _HEX_COLON, 39, "ipv6", hits)
         if "email" in self._single and "@" in text:
@@ -175,7 +176,7 @@ class PiiMasker:
         if self._pem and _PEM_PREFIX in text:
             self._scan_pem(text, hits)
         if self._secret is not None:
-            self._scan_secrets(text, hits)
+            self._scan_secrets(self._secret, text, hits)
         if len(hits) < 2:
             return hits
         hits.sort(key=lambda h: (h.start, -h.end))
@@ -189,14 +190,15 @@ class PiiMasker:
                 kept[-1] = Hit(last.start, hit.end, longer.kind, text[last.start:hit.end])
         return kept
 
-    def _scan_numbers(self, text: str, hits: list[Hit]) -> None:
-        match, search = self._numeric.match, _NUMBER_START.search
+    def _scan_numbers(self, numeric: re.Pattern[str], text: str, hits: list[Hit]) -> None:
+        match, search = numeric.match, _NUMBER_START.search
         pos = 0
         while (t := search(text, pos)) is not None:
             at = t.start()
             hit = None
             if (m := match(text, at)) is not None:
-                hit = self._accept(m.lastgroup, at, m.end(), text) or self._other_rule(m.lastgroup, at, text)
+                rule = cast(str, m.lastgroup)  # a combined pattern's match is one rule's named group
+                hit = self._accept(rule, at, m.end(), text) or self._other_rule(numeric, rule, at, text)
             if hit is None:
                 pos = at + 1
                 continue
@@ -216,7 +218,8 @@ class PiiMasker:
                 hit = self._try(rule, start, text) if start > window or window == 0 else None
                 if hit is None and rule == "ipv6" and at and text[at - 1].isalpha():
                     hit = self._try(rule, at + 1, text)  # "IP:2001:db8::1", "note:fe80::1"
-                done = run.match(text, at + 1).end()  # later anchors in this run start at the same place
+                # later anchors in this run start at the same place (a run, maybe empty, always matches)
+                done = cast("re.Match[str]", run.match(text, at + 1)).end()
                 if hit is not None:
                     hits.append(hit)
                     done = max(done, hit.end)
@@ -235,18 +238,19 @@ class PiiMasker:
             hits.append(Hit(header.start(), stop, PiiKind.SECRET, text[header.start():stop]))
             pos = stop
 
-    def _scan_secrets(self, text: str, hits: list[Hit]) -> None:
+    def _scan_secrets(self, secret: re.Pattern[str], text: str, hits: list[Hit]) -> None:
         """Keys and tokens at their literal prefixes. Each rule starts after a character that
         cannot be inside a key (a look-behind), so a prefix inside a key fails at once, and a
         match ends at the end of its run: every character is read a bounded number of times."""
-        match = self._secret.match
+        match = secret.match
         for needed, prefixes in _SECRET_PREFIXES:
             if needed not in text:
                 continue
             for prefix in prefixes:
                 at = text.find(prefix)
                 while at != -1:
-                    if (m := match(text, at)) is not None and (hit := self._accept(m.lastgroup, at, m.end(), text)):
+                    if (m := match(text, at)) is not None and (hit := self._accept(cast(str, m.lastgroup), at,
+                                                                                   m.end(), text)):
                         hits.append(hit)
                         at = text.find(prefix, hit.end)
                     else:
@@ -260,13 +264,13 @@ class PiiMasker:
         value = _CHECKS[name](text[start:end])
         return None if value is None else Hit(start, end, self._kind_of[name], value)
 
-    def _other_rule(self, failed: str, at: int, text: str) -> Hit | None:
+    def _other_rule(self, numeric: re.Pattern[str], failed: str, at: int, text: str) -> Hit | None:
         for name in self._numeric_names:
             if name != failed and (hit := self._try(name, at, text)) is not None:
                 return hit
-        return self._shorter_phone(at, text)
+        return self._shorter_phone(numeric, at, text)
 
-    def _shorter_phone(self, at: int, text: str) -> Hit | None:
+    def _shorter_phone(self, numeric: re.Pattern[str], at: int, text: str) -> Hit | None:
         """A phone number starting at ``at`` that ends sooner than the rule's match. The
         international form's groups are greedy and may swallow the number after it
         ("+1 (200) 200-0000 13000000000" matches whole: too many digits for a phone), and
@@ -274,8 +278,7 @@ class PiiMasker:
         rule's own boundary after it is tried: the longest that leaves a number the scan
         recognises right after it, else the longest."""
         phone = self._single.get("phone")
-        m = phone.match(text, at) if phone is not None else None
-        if m is None:
+        if phone is None or (m := phone.match(text, at)) is None:
             return None
         found = None
         for end in range(m.end() - 1, at + 1, -1):
@@ -284,7 +287,7 @@ class PiiMasker:
                 continue
             found = found or hit
             nxt = end + 1 if text[end:end + 1] in (" ", ".", "-") else end
-            if (n := self._numeric.match(text, nxt)) is not None and self._accept(n.lastgroup, nxt, n.end(), text):
+            if (n := numeric.match(text, nxt)) is not None and self._accept(cast(str, n.lastgroup), nxt, n.end(), text):
                 return hit
         return found
 

@@ -79,7 +79,7 @@ class StreamMasker:
                 buf = buf[end.end():]
                 continue
             if self._glued is not None:
-                buf = self._swallow_glued(buf)
+                buf = self._swallow_glued(self._glued, buf)
                 continue
             header = _PEM_BEGIN.search(buf) if self._keys and _BEGIN in buf else None
             if header is not None:
@@ -106,7 +106,7 @@ class StreamMasker:
             self._key = None
             return ""
         if self._glued is not None:
-            buf = self._swallow_glued(buf)
+            buf = self._swallow_glued(self._glued, buf)
             self._glued = None
         return self._release(buf)
 
@@ -120,10 +120,10 @@ class StreamMasker:
             self._glued_grows = last not in known
         return masked
 
-    def _swallow_glued(self, buf: str) -> str:
+    def _swallow_glued(self, glued: str, buf: str) -> str:
         i = len(buf) - len(buf.lstrip(_TOKEN_CHARS))
         if self._glued_grows:
-            self._placeholders.extend(self._glued, buf[:i])
+            self._placeholders.extend(glued, buf[:i])
         if i < len(buf):
             self._glued = None
         return buf[i:]

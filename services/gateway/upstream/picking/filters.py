@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from llmesh.gateway.upstream.picking.types import Endpoint, LocalState, PickInput
+
+
+class Filter(Protocol):
+    name: str
+
+    def keep(self, e: Endpoint, req: PickInput, local: LocalState) -> bool:
+        """Whether ``e`` may get the request."""
+        ...
 
 
 class ServesModel:
@@ -45,7 +55,7 @@ class BreakerClosed:
         return local.down_until.get(e.endpoint_id, 0.0) <= req.now
 
 
-FILTERS = (ServesModel(), Healthy(), NotDegraded(), NotTried(), BreakerClosed())
+FILTERS: tuple[Filter, ...] = (ServesModel(), Healthy(), NotDegraded(), NotTried(), BreakerClosed())
 
 
 class ContextFits:

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 
 
 class KvView:
-    def __init__(self):
+    def __init__(self) -> None:
         self._blocks: dict[str, set[int]] = {}
         self._expected: dict[str, dict[int, float]] = {}  # endpoint -> block -> until when
         self._expiries: deque[tuple[float, str, Sequence[int]]] = deque()
@@ -67,7 +67,7 @@ class KvView:
         """How many of ``hashes``, from the first, the engine holds (or, given ``now``,
         is expected to hold)."""
         blocks = self._blocks.get(endpoint_id, ())
-        expected = {}
+        expected: dict[int, float] = {}
         if now is not None:
             self._expire(now)
             expected = self._expected.get(endpoint_id, expected)

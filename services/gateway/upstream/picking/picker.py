@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
-from llmesh.gateway.upstream.picking.filters import FILTERS, OPTIONAL_FILTERS
+from llmesh.gateway.upstream.picking.filters import FILTERS, OPTIONAL_FILTERS, Filter
 from llmesh.gateway.upstream.picking.kvview import KvView
 from llmesh.gateway.upstream.picking.scorers import (PRESETS, LeastLoad, LoraAffinity, PrefixAware, RoundRobin,
-                                            SessionAffinity, TokenAware)
+                                                     ScorerName, SessionAffinity, TokenAware)
 from llmesh.gateway.upstream.picking.types import Endpoint, LocalState, PickInput
 
 
@@ -16,8 +16,8 @@ class EndpointPicker:
     """Holds the gateway's view of the engines (the scheduler's table, the KV blocks,
     our own in-flight work) and picks one for a request by a routing policy."""
 
-    def __init__(self, rng: random.Random | None = None, down_for_s: float = 2.0, filters=FILTERS,
-                 expect_for_s: float = 10.0):
+    def __init__(self, rng: random.Random | None = None, down_for_s: float = 2.0,
+                 filters: Sequence[Filter] = FILTERS, expect_for_s: float = 10.0):
         self._endpoints: dict[str, Endpoint] = {}
         self._seen_models: set[str] = set()
         self._contexts: dict[str, int] = {}
@@ -72,7 +72,7 @@ class EndpointPicker:
         return cands
 
     def pick(self, req: PickInput, routing: str = "least_loaded",
-             weights: Mapping[str, float] | None = None) -> Endpoint | None:
+             weights: Mapping[ScorerName, float] | None = None) -> Endpoint | None:
         cands = self.candidates(req)
         if len(cands) <= 1:
             return cands[0] if cands else None

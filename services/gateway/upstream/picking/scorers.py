@@ -7,6 +7,7 @@ import bisect
 import math
 from collections.abc import Sequence
 from hashlib import blake2b
+from typing import Literal, get_args
 
 from llmesh.gateway.upstream.picking.kvview import KvView
 from llmesh.gateway.upstream.picking.types import Endpoint, LocalState, PickInput
@@ -96,7 +97,7 @@ class RoundRobin:
     """Each candidate in turn, per model, in endpoint id order."""
     name = "round_robin"
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._next: dict[str, int] = {}
 
     def scores(self, cands: list[Endpoint], req: PickInput, local: LocalState) -> list[float]:
@@ -120,10 +121,12 @@ class LoraAffinity:
         return [1.0 if e.adapters.get(req.model, 0) > 0 else 0.0 for e in cands]
 
 
-SCORERS = ("least_load", "token_aware", "prefix_aware", "session_affinity", "round_robin", "lora_affinity")
+# The scorers' names, as a model policy's ``scorers`` (live config) names them.
+ScorerName = Literal["least_load", "token_aware", "prefix_aware", "session_affinity", "round_robin", "lora_affinity"]
+SCORERS: tuple[ScorerName, ...] = get_args(ScorerName)
 
 # Routing policy name -> scorer weights; a model's ``scorers`` in live config replaces them.
-PRESETS: dict[str, dict[str, float]] = {
+PRESETS: dict[str, dict[ScorerName, float]] = {
     "least_loaded": {"least_load": 1.0},
     "random": {},
     "round_robin": {"round_robin": 1.0},

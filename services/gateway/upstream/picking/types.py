@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from llmesh.kvhash import HashScheme
+from llmesh.types import Prompt
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +91,7 @@ class LocalState:
 DEFAULT_OUTPUT_TOKENS = 256  # a request that sets no max_tokens is expected to ask for this many
 
 
-def work_tokens(prompt, max_tokens: int | None, default_output: int = DEFAULT_OUTPUT_TOKENS) -> int:
+def work_tokens(prompt: Prompt, max_tokens: int | None, default_output: int = DEFAULT_OUTPUT_TOKENS) -> int:
     """A request's work before it is tokenized: ~1 token per 3 bytes of prompt, plus
     the answer it may ask for."""
     texts = [m.content for m in prompt.messages] if prompt.messages is not None else [prompt.text or ""]

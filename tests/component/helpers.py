@@ -1,0 +1,68 @@
+"""Plain helpers for the component tests that drive the gateway pipeline in process (the
+fixtures, such as ``engines``, are in conftest.py): a request factory each test file binds
+to its own defaults, a catalog of known models, and one way to run a request through."""
+
+from __future__ import annotations
+
+import time
+from typing import NamedTuple
+
+from llmesh.gateway.context import CompletionRequest, Context
+from llmesh.gateway.pipeline import Pipeline
+from llmesh.gateway.upstream.picking import Endpoint
+from llmesh.testing import free_ports
+from llmesh.types import Delta, Finish, Message, Prompt, Sampling
+
+
+def free_port() -> int:
+    return free_ports(1)[0]
+
+
+def completion_request(model: str, text: str = "hello there", *, request_id: str = "r", tenant: str = "t",
+                       timeout_s: float = 10, system: str | None = None, prompt: Prompt | None = None,
+                       stream: bool = True, **sampling) -> CompletionRequest:
+    """A chat request for ``model``: one user turn (after a system one if given), or ``prompt``;
+    the keyword arguments left are its Sampling."""
+    if prompt is None:
+        prompt = Prompt(messages=((Message("system", system),) if system else ()) + (Message("user", text),))
+    return CompletionRequest(request_id=request_id, tenant=tenant, model=model, timeout_s=timeout_s,
+                             stream=stream, prompt=prompt, sampling=Sampling(**sampling))
+
+
+class Catalog:
+    """The models a pipeline knows: the ones named, and every one starting with ``prefix``."""
+
+    def __init__(self, *models: str, prefix: str | None = None):
+        self._models = frozenset(models)
+        self._prefix = prefix
+
+    def known(self, model: str) -> bool:
+        return model in self._models or (self._prefix is not None and model.startswith(self._prefix))
+
+    def names(self) -> list[str]:
+        return sorted(self._models)
+
+
+def dead_endpoint(endpoint_id: str, model: str, port: int | None = None) -> Endpoint:
+    """An endpoint at a closed port: an engine that is down."""
+    return Endpoint(endpoint_id=endpoint_id, address=f"127.0.0.1:{port or free_port()}", models=frozenset({model}))
+
+
+class Answer(NamedTuple):
+    text: str
+    finish: Finish | None
+    first_at: float | None  # seconds from the call to the first item
+    deltas: list[Delta]
+
+
+async def collect(pipeline: Pipeline, req: CompletionRequest, ctx: Context | None = None) -> Answer:
+    """Run ``req`` through ``pipeline`` to its end."""
+    deltas, finish, first_at = [], None, None
+    started = time.monotonic()
+    async for item in pipeline.run(req, ctx):
+        first_at = first_at if first_at is not None else time.monotonic() - started
+        if isinstance(item, Delta):
+            deltas.append(item)
+        else:
+            finish = item
+    return Answer("".join(d.text for d in deltas), finish, first_at, deltas)

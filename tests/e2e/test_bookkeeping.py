@@ -1,0 +1,206 @@
+"""Bookkeeping that hostile input can neither bypass nor blow up, against a real mesh
+(`llmesh up`, one sim engine, an API key so that auth is on):
+
+- every request gets exactly one audit record under the id it was served with, whatever
+  its x-request-id (hypothesis: printable, unicode, long, empty, absent, sent twice, reused);
+  an id the gateway replaced is kept, escaped and cut short, as ``client_request_id``;
+- 10,000 requests with made-up model names and made-up API keys leave the gateway's
+  Prometheus series and its key cache at a bound that does not grow with N."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import re
+import secrets
+import string
+import time
+
+import aiohttp
+import grpc
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, reject, settings
+from hypothesis import strategies as st
+
+from llmesh.keys import FileKeyStore, new_key
+from llmesh.request_id import kept, safe
+from llmesh.testing import Mesh, free_layout, wait_until
+from llmesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+
+MODEL = "sim-small"
+KNOWN_KEYS, UNKNOWN_KEY_IDS = 4096, 1024  # the authenticator's bounds
+CHAT = {"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    d = tmp_path_factory.mktemp("bookkeeping")
+    state = d / "logs" / "state"  # the Mesh's LLMESH_STATE_DIR: keys and the audit log
+    state.mkdir(parents=True)
+    plaintext, record = new_key("acme")
+    asyncio.run(FileKeyStore(state / "keys.json").put(record))
+    mesh = Mesh(layout=free_layout(n_engines=1), engines="sim", model_dir=d / "models", log_dir=d / "logs",
+                env={"LLMESH_ENGINE_SIM_DECODE_MS_PER_TOKEN": "0", "LLMESH_ENGINE_SIM_OUTPUT_TOKENS": "1"},
+                args=["--no-cache"])
+    mesh.start(timeout_s=60)
+    http = httpx.Client(base_url=mesh.layout.http_url, timeout=30, headers={"authorization": f"Bearer {plaintext}"})
+    assert wait_until(lambda: http.post("/v1/chat/completions", json=CHAT).status_code == 200, 20)
+    try:
+        yield {"mesh": mesh, "http": http, "key": plaintext, "audit": Audit(state / "audit.jsonl")}
+    finally:
+        http.close()
+        assert mesh.stop() == 0, mesh.logs()
+
+
+class Audit:
+    """The gateway's audit log, read as it grows: records by request id."""
+
+    def __init__(self, path):
+        self.path = path
+        self.offset = 0
+        self.by_id: dict[str, list[dict]] = {}
+        self.total = 0
+
+    def read(self) -> None:
+        if not self.path.exists():
+            return
+        with self.path.open("rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+        end = data.rfind(b"\n") + 1
+        self.offset += end
+        for line in data[:end].splitlines():
+            fields = json.loads(line)["fields"]
+            self.by_id.setdefault(fields["request_id"], []).append(fields)
+            self.total += 1
+
+    def wait_for(self, rid: str, count: int, timeout_s: float = 5.0) -> list[dict]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.read()
+            records = self.by_id.get(rid, [])
+            if len(records) >= count or time.monotonic() > deadline:
+                return records
+            time.sleep(0.02)
+
+
+served: dict[str, int] = {}  # request id -> requests served under it, in this module
+
+
+def header_values() -> st.SearchStrategy[str | None]:
+    ids = st.sampled_from(["fixed-id-1", "fixed-id-2", "x" * 128])  # reused across requests
+    return st.one_of(st.none(), st.just(""), ids, st.text(string.printable, max_size=300), st.text(max_size=300),
+                     st.text(st.characters(codec="latin-1"), min_size=100, max_size=3000),
+                     st.from_regex(r"[A-Za-z0-9_.:/+=@-]{1,140}", fullmatch=True))
+
+
+def expect(value: str | None, rid: str) -> str | None:
+    """The client_request_id the record should carry for what the server received."""
+    if value is None or value == "":
+        return None
+    return None if rid == value else kept(value)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                   HealthCheck.too_slow])
+@given(value=header_values(), twice=st.booleans())
+def test_every_request_has_one_audit_record_whatever_its_request_id(world, value, twice):
+    headers = [] if value is None else [(b"x-request-id", value.encode())] * (2 if twice else 1)
+    try:
+        resp = world["http"].post("/v1/chat/completions", json=CHAT, headers=headers)
+    except httpx.LocalProtocolError:
+        reject()  # a value HTTP cannot carry (a control character): no request at all
+    if resp.status_code == 400 and resp.text == "Invalid HTTP request received.":
+        reject()  # the HTTP server refused it as malformed HTTP: it never reached the gateway
+    assert resp.status_code == 200, resp.text
+    rid = resp.headers["x-request-id"]
+    assert safe(rid) and resp.json()["id"].endswith(rid)
+    # What the server received: HTTP strips the value's surrounding blanks and reads its bytes as Latin-1.
+    received = None if value is None else value.encode().decode("latin-1").strip(" \t")
+    if received and safe(received):
+        assert rid == received  # a safe id is the client's own
+    else:
+        assert re.fullmatch(r"[0-9a-f]{32}", rid)
+    served[rid] = served.get(rid, 0) + 1
+    records = world["audit"].wait_for(rid, served[rid])
+    assert len(records) == served[rid]
+    assert records[-1].get("client_request_id") == expect(received, rid)
+    assert records[-1]["status"] == "ok"
+
+
+def test_grpc_request_ids_are_bounded_the_same_way(world):
+    mesh = world["mesh"]
+    with grpc.insecure_channel(mesh.layout.address("gateway")) as ch:
+        stub = gateway_pb2_grpc.GatewayStub(ch)
+        for value in ("grpc-id-1", "g" * 129, "has spaces, commas", "x" * 4000, "~!#$%^&*(){}[]|;<>?"):
+            call = stub.Chat(gateway_pb2.ChatRequest(
+                model=MODEL, messages=[common_pb2.ChatMessage(role="user", content="hi")],
+                sampling=common_pb2.SamplingParams(max_tokens=1)),
+                metadata=(("x-request-id", value), ("authorization", f"Bearer {world['key']}")), timeout=10)
+            assert list(call)
+            rid = dict(call.trailing_metadata())["x-request-id"]
+            assert safe(rid) and (rid == value) == safe(value)
+            served[rid] = served.get(rid, 0) + 1
+            records = world["audit"].wait_for(rid, served[rid])
+            assert len(records) == served[rid]
+            assert records[-1].get("client_request_id") == (None if safe(value) else kept(value.strip()))
+
+
+def metric_lines(url: str) -> list[str]:
+    return [line for line in httpx.get(url).text.splitlines() if line and not line.startswith("#")]
+
+
+async def flood(url: str, key: str, n: int, rng: random.Random) -> dict[int, int]:
+    """``n`` requests, 64 at a time: a third with made-up keys and models, a third with the
+    real key and made-up models (one in ten the real model), a third with made-up keys and
+    the real model; the status codes counted."""
+    statuses: dict[int, int] = {}
+    queue = list(range(n))
+
+    async def worker(session: aiohttp.ClientSession) -> None:
+        while queue:
+            i = queue.pop()
+            model = f"model-{rng.getrandbits(64):x}-{'z' * rng.randrange(200)}"
+            credential = key if i % 3 == 1 else f"llm_{secrets.token_hex(6)}_{secrets.token_urlsafe(16)}"
+            body = {**CHAT, "model": MODEL if i % 3 == 2 or i % 30 == 1 else model}
+            async with session.post(f"{url}/v1/chat/completions", json=body,
+                                    headers={"authorization": f"Bearer {credential}"}) as resp:
+                await resp.read()
+                statuses[resp.status] = statuses.get(resp.status, 0) + 1
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as session:
+        await asyncio.gather(*(worker(session) for _ in range(64)))
+    return statuses
+
+
+def test_series_and_key_cache_stay_bounded_under_10000_made_up_models_and_keys(world):
+    mesh = world["mesh"]
+    metrics_url = f"http://127.0.0.1:{mesh.layout.metrics_port('gateway')}/metrics"
+    rng = random.Random(26)
+    started = time.monotonic()
+    first = asyncio.run(flood(mesh.layout.http_url, world["key"], 1000, rng))
+    after_1000 = metric_lines(metrics_url)
+    rest = asyncio.run(flood(mesh.layout.http_url, world["key"], 9000, rng))
+    elapsed = time.monotonic() - started
+    after_10000 = metric_lines(metrics_url)
+    statuses = {code: first.get(code, 0) + rest.get(code, 0) for code in {*first, *rest}}
+    assert sum(statuses.values()) == 10_000 and set(statuses) == {200, 401, 404}, statuses
+    assert elapsed < 60, elapsed
+
+    def series(lines: list[str]) -> set[str]:
+        return {line.rsplit(" ", 1)[0] for line in lines if line.startswith("llmesh_")}
+
+    assert series(after_10000) == series(after_1000)  # nothing new after the first thousand
+    assert len(series(after_10000)) < 400
+    assert not [line for line in after_10000 if "model-" in line]  # no made-up name became a label
+    assert any('model="unknown"' in line for line in after_10000)
+    cache = {m["kind"]: float(line.rsplit(" ", 1)[1]) for line in after_10000
+             if line.startswith("llmesh_auth_cache_entries{") and (m := dict(re.findall(r'(\w+)="([^"]*)"', line)))}
+    assert cache == {"known": 1, "unknown": UNKNOWN_KEY_IDS}
+
+    # ... and each of them has exactly one audit record (each got a new id).
+    audit = world["audit"]
+    assert wait_until(lambda: (audit.read(), audit.total)[1] >= sum(served.values()) + 10_000 + 1, 10)
+    assert audit.total == sum(served.values()) + 10_000 + 1  # +1: the fixture's readiness request
