@@ -11,7 +11,9 @@ work on a huge prompt slows the victims. Three over-context attacks go to the si
 
 Per class: cases, the worst and median time to an answer, the status codes, the gateway's peak
 RSS (its processes, guard workers included), the victims' p99 and the worst ``/healthz`` probe
-while the class ran. Overall: the victims' p50/p99 without attackers and during the attack
+while the class ran, and the gateway's own loop watch (``LLMESH_GATEWAY_LOOP_WATCH_MS=20``): its
+stalls over 50 ms, and the most CPU its loop thread and its process spent in one stalled tick, which
+tells a loop held by the gateway's work from a machine too busy to run it. Overall: the victims' p50/p99 without attackers and during the attack
 phase, their ratio, and the worst probe (the event loop's longest stall, as seen from outside:
 the probe does nothing but answer from the loop). Exit status 1 when any case got a 5xx.
 
@@ -155,7 +157,29 @@ def by_class(max_bytes: int, only: set[str]) -> Iterator[tuple[str, Iterator[Cas
         yield current[0].cls, iter(current)
 
 
-def summarise(rows: list, windows: dict[str, dict], rss: list, baseline: tuple[float, float]) -> dict:
+def stalls(log_file: Path, offset: float) -> list[tuple[float, float, float, float]]:
+    """The gateway's loop-watch warnings (``LLMESH_GATEWAY_LOOP_WATCH_MS``): (monotonic time, lag,
+    the loop thread's CPU, the process's CPU meanwhile), in ms."""
+    out = []
+    for line in log_file.read_text().splitlines() if log_file.exists() else ():
+        if '"event loop stalled"' in line:
+            e = json.loads(line)
+            out.append((e["ts"] - offset, e["lag_ms"], e["loop_cpu_ms"], e["process_cpu_ms"]))
+    return out
+
+
+def loop_figures(events: list, start: float, end: float) -> dict:
+    """The loop watch's view of a window: stalls over 50 ms by wall clock, and the most CPU the
+    loop's thread (a callback holding the loop) and the process (the GIL held elsewhere too)
+    spent in one stalled tick."""
+    here = [e for e in events if start <= e[0] <= end + 0.1]
+    return {"stalls_over_50ms": sum(1 for e in here if e[1] > 50), "lag_max_ms": max((e[1] for e in here), default=0),
+            "loop_cpu_max_ms": max((e[2] for e in here), default=0),
+            "process_cpu_max_ms": max((e[3] for e in here), default=0)}
+
+
+def summarise(rows: list, windows: dict[str, dict], rss: list, baseline: tuple[float, float],
+              events: list | None = None) -> dict:
     def chats(start: float, end: float) -> list[float]:
         return [s for kind, t, s, _ in rows if kind == "chat" and start <= t <= end]
 
@@ -175,7 +199,8 @@ def summarise(rows: list, windows: dict[str, dict], rss: list, baseline: tuple[f
                         "worst_s": round(max(w["times"]), 3), "median_s": round(statistics.median(w["times"]), 3),
                         "statuses": w["statuses"], "peak_rss_mib": peak(start, end),
                         "victim_p99_ms": ms(pct(victims_here, 99)) if victims_here else None,
-                        "probe_max_ms": ms(max(probes_here)) if probes_here else None}
+                        "probe_max_ms": ms(max(probes_here)) if probes_here else None,
+                        "loop": loop_figures(events or [], start, end)}
     first = min(w["window"][0] for w in windows.values())
     last = max(w["window"][1] for w in windows.values())
     during = chats(first, last)
@@ -185,11 +210,12 @@ def summarise(rows: list, windows: dict[str, dict], rss: list, baseline: tuple[f
     return {
         "cases": sum(c["cases"] for c in classes.values()), "five_xx": five_xx, "failed_victims": failed_victims,
         "baseline": {"victim_requests": len(base), "victim_p50_ms": ms(pct(base, 50)), "victim_p99_ms": ms(base_p99),
-                     "probe_max_ms": ms(max(probes(*baseline), default=0)), "rss_mib": peak(*baseline)},
+                     "probe_max_ms": ms(max(probes(*baseline), default=0)), "rss_mib": peak(*baseline),
+                     "loop": loop_figures(events or [], *baseline)},
         "attack": {"seconds": round(last - first, 1), "victim_requests": len(during),
                    "victim_p50_ms": ms(pct(during, 50)), "victim_p99_ms": ms(attack_p99),
                    "victim_p99_ratio": round(attack_p99 / base_p99, 2), "probe_max_ms": ms(max(probes(first, last))),
-                   "peak_rss_mib": peak(first, last)},
+                   "peak_rss_mib": peak(first, last), "loop": loop_figures(events or [], first, last)},
         "classes": classes,
     }
 
@@ -206,7 +232,7 @@ def run(args: argparse.Namespace) -> dict:
         mesh = Mesh(layout=free_layout(1), engines="sim", model_dir=Path(tmp) / "models", log_dir=Path(tmp) / "logs",
                     env={"LLMESH_CONFIG_FILE": str(cfg), "LLMESH_GATEWAY_LOG_LEVEL": "warning",
                          "LLMESH_ENGINE_LOG_LEVEL": "warning", "LLMESH_ENGINE_SIM_DECODE_MS_PER_TOKEN": "0",
-                         "LLMESH_ENGINE_SIM_OUTPUT_TOKENS": "3"})
+                         "LLMESH_ENGINE_SIM_OUTPUT_TOKENS": "3", "LLMESH_GATEWAY_LOOP_WATCH_MS": "20"})
         mesh.start(timeout_s=120)
         try:
             url = mesh.layout.http_url
@@ -233,9 +259,10 @@ def run(args: argparse.Namespace) -> dict:
                 proc.join(60)
                 rss.stop()
             rows = json.loads(Path(out).read_text())
+            events = stalls(mesh.log_dir / "gateway.log", time.time() - time.monotonic())
         finally:
             mesh.stop(signal.SIGINT)
-        return summarise(rows, windows, rss.rows, baseline)
+        return summarise(rows, windows, rss.rows, baseline, events)
 
 
 def main() -> int:

@@ -32,6 +32,7 @@ from llmesh.gateway.domain.tokens import TokenCounter
 from llmesh.gateway.fronts.http import HttpFront
 from llmesh.gateway.fronts.servicer import GatewayServicer
 from llmesh.gateway.guard_workers import GuardWorkers
+from llmesh.gateway.loop_watch import watch_loop
 from llmesh.gateway.metrics import GatewayMetrics
 from llmesh.gateway.pipeline import Pipeline
 from llmesh.gateway.stages.audit import AuditStage
@@ -211,6 +212,8 @@ class GatewayApp:
         self._tasks = [asyncio.create_task(self.feed.run(), name="scheduler-feed"),
                        asyncio.create_task(self.model_catalog.run(), name="model-catalog"),
                        asyncio.create_task(self.demand.run(), name="demand-reporter")]
+        if self.settings.loop_watch_ms:
+            self._tasks.append(asyncio.create_task(watch_loop(self.settings.loop_watch_ms / 1000), name="loop-watch"))
         if self.guard_workers is not None:
             await self.guard_workers.start()
         await self.grpc.start()

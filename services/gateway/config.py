@@ -60,6 +60,8 @@ class GatewaySettings(ServiceSettings):
     injection_scan_chars: int = Field(default=128 * 1024, ge=1, description="characters of a message the "
                                       "prompt-injection screen reads; past them it decides on what it read and the "
                                       "request's record says injection_truncated")
+    loop_watch_ms: float = Field(default=0, ge=0, description="log a warning each time the event loop wakes this "
+                                 "much late, with the CPU its thread and the process spent meanwhile (0: off)")
     injection_scan_total_chars: int = Field(default=512 * 1024, ge=1, description="characters of a request the "
                                             "prompt-injection screen reads")
 
