@@ -13,9 +13,10 @@ Per class: cases, the worst and median time to an answer, the status codes, the 
 RSS (its processes, guard workers included), the victims' p99 and the worst ``/healthz`` probe
 while the class ran, and the gateway's own loop watch (``LLMESH_GATEWAY_LOOP_WATCH_MS=20``): its
 stalls over 50 ms, and the most CPU its loop thread and its process spent in one stalled tick, which
-tells a loop held by the gateway's work from a machine too busy to run it. Overall: the victims' p50/p99 without attackers and during the attack
-phase, their ratio, and the worst probe (the event loop's longest stall, as seen from outside:
-the probe does nothing but answer from the loop). Exit status 1 when any case got a 5xx.
+tells a loop held by the gateway's work from a machine too busy to run it. Overall: the victims'
+p50/p99 without attackers and during the attack phase, their ratio, and the worst probe (the event
+loop's longest stall as seen from outside: the probe does nothing but answer from the loop). Exit
+status 1 when any case got a 5xx.
 
     python -m bench.hostile [--json] [--max-bytes 16777216] [--baseline-s 20] [--attackers 2]
 """
