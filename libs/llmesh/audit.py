@@ -47,7 +47,7 @@ KINDS = ("request", "admin")
 REQUEST_FIELDS = frozenset({
     "request_id", "tenant", "key_id", "subject", "groups", "model", "endpoint", "operation", "status",
     "decision", "reason", "priority", "prompt_tokens", "completion_tokens", "cost", "latency_ms", "cache",
-    "pii", "injection_score", "injection_rules", "client", "client_request_id",
+    "pii", "injection_score", "injection_rules", "injection_truncated", "client", "client_request_id",
 })
 ADMIN_FIELDS = frozenset({
     "actor", "action", "target", "tenant", "key_id", "models", "expires", "revision", "result", "reason",

@@ -7,6 +7,8 @@ itself: ``llmesh.kvhash``). Engines and gateways share these, so the names agree
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import hashlib
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
@@ -44,6 +46,20 @@ class GgufChatTokenizer:
             raise ValueError(f"{path}: the GGUF carries no chat template")
         self._formatter = Jinja2ChatFormatter(template=template, eos_token=self._special(self.vocab.token_eos()),
                                               bos_token=self._special(self.vocab.token_bos()))
+
+    @functools.cached_property
+    def longest_token(self) -> int:
+        """Bytes in the vocabulary's longest token, special tokens included (the chat template's text
+        is tokenized with them parsed): a text of n characters has at least n / this many tokens.
+        Read once per model (~50k calls into llama.cpp, a few tens of milliseconds)."""
+        import llama_cpp
+
+        model = self.vocab._model
+        buf = ctypes.create_string_buffer(1024)
+        longest = 1
+        for token in range(model.n_vocab()):
+            longest = max(longest, abs(llama_cpp.llama_token_to_piece(model.vocab, token, buf, len(buf), 0, True)))
+        return longest
 
     def _special(self, token: int) -> str:
         return self.vocab.detokenize([token], special=True).decode("utf-8", "replace") if token >= 0 else ""

@@ -31,6 +31,8 @@ from llmesh.gateway.domain.holds import Holds
 from llmesh.gateway.domain.tokens import TokenCounter
 from llmesh.gateway.fronts.http import HttpFront
 from llmesh.gateway.fronts.servicer import GatewayServicer
+from llmesh.gateway.guard_workers import GuardWorkers
+from llmesh.gateway.loop_watch import watch_loop
 from llmesh.gateway.metrics import GatewayMetrics
 from llmesh.gateway.pipeline import Pipeline
 from llmesh.gateway.stages.audit import AuditStage
@@ -39,6 +41,7 @@ from llmesh.gateway.stages.base import Stage
 from llmesh.gateway.stages.cache import CacheStage
 from llmesh.gateway.stages.cascade import CascadeMetrics, CascadeStage
 from llmesh.gateway.stages.coldstart import ColdStartStage
+from llmesh.gateway.stages.context_length import ContextLengthStage
 from llmesh.gateway.stages.grants import AuthorizeStage, access
 from llmesh.gateway.stages.guards import GuardStage
 from llmesh.gateway.stages.limits import LimitStage
@@ -118,6 +121,8 @@ class GatewayApp:
         self.audit = (AuditLog(settings.audit_file or mesh.state_dir / "audit.jsonl", fsync=settings.audit_fsync,
                                on_lost=self.metrics.audit_failures.inc)
                       if settings.audit else None)
+        self.guard_workers = (GuardWorkers(settings.guard_workers, settings.guard_deadline_s, settings.guard_queue)
+                              if settings.guard_workers else None)
         shadow_store = (RedisShadowStore(self.redis) if self.redis is not None
                         else FileShadowStore(mesh.state_dir / "shadow"))
         self.shadow = ShadowStage(self._current, shadow_store, ShadowMetrics(platform.metrics))
@@ -163,9 +168,13 @@ class GatewayApp:
                 AuthenticateStage(self.authenticator), ValidateStage(), AuthorizeStage(current),
                 CascadeStage(current, CascadeMetrics(platform.metrics)),  # a cascade alias -> its cheap model
                 RouteStage(self.catalog, current),
+                # before anything that scales with the prompt (token counting, guards, cache key)
+                ContextLengthStage(self.picker.context_length, prompt_tokens.floor, current),
                 LimitStage(limiter, current, TokenCounter(prompt_tokens), settings.reserve_tokens,
                            lease_s=settings.request_timeout_s),
-                GuardStage(current),
+                GuardStage(current, offload=self.guard_workers.run if self.guard_workers else None,
+                           max_chars=settings.injection_scan_chars,
+                           max_total_chars=settings.injection_scan_total_chars),
                 ColdStartStage(self._ready, self.holds, current),
                 *([CacheStage(self.cache)] if self.cache else []),
                 self.shadow]
@@ -203,6 +212,10 @@ class GatewayApp:
         self._tasks = [asyncio.create_task(self.feed.run(), name="scheduler-feed"),
                        asyncio.create_task(self.model_catalog.run(), name="model-catalog"),
                        asyncio.create_task(self.demand.run(), name="demand-reporter")]
+        if self.settings.loop_watch_ms:
+            self._tasks.append(asyncio.create_task(watch_loop(self.settings.loop_watch_ms / 1000), name="loop-watch"))
+        if self.guard_workers is not None:
+            await self.guard_workers.start()
         await self.grpc.start()
         host, port = self.settings.http_host, self.settings.http_port
         sock = await bind_retrying(lambda: listen_socket(host, port, reuse_port=self.settings.workers > 1),
@@ -237,3 +250,5 @@ class GatewayApp:
             await self.redis.aclose()
         if self.audit is not None:
             await asyncio.to_thread(self.audit.close)
+        if self.guard_workers is not None:
+            self.guard_workers.close()

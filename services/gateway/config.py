@@ -50,6 +50,20 @@ class GatewaySettings(ServiceSettings):
                                  "(a write failed), refuse every request with 503 audit_unavailable before it "
                                  "reaches an engine; off: serve it, and count the record not written "
                                  "(llmesh_audit_write_failures_total)")
+    # The guards (PII masking, the prompt-injection screen) on a large prompt run in worker processes.
+    guard_workers: int = Field(default=2, ge=0, le=64, description="worker processes for the guards' work on "
+                               "large prompts (a small one is screened inline); 0: all inline, on the event loop")
+    guard_deadline_s: float = Field(default=5.0, gt=0, description="longest the guards may work on one prompt; "
+                                    "then the request is refused (400 guard_timeout)")
+    guard_queue: int = Field(default=16, ge=1, description="large prompts waiting for a guard worker; more get 429 "
+                             "(guards_busy)")
+    injection_scan_chars: int = Field(default=128 * 1024, ge=1, description="characters of a message the "
+                                      "prompt-injection screen reads; past them it decides on what it read and the "
+                                      "request's record says injection_truncated")
+    loop_watch_ms: float = Field(default=0, ge=0, description="log a warning each time the event loop wakes this "
+                                 "much late, with the CPU its thread and the process spent meanwhile (0: off)")
+    injection_scan_total_chars: int = Field(default=512 * 1024, ge=1, description="characters of a request the "
+                                            "prompt-injection screen reads")
 
     @model_validator(mode="after")
     def _workers_share_fixed_ports(self) -> GatewaySettings:

@@ -130,6 +130,9 @@ class Context:
     asked: str = ""  # the model name the client asked for (an alias, before any stage rewrote it)
     state: dict[Slot[Any], Any] | None = None  # the stages' slots (made on the first put)
     wraps: list[Wrap] | None = None  # see ``wrap``
+    # What the choices of one request (n > 1) share: a stage's work on the prompt they have in
+    # common (the guards screen it once, not once per choice). None: a request of one choice.
+    shared: dict[Any, Any] | None = None
 
     def wrap(self, wrap: Wrap) -> None:
         """Puts ``wrap`` around the upstream, as the stages before left it: a wrap put later
@@ -141,9 +144,10 @@ class Context:
             self.wraps.append(wrap)
 
     @classmethod
-    def of(cls, req: CompletionRequest) -> Context:
-        """A blank context to hand to ``Pipeline.run``, which fills it in."""
-        return cls(req, RequestRecord(req.model, req.tenant), INVALID_SPAN)
+    def of(cls, req: CompletionRequest, shared: dict[Any, Any] | None = None) -> Context:
+        """A blank context to hand to ``Pipeline.run``, which fills it in; the choices of one
+        request pass one ``shared`` dict."""
+        return cls(req, RequestRecord(req.model, req.tenant), INVALID_SPAN, shared=shared)
 
 
 class Catalog(Protocol):

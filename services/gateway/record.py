@@ -43,6 +43,7 @@ class RequestRecord:
     pii: dict[str, int] | None = None  # masked entities by kind
     injection_score: float | None = None
     injection_rules: list[str] | None = None
+    injection_truncated: bool = False  # the prompt was longer than the screen reads (its caps)
     cascade: str | None = None  # a cascade's decision: accepted | escalated
     cascade_confidence: float | None = None  # the cheap answer's mean token logprob
     held_ms: float | None = None  # held while a scaled model had no ready replica (scale from zero)

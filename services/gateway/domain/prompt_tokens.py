@@ -40,3 +40,23 @@ class PromptTokens:
     def __call__(self, model: str, prompt: Prompt) -> list[int]:
         tok = self._tokenizer(model)
         return tok(prompt) if tok is not None else []
+
+    def floor(self, model: str, prompt: Prompt, enough: int) -> int:
+        """At least this many tokens are in ``prompt`` for ``model`` (0: nothing known), found in time
+        that does not grow with the prompt past ``enough`` tokens: counting stops there. The sim
+        tokenizer counts words ("role:" and each word of the content), so its floor is the count of
+        the first ``enough`` + 1 words; a GGUF's tokens are at most its longest token's bytes long,
+        so a text of n characters has at least n / that many. Tokenizing the prompt itself costs
+        time in its length, and more (llama.cpp's special-token split is quadratic: 1 MB of
+        "<|im_start|>" took 100 s), so it comes after a prompt over the context is refused."""
+        tok = self._tokenizer(model)
+        parts = [m.content for m in prompt.messages] if prompt.messages is not None else [prompt.text or ""]
+        if tok is sim_tokenize:
+            counted = len(parts) if prompt.messages is not None else 0  # each message's "role:"
+            for text in parts:
+                if counted > enough:
+                    break
+                counted += len(text.split(None, enough - counted + 1))
+            return counted
+        longest = getattr(tok, "longest_token", 0)
+        return -(-sum(map(len, parts)) // longest) if longest else 0

@@ -93,7 +93,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         (rate-limit facts, cache hit) in the initial metadata, all of them again in the
         trailers, once failover and fallback are known. One choice is read straight from
         its pipeline run: every generator a token passes through costs CPU per token."""
-        ctxs = [Context.of(r) for r in choice_requests(req, n)]
+        shared: dict | None = {} if n > 1 else None  # the choices' common work (the guards')
+        ctxs = [Context.of(r, shared) for r in choice_requests(req, n)]
         started: set[int] = set()
         runs = [self._pipeline.run(c.req, c) for c in ctxs]
         # n > 1: (index, item) pairs from merge; one choice: its run's items

@@ -70,6 +70,8 @@ def record_fields(ctx: Context) -> dict[str, object]:
                         ("client_request_id", r.client_request_id)):
         if value is not None:
             fields[name] = value
+    if r.injection_truncated:
+        fields["injection_truncated"] = True
     return {name: _fit(value) for name, value in fields.items()}
 
 

@@ -1,68 +1,117 @@
 """The guards stage: a prompt-injection screen and PII masking before the prompt
 leaves the gateway (engine, cache, logs and spans only ever see placeholders),
 and on the way back the same PII rules on the model's answer, then, when the
-tenant asks, its own values put back in place of the placeholders."""
+tenant asks, its own values put back in place of the placeholders.
+
+The work on the prompt is one ``screening.run``: on the event loop when the prompt is
+light (``screening.light``: a few hundred microseconds at most), else in the guard
+worker processes (``GuardWorkers``, with a deadline). The choices of one request
+(``n`` > 1) share one run."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import replace
 
 from llmesh.errors import InvalidArgument
-from llmesh.liveconfig.schema import MeshConfig
+from llmesh.liveconfig.schema import Guards, MeshConfig
 from llmesh.types import Prompt
 from llmesh.gateway.context import Context
-from llmesh.gateway.domain.guards.injection import InjectionScreen
-from llmesh.gateway.domain.guards.pii import Masked, MaskedChat, Placeholders, PiiMasker
+from llmesh.gateway.domain.guards import screening
+from llmesh.gateway.domain.guards.injection import MAX_SCAN_CHARS, MAX_SCAN_TOTAL_CHARS, InjectionScreen
+from llmesh.gateway.domain.guards.pii import Placeholders, PiiMasker
 from llmesh.gateway.domain.guards.pii_stream import StreamMasker, StreamRestorer
+from llmesh.gateway.domain.guards.screening import GuardJob, GuardResult
 from llmesh.gateway.stages.base import Stage
+
+Offload = Callable[[GuardJob], Awaitable[GuardResult]]
 
 
 class GuardStage(Stage):
-    def __init__(self, config: Callable[[], MeshConfig], masker: PiiMasker | None = None):
+    """``offload`` runs a heavy job elsewhere (``GuardWorkers.run``); without one every job
+    runs inline. ``max_chars``/``max_total_chars``: the injection screen's caps."""
+
+    def __init__(self, config: Callable[[], MeshConfig], masker: PiiMasker | None = None,
+                 offload: Offload | None = None, max_chars: int = MAX_SCAN_CHARS,
+                 max_total_chars: int = MAX_SCAN_TOTAL_CHARS):
         self._config = config
         self._masker = masker or PiiMasker()
+        self._kinds = tuple(sorted(k.value for k in self._masker.kinds))
+        self._offload = offload
+        self._max_chars = max_chars
+        self._max_total_chars = max_total_chars
         self._screens: dict[float, InjectionScreen] = {}
 
     def _screen(self, threshold: float) -> InjectionScreen:
         screen = self._screens.get(threshold)
         if screen is None:
-            screen = self._screens[threshold] = InjectionScreen(threshold=threshold, action="flag")
+            screen = self._screens[threshold] = InjectionScreen(
+                threshold=threshold, action="flag", max_chars=self._max_chars, max_total_chars=self._max_total_chars)
         return screen
 
     async def admit(self, ctx: Context) -> None:
         guards = self._config().tenant(ctx.req.tenant).guards
-        prompt = ctx.req.prompt
-        if guards.injection != "off":
-            screen = self._screen(guards.injection_threshold)
-            verdict = (screen.check(prompt.messages) if prompt.messages is not None
-                       else screen.check_text(prompt.text or ""))
-            if verdict.rules:
-                ctx.record.injection_score = round(verdict.score, 3)
-                ctx.record.injection_rules = sorted(verdict.rules)
-            if verdict.score >= screen.threshold and guards.injection == "block":
-                raise InvalidArgument("The request was refused by the prompt-injection screen.",
-                                      reason="prompt_injection", param="messages")
-        placeholders = None
-        if guards.pii == "mask":
-            masked: Masked | MaskedChat
-            if prompt.messages is not None:
-                masked = self._masker.mask_messages(prompt.messages)
-                prompt = Prompt(messages=masked.messages)
-            else:
-                masked = self._masker.mask(prompt.text or "")
-                prompt = Prompt(text=masked.text)
-            placeholders = masked.placeholders
-            if masked.counts:
-                ctx.record.pii = dict(masked.counts)
-                ctx.req = replace(ctx.req, prompt=prompt)
-            if guards.restore and masked.found:
-                found = masked.found
-            else:
-                found = None
-        else:
-            found = None
+        screened = guards.injection != "off"
+        job = GuardJob(ctx.req.prompt, guards.injection_threshold if screened else None,
+                       self._kinds if guards.pii == "mask" else None, self._max_chars, self._max_total_chars)
+        result = await self._result(ctx, job) if screened or job.kinds is not None else None
+        if result is not None and result.verdict is not None:
+            self._judge(ctx, guards, result)
+        placeholders, found = None, None
+        if result is not None and job.kinds is not None:
+            placeholders = result.placeholders.copy() if result.placeholders is not None else None
+            if result.counts and result.prompt is not None:
+                ctx.record.pii = dict(result.counts)
+                ctx.req = replace(ctx.req, prompt=_own(ctx.req.prompt, result.prompt))
+            if guards.restore and result.found:
+                found = result.found
         if guards.output_pii == "mask":
             ctx.filters.append(StreamMasker(self._masker, placeholders or Placeholders()))
         if found:
             ctx.filters.append(StreamRestorer(found))
+
+    @staticmethod
+    def _judge(ctx: Context, guards: Guards, result: GuardResult) -> None:
+        verdict = result.verdict
+        assert verdict is not None
+        if verdict.rules:
+            ctx.record.injection_score = round(verdict.score, 3)
+            ctx.record.injection_rules = sorted(verdict.rules)
+        if verdict.truncated:
+            ctx.record.injection_truncated = True
+        if verdict.score >= guards.injection_threshold and guards.injection == "block":
+            raise InvalidArgument("The request was refused by the prompt-injection screen.",
+                                  reason="prompt_injection", param="messages")
+
+    async def _result(self, ctx: Context, job: GuardJob) -> GuardResult:
+        """The job's result; the choices of one request share one run of it."""
+        if ctx.shared is None:
+            return await self._run(job)
+        key = (GuardStage, job.threshold, job.kinds, _identity(job.prompt))
+        task = ctx.shared.get(key)
+        if task is None:
+            task = ctx.shared[key] = asyncio.ensure_future(self._run(job))
+        return await asyncio.shield(task)
+
+    async def _run(self, job: GuardJob) -> GuardResult:
+        if self._offload is not None and not screening.light(job.prompt):
+            return await self._offload(job)
+        return screening.run(job, self._screen(job.threshold) if job.threshold is not None else None, self._masker)
+
+
+def _identity(prompt: Prompt) -> Hashable:
+    """The same for the choices' prompts (the same texts in the same roles), in constant time per
+    message: by the texts' identity (the fronts parse a request once), not their value."""
+    if prompt.messages is None:
+        return id(prompt.text)
+    return tuple((m.role, id(m.content), id(m.tool_calls), m.tool_call_id) for m in prompt.messages)
+
+
+def _own(prompt: Prompt, masked: Prompt) -> Prompt:
+    """``masked`` is the prompt of the choice that ran the job; this choice's own messages keep
+    their own objects, with the masked texts."""
+    if prompt.messages is None or masked.messages is None or masked.messages is prompt.messages:
+        return masked
+    return Prompt(messages=tuple(m if m.content is n.content else replace(m, content=n.content)
+                                 for m, n in zip(prompt.messages, masked.messages)))

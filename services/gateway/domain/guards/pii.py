@@ -47,7 +47,8 @@ from dataclasses import dataclass, replace
 from typing import cast
 
 from llmesh.types import Message
-from llmesh.gateway.domain.guards.pii_rules import _AFTER_PHONE, _CHECKS, _RULES, LABELS, PLACEHOLDER, PiiKind
+from llmesh.gateway.domain.guards.pii_rules import (_AFTER_PHONE, _CHECKS, _RULES, LABELS, PEM_BEGIN, PEM_END,
+                                                    PLACEHOLDER, PiiKind)
 
 
 class Placeholders:
@@ -61,6 +62,15 @@ class Placeholders:
         self._by_value: dict[tuple[str, str], str] = {}
         self._next: Counter[str] = Counter()
         self._reserved = set(reserved)
+
+    def copy(self) -> Placeholders:
+        """An independent copy: each choice of a request (``n`` > 1) masks its own answer, starting
+        from the prompt's placeholders."""
+        other = Placeholders(self._reserved)
+        other.found = dict(self.found)
+        other._by_value = dict(self._by_value)
+        other._next = Counter(self._next)
+        return other
 
     def reserve(self, texts: Iterable[str]) -> None:
         """Keeps placeholder-shaped text already present in ``texts`` from being handed out."""
@@ -125,10 +135,13 @@ _HEX_COLON = "0123456789abcdefABCDEF:"
 _LOCAL = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.%+-"
 _RUNS = {chars: re.compile(f"[{re.escape(chars)}]*") for chars in (_HEX_COLON, _LOCAL)}
 # Secret prefixes, grouped under a character each group needs (one memchr says whether to look).
-_SECRET_PREFIXES = (("-", ("-----BEGIN", "sk-", "glpat-", "xox")),
+_SECRET_PREFIXES = (("-", ("sk-", "glpat-", "xox")),
                     ("_", ("sk_", "rk_", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "hf_")),
                     ("A", ("AKIA", "ASIA", "AIza")),
                     ("J", ("eyJ",)))
+_PEM_PREFIX = "-----BEGIN"
+_PEM_BEGIN = re.compile(PEM_BEGIN)
+_PEM_END = re.compile(PEM_END)
 _NOT_NUMERIC = (PiiKind.SECRET, PiiKind.EMAIL)
 # Every match holds one of these: a digit, "@", ":" (IPv6), or a character of every secret prefix.
 _MAYBE_PII = re.compile(r"[0-9@:\-_AJ]")
@@ -145,8 +158,9 @@ class PiiMasker:
         numeric = [(n, p) for n, k, p in rules if k not in _NOT_NUMERIC and n != "ipv6"]
         self._numeric_names = [n for n, _ in numeric]
         self._numeric = re.compile("|".join(f"(?P<{n}>{p})" for n, p in numeric), re.ASCII) if numeric else None
-        secret = [(n, p) for n, k, p in rules if k is PiiKind.SECRET]
+        secret = [(n, p) for n, k, p in rules if k is PiiKind.SECRET and n != "pem_key"]
         self._secret = re.compile("|".join(f"(?P<{n}>{p})" for n, p in secret), re.ASCII) if secret else None
+        self._pem = PiiKind.SECRET in self.kinds
 
     def scan(self, text: str) -> list[Hit]:
         """Every accepted match, left to right. Matches that overlap (a phone number running into an
@@ -159,6 +173,8 @@ class PiiMasker:
             self._scan_around(text, ":", _HEX_COLON, 39, "ipv6", hits)
         if "email" in self._single and "@" in text:
             self._scan_around(text, "@", _LOCAL, 64, "email", hits)
+        if self._pem and _PEM_PREFIX in text:
+            self._scan_pem(text, hits)
         if self._secret is not None:
             self._scan_secrets(self._secret, text, hits)
         if len(hits) < 2:
@@ -209,7 +225,23 @@ class PiiMasker:
                     done = max(done, hit.end)
             at = text.find(anchor, max(at + 1, done))
 
+    @staticmethod
+    def _scan_pem(text: str, hits: list[Hit]) -> None:
+        """Private-key blocks: a BEGIN line, then everything up to the first END line after it (or
+        the end of the text). The scan goes on after the block, so each character is read once:
+        a BEGIN line inside a block is part of it (once, a lazy ``[\\s\\S]*?`` was retried from
+        every BEGIN line and each block copied to the end: 100 KB of headers took 7.5 s)."""
+        pos = 0
+        while (header := _PEM_BEGIN.search(text, pos)) is not None:
+            end = _PEM_END.search(text, header.end())
+            stop = len(text) if end is None else end.end()
+            hits.append(Hit(header.start(), stop, PiiKind.SECRET, text[header.start():stop]))
+            pos = stop
+
     def _scan_secrets(self, secret: re.Pattern[str], text: str, hits: list[Hit]) -> None:
+        """Keys and tokens at their literal prefixes. Each rule starts after a character that
+        cannot be inside a key (a look-behind), so a prefix inside a key fails at once, and a
+        match ends at the end of its run: every character is read a bounded number of times."""
         match = secret.match
         for needed, prefixes in _SECRET_PREFIXES:
             if needed not in text:
@@ -220,7 +252,9 @@ class PiiMasker:
                     if (m := match(text, at)) is not None and (hit := self._accept(cast(str, m.lastgroup), at,
                                                                                    m.end(), text)):
                         hits.append(hit)
-                    at = text.find(prefix, at + 1)
+                        at = text.find(prefix, hit.end)
+                    else:
+                        at = text.find(prefix, at + 1)
 
     def _try(self, name: str, at: int, text: str) -> Hit | None:
         m = self._single[name].match(text, at)

@@ -37,10 +37,14 @@ _NA = r"(?![A-Za-z0-9_@]|[.\-/]\d)"
 _NA_PHONE = r"(?![A-Za-z0-9_@]|[.\-/:]\d)"  # nor the hour of a time: "+44 20 7946 0958 12:30"
 _AFTER_PHONE = re.compile(_NA_PHONE, re.ASCII)
 
+# A private-key block: its BEGIN line, then up to its END line or the end of the text. The masker
+# finds the BEGIN line, then the first END line after it (two searches, not a lazy [\s\S]*?).
+PEM_BEGIN = r"-----BEGIN[A-Z0-9 ]{0,40}PRIVATE\ KEY-----"
+PEM_END = r"-----END[A-Z0-9 ]{0,40}PRIVATE\ KEY-----"
+
 # (rule name, kind, pattern). Order matters where two rules can match at one place.
 _RULES: tuple[tuple[str, PiiKind, str], ...] = (
-    ("pem_key", PiiKind.SECRET,
-     r"-----BEGIN[A-Z0-9 ]{0,40}PRIVATE\ KEY-----[\s\S]*?(?:-----END[A-Z0-9 ]{0,40}PRIVATE\ KEY-----|\Z)"),
+    ("pem_key", PiiKind.SECRET, rf"{PEM_BEGIN}[\s\S]*?(?:{PEM_END}|\Z)"),  # for reference: scanned as above
     ("api_key", PiiKind.SECRET,
      r"(?<![A-Za-z0-9_\-])(?:"
      r"sk-(?:ant-|proj-|svcacct-)?[A-Za-z0-9_\-]{20,}"

@@ -20,6 +20,7 @@ class EndpointPicker:
                  filters: Sequence[Filter] = FILTERS, expect_for_s: float = 10.0):
         self._endpoints: dict[str, Endpoint] = {}
         self._seen_models: set[str] = set()
+        self._contexts: dict[str, int] = {}
         self.kv = KvView()
         self.local = LocalState()
         self._down_for = down_for_s
@@ -35,9 +36,19 @@ class EndpointPicker:
             before = old.get(eid)
             if before is None or (before.running, before.waiting) != (e.running, e.waiting):
                 self.local.since_report.pop(eid, None)  # a fresh report already counts our work
+        contexts: dict[str, int] = {}
         for e in self._endpoints.values():
             self._seen_models |= e.models
+            for model in e.models:  # 0: an endpoint did not say, so the model's context is unknown
+                reported, known = e.context.get(model, 0), contexts.get(model, -1)
+                contexts[model] = 0 if not reported or not known else max(known, reported)
+        self._contexts = contexts
         self.kv.keep_only(set(self._endpoints))
+
+    def context_length(self, model: str) -> int | None:
+        """The largest context an endpoint serving ``model`` reported; None when none serves it
+        or one of them did not say."""
+        return self._contexts.get(model) or None
 
     def all(self) -> list[Endpoint]:
         return list(self._endpoints.values())
