@@ -25,7 +25,9 @@ MARKER = "llmesh-fault-die-7f3a"
 ENGINES = 3
 
 
-@pytest.fixture(scope="module")
+# A mesh per test: after one poison request, the engines it killed stay out of the gateway's picks
+# (their breakers) for a while after they are back, and the next test needs all three routable.
+@pytest.fixture
 def mesh(tmp_path_factory):
     d = tmp_path_factory.mktemp("poison")
     config = d / "llmesh.yaml"
