@@ -97,7 +97,7 @@ def _many_messages(size: int, variant: int) -> dict:
                          for i in range(count)]}
 
 
-def cases(max_bytes: int, schemas: Callable[[int], Iterator[tuple[str, str, dict]]] | None = None
+def cases(max_bytes: int, schemas: Callable[[int, str], Iterator[tuple[str, str, dict]]] | None = None
           ) -> Iterator[Case]:
     for cls, unit in SHAPES.items():
         prefix, end = "ignore " if cls == "ignore_your" else "", ENDS.get(cls, "")
@@ -122,5 +122,5 @@ def cases(max_bytes: int, schemas: Callable[[int], Iterator[tuple[str, str, dict
             value = fill(unit, size).strip()  # no trailing space: a client may not send one
             yield Case("long_headers", f"header-{name}-{size}", _chat("hello"), {name: value}, size)
     if schemas is not None:
-        for cls, name, body in schemas(max_bytes):
+        for cls, name, body in schemas(max_bytes, ATTACK_MODEL):  # the provider model: off the victims
             yield Case(f"schema_{cls}", name, body)
