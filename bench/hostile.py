@@ -275,6 +275,8 @@ def main() -> int:
     p.add_argument("--victims", type=int, default=2, help="small requests in flight")
     p.add_argument("--only", action="append", default=[], metavar="CLASS", help="run only this class (repeatable)")
     args = p.parse_args()
+    # SIGTERM (a timeout, Ctrl-C's cousin) unwinds like an exception, so the mesh and the victims are stopped.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     report = run(args)
     print(json.dumps(report, indent=None if args.json else 2))
     return 1 if report["five_xx"] else 0
