@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,8 @@ from llmesh.schema_bounds import LIMITS, SchemaLimits, check_request_size, check
 from llmesh.validation import check_request, rule
 from llmesh.types import Message, Prompt, ResponseFormat, Sampling, Tool, Tools
 from llmesh.v1 import common_pb2, gateway_pb2
+
+from .work import calls_made
 
 P = "response_format.json_schema.schema"
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "api.md"
@@ -103,10 +104,10 @@ def test_each_bound_holds_just_under_at_and_just_over_its_limit(keyword, limit, 
 
 @pytest.mark.parametrize("keyword, limit, make, path", VALUES, ids=[c[0] for c in VALUES])
 def test_far_over_is_refused_as_cheaply(keyword, limit, make, path):
-    started = time.perf_counter()
     err = refusal(make(10_000_000))
     assert err.param == P + path and "10000000" in err.message
-    assert time.perf_counter() - started < 0.05
+    # as cheap as one just over: the check compares the number, it never counts up to it
+    assert calls_made(refusal, make(10_000_000)) <= 2 * calls_made(refusal, make(limit + 1)) + 50
 
 
 def test_the_issue_crasher_names_the_field_and_the_limit():
@@ -248,8 +249,10 @@ def test_requests_name_the_field_in_response_format_and_tools():
     assert "together" in info.value.message
 
 
-def test_a_worst_case_schema_checks_quickly():
-    """Linear in the size: the widest and deepest shapes of 64 KB check in milliseconds."""
+def test_a_worst_case_schema_checks_in_linear_work():
+    """Linear in the size: every hostile shape up to 64 KB (bench.hostile_schemas) costs at most a
+    few calls per byte of schema (about 7.5 on the worst today; a quadratic walk of a 64 KB schema
+    would make millions). bench.hostile times them."""
     from bench.hostile_schemas import cases
 
     worst = 0.0
@@ -257,13 +260,8 @@ def test_a_worst_case_schema_checks_quickly():
         if "tools" in body:
             continue
         text = json.dumps(body["response_format"]["json_schema"]["schema"])
-        started = time.perf_counter()
-        try:
-            check_schema(text, P)
-        except InvalidArgument:
-            pass
-        worst = max(worst, time.perf_counter() - started)
-    assert worst < 0.1
+        worst = max(worst, (calls_made(check_schema, text, P) - 200) / len(text))
+    assert worst < 16, worst
 
 
 def test_the_docs_list_the_table():
