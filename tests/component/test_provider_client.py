@@ -21,7 +21,7 @@ from llmesh.testing import free_ports
 from llmesh.types import Delta, Finish
 from llmesh.gateway.context import CompletionRequest
 from llmesh.gateway.upstream.providers import ProviderClients
-from tests.component.helpers import completion_request
+from tests.component.helpers import completion_request, serving
 
 
 request = partial(completion_request, "hosted", "hi", timeout_s=30, max_tokens=4)
@@ -79,15 +79,8 @@ async def provider():
     scripted = ScriptedProvider()
     app = web.Application()
     app.router.add_post("/v1/chat/completions", scripted.handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    try:
+    async with serving(app) as port:
         yield scripted, Provider(base_url=f"http://127.0.0.1:{port}/v1", models={"hosted": "remote"})
-    finally:
-        await runner.cleanup()
 
 
 async def collect(clients: ProviderClients, p: Provider, req: CompletionRequest, timeout_s: float = 30

@@ -1,7 +1,8 @@
 """A config writer cannot steer the gateway's secrets to a provider, against the gateway as
 composed (GatewayApp: its settings, its live config following a file, its provider client)
-and a fake provider: an HTTP server on loopback (aiohttp's, in this process) standing in for
-an external OpenAI-compatible API, recording the Authorization header of every call.
+and a fake provider (``helpers.RecordingProvider``: an HTTP server on loopback, in this
+process, standing in for an external OpenAI-compatible API) that records the Authorization
+header of every call.
 
 A config that points ``api_key_file`` at the mesh CA's key (or names a variable off the
 allow-list, or a plain-http URL off loopback) is refused when applied: the last good config
@@ -14,7 +15,6 @@ import asyncio
 
 import orjson
 import pytest
-from aiohttp import web
 
 from llmesh.errors import Unavailable
 from llmesh.liveconfig.schema import Provider
@@ -24,7 +24,7 @@ from llmesh.testing import wait_until, write_config_file
 from llmesh.types import Delta
 from llmesh.gateway.app import GatewayApp
 from llmesh.gateway.config import GatewaySettings
-from tests.component.helpers import completion_request
+from tests.component.helpers import completion_request, recording_provider
 
 CA_KEY = "-----BEGIN PRIVATE KEY-----\nMESH-CA-SECRET\n-----END PRIVATE KEY-----\n"
 # The mesh's CA certificate setting: LLMESH_TLS_CA_FILE once the mesh has TLS settings, the
@@ -32,36 +32,10 @@ CA_KEY = "-----BEGIN PRIVATE KEY-----\nMESH-CA-SECRET\n-----END PRIVATE KEY-----
 MESH_CA_SETTING = "tls_ca_file" if "tls_ca_file" in MeshSettings.model_fields else "service_secret_file"
 
 
-class FakeProvider:
-    """Answers every chat call with one streamed word; keeps each call's Authorization header."""
-
-    def __init__(self) -> None:
-        self.authorizations: list[str | None] = []
-
-    async def handle(self, request: web.Request) -> web.StreamResponse:
-        self.authorizations.append(request.headers.get("authorization"))
-        await request.read()
-        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
-        await resp.prepare(request)
-        await resp.write(b"data: " + orjson.dumps({"choices": [{"index": 0, "delta": {"content": "ok"},
-                                                                "finish_reason": "stop"}]}) + b"\n\n")
-        await resp.write(b"data: [DONE]\n\n")
-        return resp
-
-
 @pytest.fixture
 async def fake_provider():
-    fake = FakeProvider()
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", fake.handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield fake, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/v1"
-    finally:
-        await runner.cleanup()
+    async with recording_provider() as (fake, base_url):
+        yield fake, base_url
 
 
 @pytest.fixture
