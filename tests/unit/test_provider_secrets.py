@@ -79,6 +79,24 @@ def test_never_a_directory_of_the_mesh_own_secrets_even_inside_the_key_directory
     assert secrets.key_path("openai")
 
 
+def test_a_rotated_secret_mount_stays_closed(tmp_path):
+    """A Kubernetes Secret volume: each file is a symlink through ``..data`` into a timestamped
+    directory that a rotation replaces. The mount directory itself stays closed."""
+    mount = tmp_path / "etc" / "tls"
+    (mount / "..2024_01").mkdir(parents=True)
+    (mount / "..2024_01" / "ca.crt").write_text("CERT")
+    (mount / "..data").symlink_to("..2024_01")
+    (mount / "ca.crt").symlink_to("..data/ca.crt")
+    secrets = ProviderSecrets.of(tmp_path, [], mesh_files=[mount / "ca.crt"])
+    (mount / "..2024_02").mkdir()  # the rotation: a new directory, ..data re-pointed
+    (mount / "..2024_02" / "ca.key").write_text("MESH-CA")
+    (mount / "..data").unlink()
+    (mount / "..data").symlink_to("..2024_02")
+    for path in ("etc/tls/..data/ca.key", "etc/tls/..2024_02/ca.key"):
+        with pytest.raises(KeyRefused, match="a directory of the mesh's own secrets"):
+            secrets.key_path(path)
+
+
 def test_key_variables_only_from_the_allow_list(monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", "sk-env")
     monkeypatch.setenv("LLMESH_REDIS_URL", "redis://:hunter2@redis:6379")
@@ -87,11 +105,11 @@ def test_key_variables_only_from_the_allow_list(monkeypatch):
     with pytest.raises(Unavailable) as info:
         secrets.api_key(Provider(base_url=URL, models={}, api_key_env="LLMESH_REDIS_URL"))
     assert info.value.reason == "provider_key_refused" and "hunter2" not in info.value.message
-    with pytest.raises(Unavailable, match="allow-list"):
+    with pytest.raises(Unavailable, match="refused by the gateway"):
         ProviderSecrets().api_key(Provider(base_url=URL, models={}, api_key_env="OPENAI_API_KEY"))
 
 
-def test_at_call_time_a_key_file_that_became_a_symlink_out_is_not_read(layout):
+def test_at_call_time_a_key_file_that_became_a_symlink_out_is_not_read(layout, caplog):
     keys, tls = layout
     secrets = ProviderSecrets.of(keys, [], mesh_files=[tls / "ca.pem"])
     p = Provider(base_url=URL, models={}, api_key_file="openai")
@@ -104,8 +122,10 @@ def test_at_call_time_a_key_file_that_became_a_symlink_out_is_not_read(layout):
     assert info.value.reason == "provider_key_refused" and "MESH-CA" not in info.value.message
     (keys / "openai").unlink()
     os.mkfifo(keys / "openai")  # not a regular file: never read (nor waited on)
-    with pytest.raises(Unavailable, match="not a regular file"):
+    with pytest.raises(Unavailable) as info:
         secrets.api_key(p)
+    assert info.value.reason == "provider_key_refused"
+    assert "not a regular file" in caplog.records[-1].reason and str(keys) not in info.value.message
 
 
 def _doc(key_file: str, env: str | None = None) -> str:

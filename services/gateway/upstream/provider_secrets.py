@@ -16,6 +16,7 @@ since the config was applied."""
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 from collections.abc import Iterable
@@ -25,6 +26,8 @@ from pathlib import Path
 from llmesh.errors import Unavailable
 from llmesh.liveconfig.document import InvalidConfig
 from llmesh.liveconfig.schema import MeshConfig, Provider
+
+log = logging.getLogger("llmesh.gateway.providers")
 
 MAX_KEY_BYTES = 16 * 1024  # a key file larger than this is not a key
 
@@ -43,9 +46,12 @@ class ProviderSecrets:
     @classmethod
     def of(cls, key_dir: Path | None, key_envs: Iterable[str], mesh_files: Iterable[Path | None] = ()
            ) -> ProviderSecrets:
-        """``mesh_files``: the mesh's own secret and certificate files; their directories are closed."""
-        return cls(key_dir.resolve() if key_dir is not None else None, frozenset(key_envs),
-                   tuple(sorted({f.resolve().parent for f in mesh_files if f is not None})))
+        """``mesh_files``: the mesh's own secret and certificate files; their directories are closed,
+        as named and as resolved (a Kubernetes Secret mount's files are symlinks into a directory
+        that changes on each rotation: the named one holds every future one)."""
+        files = [f for f in mesh_files if f is not None]
+        closed = {f.absolute().parent for f in files} | {f.resolve().parent for f in files}
+        return cls(key_dir.resolve() if key_dir is not None else None, frozenset(key_envs), tuple(sorted(closed)))
 
     def key_path(self, file: str) -> Path:
         """Where ``api_key_file`` is, resolved; KeyRefused when it may not be read."""
@@ -93,8 +99,9 @@ class ProviderSecrets:
                 return key
             if p.api_key_file:
                 return _read_key(self.key_path(p.api_key_file))
-        except KeyRefused as exc:
-            raise Unavailable(f"The provider's key is refused: {exc}.", reason="provider_key_refused") from None
+        except KeyRefused as exc:  # the details (paths, names) go to the operator's log, not to the client
+            log.warning("provider key refused; nothing sent", extra={"base_url": p.base_url, "reason": str(exc)})
+            raise Unavailable("The provider's key is refused by the gateway.", reason="provider_key_refused") from None
         return None
 
 

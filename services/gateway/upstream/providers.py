@@ -6,6 +6,7 @@ is never called."""
 
 from __future__ import annotations
 
+import logging
 import urllib.request
 
 import aiohttp
@@ -17,6 +18,8 @@ from llmesh.liveconfig.schema import Provider, url_problem
 from llmesh.types import Delta, Finish, FinishReason, Message, TokenLogprob, ToolCall, Tools, Usage
 from llmesh.gateway.context import CompletionRequest, Items
 from llmesh.gateway.upstream.provider_secrets import ProviderSecrets
+
+log = logging.getLogger("llmesh.gateway.providers")
 
 
 def request_body(req: CompletionRequest, remote_model: str) -> tuple[str, dict]:
@@ -179,7 +182,8 @@ class ProviderClients:
         if found is None:
             problem = url_problem(base_url)  # the schema refused it already; a config built around it is not called
             if problem:
-                raise Unavailable(f"The provider is refused: {problem}.", reason="provider_url_refused")
+                log.warning("provider URL refused; nothing sent", extra={"reason": problem})
+                raise Unavailable("The provider's URL is refused by the gateway.", reason="provider_url_refused")
             url = URL(base_url.rstrip("/") + path)
             proxy = self._proxies.get(url.scheme) or self._proxies.get("all")
             # no_proxy, as urllib reads it; typeshed lacks this (undocumented) function of urllib.request
