@@ -331,6 +331,11 @@ class PiiMasker:
         return "".join(parts), placeholder if last == len(text) else None
 
     def _mask_message(self, m: Message, placeholders: Placeholders, counts: Counter[str]) -> Message:
+        if not m.tool_calls and m.role != "tool":  # prose only: the common case, kept short
+            if not m.content or (masked := self.mask_part(m.content, placeholders, counts)[0]) is m.content:
+                return m
+            return replace(m, content=masked)
+
         def mask(text: str) -> str:
             return self.mask_part(text, placeholders, counts)[0]
 
