@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge

@@ -1,7 +1,8 @@
 """A request's guard work as one plain function of plain values: the injection screen and the
 PII masking of its prompt and of the tools it offers (``GuardJob`` in, ``GuardResult`` out).
-Plain values can be pickled, so the same work runs inline for a small prompt and in a worker process for a large one
-(``llmesh.gateway.guard_workers``), and the choices of one request (``n`` > 1) share one run.
+Plain values can be pickled, so the same work runs inline for a small prompt and in a worker
+process for a large one (``llmesh.gateway.guard_workers``), and the choices of one request
+(``n`` > 1) share one run.
 
 ``light(job)`` says whether a job's work is small enough to run on the event loop: a few
 hundred microseconds at most, whatever the text. Measured here (one core, ``bench.hostile``):
@@ -12,9 +13,8 @@ prompt runs inline when it is at most ``INLINE_CHARS`` characters and holds at m
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from collections import Counter
+from dataclasses import dataclass, field
 
 from llmesh.types import Prompt, Tools
 from llmesh.gateway.domain.guards.injection import InjectionScreen, Verdict
