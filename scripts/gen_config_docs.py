@@ -141,8 +141,10 @@ DESCRIPTIONS: dict[str, str] = {
     "CircuitBreaker.latency_p99_s": "p99 time to first token above which a breaker opens",
     "RetryBudget.ratio": "what each request adds to the retry bank",
     "RetryBudget.burst": "the most the bank holds (besides ratio x the last 10 s of requests)",
-    "Provider.api_key_env": "environment variable holding the API key",
-    "Provider.api_key_file": "file holding the API key",
+    "Provider.api_key_env": "environment variable holding the API key; one the gateway allows "
+                            "([`LLMESH_GATEWAY_PROVIDER_KEY_ENVS`](#llmesh_gateway_provider_key_envs))",
+    "Provider.api_key_file": "file holding the API key, inside the gateway's "
+                             "[`LLMESH_GATEWAY_PROVIDER_KEY_DIR`](#llmesh_gateway_provider_key_dir) (relative: to it)",
     "Autoscale.max_replicas": "upper bound of the desired replica count",
     "Cascade.cheap": "model that answers first",
     "Cascade.strong": "model asked when the cheap answer is not confident enough",
@@ -201,7 +203,7 @@ OTHER_ENV = """\
 | `OTEL_TRACES_SAMPLER` and the other standard `OTEL_*` variables | the OpenTelemetry SDK | sampling and exporter options, e.g. `parentbased_traceidratio` |
 | `CONSUL_HTTP_TOKEN` | Consul discovery | ACL token when `LLMESH_CONSUL_TOKEN` is unset |
 | `HTTPS_PROXY`, `HTTP_PROXY`, `NO_PROXY` | the gateway's provider client | proxies for external providers, read once at start |
-| the provider's `api_key_env` | the gateway, per call | a provider's API key ([`providers`](#provider)) |
+| the provider's `api_key_env` | the gateway, per call | a provider's API key ([`providers`](#provider)); only a name in [`LLMESH_GATEWAY_PROVIDER_KEY_ENVS`](#llmesh_gateway_provider_key_envs) |
 """  # noqa: E501 - a Markdown table: one row a line
 
 

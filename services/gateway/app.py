@@ -10,6 +10,7 @@ import os
 import socket
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import redis.asyncio
 import redis.exceptions
@@ -22,6 +23,7 @@ from llmesh.platform import Platform, standalone_platform
 from llmesh.rpc.server import GrpcServer, ServiceBinding
 from llmesh.shadow import FileShadowStore, RedisShadowStore
 from llmesh.ports import bind_retrying, listen_socket
+from llmesh.settings import MeshSettings
 from llmesh.v1 import gateway_pb2_grpc
 from llmesh.gateway.config import GatewaySettings
 from llmesh.gateway.domain.limits import FallbackLimiter, Limiter, LocalLimiter
@@ -54,6 +56,7 @@ from llmesh.gateway.upstream.demand import DemandReporter
 from llmesh.gateway.upstream.engines import EngineClients
 from llmesh.gateway.upstream.feed import SchedulerFeed
 from llmesh.gateway.upstream.picking import EndpointPicker, PickInput
+from llmesh.gateway.upstream.provider_secrets import ProviderSecrets
 from llmesh.gateway.upstream.providers import ProviderClients
 from llmesh.gateway.upstream.resilience import Breakers, RetryBudgetGate
 
@@ -80,6 +83,15 @@ def _jwt_verifier(settings: GatewaySettings) -> JwtVerifier | None:
         groups_claim=settings.jwt_groups_claim))
 
 
+def _provider_secrets(settings: GatewaySettings, mesh: MeshSettings) -> ProviderSecrets:
+    """The key sources providers may use; never a directory holding the mesh's own files
+    (every ``*_file`` setting but the config: certificates, keys, the service secret)."""
+    mesh_files = [value for name, value in mesh if name.endswith("_file") and name != "config_file"
+                  and isinstance(value, Path)]
+    return ProviderSecrets.of(settings.provider_key_dir or mesh.state_dir / "provider-keys",
+                              filter(None, settings.provider_key_envs.split(",")), mesh_files)
+
+
 class _EmbeddedUvicorn(uvicorn.Server):
     """uvicorn inside our own loop: the process's signal handling stays ours."""
 
@@ -96,7 +108,8 @@ class GatewayApp:
         self.picker = EndpointPicker()
         tracer = platform.tracing.tracer
         self.engines = EngineClients(tracer)
-        self.providers = ProviderClients()
+        self.providers = ProviderClients(secrets=_provider_secrets(settings, platform.settings))
+        platform.config.add_check(self.providers.secrets.check)  # a config naming other secrets is refused
         self.cache = (CacheClient(platform.resolver("cache", settings.cache_address), settings.cache_budget_s,
                                   tracer=tracer, config=self._current)
                       if settings.cache_address else None)

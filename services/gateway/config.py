@@ -39,6 +39,13 @@ class GatewaySettings(ServiceSettings):
     jwt_audience: str | None = None
     jwt_tenant_claim: str = "tenant"
     jwt_groups_claim: str = "groups"
+    # External providers: the live config names a provider's key; only these sources may be read.
+    provider_key_dir: Path | None = Field(default=None, description="the only directory a provider's "
+                                          "api_key_file is read from (a relative one: inside it; symlinks and "
+                                          "'..' resolved); default <state_dir>/provider-keys")
+    provider_key_envs: str = Field(default="", pattern=r"^[A-Za-z_][A-Za-z0-9_]*(,[A-Za-z_][A-Za-z0-9_]*)*$|^$",
+                                   description="comma-separated environment variables a provider's api_key_env "
+                                   "may name (e.g. OPENAI_API_KEY); empty: none")
     model_dir: Path | None = Field(default=None, description="where to read models' tokenizers for admission")
     reserve_tokens: int = Field(default=512, ge=1, description="output tokens reserved when max_tokens is unset")
     audit: bool = Field(default=True, description="one hash-chained record per request")

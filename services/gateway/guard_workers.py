@@ -49,7 +49,7 @@ def _work(job: GuardJob, deadline: float) -> GuardResult | None:
     """In the worker: the job, or None when ``deadline`` (time.monotonic, the same clock in every
     process of the machine) passed before it finished."""
     remaining = deadline - time.monotonic()
-    if remaining <= 0 or (job.kinds is not None and screening.worst_seconds(job.prompt) > 2 * remaining):
+    if remaining <= 0 or (job.kinds is not None and screening.worst_seconds(job) > 2 * remaining):
         return None  # late, or hopeless: not worth the deadline's time of a worker
     signal.signal(signal.SIGALRM, _alarm)
     signal.setitimer(signal.ITIMER_REAL, remaining)

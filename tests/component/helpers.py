@@ -1,11 +1,17 @@
 """Plain helpers for the component tests that drive the gateway pipeline in process (the
 fixtures, such as ``engines``, are in conftest.py): a request factory each test file binds
-to its own defaults, a catalog of known models, and one way to run a request through."""
+to its own defaults, a catalog of known models, one way to run a request through, and a
+recording stand-in for an external provider."""
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from typing import NamedTuple
+
+import orjson
+from aiohttp import web
 
 from llmesh.gateway.context import CompletionRequest, Context
 from llmesh.gateway.pipeline import Pipeline
@@ -66,3 +72,46 @@ async def collect(pipeline: Pipeline, req: CompletionRequest, ctx: Context | Non
         else:
             finish = item
     return Answer("".join(d.text for d in deltas), finish, first_at, deltas)
+
+
+class RecordingProvider:
+    """A stand-in for an external OpenAI-compatible API: an aiohttp server on loopback, in
+    this process, that answers every chat call with one streamed word and keeps what each
+    call carried (its Authorization header and its raw body)."""
+
+    def __init__(self) -> None:
+        self.authorizations: list[str | None] = []
+        self.bodies: list[bytes] = []
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        self.authorizations.append(request.headers.get("authorization"))
+        self.bodies.append(await request.read())
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b"data: " + orjson.dumps({"choices": [{"index": 0, "delta": {"content": "ok"},
+                                                                "finish_reason": "stop"}]}) + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+
+@contextlib.asynccontextmanager
+async def serving(app: web.Application) -> AsyncIterator[int]:
+    """``app`` served on a free loopback port (yielded) while the block runs."""
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    finally:
+        await runner.cleanup()
+
+
+@contextlib.asynccontextmanager
+async def recording_provider() -> AsyncIterator[tuple[RecordingProvider, str]]:
+    """A RecordingProvider serving while the block runs, and its base URL (http://127.0.0.1:PORT/v1)."""
+    fake = RecordingProvider()
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", fake.handle)
+    async with serving(app) as port:
+        yield fake, f"http://127.0.0.1:{port}/v1"

@@ -17,10 +17,11 @@ from aiohttp import web
 
 from llmesh.errors import DeadlineExceeded, Unavailable
 from llmesh.liveconfig.schema import Provider
+from llmesh.testing import free_ports
 from llmesh.types import Delta, Finish
 from llmesh.gateway.context import CompletionRequest
 from llmesh.gateway.upstream.providers import ProviderClients
-from tests.component.helpers import completion_request
+from tests.component.helpers import completion_request, serving
 
 
 request = partial(completion_request, "hosted", "hi", timeout_s=30, max_tokens=4)
@@ -78,15 +79,8 @@ async def provider():
     scripted = ScriptedProvider()
     app = web.Application()
     app.router.add_post("/v1/chat/completions", scripted.handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    try:
+    async with serving(app) as port:
         yield scripted, Provider(base_url=f"http://127.0.0.1:{port}/v1", models={"hosted": "remote"})
-    finally:
-        await runner.cleanup()
 
 
 async def collect(clients: ProviderClients, p: Provider, req: CompletionRequest, timeout_s: float = 30
@@ -169,20 +163,22 @@ async def test_a_cancelled_call_closes_the_providers_connection(provider):
 
 
 async def test_an_http_proxy_from_the_environment_is_used(provider):
-    """HTTP_PROXY names the scripted server; the provider's own host does not resolve, so
-    an answer can only come through the proxy (which gets the absolute URL)."""
+    """HTTP_PROXY names the scripted server; nothing listens at the provider's own address
+    (plain http is for loopback only), so an answer can only come through the proxy (which
+    gets the absolute URL)."""
     scripted, p = provider
     proxy = p.base_url.removesuffix("/v1")
-    hidden = Provider(base_url="http://provider.invalid/v1", models={"hosted": "remote"})
+    hidden_at = f"127.0.0.1:{free_ports(1)[0]}"
+    hidden = Provider(base_url=f"http://{hidden_at}/v1", models={"hosted": "remote"})
     clients = ProviderClients(proxies={"http": proxy})
     try:
         assert (await collect(clients, hidden, request(stream=False)))[0] == "whole"
-        assert scripted.paths[-1] == "http://provider.invalid/v1/chat/completions"
+        assert scripted.paths[-1] == f"http://{hidden_at}/v1/chat/completions"
     finally:
         await clients.close()
-    bypassed = ProviderClients(proxies={"http": proxy, "no": "provider.invalid"})
+    bypassed = ProviderClients(proxies={"http": proxy, "no": "127.0.0.1"})
     try:
-        with pytest.raises(Unavailable):  # NO_PROXY: straight to a host that does not exist
+        with pytest.raises(Unavailable):  # NO_PROXY: straight to an address where nothing listens
             await collect(bypassed, hidden, request(stream=False), timeout_s=10)
     finally:
         await bypassed.close()

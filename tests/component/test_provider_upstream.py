@@ -20,6 +20,7 @@ from llmesh.gateway.context import CompletionRequest, Context
 from llmesh.gateway.pipeline import Pipeline
 from llmesh.gateway.upstream.engines import EngineClients
 from llmesh.gateway.upstream.picking import Endpoint, EndpointPicker
+from llmesh.gateway.upstream.provider_secrets import ProviderSecrets
 from llmesh.gateway.upstream.providers import ProviderClients
 from llmesh.gateway.upstream.router import FALLBACK_HEADER
 from tests.component.helpers import Catalog, collect, completion_request
@@ -54,7 +55,7 @@ def pipeline_for(base_url: str, key_file=None) -> tuple[Pipeline, EndpointPicker
     config = MeshConfig(models={"pool-model": ModelPolicy(fallbacks=["hosted"])},
                         providers={"local": Provider(base_url=base_url, models={"hosted": REMOTE},
                                                      api_key_file=str(key_file) if key_file else None)})
-    providers, records = ProviderClients(), []
+    providers, records = ProviderClients(secrets=ProviderSecrets.of(key_file.parent if key_file else None, [])), []
     return (Pipeline(picker, EngineClients(), EVERY_MODEL, config=lambda: config, providers=providers,
                      observe=records.append), picker, providers, records)
 

@@ -10,7 +10,8 @@ from llmesh.errors import InvalidArgument, Overloaded, Unavailable
 from llmesh.liveconfig.schema import Provider
 from llmesh.types import Message, Prompt, ResponseFormat, Sampling
 from llmesh.gateway.context import CompletionRequest
-from llmesh.gateway.upstream.providers import _Events, api_key, error_for_status, request_body
+from llmesh.gateway.upstream.provider_secrets import ProviderSecrets
+from llmesh.gateway.upstream.providers import _Events, error_for_status, request_body
 
 
 def req(prompt: Prompt, **sampling) -> CompletionRequest:
@@ -46,14 +47,18 @@ def test_their_errors_map_to_ours(status, cls, reason):
 
 
 def test_key_from_env_or_file(tmp_path, monkeypatch):
+    secrets = ProviderSecrets.of(tmp_path, ["LLMESH_TEST_PROVIDER_KEY", "LLMESH_TEST_PROVIDER_UNSET"])
+    api_key = secrets.api_key
+    url = "https://provider.example/v1"
     monkeypatch.setenv("LLMESH_TEST_PROVIDER_KEY", "sk-env")
-    assert api_key(Provider(base_url="u", models={}, api_key_env="LLMESH_TEST_PROVIDER_KEY")) == "sk-env"
+    assert api_key(Provider(base_url=url, models={}, api_key_env="LLMESH_TEST_PROVIDER_KEY")) == "sk-env"
     f = tmp_path / "k"
     f.write_text("sk-file\n")
-    assert api_key(Provider(base_url="u", models={}, api_key_file=str(f))) == "sk-file"
+    assert api_key(Provider(base_url=url, models={}, api_key_file=str(f))) == "sk-file"
+    assert api_key(Provider(base_url=url, models={}, api_key_file="k")) == "sk-file"  # relative: in the key dir
     with pytest.raises(Unavailable):
-        api_key(Provider(base_url="u", models={}, api_key_env="LLMESH_TEST_PROVIDER_UNSET"))
-    assert api_key(Provider(base_url="u", models={})) is None
+        api_key(Provider(base_url=url, models={}, api_key_env="LLMESH_TEST_PROVIDER_UNSET"))
+    assert api_key(Provider(base_url=url, models={})) is None
 
 
 def test_tools_and_a_tool_conversation_in_their_format():

@@ -1,13 +1,15 @@
 """The config a service runs on: the last valid document. New documents are validated
-as a whole; an invalid one is rejected (log line + llmesh_config_rejected_total) and
-the last good one stays. Each good one is also saved as a local snapshot, so a
-service can start while the backend is down."""
+as a whole (the schema, then the service's own checks: rules that need its settings,
+such as the gateway's provider key directory); an invalid one is rejected (log line +
+llmesh_config_rejected_total) and the last good one stays. Each good one is also saved
+as a local snapshot, so a service can start while the backend is down."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,9 @@ log = logging.getLogger("llmesh.liveconfig")
 
 class ConfigUnavailable(RuntimeError):
     pass
+
+
+Check = Callable[[MeshConfig], None]  # raises InvalidConfig saying what is wrong
 
 
 class LiveConfig:
@@ -43,6 +48,26 @@ class LiveConfig:
         self._revision = Gauge("llmesh_config_revision", "revision of the config in force", ["service"],
                                registry=metrics, multiprocess_mode="livemin")
         self._task: asyncio.Task[Any] | None = None
+        self._checks: list[Check] = []
+
+    def add_check(self, check: Check) -> None:
+        """A service's own rule on top of the schema, for every document from now on. The
+        config in force is checked at once (services add their checks when their app is
+        built, after the first document was applied): one that fails is rejected like any
+        invalid document, and the service runs on the defaults, as one that started on an
+        invalid document does."""
+        self._checks.append(check)
+        try:
+            check(self.current)
+        except InvalidConfig as exc:
+            refused, self.current, self.revision = self.revision, MeshConfig(), 0
+            self._revision.labels(self._service).set(0)
+            self._reject(refused, exc)
+
+    def _reject(self, revision: int, exc: InvalidConfig) -> None:
+        self._rejected.labels(self._service).inc()
+        log.warning("config rejected; keeping the last good one",
+                    extra={"revision": revision, "kept_revision": self.revision, "reason": str(exc)})
 
     def offer(self, version: Version) -> bool:
         """Validate and apply a document; False (and nothing changed) if it is invalid."""
@@ -51,10 +76,10 @@ class LiveConfig:
         self._seen = version.revision
         try:
             config = parse(version.text)
+            for check in self._checks:
+                check(config)
         except InvalidConfig as exc:
-            self._rejected.labels(self._service).inc()
-            log.warning("config rejected; keeping the last good one",
-                        extra={"revision": version.revision, "kept_revision": self.revision, "reason": str(exc)})
+            self._reject(version.revision, exc)
             return False
         self.current, self.revision = config, version.revision
         self._applied.labels(self._service).inc()

@@ -3,7 +3,9 @@ invalid document is rejected as a whole; nothing in it is applied."""
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -165,11 +167,50 @@ class RetryBudget(_Strict):
 
 class Provider(_Strict):
     """An external OpenAI-compatible HTTP API. Its key is never in the config: it is read
-    at call time from ``api_key_env`` or ``api_key_file`` (neither: no key sent)."""
+    at call time from ``api_key_env`` or ``api_key_file`` (neither: no key sent), which the
+    gateway accepts only from its own allow-list and key directory. ``base_url`` is https;
+    plain http only to a loopback host (the key and prompts cross no network in clear)."""
     base_url: str = Field(description="up to /v1, e.g. https://api.openai.com/v1")
     api_key_env: str | None = None
     api_key_file: str | None = None
     models: dict[str, str] = Field(description="our model name -> the provider's model name")
+
+    @model_validator(mode="after")
+    def _url_is_safe(self) -> Provider:
+        problem = url_problem(self.base_url)
+        if problem:
+            raise ValueError(problem)
+        return self
+
+
+def url_problem(base_url: str) -> str | None:
+    """Why a provider's ``base_url`` may not be called (None: it may): https to any host,
+    http only to a loopback host (``localhost`` or a loopback address), nothing else, and
+    no user or password in the URL."""
+    try:
+        url = urlsplit(base_url)
+        host = url.hostname or ""
+        has_user = url.username is not None or url.password is not None
+    except ValueError:
+        return f"base_url is not a URL: {base_url!r}"
+    if not host:
+        return f"base_url has no host: {base_url!r}"
+    if has_user:
+        return "base_url must not hold a user or password (use api_key_file or api_key_env)"
+    if url.scheme == "https" or (url.scheme == "http" and _loopback(host)):
+        return None
+    if url.scheme == "http":
+        return f"base_url must be https:// (plain http only to a loopback host, not {host!r})"
+    return f"base_url must be https:// (got {url.scheme or 'no'} scheme)"
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class Autoscale(_Strict):

@@ -1,5 +1,6 @@
 """The guards stage: a prompt-injection screen and PII masking before the prompt
-leaves the gateway (engine, cache, logs and spans only ever see placeholders),
+leaves the gateway (engine, provider, cache, logs and spans only ever see placeholders;
+tool-call arguments, tools' answers and the offered tools' descriptions and schemas included),
 and on the way back the same PII rules on the model's answer, then, when the
 tenant asks, its own values put back in place of the placeholders.
 
@@ -53,17 +54,22 @@ class GuardStage(Stage):
     async def admit(self, ctx: Context) -> None:
         guards = self._config().tenant(ctx.req.tenant).guards
         screened = guards.injection != "off"
+        masking = guards.pii == "mask"
         job = GuardJob(ctx.req.prompt, guards.injection_threshold if screened else None,
-                       self._kinds if guards.pii == "mask" else None, self._max_chars, self._max_total_chars)
+                       self._kinds if masking else None, self._max_chars, self._max_total_chars,
+                       ctx.req.tools if masking else None)
         result = await self._result(ctx, job) if screened or job.kinds is not None else None
         if result is not None and result.verdict is not None:
             self._judge(ctx, guards, result)
         placeholders, found = None, None
         if result is not None and job.kinds is not None:
             placeholders = result.placeholders.copy() if result.placeholders is not None else None
-            if result.counts and result.prompt is not None:
+            if result.counts:
                 ctx.record.pii = dict(result.counts)
-                ctx.req = replace(ctx.req, prompt=_own(ctx.req.prompt, result.prompt))
+                if result.prompt is not None:
+                    ctx.req = replace(ctx.req, prompt=_own(ctx.req.prompt, result.prompt))
+                if result.tools is not None:
+                    ctx.req = replace(ctx.req, tools=result.tools)
             if guards.restore and result.found:
                 found = result.found
         if guards.output_pii == "mask":
@@ -88,14 +94,14 @@ class GuardStage(Stage):
         """The job's result; the choices of one request share one run of it."""
         if ctx.shared is None:
             return await self._run(job)
-        key = (GuardStage, job.threshold, job.kinds, _identity(job.prompt))
+        key = (GuardStage, job.threshold, job.kinds, _identity(job.prompt), id(job.tools))
         task = ctx.shared.get(key)
         if task is None:
             task = ctx.shared[key] = asyncio.ensure_future(self._run(job))
         return await asyncio.shield(task)
 
     async def _run(self, job: GuardJob) -> GuardResult:
-        if self._offload is not None and not screening.light(job.prompt):
+        if self._offload is not None and not screening.light(job):
             return await self._offload(job)
         return screening.run(job, self._screen(job.threshold) if job.threshold is not None else None, self._masker)
 
@@ -110,8 +116,9 @@ def _identity(prompt: Prompt) -> Hashable:
 
 def _own(prompt: Prompt, masked: Prompt) -> Prompt:
     """``masked`` is the prompt of the choice that ran the job; this choice's own messages keep
-    their own objects, with the masked texts."""
+    their own objects, with the masked texts and tool calls."""
     if prompt.messages is None or masked.messages is None or masked.messages is prompt.messages:
         return masked
-    return Prompt(messages=tuple(m if m.content is n.content else replace(m, content=n.content)
+    return Prompt(messages=tuple(m if m.content is n.content and m.tool_calls is n.tool_calls
+                                 else replace(m, content=n.content, tool_calls=n.tool_calls)
                                  for m, n in zip(prompt.messages, masked.messages)))

@@ -1,36 +1,25 @@
 """External OpenAI-compatible HTTP providers as upstreams: our request in their wire
 format (their model name), their SSE stream back as Delta/Finish, their errors as ours.
-The API key is read when a call is made, from the environment or a secret file."""
+The API key is read when a call is made, from the environment or a secret file, as the
+gateway's ``ProviderSecrets`` allow (``provider_secrets``); a URL the schema would refuse
+is never called."""
 
 from __future__ import annotations
 
-import os
+import logging
 import urllib.request
-from pathlib import Path
 
 import aiohttp
 import orjson
 from yarl import URL
 
 from llmesh.errors import DeadlineExceeded, Internal, InvalidArgument, LlmeshError, Overloaded, Unavailable
-from llmesh.liveconfig.schema import Provider
+from llmesh.liveconfig.schema import Provider, url_problem
 from llmesh.types import Delta, Finish, FinishReason, Message, TokenLogprob, ToolCall, Tools, Usage
 from llmesh.gateway.context import CompletionRequest, Items
+from llmesh.gateway.upstream.provider_secrets import ProviderSecrets
 
-
-def api_key(p: Provider) -> str | None:
-    if p.api_key_env:
-        key = os.environ.get(p.api_key_env)
-        if not key:
-            raise Unavailable(f"The provider key variable {p.api_key_env} is not set.", reason="provider_auth")
-        return key
-    if p.api_key_file:
-        try:
-            return Path(p.api_key_file).read_text().strip()
-        except OSError as exc:
-            raise Unavailable(f"The provider key file cannot be read: {exc.strerror}.",
-                              reason="provider_auth") from None
-    return None
+log = logging.getLogger("llmesh.gateway.providers")
 
 
 def request_body(req: CompletionRequest, remote_model: str) -> tuple[str, dict]:
@@ -170,9 +159,11 @@ class ProviderClients:
     included (connecting, sending, every read). Cancelling a call (a client that went
     away) closes its connection, so the provider stops generating. Cookies are never kept
     (one tenant's would reach another's calls); an HTTP(S)_PROXY / NO_PROXY in the
-    environment is read once, when the clients are made."""
+    environment is read once, when the clients are made. ``secrets`` says which key files and
+    variables may be read (default: none)."""
 
-    def __init__(self, proxies: dict[str, str] | None = None) -> None:
+    def __init__(self, proxies: dict[str, str] | None = None, secrets: ProviderSecrets | None = None) -> None:
+        self.secrets = secrets or ProviderSecrets()
         self._session: aiohttp.ClientSession | None = None
         self._proxies = urllib.request.getproxies_environment() if proxies is None else proxies
         self._targets: dict[tuple[str, str], tuple[URL, str | None]] = {}
@@ -189,6 +180,10 @@ class ProviderClients:
         """The URL to call and the proxy to reach it through, worked out once per provider."""
         found = self._targets.get((base_url, path))
         if found is None:
+            problem = url_problem(base_url)  # the schema refused it already; a config built around it is not called
+            if problem:
+                log.warning("provider URL refused; nothing sent", extra={"reason": problem})
+                raise Unavailable("The provider's URL is refused by the gateway.", reason="provider_url_refused")
             url = URL(base_url.rstrip("/") + path)
             proxy = self._proxies.get(url.scheme) or self._proxies.get("all")
             # no_proxy, as urllib reads it; typeshed lacks this (undocumented) function of urllib.request
@@ -201,11 +196,11 @@ class ProviderClients:
     async def generate(self, provider: Provider, remote_model: str, req: CompletionRequest, timeout_s: float
                        ) -> Items:
         path, body = request_body(req, remote_model)
+        url, proxy = self._target(provider.base_url, path)
         headers = {"content-type": "application/json"}
-        key = api_key(provider)
+        key = self.secrets.api_key(provider)
         if key:
             headers["authorization"] = f"Bearer {key}"
-        url, proxy = self._target(provider.base_url, path)
         timeout = aiohttp.ClientTimeout(total=timeout_s)
         if not body.get("stream"):
             async for item in self._whole(url, proxy, body, headers, timeout):

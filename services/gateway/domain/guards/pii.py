@@ -42,11 +42,12 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import cast
 
-from llmesh.types import Message
+from llmesh.types import Message, Tools
+from llmesh.gateway.domain.guards.pii_json import mask_json_text, mask_schema_text
 from llmesh.gateway.domain.guards.pii_rules import (_AFTER_PHONE, _CHECKS, _RULES, LABELS, PEM_BEGIN, PEM_END,
                                                     PLACEHOLDER, PiiKind)
 
@@ -299,14 +300,16 @@ class PiiMasker:
         masked, _ = self.mask_part(text, placeholders, counts)
         return Masked(masked, dict(placeholders.found), counts, placeholders)
 
-    def mask_messages(self, messages: Sequence[Message], placeholders: Placeholders | None = None) -> MaskedChat:
-        """Masks every message with one shared mapping; roles are kept."""
+    def mask_messages(self, messages: Sequence[Message], placeholders: Placeholders | None = None,
+                      counts: Counter[str] | None = None) -> MaskedChat:
+        """Masks every message with one shared mapping; roles and call ids are kept. A tool's answer
+        and the arguments of the calls an assistant made are JSON: they are masked value by value and
+        stay JSON (``pii_json``); a tool's answer that is not JSON is masked as text."""
         if placeholders is None:
             placeholders = Placeholders()
-            placeholders.reserve(m.content for m in messages)
-        counts: Counter[str] = Counter()
-        out = tuple(m if not m.content or (masked := self.mask_part(m.content, placeholders, counts)[0]) is m.content
-                    else replace(m, content=masked) for m in messages)  # a message's tool calls and call id are kept
+            placeholders.reserve(chat_texts(messages))
+        counts = Counter() if counts is None else counts
+        out = tuple(self._mask_message(m, placeholders, counts) for m in messages)
         return MaskedChat(out, dict(placeholders.found), counts, placeholders)
 
     def mask_part(self, text: str, placeholders: Placeholders, counts: Counter[str]) -> tuple[str, str | None]:
@@ -326,6 +329,61 @@ class PiiMasker:
             return text, None
         parts.append(text[last:])
         return "".join(parts), placeholder if last == len(text) else None
+
+    def _mask_message(self, m: Message, placeholders: Placeholders, counts: Counter[str]) -> Message:
+        if not m.tool_calls and m.role != "tool":  # prose only: the common case, kept short
+            if not m.content or (masked := self.mask_part(m.content, placeholders, counts)[0]) is m.content:
+                return m
+            return replace(m, content=masked)
+
+        def mask(text: str) -> str:
+            return self.mask_part(text, placeholders, counts)[0]
+
+        content = _mask_json(m.content, mask) if m.role == "tool" else mask(m.content) if m.content else m.content
+        calls = m.tool_calls
+        if calls:
+            calls = tuple(c if (a := _mask_json(c.arguments, mask)) is c.arguments else replace(c, arguments=a)
+                          for c in calls)
+            calls = m.tool_calls if all(a is b for a, b in zip(calls, m.tool_calls)) else calls
+        return m if content is m.content and calls is m.tool_calls else replace(m, content=content, tool_calls=calls)
+
+    def mask_tools(self, tools: Tools, placeholders: Placeholders, counts: Counter[str]) -> Tools:
+        """The functions' descriptions, and their parameter schemas' descriptions, titles, examples
+        and enum/const/default values, masked into the request's ``placeholders`` (the schema stays
+        JSON; names, types and patterns are kept)."""
+        def mask(text: str) -> str:
+            return self.mask_part(text, placeholders, counts)[0]
+
+        functions = []
+        for f in tools.functions:
+            description, parameters = mask(f.description), _mask_json(f.parameters, mask, schema=True)
+            functions.append(f if description is f.description and parameters is f.parameters
+                             else replace(f, description=description, parameters=parameters))
+        return tools if all(a is b for a, b in zip(functions, tools.functions)) else replace(tools,
+                                                                                          functions=tuple(functions))
+
+
+def _mask_json(text: str, mask: Callable[[str], str], schema: bool = False) -> str:
+    """JSON text masked so that it stays JSON; text that is not JSON is masked as prose."""
+    if not text or _MAYBE_PII.search(text) is None:
+        return text
+    masked = mask_schema_text(text, mask) if schema else mask_json_text(text, mask)
+    return mask(text) if masked is None else masked
+
+
+def chat_texts(messages: Sequence[Message]) -> Iterator[str]:
+    """Every text of a chat that masking reads: contents and tool-call arguments."""
+    for m in messages:
+        yield m.content
+        for call in m.tool_calls:
+            yield call.arguments
+
+
+def tools_texts(tools: Tools | None) -> Iterator[str]:
+    """Every text of a request's tools that masking reads."""
+    for f in tools.functions if tools is not None else ():
+        yield f.description
+        yield f.parameters
 
 
 def restore(text: str, mapping: Mapping[str, str]) -> str:
