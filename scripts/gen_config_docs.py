@@ -71,12 +71,13 @@ DESCRIPTIONS: dict[str, str] = {
                                         "unset: only models engines serve",
     "GatewaySettings.cache_address": "the cache service; empty: no response cache",
     "GatewaySettings.catalog_refresh_s": "how often the model catalog is read from the model manager",
-    "GatewaySettings.require_auth": "credentials always required, never local mode (production: an emptied key "
-                                    "store must not open the door)",
+    "GatewaySettings.require_auth": "credentials always required, never local mode; it is also off whenever a "
+                                    "listener is off loopback, Redis or a JWKS is set (decided at start, never "
+                                    "from the key store: an emptied store never opens the door)",
     "GatewaySettings.jwks_file": "JWT signing keys (JWKS) from a file; set: JWT bearer tokens are accepted",
     "GatewaySettings.jwks_url": "JWT signing keys (JWKS) from a URL",
-    "GatewaySettings.jwt_issuer": "the `iss` a JWT must carry",
-    "GatewaySettings.jwt_audience": "the `aud` a JWT must carry",
+    "GatewaySettings.jwt_issuer": "the `iss` a JWT must carry; required with a JWKS",
+    "GatewaySettings.jwt_audience": "the `aud` a JWT must carry; required with a JWKS",
     "GatewaySettings.jwt_tenant_claim": "the JWT claim naming the tenant",
     "GatewaySettings.jwt_groups_claim": "the JWT claim listing the caller's groups",
     # engine

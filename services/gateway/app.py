@@ -25,7 +25,11 @@ from llmesh.shadow import FileShadowStore, RedisShadowStore
 from llmesh.ports import bind_retrying, listen_socket
 from llmesh.settings import MeshSettings
 from llmesh.v1 import gateway_pb2_grpc
+from llmesh.discovery.base import Registry
+from llmesh.errors import DiscoveryError
+from llmesh.service import StartFailed
 from llmesh.gateway.config import GatewaySettings
+from llmesh.gateway.domain.auth_mode import AuthMode, auth_mode, shared_store_problem
 from llmesh.gateway.domain.limits import FallbackLimiter, Limiter, LocalLimiter
 from llmesh.gateway.domain.limits_redis import RedisLimiter
 from llmesh.gateway.domain.prompt_tokens import PromptTokens
@@ -80,7 +84,27 @@ def _jwt_verifier(settings: GatewaySettings) -> JwtVerifier | None:
     return JwtVerifier(JwtSettings(
         jwks_file=settings.jwks_file, jwks_url=settings.jwks_url, issuer=settings.jwt_issuer,
         audience=settings.jwt_audience, tenant_claim=settings.jwt_tenant_claim,
-        groups_claim=settings.jwt_groups_claim))
+        groups_claim=settings.jwt_groups_claim, refetch_s=settings.jwks_refetch_s))
+
+
+def _auth_mode(settings: GatewaySettings, redis_url: str | None) -> AuthMode:
+    return auth_mode(http_host=settings.http_host, grpc_host=settings.host, redis=bool(redis_url),
+                     jwt=bool(settings.jwks_file or settings.jwks_url), require_auth=settings.require_auth)
+
+
+async def _check_shared_store(registry: Registry, redis: bool) -> None:
+    """Refuse to start beside another registered gateway when the API keys are in a store
+    of this process's own (llmesh.gateway.domain.auth_mode.shared_store_problem)."""
+    if redis:
+        return
+    try:
+        others = await asyncio.wait_for(registry.resolve("gateway"), 10)
+    except (DiscoveryError, asyncio.TimeoutError) as exc:
+        log.warning("cannot tell whether other gateway replicas run; starting", extra={"error": str(exc)})
+        return
+    problem = shared_store_problem(len(others), redis)
+    if problem:
+        raise StartFailed(problem)
 
 
 def _provider_secrets(settings: GatewaySettings, mesh: MeshSettings) -> ProviderSecrets:
@@ -104,6 +128,7 @@ class GatewayApp:
     def __init__(self, settings: GatewaySettings, platform: Platform | None = None):
         self.settings = settings
         platform = platform or standalone_platform("gateway")
+        self._platform = platform
         self.config = platform.config
         self.picker = EndpointPicker()
         tracer = platform.tracing.tracer
@@ -127,7 +152,8 @@ class GatewayApp:
         self.redis = _redis(mesh.redis_url) if mesh.redis_url else None
         self.keys: KeyStore = (RedisKeyStore(self.redis) if self.redis is not None
                                else FileKeyStore(settings.keys_file or mesh.state_dir / "keys.json"))
-        self.authenticator = Authenticator(self.keys, _jwt_verifier(settings), always_required=settings.require_auth,
+        self.auth_mode = _auth_mode(settings, mesh.redis_url)
+        self.authenticator = Authenticator(self.keys, _jwt_verifier(settings), local=self.auth_mode.local,
                                            store_errors=STORE_ERRORS,
                                            on_size=lambda kind, n: self.metrics.auth_cache.labels(kind).set(n))
         prompt_tokens = PromptTokens(settings.model_dir)  # one tokenizer per model for limits and picking
@@ -222,6 +248,10 @@ class GatewayApp:
         return "llmesh.v1.Gateway"
 
     async def start(self) -> None:
+        if self._platform.settings.discovery != "static":
+            await _check_shared_store(self._platform.registry, self.redis is not None)
+        log.info("gateway authentication", extra={"local_mode": self.auth_mode.local,
+                                                   "why": self.auth_mode.describe()})
         self._tasks = [asyncio.create_task(self.feed.run(), name="scheduler-feed"),
                        asyncio.create_task(self.model_catalog.run(), name="model-catalog"),
                        asyncio.create_task(self.demand.run(), name="demand-reporter")]

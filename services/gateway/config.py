@@ -29,8 +29,8 @@ class GatewaySettings(ServiceSettings):
     body_timeout_s: float = Field(default=30.0, gt=0, description="a client slower than this to send its request "
                                   "body gets 408 and its connection closed")
 
-    # Governance. Callers need credentials once an API key exists or a JWKS is set,
-    # or always with require_auth (production: an emptied key store never opens the door).
+    # Governance. Local mode (no credentials needed until the first API key) only with both listeners
+    # on loopback, no Redis, no JWT and require_auth unset; decided at start, never from the key store.
     require_auth: bool = False
     keys_file: Path | None = Field(default=None, description="API keys without Redis; default <state_dir>/keys.json")
     jwks_file: Path | None = None
@@ -39,6 +39,8 @@ class GatewaySettings(ServiceSettings):
     jwt_audience: str | None = None
     jwt_tenant_claim: str = "tenant"
     jwt_groups_claim: str = "groups"
+    jwks_refetch_s: float = Field(default=30.0, gt=0, description="a token whose kid the JWKS lacks reads the "
+                                  "JWKS again at most this often (the keys are read again every 300 s anyway)")
     # External providers: the live config names a provider's key; only these sources may be read.
     provider_key_dir: Path | None = Field(default=None, description="the only directory a provider's "
                                           "api_key_file is read from (a relative one: inside it; symlinks and "
@@ -77,6 +79,14 @@ class GatewaySettings(ServiceSettings):
         if self.workers > 1 and 0 in (self.port, self.http_port):
             raise ValueError("workers > 1 share fixed ports: set LLMESH_GATEWAY_PORT and LLMESH_GATEWAY_HTTP_PORT "
                              "(0, any free port, would give each worker its own)")
+        return self
+
+    @model_validator(mode="after")
+    def _jwt_checks_issuer_and_audience(self) -> GatewaySettings:
+        if (self.jwks_file or self.jwks_url) and not (self.jwt_issuer and self.jwt_audience):
+            raise ValueError("JWT (LLMESH_GATEWAY_JWKS_FILE or LLMESH_GATEWAY_JWKS_URL) needs the issuer and "
+                             "audience its tokens must carry: set LLMESH_GATEWAY_JWT_ISSUER and "
+                             "LLMESH_GATEWAY_JWT_AUDIENCE")
         return self
 
     @model_validator(mode="after")

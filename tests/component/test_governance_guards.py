@@ -97,8 +97,8 @@ async def world(tmp_path, redis_server, minilm_dir, engines):
     config = {"value": MeshConfig()}
     audit = AuditLog(tmp_path / "audit.jsonl")
     current = lambda: config["value"]  # noqa: E731
-    stages = [AuditStage(audit), AuthenticateStage(Authenticator(None)), ValidateStage(), AuthorizeStage(current),
-              RouteStage(Catalog(MODEL), current), GuardStage(current)]
+    stages = [AuditStage(audit), AuthenticateStage(Authenticator(None, local=True)), ValidateStage(),
+              AuthorizeStage(current), RouteStage(Catalog(MODEL), current), GuardStage(current)]
     pipeline = Pipeline(picker, engine_clients, Catalog(MODEL), cache_client, tracer=tracer, stages=stages)
     yield {"pipeline": pipeline, "backend": backend, "cache": cache, "spans": exporter, "config": config,
            "audit": audit, "audit_path": tmp_path / "audit.jsonl", "redis": redis_server, "namespace": namespace}

@@ -41,8 +41,10 @@ def world(tmp_path_factory):
     state.mkdir(parents=True)
     plaintext, record = new_key("acme")
     asyncio.run(FileKeyStore(state / "keys.json").put(record))
+    (d / "llmesh.yaml").write_text("tenants: {acme: {}}\n")  # the key's tenant has a grant
     mesh = Mesh(layout=free_layout(n_engines=1), engines="sim", model_dir=d / "models", log_dir=d / "logs",
-                env={"LLMESH_ENGINE_SIM_DECODE_MS_PER_TOKEN": "0", "LLMESH_ENGINE_SIM_OUTPUT_TOKENS": "1"},
+                env={"LLMESH_ENGINE_SIM_DECODE_MS_PER_TOKEN": "0", "LLMESH_ENGINE_SIM_OUTPUT_TOKENS": "1",
+                     "LLMESH_CONFIG_FILE": str(d / "llmesh.yaml")},
                 args=["--no-cache"])
     mesh.start(timeout_s=60)
     http = httpx.Client(base_url=mesh.layout.http_url, timeout=30, headers={"authorization": f"Bearer {plaintext}"})

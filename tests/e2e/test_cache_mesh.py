@@ -253,7 +253,9 @@ def test_a_grpc_hit_says_so_in_its_metadata(cmesh):
 
 
 def test_zero_cross_tenant_hits_through_the_gateways(cmesh):
-    """Last in this module: the first API key ends the gateways' local mode."""
+    """Last in this module: the first API key ends the gateways' local mode. A key's tenant
+    needs a grant in the config (an unknown tenant is refused)."""
+    write_config(cmesh, "cache: {mode: semantic, semantic_threshold: 0.8}\ntenants: {acme: {}, globex: {}}\n")
     keys = {}
     for tenant in ("acme", "globex"):
         out = subprocess.run([sys.executable, "-m", "llmesh", "keys", "create", "--tenant", tenant,
@@ -261,7 +263,9 @@ def test_zero_cross_tenant_hits_through_the_gateways(cmesh):
                              env={**os.environ, "LLMESH_STATE_DIR": str(cmesh.root / "state")})
         assert out.returncode == 0, out.stderr
         keys[tenant] = out.stdout.strip().splitlines()[-1]
-    write_config(cmesh, "cache: {mode: semantic, semantic_threshold: 0.8}\n")
+    for url, key in ((cmesh.urls[0], keys["acme"]), (cmesh.urls[1], keys["globex"])):
+        assert wait_until(lambda: httpx.get(url + "/v1/models", headers={"authorization": f"Bearer {key}"},
+                                            timeout=5).status_code == 200, 10), cmesh.logs()
     acme = OpenAI(base_url=cmesh.urls[0] + "/v1", api_key=keys["acme"], max_retries=0)
     globex = OpenAI(base_url=cmesh.urls[1] + "/v1", api_key=keys["globex"], max_retries=0)
     for question in ("What is our refund policy?", "How do I delete my account?"):

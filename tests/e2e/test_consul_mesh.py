@@ -85,10 +85,10 @@ def test_routing_follows_an_engine_joining_and_leaving(consul_mesh, tmp_path):
         extra.stop()
 
 
-def test_shutdown_with_a_watch_in_flight_takes_under_2_s(consul_mesh, tmp_path):
+def test_shutdown_with_a_watch_in_flight_takes_under_2_s(consul_mesh, redis_server, tmp_path):
     layout = free_layout(0)
-    gateway = Service("llmesh.gateway", {
-        **consul_mesh.env, "LLMESH_GATEWAY_PORT": str(layout.port("gateway")),
+    gateway = Service("llmesh.gateway", {  # a second replica: it must share a key store (Redis) to start
+        **consul_mesh.env, "LLMESH_REDIS_URL": redis_server.url, "LLMESH_GATEWAY_PORT": str(layout.port("gateway")),
         "LLMESH_GATEWAY_HTTP_PORT": str(layout.http_port)}, tmp_path / "gateway2.log")
     gateway.start()
     try:

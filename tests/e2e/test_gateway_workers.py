@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -35,8 +37,14 @@ def sim_mesh(tmp_path_factory):
 
 
 class Gateway:
-    def __init__(self, mesh: Mesh, redis_url: str, log_path: Path):
+    """With Redis, credentials are required: ``key`` is a key of the Redis, whose tenant the
+    config grants (a ``"*"`` tenant)."""
+
+    def __init__(self, mesh: Mesh, redis_url: str, log_path: Path, key: str):
         self.grpc_port, self.http_port, self.metrics_port = free_ports(3)
+        self.headers = {"authorization": f"Bearer {key}"}
+        config = log_path.parent / "llmesh.yaml"
+        config.write_text('tenants: {"*": {}}\n')
         lay = mesh.layout
         self.service = Service("llmesh.gateway", {
             "LLMESH_GATEWAY_WORKERS": "2", "LLMESH_REDIS_URL": redis_url,
@@ -44,7 +52,7 @@ class Gateway:
             "LLMESH_GATEWAY_METRICS_PORT": str(self.metrics_port), "LLMESH_GATEWAY_GRACE_S": "10",
             "LLMESH_GATEWAY_SCHEDULER_ADDRESS": lay.address("scheduler"),
             "LLMESH_GATEWAY_MODELMGR_ADDRESS": lay.address("modelmgr"), "LLMESH_GATEWAY_CACHE_ADDRESS": "",
-            "LLMESH_CONFIG_BACKEND": "none"}, log_path)
+            "LLMESH_CONFIG_BACKEND": "file", "LLMESH_CONFIG_FILE": str(config)}, log_path)
         self.sent = 0
 
     @property
@@ -66,7 +74,7 @@ class Gateway:
     def chat(self, max_tokens: int = 4) -> None:
         """One request on a connection of its own (the kernel picks a worker per connection)."""
         with httpx.Client(timeout=20) as client:
-            resp = client.post(self.url + "/v1/chat/completions", json={
+            resp = client.post(self.url + "/v1/chat/completions", headers=self.headers, json={
                 "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens})
         assert resp.status_code == 200, resp.text
         self.sent += 1
@@ -78,7 +86,11 @@ class Gateway:
 
 @pytest.fixture(scope="module")
 def gateway(sim_mesh, redis_server, tmp_path_factory):
-    gw = Gateway(sim_mesh, redis_server.url, tmp_path_factory.mktemp("gw") / "gateway.log")
+    out = subprocess.run([sys.executable, "-m", "llmesh", "keys", "create", "--tenant", "workers", "--redis-url",
+                          redis_server.url], capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, out.stderr
+    gw = Gateway(sim_mesh, redis_server.url, tmp_path_factory.mktemp("gw") / "gateway.log",
+                 out.stdout.strip().splitlines()[-1])
     gw.service.start()
     started = wait_until(lambda: any(r.get("msg") == "workers serving" for r in gw.log())
                          or gw.service.proc.poll() is not None, 60)
@@ -94,7 +106,7 @@ def _models(gw: Gateway) -> list[str]:
     for _ in range(8):  # each on a connection of its own: both workers answer, most likely
         try:
             with httpx.Client(timeout=5) as client:
-                out += [m["id"] for m in client.get(gw.url + "/v1/models").json()["data"]]
+                out += [m["id"] for m in client.get(gw.url + "/v1/models", headers=gw.headers).json()["data"]]
         except (httpx.HTTPError, KeyError, ValueError):
             return []
     return out
@@ -115,7 +127,7 @@ def test_both_workers_serve_and_metrics_are_merged(gateway):
             chunks = list(gateway_pb2_grpc.GatewayStub(channel).Chat(gateway_pb2.ChatRequest(
                 model=MODEL, messages=[common_pb2.ChatMessage(role="user", content="hi")],
                 sampling=common_pb2.SamplingParams(max_tokens=4)),
-                timeout=20))
+                timeout=20, metadata=tuple(gateway.headers.items())))
         assert chunks
         gateway.sent += 1
     # each worker wrote its own hash chain, and between them every request once
@@ -174,7 +186,7 @@ def test_sigterm_drains_every_worker_and_stops(gateway):
     def stream() -> None:  # at 10 ms a token: still running when SIGTERM lands
         finish, done = None, False
         with httpx.Client(timeout=30) as client:
-            with client.stream("POST", gateway.url + "/v1/chat/completions", json={
+            with client.stream("POST", gateway.url + "/v1/chat/completions", headers=gateway.headers, json={
                     "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 60,
                     "stream": True}) as resp:
                 for i, line in enumerate(resp.iter_lines()):

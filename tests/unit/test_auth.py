@@ -72,7 +72,7 @@ async def test_bad_jwts_are_refused(jwks, signer, case, reason):
 
 async def test_local_mode_until_a_key_exists(tmp_path):
     store = FileKeyStore(tmp_path / "keys.json")
-    auth = Authenticator(store, cache_s=0)
+    auth = Authenticator(store, cache_s=0, local=True)
     assert (await auth.authenticate(None)).tenant == "default"
     assert (await auth.authenticate("sk-anything")).tenant == "default"  # the SDK always sends one
     plaintext, record = new_key("acme", models=("m1",))

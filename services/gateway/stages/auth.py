@@ -1,8 +1,12 @@
 """Who is calling: API keys and JWT bearer tokens -> a Caller (tenant, groups).
 
-Local mode: until an API key exists or a JWKS is configured, every request is
-the tenant ``default`` (what ``make run`` on 127.0.0.1 gives). From then on a
-request without valid credentials is refused with 401.
+Local mode (every request is the tenant ``default``, what ``make run`` on 127.0.0.1
+gives) is decided at start from settings (llmesh.gateway.domain.auth_mode), never from
+the key store: with it off, a request without valid credentials gets 401 even while the
+store is empty (flushed, evicted, a fresh replica), and the log says why once a minute.
+In local mode the first API key in the store ends it, and a real key is its tenant;
+a credential the store does not know is any credential (never refused while garbage
+passes).
 
 Key records are read from the shared store and kept for ``cache_s`` (0.5 s), so
 a revocation reaches every gateway replica within a second at the cost of two
@@ -15,92 +19,38 @@ would fall back on); a key id over ``MAX_KEY_ID`` characters is refused unread."
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import cast
-
-import jwt
+from dataclasses import replace
 
 from llmesh.errors import Unauthenticated, Unavailable
 from llmesh.keys import ApiKey, KeyStore, matches, split_key
 from llmesh.gateway.context import Caller, Context
 from llmesh.gateway.stages.base import Stage
+from llmesh.gateway.stages.jwt_auth import JwtSettings, JwtVerifier
+
+__all__ = ["Authenticator", "AuthenticateStage", "JwtSettings", "JwtVerifier", "LOCAL"]
+
+log = logging.getLogger("llmesh.gateway.auth")
 
 LOCAL = Caller()
 MAX_KEYS = 4096  # known keys' records kept
 MAX_UNKNOWN = 1024  # key ids the store did not know, kept as briefly (cache_s)
 MAX_KEY_ID = 64  # ours are 12 hex digits; a longer id is refused without a store read
-ALGORITHMS = ["RS256", "RS384", "RS512", "ES256", "ES384", "PS256", "EdDSA"]
-
-
-@dataclass(frozen=True, slots=True)
-class JwtSettings:
-    jwks_file: Path | None = None
-    jwks_url: str | None = None
-    issuer: str | None = None
-    audience: str | None = None
-    tenant_claim: str = "tenant"
-    groups_claim: str = "groups"
-    leeway_s: float = 0.0
-
-
-class JwtVerifier:
-    """Signature (keys from a JWKS file or URL), iss, aud, exp and nbf."""
-
-    def __init__(self, settings: JwtSettings):
-        if not (settings.jwks_file or settings.jwks_url):
-            raise ValueError("a JWKS file or URL is needed")
-        self._s = settings
-        self._client = jwt.PyJWKClient(settings.jwks_url, cache_keys=True) if settings.jwks_url else None
-        self._file_keys: dict[str | None, jwt.PyJWK] | None = None
-
-    def _file_key(self, kid: str | None) -> jwt.PyJWK:
-        if self._file_keys is None:
-            jwks_file = cast(Path, self._s.jwks_file)  # no JWKS URL: the constructor saw a file
-            jwks = jwt.PyJWKSet.from_json(jwks_file.read_text())
-            self._file_keys = {k.key_id: k for k in jwks.keys}
-        key = self._file_keys.get(kid)
-        if key is None and kid is None and len(self._file_keys) == 1:
-            key = next(iter(self._file_keys.values()))
-        if key is None:
-            raise jwt.InvalidTokenError(f"no key '{kid}' in the JWKS")
-        return key
-
-    async def verify(self, token: str) -> Caller:
-        try:
-            if self._client is not None:
-                key = await asyncio.to_thread(self._client.get_signing_key_from_jwt, token)
-            else:
-                key = self._file_key(jwt.get_unverified_header(token).get("kid"))
-            claims = jwt.decode(token, key, algorithms=ALGORITHMS, audience=self._s.audience,
-                                issuer=self._s.issuer, leeway=self._s.leeway_s,
-                                options={"require": ["exp"], "verify_aud": self._s.audience is not None})
-        except jwt.ExpiredSignatureError:
-            raise Unauthenticated("The bearer token has expired.", reason="token_expired") from None
-        except (jwt.PyJWTError, ValueError) as exc:
-            raise Unauthenticated(f"The bearer token is not valid: {exc}.", reason="invalid_token") from None
-        tenant = claims.get(self._s.tenant_claim)
-        if not isinstance(tenant, str) or not tenant:
-            raise Unauthenticated(f"The bearer token has no '{self._s.tenant_claim}' claim.",
-                                  reason="invalid_token")
-        groups = claims.get(self._s.groups_claim) or ()
-        if isinstance(groups, str):
-            groups = (groups,)
-        return Caller(tenant=tenant, subject=str(claims.get("sub", "")), method="jwt",
-                      groups=tuple(str(g) for g in groups))
+EMPTY_STORE_LOG_S = 60.0  # how often a refusal while the key store is empty is explained in the log
 
 
 class Authenticator:
-    """``store_errors``: what the key store raises when it cannot answer; then the
-    last record seen is used (and a key never seen gets 503), so a Redis outage
-    keeps known callers served. ``always_required`` turns local mode off."""
+    """``local``: local mode, as decided at start (llmesh.gateway.domain.auth_mode); off
+    (the default), credentials are always required. ``store_errors``: what the key store
+    raises when it cannot answer; then the last record seen is used (and a key never seen
+    gets 503), so a Redis outage keeps known callers served."""
 
     def __init__(self, keys: KeyStore | None, jwt_verifier: JwtVerifier | None = None,
                  cache_s: float = 0.5, clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time, always_required: bool = False,
+                 wall: Callable[[], float] = time.time, local: bool = False,
                  store_errors: tuple[type[BaseException], ...] = (OSError,), max_keys: int = MAX_KEYS,
                  max_unknown: int = MAX_UNKNOWN, on_size: Callable[[str, int], None] = lambda kind, n: None):
         self._keys = keys
@@ -108,7 +58,8 @@ class Authenticator:
         self._cache_s = cache_s
         self._clock = clock
         self._wall = wall
-        self._always = always_required
+        self._local = local and jwt_verifier is None  # a JWKS always requires credentials
+        self._explained_at = float("-inf")  # the last time the log said why an empty store refuses
         self._errors = store_errors
         self._known = _Lru(max_keys)  # key id -> (read at, record)
         self._unknown = _Lru(max_unknown)  # key id -> (read at, None): the store has no such key
@@ -117,7 +68,9 @@ class Authenticator:
         self._required: tuple[float, bool] = (float("-inf"), False)
 
     async def required(self) -> bool:
-        if self._jwt is not None or self._always:
+        """Whether this request needs valid credentials. Off local mode always; in local
+        mode once the store holds a key (the store may end local mode, never begin it)."""
+        if not self._local:
             return True
         if self._keys is None:
             return False
@@ -163,25 +116,44 @@ class Authenticator:
     async def authenticate(self, credential: str | None) -> Caller:
         if not credential:
             if await self.required():
+                await self._refusing()
                 raise Unauthenticated("You didn't provide an API key. Send it as 'Authorization: Bearer KEY'.",
                                       reason="missing_api_key")
             return LOCAL
         keys = self._keys
         if keys is not None and (parts := split_key(credential)) is not None:
-            if len(parts[0]) > MAX_KEY_ID:
-                raise Unauthenticated("Incorrect API key provided.")
-            record = await self._record(keys, parts[0])
-            if record is None or not matches(record, parts[1]):
-                raise Unauthenticated("Incorrect API key provided.")
-            if not record.usable(self._wall()):
-                raise Unauthenticated("This API key has been revoked or has expired.", reason="key_revoked"
-                                      if record.revoked_at is not None else "key_expired")
-            return Caller(tenant=record.tenant, subject=record.key_id, method="api_key", models=record.models)
-        if self._jwt is not None and credential.count(".") == 2:
+            if len(parts[0]) <= MAX_KEY_ID:
+                record = await self._record(keys, parts[0])
+                if record is not None and matches(record, parts[1]):
+                    if not record.usable(self._wall()):
+                        raise Unauthenticated("This API key has been revoked or has expired.",
+                                              reason="key_revoked" if record.revoked_at is not None
+                                              else "key_expired")
+                    return Caller(tenant=record.tenant, subject=record.key_id, method="api_key",
+                                  models=record.models)
+        elif self._jwt is not None and credential.count(".") == 2:
             return await self._jwt.verify(credential)
         if not await self.required():
-            return LOCAL  # local mode: any credential (the SDK always sends one) is the default tenant
+            return LOCAL  # local mode: any other credential (the SDK always sends one) is the default tenant
+        await self._refusing()
         raise Unauthenticated("Incorrect API key provided.")
+
+    async def _refusing(self) -> None:
+        """Before a 401: at most once per EMPTY_STORE_LOG_S, say in the log when the key
+        store holds no key at all (flushed, evicted, a fresh store), so an operator sees why
+        every API key is refused. Names no key and no credential."""
+        now = self._clock()
+        if self._keys is None or now - self._explained_at < EMPTY_STORE_LOG_S:
+            return
+        self._explained_at = now
+        try:
+            empty = not await self._keys.configured()
+        except self._errors:
+            return
+        if empty:
+            log.warning("request refused: credentials are required and the API key store holds no keys "
+                        "(emptied, evicted or never filled); this never falls back to local mode. Create keys "
+                        "with `llmesh keys create` against the gateways' store")
 
 
 class _Lru:

@@ -1,5 +1,7 @@
 """What a caller may do: the tenant's grant widened by its groups' grants,
-narrowed by the API key's own model list (all from live config)."""
+narrowed by the API key's own model list (all from live config). A key or a JWT
+naming a tenant the config does not list is refused (403 unknown_tenant) unless a
+``"*"`` tenant grants any other tenant; only local mode's caller gets the open grant."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from llmesh.errors import PermissionDenied
-from llmesh.liveconfig.schema import MeshConfig
+from llmesh.liveconfig.schema import MeshConfig, TenantPolicy
 from llmesh.types import Priority
 from llmesh.gateway.context import Caller, Context
 from llmesh.gateway.stages.base import Stage
@@ -25,8 +27,15 @@ class Access:
         return self.models is None or model in self.models
 
 
+def _tenant(config: MeshConfig, caller: Caller) -> TenantPolicy:
+    if caller.method != "local" and caller.tenant not in config.tenants and "*" not in config.tenants:
+        raise PermissionDenied(f"The tenant '{caller.tenant}' is not known to this gateway.",
+                               reason="unknown_tenant")
+    return config.tenant(caller.tenant)
+
+
 def access(config: MeshConfig, caller: Caller) -> Access:
-    tenant = config.tenant(caller.tenant)
+    tenant = _tenant(config, caller)
     grants = [tenant, *(config.groups[g] for g in caller.groups if g in config.groups)]
     models: set[str] | None
     named: set[str] = set()
