@@ -27,14 +27,12 @@ from openai import OpenAI
 
 from llmesh.rpc import policy
 from llmesh.rpc.pki import ensure_pki, identity_files
-from llmesh.testing import Mesh, free_layout, wait_until
+from llmesh.testing import Mesh, free_layout
 from llmesh.v1 import cache_pb2, engine_pb2, gateway_pb2, modelmgr_pb2, scheduler_pb2
 
 SIM = "sim-small"
 TENANT = "acme"
 REFUSED = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAVAILABLE)
-SERVICES = {"Engine": "engine", "Scheduler": "scheduler", "Cache": "cache", "ModelManager": "modelmgr",
-            "Gateway": "gateway"}
 ENGINE_PROBE = "engine-9"  # a certificate of the mesh's CA for an engine that reports itself (not engine-0)
 MODULES = (cache_pb2, engine_pb2, gateway_pb2, modelmgr_pb2, scheduler_pb2)
 
@@ -48,12 +46,12 @@ def _descriptor(path: str) -> MethodDescriptor:
     raise LookupError(path)
 
 
-METHODS = sorted(policy.POLICY)
-CALLERS = sorted(SERVICES.values()) + ["cli"]
+METHODS = sorted(policy.ALLOWED)
+CALLERS = ("gateway", "engine", "scheduler", "modelmgr", "cache", "cli")
 
 
 def _disallowed(path: str) -> str | None:
-    return next((s for s in CALLERS if s not in policy.POLICY[path]), None)
+    return next((s for s in CALLERS if s not in policy.allowed_callers(path)), None)
 
 
 def _instance(service: str) -> str:
@@ -84,13 +82,15 @@ def token_mesh(tmp_path_factory) -> Iterator[Mesh]:
     yield from _start(tmp_path_factory.mktemp("secure-token"), "token")
 
 
-def _address(mesh: Mesh, path: str) -> str:
-    target = SERVICES[path.strip("/").split(".")[-1].split("/")[0]]
-    return mesh.layout.engine_address(0) if target == "engine" else mesh.layout.address(target)
-
-
 def _target(path: str) -> str:
-    return SERVICES[path.strip("/").split(".")[-1].split("/")[0]]
+    target = policy.audience(path)
+    assert target is not None, path
+    return target
+
+
+def _address(mesh: Mesh, path: str) -> str:
+    target = _target(path)
+    return mesh.layout.engine_address(0) if target == "engine" else mesh.layout.address(target)
 
 
 def _tls_channel(mesh: Mesh, path: str, instance: str | None) -> grpc.Channel:
@@ -191,7 +191,7 @@ def test_tls_a_service_the_method_does_not_allow_is_denied(tls_mesh, path):
 
 @pytest.mark.parametrize("path", METHODS)
 def test_tls_an_allowed_caller_gets_past_the_identity_check(tls_mesh, path):
-    service = sorted(policy.POLICY[path])[0]
+    service = sorted(policy.allowed_callers(path))[0]
     caller = ENGINE_PROBE if service == "engine" else _instance(service)
     with _tls_channel(tls_mesh, path, caller) as ch:
         code = _call(ch, path, _request(path, caller))

@@ -17,9 +17,12 @@ import os
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Literal, TextIO
+from typing import TYPE_CHECKING, Literal, TextIO
 
 from llmesh.settings import MeshSettings
+
+if TYPE_CHECKING:
+    from llmesh.cli.up import Health, MeshSpec
 
 Trust = Literal["local", "token", "tls"]
 PKI_DIR = "pki"
@@ -53,9 +56,11 @@ def make_pki(directory: Path, instances: Iterable[str]) -> None:
 
 def tls_files(directory: Path, instance: str) -> dict[str, str]:
     """LLMESH_TLS_* for ``instance``'s certificate in ``directory`` (as pki.ensure_pki names them)."""
-    return {"LLMESH_TLS_CA_FILE": str(directory / "ca.pem"),
-            "LLMESH_TLS_CERT_FILE": str(directory / f"{instance}.pem"),
-            "LLMESH_TLS_KEY_FILE": str(directory / f"{instance}-key.pem")}
+    from llmesh.rpc.pki import identity_files
+
+    files = identity_files(directory, instance)
+    return {"LLMESH_TLS_CA_FILE": str(files.ca_file), "LLMESH_TLS_CERT_FILE": str(files.cert_file),
+            "LLMESH_TLS_KEY_FILE": str(files.key_file)}
 
 
 def child_env(trust: Trust, directory: Path | None, instance: str) -> dict[str, str]:
@@ -145,4 +150,32 @@ def prepare(spec: MeshSpec, state: Path) -> Health:
         return plain_health
     make_pki(spec.pki_dir, instances(spec))
     write_marker(state, spec.trust, spec.pki_dir)
-    return mesh_health(cli_settings({"LLMESH_TRUST": spec.trust, **tls_files(spec.pki_dir, CLI)}))
+    return mesh_health(spec.trust, spec.pki_dir)
+
+
+def mesh_health(trust: Trust, directory: Path) -> Health:
+    """grpc.health.v1 over the mesh's transport, as the cli: mutual TLS with the cli certificate
+    in ``directory`` (the server is checked against the CA as ``<service>.llmesh.internal``);
+    in token mode plaintext (health is open to every caller, probes included)."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from llmesh.rpc.health import health_status
+
+    if trust != "tls":
+        return lambda address, service: health_status(address, timeout_s=0.5)
+    files = tls_files(directory, CLI)
+    credentials = grpc.ssl_channel_credentials(*(Path(files[f"LLMESH_TLS_{k}_FILE"]).read_bytes()
+                                                 for k in ("CA", "KEY", "CERT")))
+
+    async def check(address: str, service: str) -> str:
+        options = [("grpc.ssl_target_name_override", f"{service}.llmesh.internal")]
+        async with grpc.aio.secure_channel(address, credentials, options=options) as channel:
+            try:
+                resp = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=0.5)
+            except grpc.aio.AioRpcError:
+                return "UNREACHABLE"
+        name: str = health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+        return name
+
+    return check
