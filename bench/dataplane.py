@@ -35,7 +35,7 @@ from pathlib import Path
 
 import httpx
 
-from llmesh.rpc.channels import insecure_channel
+from llmesh.rpc.channels import mesh_channel
 from llmesh.testing import Mesh, free_layout, free_ports, port_open, terminate, wait_until
 from llmesh.v1 import engine_pb2_grpc
 from bench import gateway as gw_bench
@@ -146,16 +146,14 @@ async def sim_plain(client: httpx.AsyncClient, url: str, tokens: int) -> Sample:
 def engine_channel(mesh: Mesh, pki: Path | None):
     """A channel to engine-0 as the gateway has one: plaintext, or mutual TLS with the gateway's
     certificate on a secure mesh (Generate is the gateway's to call)."""
-    if pki is None:
-        return insecure_channel(mesh.layout.engine_address(0))
-    import grpc
-    from llmesh.rpc.pki import identity_files
+    identity = None
+    if pki is not None:
+        from llmesh.rpc.identity import Credentials, Identity
+        from llmesh.rpc.pki import identity_files
 
-    files = identity_files(pki, "gateway")
-    creds = grpc.ssl_channel_credentials(files.ca_file.read_bytes(), files.key_file.read_bytes(),
-                                         files.cert_file.read_bytes())
-    return grpc.aio.secure_channel(mesh.layout.engine_address(0), creds,
-                                   options=[("grpc.ssl_target_name_override", "engine.llmesh.internal")])
+        files = identity_files(pki, "gateway")
+        identity = Identity("gateway", "tls", Credentials.load(files.ca_file, files.cert_file, files.key_file))
+    return mesh_channel(mesh.layout.engine_address(0), "engine", identity)
 
 
 async def engine_cost(mesh: Mesh, tokens: int, requests: int, headers: dict[str, str], pki: Path | None) -> dict:

@@ -29,8 +29,8 @@ UMBRELLA = "llmesh"
 # where a pod is reached is the pod's IP, never a value.
 COMMON_MANAGED = {"host", "port", "metrics_port", "grace_s", "advertise_address"}
 MANAGED = {"gateway": {"http_host", "http_port", "workers"}, "engine": {"endpoint_id"}}
-# the mounted ConfigMap, the pod's state volume and the mounted service secret (serviceSecret)
-MESH_MANAGED = {"config_file", "state_dir", "service_secret_file"}
+# the mounted ConfigMap, the pod's state volume and the mounted mesh certificate (CA, certificate, key)
+MESH_MANAGED = {"config_file", "state_dir", "tls_ca_file", "tls_cert_file", "tls_key_file"}
 
 _KEEP = {"type", "enum", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength",
          "maxLength", "description", "anyOf", "const"}

@@ -101,10 +101,10 @@ class MeshSpec:
 
 
 def base_env() -> dict[str, str]:
-    base = {k: v for k, v in os.environ.items() if k not in TRUST_ENV}  # each child gets its own (MeshSpec)
+    # each child gets its own trust variables (MeshSpec.trust_env): "local" unless --secure, where every
+    # service listens on 127.0.0.1 (Layout.host)
+    base = {k: v for k, v in os.environ.items() if k not in TRUST_ENV}
     base.setdefault("PYTHONUNBUFFERED", "1")
-    if not base.get("LLMESH_SERVICE_SECRET_FILE"):
-        base["LLMESH_LOCAL_TRUST"] = "1"  # everything listens on 127.0.0.1 (Layout.host)
     return base
 
 
