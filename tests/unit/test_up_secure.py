@@ -38,8 +38,8 @@ def test_plain_up_is_local_and_carries_no_certificate(tmp_path, monkeypatch):
 @pytest.mark.parametrize("trust", ["tls", "token"])
 def test_a_secure_mesh_gives_each_child_its_own_certificate(tmp_path, trust):
     spec = _spec(tmp_path, trust)
-    health = secure.prepare(spec, tmp_path / "state")
-    assert callable(health)
+    identity = secure.prepare(spec, tmp_path / "state")
+    assert identity is not None and (identity.service, identity.trust) == ("cli", trust)
     children = plan(spec)
     assert [c.name for c in children] == ["scheduler", "modelmgr", "cache", "engine-0", "engine-1", "gateway"]
     certs = set()
@@ -83,7 +83,7 @@ def test_plain_up_removes_a_stale_marker_and_hand_set_trust_wins(tmp_path):
     assert secure.cli_env({"LLMESH_STATE_DIR": str(state), "LLMESH_TRUST": "token",
                            "LLMESH_TLS_CERT_FILE": "/mine.pem"}) == {"LLMESH_TRUST": "token",
                                                                     "LLMESH_TLS_CERT_FILE": "/mine.pem"}
-    secure.prepare(_spec(tmp_path), state)  # a plain `llmesh up`
+    assert secure.prepare(_spec(tmp_path), state) is None  # a plain `llmesh up`
     assert secure.cli_env({"LLMESH_STATE_DIR": str(state)}) == {}
 
 

@@ -107,8 +107,9 @@ def cmd_up(args: argparse.Namespace) -> int:
     layout = spec.layout
     state = secure.state_dir().resolve()
     try:
-        health = secure.prepare(spec, state)
+        identity = secure.prepare(spec, state)
     except (OSError, ValueError) as exc:
+        secure.clear_marker(state)
         print(f"llmesh: cannot make the mesh's certificates under {spec.pki_dir}: {exc}", file=sys.stderr)
         return 2
     children = plan(spec)
@@ -121,7 +122,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, stop.set)
         print(f"llmesh: starting {len(children)} services (logs in {spec.log_dir})", flush=True)
         try:
-            await start_all(children, health=health)
+            await start_all(children, identity=identity)
         except StartFailed as exc:
             print(f"llmesh: {exc}", file=sys.stderr, flush=True)
             return 1
@@ -133,7 +134,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
         launcher = EngineLauncher(spec, children, scaled, say=say) if scaled else None
         following = (asyncio.create_task(follow(launcher, layout.address("scheduler"), stop,
-                                                on_change=lambda: write_state(children, state_path)))
+                                                on_change=lambda: write_state(children, state_path),
+                                                identity=identity))
                      if launcher else None)
         try:
             gave_up = await supervise(children, stop, policy, state_path, say=say)
@@ -194,9 +196,15 @@ Ctrl-C stops every service."""
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from llmesh.cli.secure import cli_identity
     from llmesh.cli.status import collect, render
 
-    report = asyncio.run(collect(_layout(args), args.log_dir / "supervisor.json"))
+    try:
+        identity = cli_identity()
+    except ValueError as exc:  # IdentityError, or trust settings that do not validate
+        print(f"llmesh status: no usable mesh identity (LLMESH_TRUST, LLMESH_TLS_*): {exc}", file=sys.stderr)
+        return 2
+    report = asyncio.run(collect(_layout(args), args.log_dir / "supervisor.json", identity))
     print(render(report, as_json=args.json))
     return 0 if all(s["health"] == "SERVING" for s in report["services"]) else 1
 

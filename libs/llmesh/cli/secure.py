@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Literal, TextIO
 from llmesh.settings import MeshSettings
 
 if TYPE_CHECKING:
-    from llmesh.cli.up import Health, MeshSpec
+    from llmesh.cli.up import MeshSpec
+    from llmesh.rpc.identity import Identity
 
 Trust = Literal["local", "token", "tls"]
 PKI_DIR = "pki"
@@ -139,43 +140,21 @@ def instances(spec: MeshSpec) -> list[str]:
     return ["scheduler", "modelmgr", "cache", *(f"engine-{i}" for i in range(len(spec.engines))), "gateway", CLI]
 
 
-def prepare(spec: MeshSpec, state: Path) -> Health:
+def prepare(spec: MeshSpec, state: Path) -> Identity | None:
     """Before ``llmesh up`` starts its children: a secure mesh's certificates and its marker
-    for the CLI verbs (a local mesh removes a stale marker). The health check the
-    supervisor waits on, over the mesh's transport."""
-    from llmesh.cli.up import plain_health
-
+    for the CLI verbs (a local mesh removes a stale marker). The supervisor's own identity
+    (the cli certificate's) for its health checks and the launcher; None when local."""
     if spec.trust == "local" or spec.pki_dir is None:
         clear_marker(state)
-        return plain_health
+        return None
     make_pki(spec.pki_dir, instances(spec))
     write_marker(state, spec.trust, spec.pki_dir)
-    return mesh_health(spec.trust, spec.pki_dir)
+    return cli_identity({"LLMESH_TRUST": spec.trust, **tls_files(spec.pki_dir, CLI)})
 
 
-def mesh_health(trust: Trust, directory: Path) -> Health:
-    """grpc.health.v1 over the mesh's transport, as the cli: mutual TLS with the cli certificate
-    in ``directory`` (the server is checked against the CA as ``<service>.llmesh.internal``);
-    in token mode plaintext (health is open to every caller, probes included)."""
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
+def cli_identity(env: Mapping[str, str] | None = None) -> Identity:
+    """The identity a CLI verb calls the mesh with (cli_settings): IdentityError or ValueError when
+    the trust variables or files are not usable."""
+    from llmesh.platform import service_identity
 
-    from llmesh.rpc.health import health_status
-
-    if trust != "tls":
-        return lambda address, service: health_status(address, timeout_s=0.5)
-    files = tls_files(directory, CLI)
-    credentials = grpc.ssl_channel_credentials(*(Path(files[f"LLMESH_TLS_{k}_FILE"]).read_bytes()
-                                                 for k in ("CA", "KEY", "CERT")))
-
-    async def check(address: str, service: str) -> str:
-        options = [("grpc.ssl_target_name_override", f"{service}.llmesh.internal")]
-        async with grpc.aio.secure_channel(address, credentials, options=options) as channel:
-            try:
-                resp = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=0.5)
-            except grpc.aio.AioRpcError:
-                return "UNREACHABLE"
-        name: str = health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
-        return name
-
-    return check
+    return service_identity(CLI, cli_settings(env))

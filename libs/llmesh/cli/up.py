@@ -16,12 +16,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from llmesh.rpc.health import health_status
+from llmesh.rpc.identity import Identity
 from llmesh.cli.layout import CORE_SERVICES, Layout
 from llmesh.cli.secure import TRUST_ENV, Trust, child_env, make_pki
 from llmesh.ports import BUSY_MSG, reserve_hint
@@ -164,34 +165,29 @@ class StartFailed(RuntimeError):
     pass
 
 
-Health = Callable[[str, str], Awaitable[str]]  # (address, its service) -> SERVING, ... or UNREACHABLE
-
-
-async def plain_health(address: str, service: str) -> str:
-    return await health_status(address, timeout_s=0.5)
-
-
-async def _wait_serving(child: Child, timeout_s: float, health: Health) -> None:
+async def _wait_serving(child: Child, timeout_s: float, identity: Identity | None) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if not child.alive():
             why = "".join(f": {r['error']}" for r in child.records("cannot start")[-1:] if r.get("error"))
             raise StartFailed(f"{child.name} exited with code {child.process.returncode}{why}; see {child.log_path}")
-        if await health(child.address, child.module.removeprefix("llmesh.")) == "SERVING":
+        if await health_status(child.address, timeout_s=0.5, identity=identity,
+                               target_service=child.module.removeprefix("llmesh.")) == "SERVING":
             return
         await asyncio.sleep(0.1)
     raise StartFailed(f"{child.name} did not become SERVING at {child.address} within {timeout_s:.0f}s; "
                       f"see {child.log_path}")
 
 
-async def start_all(children: list[Child], timeout_s: float = 120.0, health: Health = plain_health) -> None:
+async def start_all(children: list[Child], timeout_s: float = 120.0, identity: Identity | None = None) -> None:
+    """``identity``: the supervisor's (the cli certificate's) on a secure mesh, to ask each child's health."""
     core = [c for c in children if c.name in CORE_SERVICES]
     engines = [c for c in children if c.name.startswith("engine-")]
     gateway = [c for c in children if c.name == "gateway"]
     for group in (core, engines, gateway):
         for child in group:
             child.start()
-        await asyncio.gather(*(_wait_serving(c, timeout_s, health) for c in group))
+        await asyncio.gather(*(_wait_serving(c, timeout_s, identity) for c in group))
 
 
 def port_hint(children: list[Child], layout: Layout) -> str | None:
