@@ -167,7 +167,7 @@ def test_the_cli_finds_the_secure_mesh_by_itself(which, request):
     report = json.loads(status.stdout)
     assert all(s["health"] == "SERVING" for s in report["services"]), report
     assert any(e["endpoint_id"] == "engine-0" for e in report["endpoints"]), report
-    listed = _cli(mesh, "models", "list", *ports)
+    listed = _cli(mesh, "models", *ports, "list")
     assert listed.returncode == 0, listed.stderr
     stats = _cli(mesh, "cache", "stats", *ports)
     assert stats.returncode == 0, stats.stderr

@@ -171,8 +171,10 @@ async def _wait_serving(child: Child, timeout_s: float, identity: Identity | Non
         if not child.alive():
             why = "".join(f": {r['error']}" for r in child.records("cannot start")[-1:] if r.get("error"))
             raise StartFailed(f"{child.name} exited with code {child.process.returncode}{why}; see {child.log_path}")
-        if await health_status(child.address, timeout_s=0.5, identity=identity,
-                               target_service=child.module.removeprefix("llmesh.")) == "SERVING":
+        service = child.module.removeprefix("llmesh.")
+        # the gateway's gRPC port is its public front (API keys, not mesh identities): plaintext
+        if await health_status(child.address, timeout_s=0.5, identity=None if service == "gateway" else identity,
+                               target_service=service) == "SERVING":
             return
         await asyncio.sleep(0.1)
     raise StartFailed(f"{child.name} did not become SERVING at {child.address} within {timeout_s:.0f}s; "
