@@ -15,20 +15,22 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import httpx
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 import pytest
 from google.protobuf import message_factory
 from google.protobuf.descriptor import MethodDescriptor
 from openai import OpenAI
 
-from llmesh.cli.secure import service_of
 from llmesh.rpc import policy
-from llmesh.rpc.identity import Credentials, Identity
-from llmesh.rpc.pki import ensure_pki, identity_files
+from llmesh.rpc.pki import ensure_pki, identity_files, read_principal
+from llmesh.rpc.tokens import CERT_KEY, TOKEN_KEY, TokenSigner, load_private_key
 from llmesh.testing import Mesh, free_layout
 from llmesh.v1 import cache_pb2, engine_pb2, gateway_pb2, modelmgr_pb2, scheduler_pb2
 
@@ -203,12 +205,14 @@ def test_tls_an_allowed_caller_gets_past_the_identity_check(tls_mesh, path):
 # --- the per-method matrix, signed tokens -----------------------------------------------------------
 
 
-def _token(mesh: Mesh, instance: str, path: str, target: str | None = None) -> tuple[tuple[str, str], ...]:
-    """The metadata ``instance`` sends on one call of ``path`` to ``target`` (default: path's service)."""
+def _token(mesh: Mesh, instance: str, path: str, audience: str | None = None) -> tuple[tuple[str, str], ...]:
+    """The metadata ``instance`` sends on one call of ``path``, its token for ``audience`` (default:
+    the service that serves ``path``), signed with its certificate's key."""
     files = identity_files(mesh.pki, instance)
-    identity = Identity(service_of(instance), "token", Credentials.load(files.ca_file, files.cert_file,
-                                                                         files.key_file))
-    return identity.call_metadata(path, target or _target(path))
+    cert = x509.load_pem_x509_certificate(files.cert_file.read_bytes())
+    signer = TokenSigner(read_principal(cert), load_private_key(files.key_file.read_bytes()),
+                         cert.public_bytes(serialization.Encoding.DER), time.time)
+    return ((TOKEN_KEY, signer.token(audience or _target(path), path)), (CERT_KEY, signer.cert_b64))
 
 
 @pytest.mark.parametrize("path", METHODS)
@@ -254,6 +258,22 @@ def test_token_a_token_for_another_method_is_refused(token_mesh):
 
 def test_token_a_token_for_another_service_is_refused(token_mesh):
     # the cli's token for Cache/Stats addressed to the scheduler, replayed against the cache
-    other = _token(token_mesh, "cli", STATS, target="scheduler")
+    other = _token(token_mesh, "cli", STATS, audience="scheduler")
     with grpc.insecure_channel(_address(token_mesh, STATS)) as ch:
         assert _call(ch, STATS, _request(STATS, "cli"), other) == grpc.StatusCode.UNAUTHENTICATED
+
+
+REPORT = "/llmesh.v1.Scheduler/Report"
+
+
+def test_an_engine_cannot_report_another_endpoint(tls_mesh, token_mesh):
+    hijack = scheduler_pb2.EngineReport(endpoint_id="engine-0", address="127.0.0.1:1", backend="sim", models=[SIM])
+    with _tls_channel(tls_mesh, REPORT, ENGINE_PROBE) as ch:
+        assert _call(ch, REPORT, hijack) == grpc.StatusCode.PERMISSION_DENIED
+    with grpc.insecure_channel(_address(token_mesh, REPORT)) as ch:
+        assert _call(ch, REPORT, hijack, _token(token_mesh, ENGINE_PROBE, REPORT)) == grpc.StatusCode.PERMISSION_DENIED
+    for mesh in (tls_mesh, token_mesh):  # the real engine-0 stays where it is
+        status = _cli(mesh, "status", "--json", "--log-dir", str(mesh.log_dir), "--base-port",
+                      str(mesh.layout.base_port), "--http-port", str(mesh.layout.http_port))
+        engine = next(e for e in json.loads(status.stdout)["endpoints"] if e["endpoint_id"] == "engine-0")
+        assert engine["address"] == mesh.layout.engine_address(0)
