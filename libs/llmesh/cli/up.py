@@ -165,7 +165,7 @@ class StartFailed(RuntimeError):
     pass
 
 
-async def _wait_serving(child: Child, timeout_s: float, identity: Identity | None) -> None:
+async def _wait_serving(child: Child, timeout_s: float, identity: Identity | None = None) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if not child.alive():
