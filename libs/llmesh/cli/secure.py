@@ -17,15 +17,15 @@ import os
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, TextIO
+from typing import TYPE_CHECKING, TextIO
 
+from llmesh.rpc.identity import Identity, Trust
+from llmesh.rpc.pki import PkiError, ensure_pki, identity_files
 from llmesh.settings import MeshSettings
 
 if TYPE_CHECKING:
     from llmesh.cli.up import MeshSpec
-    from llmesh.rpc.identity import Identity
 
-Trust = Literal["local", "token", "tls"]
 PKI_DIR = "pki"
 MARKER = "trust.json"
 CLI = "cli"
@@ -50,15 +50,11 @@ def service_of(instance: str) -> str:
 
 def make_pki(directory: Path, instances: Iterable[str]) -> None:
     """The CA and a certificate for each instance that lacks one (what exists is reused)."""
-    from llmesh.rpc.pki import ensure_pki  # cryptography: only a secure mesh pays for its import
-
     ensure_pki(directory, [(service_of(i), i) for i in instances])
 
 
 def tls_files(directory: Path, instance: str) -> dict[str, str]:
     """LLMESH_TLS_* for ``instance``'s certificate in ``directory`` (as pki.ensure_pki names them)."""
-    from llmesh.rpc.pki import identity_files
-
     files = identity_files(directory, instance)
     return {"LLMESH_TLS_CA_FILE": str(files.ca_file), "LLMESH_TLS_CERT_FILE": str(files.cert_file),
             "LLMESH_TLS_KEY_FILE": str(files.key_file)}
@@ -121,8 +117,6 @@ DEFAULT_IDENTITIES = ("gateway", "scheduler", "modelmgr", "cache", "engine", "cl
 def cmd_certs(directory: Path, identities: list[str], out: TextIO) -> int:
     """``llmesh certs``: the CA (made once) and the certificates named, under ``directory``;
     what exists is kept. Prints each identity's files."""
-    from llmesh.rpc.pki import PkiError, ensure_pki
-
     try:
         wanted = [parse_identity(i) for i in identities or DEFAULT_IDENTITIES]
         made = ensure_pki(directory, wanted)

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from llmesh.rpc.health import health_status
-from llmesh.rpc.identity import Identity
+from llmesh.rpc.identity import Identity, Trust
 from llmesh.cli.layout import CORE_SERVICES, Layout
-from llmesh.cli.secure import TRUST_ENV, Trust, child_env, make_pki
+from llmesh.cli.secure import TRUST_ENV, child_env, make_pki
 from llmesh.ports import BUSY_MSG, reserve_hint
 from llmesh.restarts import RestartBudget, RestartPolicy
 from llmesh.workers import die_with_parent
