@@ -92,6 +92,7 @@ class Identity:
         self.service = service
         self.trust = trust
         self.credentials = credentials
+        self.principal: Principal | None = None  # this process's, from its certificate ("tls", "token")
         self._signer: TokenSigner | None = None
         self._verifier: TokenVerifier | None = None
         self._peers: OrderedDict[bytes, Principal] = OrderedDict()
@@ -110,7 +111,7 @@ class Identity:
         if principal.service != service:
             raise IdentityError(f"this is the {service} service, but its certificate names "
                                 f"{service_dns(principal.service)}")
-        self.principal: Principal | None = principal
+        self.principal = principal
         self._signer = TokenSigner(principal, key, cert.public_bytes(serialization.Encoding.DER), clock)
         self._verifier = TokenVerifier(ca, clock)
 
