@@ -12,6 +12,10 @@
 - 1,000 concurrent HTTP streams through one gateway: errors, p50/p99, peak RSS.
 
     python -m bench.dataplane [--requests 300] [--json]
+    python -m bench.dataplane --sections fronts --secure   # the same mesh as `llmesh up --secure`
+
+``--secure`` (fronts section): the mesh runs with production trust (mutual TLS between
+services, gateway API keys required); every request carries an API key.
 """
 
 from __future__ import annotations
@@ -90,14 +94,14 @@ async def timed(one, pids: dict[str, int], concurrency: int, requests: int) -> d
 
 
 async def fronts(direct: str, gateway: str, router: str, floor: str, gw_pid: int, router_pid: int, floor_pid: int,
-                 requests: int, rounds: int) -> dict:
+                 requests: int, rounds: int, headers: dict[str, str]) -> dict:
     """The gateway, vllm-router and the Python floor (bench.relay_floor: Python's HTTP server
     and client, no logic), each alone in front of the same instant server, one connection;
     ``rounds`` alternating rounds (the machine's load drifts), the median p50."""
     out = {}
     targets = (("direct", direct, {}), ("gateway", gateway, {"gateway": gw_pid}),
                ("vllm_router", router, {"router": router_pid}), ("python_floor", floor, {"floor": floor_pid}))
-    async with httpx.AsyncClient(timeout=60) as client:
+    async with httpx.AsyncClient(timeout=60, headers=headers) as client:
         for stream in (False, True):
             runs: dict[str, list[dict]] = {name: [] for name, _, _ in targets}
             for k in range(rounds):
@@ -139,7 +143,20 @@ async def sim_plain(client: httpx.AsyncClient, url: str, tokens: int) -> Sample:
     return Sample(total, total, resp.json()["usage"]["completion_tokens"])
 
 
-async def engine_cost(mesh: Mesh, tokens: int, requests: int) -> dict:
+def engine_channel(mesh: Mesh, pki: Path | None):
+    """A channel to engine-0 as the gateway has one: plaintext, or mutual TLS with the gateway's
+    certificate on a secure mesh (Generate is the gateway's to call)."""
+    identity = None
+    if pki is not None:
+        from llmesh.rpc.identity import Credentials, Identity
+        from llmesh.rpc.pki import identity_files
+
+        files = identity_files(pki, "gateway")
+        identity = Identity("gateway", "tls", Credentials.load(files.ca_file, files.cert_file, files.key_file))
+    return mesh_channel(mesh.layout.engine_address(0), "engine", identity)
+
+
+async def engine_cost(mesh: Mesh, tokens: int, requests: int, headers: dict[str, str], pki: Path | None) -> dict:
     """Sim engine at 0 ms per step: what its process spends per request and, of that, its
     wrapper's share (the process less what the sim backend alone spends on the same answers,
     bench.engine_floor), next to a bare grpc.aio servicer sending as many messages (the
@@ -152,7 +169,7 @@ async def engine_cost(mesh: Mesh, tokens: int, requests: int) -> dict:
     pids = {"gateway": gw_pid, "engine": eng_pid}
     url = mesh.layout.http_url + "/v1/chat/completions"
     out = {}
-    async with mesh_channel(mesh.layout.engine_address(0), "engine") as ech, httpx.AsyncClient(timeout=60) as http:
+    async with engine_channel(mesh, pki) as ech, httpx.AsyncClient(timeout=60, headers=headers) as http:
         engine = engine_pb2_grpc.EngineStub(ech)
         messages: list[int] = []
 
@@ -229,22 +246,39 @@ def _fronts_against(args, tmp: Path, base_url: str, floor: tuple[str, int]) -> d
     try:
         router, router_url = start_router(base_url.removesuffix("/v1"))
         (tmp / "a").mkdir()
-        mesh = provider_bench.mesh(base_url, tmp / "a", args=("--no-cache",),
+        mesh = provider_bench.mesh(base_url, tmp / "a", args=("--no-cache", *(("--secure",) if args.secure else ())),
                                    env={"LLMESH_ENGINE_SIM_DECODE_MS_PER_TOKEN": "0",
                                         "LLMESH_ENGINE_SIM_OUTPUT_TOKENS": str(args.chunks)})
+        headers, pki = secure_mesh(mesh, tmp / "a") if args.secure else ({}, None)
         mesh.start(timeout_s=90)
         try:
             gw_pid = child_pid(mesh.proc.pid, "llmesh.gateway")
             out = {"fronts_c1": asyncio.run(fronts(base_url + "/chat/completions", mesh.layout.http_url
                                                    + "/v1/chat/completions", router_url, floor[0], gw_pid, router.pid,
-                                                   floor[1], args.requests, args.rounds)),
-                   "sim_0ms_c1": asyncio.run(engine_cost(mesh, args.chunks, args.requests))}
+                                                   floor[1], args.requests, args.rounds, headers)),
+                   "sim_0ms_c1": asyncio.run(engine_cost(mesh, args.chunks, args.requests, headers, pki))}
         finally:
             mesh.stop(signal.SIGINT)
     finally:
         if router is not None:
             terminate(router, signal.SIGTERM, 10.0)
     return out
+
+
+def secure_mesh(mesh: Mesh, tmp: Path) -> tuple[dict[str, str], Path]:
+    """For a mesh (not started) run with --secure: a tenant that may use the bench's models, an
+    API key for it in the gateway's key file, the headers that carry it, and where the mesh's
+    certificates will be (Mesh's state directory, <log_dir>/state)."""
+    from llmesh.keys import FileKeyStore, new_key
+
+    cfg = tmp / provider_bench.CONFIG
+    doc = json.loads(cfg.read_text())
+    doc["tenants"] = {"bench": {"models": [provider_bench.MODEL, SIM]}}
+    cfg.write_text(json.dumps(doc))
+    state = mesh.log_dir / "state"
+    plaintext, record = new_key("bench")
+    asyncio.run(FileKeyStore(state / "keys.json").put(record))
+    return {"authorization": f"Bearer {plaintext}"}, state / "pki"
 
 
 def load_section(args, tmp: Path) -> dict:
@@ -300,8 +334,12 @@ def main() -> None:
     parser.add_argument("--gateway-workers", type=int, default=None, metavar="N",
                         help="load section: a gateway of N worker processes, with Redis (bench.workers)")
     parser.add_argument("--json", action="store_true", help="print only the JSON document on stdout (the default)")
+    parser.add_argument("--secure", action="store_true", help="fronts section: the mesh as `llmesh up --secure` "
+                        "(mutual TLS inside, API keys at the gateway)")
     args = parser.parse_args()
     sections = args.sections.split(",")
+    if args.secure and "load" in sections:
+        parser.error("--secure measures the fronts section only: add --sections fronts")
     results: dict = {}
     with (tempfile.TemporaryDirectory() as tmp,
           gateway_workers(args.gateway_workers, Path(tmp)) as (args.gateway_args, args.gateway_env)):
@@ -309,7 +347,7 @@ def main() -> None:
             results |= front_section(args, Path(tmp))
         if "load" in sections:
             results |= load_section(args, Path(tmp))
-    print(json.dumps({"bench": "dataplane", "chunks": args.chunks, "requests": args.requests,
+    print(json.dumps({"bench": "dataplane", "secure": args.secure, "chunks": args.chunks, "requests": args.requests,
                       "output_pii": args.output_pii, "gateway_workers": args.gateway_workers,
                       "results": results}, indent=2))
 

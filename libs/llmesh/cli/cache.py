@@ -14,9 +14,8 @@ from typing import Any
 
 import grpc
 
-from llmesh.platform import service_identity
+from llmesh.cli.secure import cli_identity
 from llmesh.rpc.channels import mesh_channel
-from llmesh.settings import MeshSettings
 from llmesh.v1 import cache_pb2, cache_pb2_grpc
 
 
@@ -59,7 +58,7 @@ def render(stats: dict[str, Any]) -> str:
 
 async def run(args: argparse.Namespace, address: str) -> int:
     try:
-        caller = service_identity("cli", MeshSettings())
+        caller = cli_identity()  # a running secure mesh's cli certificate, if any
     except (OSError, ValueError) as exc:  # IdentityError, or mesh settings that do not validate
         print(f"llmesh cache: no usable mesh identity (LLMESH_TRUST, LLMESH_TLS_*): {exc}", file=sys.stderr)
         return 2

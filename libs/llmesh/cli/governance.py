@@ -172,11 +172,14 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         p.add_argument("--redis-url", default=os.environ.get("LLMESH_REDIS_URL"),
                        help="the gateways' Redis (default: LLMESH_REDIS_URL)")
 
+    state = Path(os.environ.get("LLMESH_STATE_DIR", "var/state"))
+
     def store_args(p: argparse.ArgumentParser) -> None:
         redis_arg(p)
         p.add_argument("--keys-file", type=Path,
-                       default=Path(os.environ.get("LLMESH_GATEWAY_KEYS_FILE", "var/state/keys.json")),
-                       help="the key file of a gateway without Redis")
+                       default=Path(os.environ.get("LLMESH_GATEWAY_KEYS_FILE", state / "keys.json")),
+                       help="the key file of a gateway without Redis (default: <state_dir>/keys.json, as the "
+                            "gateway's)")
 
     keys = sub.add_parser("keys", help="create, list, rotate and revoke API keys")
     kinds = keys.add_subparsers(dest="action", required=True)
@@ -190,7 +193,6 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     for verb, text in (("rotate", "revoke a key and print its replacement"), ("revoke", "revoke a key")):
         p = kinds.add_parser(verb, help=text)
         p.add_argument("key_id")
-    state = Path(os.environ.get("LLMESH_STATE_DIR", "var/state"))
     for p in kinds.choices.values():
         store_args(p)
         p.add_argument("--admin-audit-file", type=Path, default=state / "audit-admin.jsonl",

@@ -1,6 +1,6 @@
 """``llmesh``: run and inspect a mesh.
 
-    llmesh up       start all five services on this machine
+    llmesh up       start all five services on this machine (--secure: mTLS and API keys, as in production)
     llmesh status   services, endpoints and models of a running mesh
     llmesh chat     stream a chat answer through the gateway's gRPC API
     llmesh config   read, check and change the live config
@@ -10,6 +10,7 @@
     llmesh models   model registry: import, deploy, promote, rollback, history, eval
     llmesh cache    response cache: stats, invalidate
     llmesh shadow   shadow traffic: report how a shadow version compared
+    llmesh certs    make the mesh's CA and service certificates (for compose's init service)
     llmesh bench    run a benchmark of a checkout's bench/ (python -m bench lists them)
 """
 
@@ -75,9 +76,14 @@ def _up_options(args: argparse.Namespace) -> tuple[MeshSpec, dict[str, str], Res
     from llmesh.restarts import RestartPolicy
 
     engines = parse_engines(args.engines)
+    if args.trust and not args.secure:
+        raise ValueError("--trust goes with --secure")
     spec = MeshSpec(layout=_layout(args), engines=engines, model_dir=args.model_dir.resolve(),
                     log_dir=args.log_dir.resolve(), grace_s=args.grace, cache=not args.no_cache,
-                    gateway_workers=args.gateway_workers)
+                    gateway_workers=args.gateway_workers, trust=(args.trust or "tls") if args.secure else "local")
+    if args.secure:
+        from llmesh.cli.secure import pki_dir, state_dir
+        spec.pki_dir = pki_dir(state_dir().resolve())
     if args.gateway_workers < 1:
         raise ValueError("--gateway-workers must be >= 1")
     if "llamacpp" in engines and not (spec.model_dir / spec.model).is_dir():
@@ -89,6 +95,7 @@ def _up_options(args: argparse.Namespace) -> tuple[MeshSpec, dict[str, str], Res
 
 
 def cmd_up(args: argparse.Namespace) -> int:
+    from llmesh.cli import secure
     from llmesh.cli.launcher import EngineLauncher, follow
     from llmesh.cli.up import StartFailed, plan, port_hint, start_all, stop_all, supervise, write_state
 
@@ -98,6 +105,13 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(f"llmesh: {exc}", file=sys.stderr)
         return 2
     layout = spec.layout
+    state = secure.state_dir().resolve()
+    try:
+        identity = secure.prepare(spec, state)
+    except (OSError, ValueError) as exc:
+        secure.clear_marker(state)
+        print(f"llmesh: cannot make the mesh's certificates under {spec.pki_dir}: {exc}", file=sys.stderr)
+        return 2
     children = plan(spec)
     state_path = spec.log_dir / "supervisor.json"
 
@@ -108,7 +122,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, stop.set)
         print(f"llmesh: starting {len(children)} services (logs in {spec.log_dir})", flush=True)
         try:
-            await start_all(children)
+            await start_all(children, identity=identity)
         except StartFailed as exc:
             print(f"llmesh: {exc}", file=sys.stderr, flush=True)
             return 1
@@ -120,7 +134,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
         launcher = EngineLauncher(spec, children, scaled, say=say) if scaled else None
         following = (asyncio.create_task(follow(launcher, layout.address("scheduler"), stop,
-                                                on_change=lambda: write_state(children, state_path)))
+                                                on_change=lambda: write_state(children, state_path),
+                                                identity=identity))
                      if launcher else None)
         try:
             gave_up = await supervise(children, stop, policy, state_path, say=say)
@@ -142,6 +157,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         print("llmesh: stopping…", flush=True)
         results = stop_all(children, spec.grace_s)
         state_path.unlink(missing_ok=True)
+        secure.clear_marker(state)
         print("llmesh: stopped " + ", ".join(f"{n} ({rc})" for n, rc in results), flush=True)
     return code
 
@@ -149,6 +165,8 @@ def cmd_up(args: argparse.Namespace) -> int:
 def _banner(layout: Layout, spec: MeshSpec) -> str:
     model = spec.model if "llamacpp" in spec.engines else spec.sim_model
     url = layout.http_url
+    if spec.trust != "local":
+        return _secure_banner(layout, spec, model)
     return f"""llmesh is up: OpenAI-compatible API at {url}/v1, gRPC at {layout.address('gateway')}
 
   curl {url}/v1/chat/completions -H 'content-type: application/json' \\
@@ -163,10 +181,30 @@ def _banner(layout: Layout, spec: MeshSpec) -> str:
 Ctrl-C stops every service."""
 
 
+def _secure_banner(layout: Layout, spec: MeshSpec, model: str) -> str:
+    url = layout.http_url
+    return f"""llmesh is up (secure: trust {spec.trust}, certificates in {spec.pki_dir}): OpenAI-compatible API at \
+{url}/v1, gRPC at {layout.address('gateway')}
+
+Every request needs an API key (the tenant needs the model in the live config's tenants):
+
+  llmesh keys create --tenant acme
+  curl {url}/v1/chat/completions -H "authorization: Bearer $KEY" -H 'content-type: application/json' \\
+    -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "Name three planets."}}]}}'
+
+Ctrl-C stops every service."""
+
+
 def cmd_status(args: argparse.Namespace) -> int:
+    from llmesh.cli.secure import cli_identity
     from llmesh.cli.status import collect, render
 
-    report = asyncio.run(collect(_layout(args), args.log_dir / "supervisor.json"))
+    try:
+        identity = cli_identity()
+    except ValueError as exc:  # IdentityError, or trust settings that do not validate
+        print(f"llmesh status: no usable mesh identity (LLMESH_TRUST, LLMESH_TLS_*): {exc}", file=sys.stderr)
+        return 2
+    report = asyncio.run(collect(_layout(args), args.log_dir / "supervisor.json", identity))
     print(render(report, as_json=args.json))
     return 0 if all(s["health"] == "SERVING" for s in report["services"]) else 1
 
@@ -218,6 +256,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a service that dies is restarted (backoff 0.5 s doubling to 10 s, jittered); more exits than "
                          "this within --restart-window stops the mesh")
     up.add_argument("--restart-window", type=float, default=60.0, help="seconds (see --max-restarts)")
+    up.add_argument("--secure", action="store_true",
+                    help="production trust on this machine: a CA and a certificate per service under "
+                         "<state_dir>/pki (made on first start), identities checked on every internal call, "
+                         "gateway API keys required (llmesh keys create)")
+    up.add_argument("--trust", choices=("tls", "token"), default=None,
+                    help="with --secure: mutual TLS (default) or plaintext gRPC with signed per-call tokens")
     up.set_defaults(func=cmd_up)
 
     status = sub.add_parser("status", help="show services, endpoints and models")
@@ -252,7 +296,21 @@ def build_parser() -> argparse.ArgumentParser:
     from llmesh.cli import cache
     cache.add_parser(sub, _add_layout_args)
     sub.choices["cache"].set_defaults(func=cmd_cache)
+
+    certs = sub.add_parser("certs", help="make the mesh's CA and service certificates (kept if they exist)")
+    certs.add_argument("--dir", type=Path, required=True, help="where ca.pem, <instance>.pem and <instance>-key.pem go")
+    certs.add_argument("identity", nargs="*", metavar="SERVICE[:INSTANCE]",
+                       help="SERVICE: one certificate every replica shares (CN = the service); SERVICE:INSTANCE: "
+                            "one instance's own (CN = INSTANCE). Services: gateway, engine, scheduler, modelmgr, "
+                            "cache, cli. Default: one shared certificate per service")
+    certs.set_defaults(func=cmd_certs)
     return parser
+
+
+def cmd_certs(args: argparse.Namespace) -> int:
+    from llmesh.cli.secure import cmd_certs as certs
+
+    return certs(args.dir, args.identity, sys.stdout)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -23,9 +23,8 @@ import sys
 
 import grpc
 
-from llmesh.platform import service_identity
+from llmesh.cli.secure import cli_identity
 from llmesh.rpc.channels import mesh_channel
-from llmesh.settings import MeshSettings
 from llmesh.v1 import modelmgr_pb2, modelmgr_pb2_grpc
 
 
@@ -71,7 +70,7 @@ def _print_eval(e: modelmgr_pb2.EvalReport) -> None:
 
 async def run(args: argparse.Namespace, address: str) -> int:
     try:
-        caller = service_identity("cli", MeshSettings())
+        caller = cli_identity()  # a running secure mesh's cli certificate, if any
     except (OSError, ValueError) as exc:  # IdentityError, or mesh settings that do not validate
         print(f"llmesh models: no usable mesh identity (LLMESH_TRUST, LLMESH_TLS_*): {exc}", file=sys.stderr)
         return 2

@@ -136,7 +136,8 @@ def _pid_alive(pid: int) -> bool:
 async def collect(layout: Layout, state_path: Path | None = None, identity: Identity | None = None) -> dict[str, Any]:
     """``identity``: the cli's, to ask a mesh that requires one (LLMESH_TRUST=tls or token)."""
     addresses = {s: layout.address(s) for s in SERVICES}
-    health = await asyncio.gather(*(health_status(a, identity=identity, target_service=s)
+    # the gateway's gRPC port is its public front (API keys, not mesh identities): plaintext
+    health = await asyncio.gather(*(health_status(a, identity=None if s == "gateway" else identity, target_service=s)
                                     for s, a in addresses.items()))
     endpoints, models = await asyncio.gather(_endpoints(addresses["scheduler"], identity),
                                              _models(addresses["modelmgr"], identity))

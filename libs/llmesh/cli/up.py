@@ -22,7 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from llmesh.rpc.health import health_status
+from llmesh.rpc.identity import Identity, Trust
 from llmesh.cli.layout import CORE_SERVICES, Layout
+from llmesh.cli.secure import TRUST_ENV, child_env, make_pki
 from llmesh.ports import BUSY_MSG, reserve_hint
 from llmesh.restarts import RestartBudget, RestartPolicy
 from llmesh.workers import die_with_parent
@@ -92,12 +94,18 @@ class MeshSpec:
     grace_s: float = 10.0
     cache: bool = True
     gateway_workers: int = 1       # worker processes under the gateway's supervisor (llmesh.workers)
+    trust: Trust = "local"         # "tls" / "token": `llmesh up --secure` (llmesh.cli.secure)
+    pki_dir: Path | None = None    # the mesh's certificates, when not local
+
+    def trust_env(self, instance: str) -> dict[str, str]:
+        return child_env(self.trust, self.pki_dir, instance)
 
 
 def base_env() -> dict[str, str]:
-    base = dict(os.environ)
+    # each child gets its own trust variables (MeshSpec.trust_env): "local" unless --secure, where every
+    # service listens on 127.0.0.1 (Layout.host)
+    base = {k: v for k, v in os.environ.items() if k not in TRUST_ENV}
     base.setdefault("PYTHONUNBUFFERED", "1")
-    base.setdefault("LLMESH_TRUST", "local")  # everything listens on 127.0.0.1 (Layout.host)
     return base
 
 
@@ -106,11 +114,13 @@ def engine_child(spec: MeshSpec, index: int, backend: str, model: str | None = N
     the mesh's model for that backend)."""
     lay = spec.layout
     name, address = f"engine-{index}", lay.engine_address(index)
+    if spec.pki_dir is not None and spec.trust != "local":
+        make_pki(spec.pki_dir, [name])  # an engine the autoscaler adds gets its certificate here
     env = {"LLMESH_ENGINE_PORT": address.rsplit(":", 1)[1], "LLMESH_ENGINE_BACKEND": backend,
            "LLMESH_ENGINE_MODEL": model or (spec.model if backend == "llamacpp" else spec.sim_model),
            "LLMESH_ENGINE_MODEL_DIR": str(spec.model_dir), "LLMESH_ENGINE_ENDPOINT_ID": name,
            "LLMESH_ENGINE_SCHEDULER_ADDRESS": lay.address("scheduler"), "LLMESH_ENGINE_GRACE_S": str(spec.grace_s),
-           "LLMESH_ENGINE_METRICS_PORT": str(lay.metrics_port(name))}
+           "LLMESH_ENGINE_METRICS_PORT": str(lay.metrics_port(name)), **spec.trust_env(name)}
     return Child(name, "llmesh.engine", address, {**base_env(), **env}, spec.log_dir / f"{name}.log")
 
 
@@ -121,7 +131,8 @@ def plan(spec: MeshSpec) -> list[Child]:
     children: list[Child] = []
 
     def add(name: str, service: str, address: str, env: dict[str, str]) -> None:
-        children.append(Child(name, f"llmesh.{service}", address, {**base, **env}, spec.log_dir / f"{name}.log"))
+        children.append(Child(name, f"llmesh.{service}", address, {**base, **env, **spec.trust_env(name)},
+                              spec.log_dir / f"{name}.log"))
 
     def metrics(name: str, prefix: str) -> dict[str, str]:
         return {f"LLMESH_{prefix}_METRICS_PORT": str(lay.metrics_port(name))}
@@ -143,7 +154,9 @@ def plan(spec: MeshSpec) -> list[Child]:
         "LLMESH_GATEWAY_MODELMGR_ADDRESS": lay.address("modelmgr"),
         "LLMESH_GATEWAY_CACHE_ADDRESS": lay.address("cache") if spec.cache else "",
         "LLMESH_GATEWAY_GRACE_S": str(spec.grace_s), "LLMESH_GATEWAY_MODEL_DIR": str(spec.model_dir),
-        "LLMESH_GATEWAY_WORKERS": str(spec.gateway_workers), **metrics("gateway", "GATEWAY")})
+        "LLMESH_GATEWAY_WORKERS": str(spec.gateway_workers), **metrics("gateway", "GATEWAY"),
+        # production trust: callers need an API key or a JWT, whatever the key store holds
+        **({"LLMESH_GATEWAY_REQUIRE_AUTH": "true"} if spec.trust != "local" else {})})
     assert [c.name for c in children[:3]] == list(CORE_SERVICES)
     return children
 
@@ -152,27 +165,31 @@ class StartFailed(RuntimeError):
     pass
 
 
-async def _wait_serving(child: Child, timeout_s: float) -> None:
+async def _wait_serving(child: Child, timeout_s: float, identity: Identity | None = None) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if not child.alive():
             why = "".join(f": {r['error']}" for r in child.records("cannot start")[-1:] if r.get("error"))
             raise StartFailed(f"{child.name} exited with code {child.process.returncode}{why}; see {child.log_path}")
-        if await health_status(child.address, timeout_s=0.5) == "SERVING":
+        service = child.module.removeprefix("llmesh.")
+        # the gateway's gRPC port is its public front (API keys, not mesh identities): plaintext
+        if await health_status(child.address, timeout_s=0.5, identity=None if service == "gateway" else identity,
+                               target_service=service) == "SERVING":
             return
         await asyncio.sleep(0.1)
     raise StartFailed(f"{child.name} did not become SERVING at {child.address} within {timeout_s:.0f}s; "
                       f"see {child.log_path}")
 
 
-async def start_all(children: list[Child], timeout_s: float = 120.0) -> None:
+async def start_all(children: list[Child], timeout_s: float = 120.0, identity: Identity | None = None) -> None:
+    """``identity``: the supervisor's (the cli certificate's) on a secure mesh, to ask each child's health."""
     core = [c for c in children if c.name in CORE_SERVICES]
     engines = [c for c in children if c.name.startswith("engine-")]
     gateway = [c for c in children if c.name == "gateway"]
     for group in (core, engines, gateway):
         for child in group:
             child.start()
-        await asyncio.gather(*(_wait_serving(c, timeout_s) for c in group))
+        await asyncio.gather(*(_wait_serving(c, timeout_s, identity) for c in group))
 
 
 def port_hint(children: list[Child], layout: Layout) -> str | None:
