@@ -151,12 +151,7 @@ class GatewayApp:
         self.metrics = GatewayMetrics(platform.metrics, known=self._known_model)
         mesh = platform.settings
         self.redis = _redis(mesh.redis_url) if mesh.redis_url else None
-        self.keys: KeyStore = (RedisKeyStore(self.redis) if self.redis is not None
-                               else FileKeyStore(settings.keys_file or mesh.state_dir / "keys.json"))
-        self.auth_mode = _auth_mode(settings, mesh.redis_url)
-        self.authenticator = Authenticator(self.keys, _jwt_verifier(settings), local=self.auth_mode.local,
-                                           store_errors=STORE_ERRORS,
-                                           on_size=lambda kind, n: self.metrics.auth_cache.labels(kind).set(n))
+        self._authentication(settings, mesh)
         prompt_tokens = PromptTokens(settings.model_dir)  # one tokenizer per model for limits and picking
         self.audit = (AuditLog(settings.audit_file or mesh.state_dir / "audit.jsonl", fsync=settings.audit_fsync,
                                on_lost=self.metrics.audit_failures.inc)
@@ -187,6 +182,15 @@ class GatewayApp:
             proxy_headers=False,
             timeout_graceful_shutdown=int(settings.grace_s) or 1))
         self._tasks: list[asyncio.Task] = []
+
+    def _authentication(self, settings: GatewaySettings, mesh: MeshSettings) -> None:
+        """The key store and the authenticator; local mode is decided here, from settings only."""
+        self.keys: KeyStore = (RedisKeyStore(self.redis) if self.redis is not None
+                               else FileKeyStore(settings.keys_file or mesh.state_dir / "keys.json"))
+        self.auth_mode = _auth_mode(settings, mesh.redis_url)
+        self.authenticator = Authenticator(self.keys, _jwt_verifier(settings), local=self.auth_mode.local,
+                                           store_errors=STORE_ERRORS,
+                                           on_size=lambda kind, n: self.metrics.auth_cache.labels(kind).set(n))
 
     def _current(self) -> MeshConfig:
         return self.config.current
