@@ -56,14 +56,14 @@ def _ms(values: list[float]) -> dict:
 
 # --- exact hits through the mesh ------------------------------------------------------------
 async def _engine_direct(address: str, runs: int, model: str) -> dict:
-    from llmesh.rpc.channels import insecure_channel
+    from llmesh.rpc.channels import mesh_channel
     from llmesh.v1 import common_pb2, engine_pb2, engine_pb2_grpc
 
     req = engine_pb2.GenerateRequest(model=model, sampling=common_pb2.SamplingParams(temperature=0.0, max_tokens=32),
                                      chat=engine_pb2.ChatInput(messages=[common_pb2.ChatMessage(
                                          role="user", content=QUESTION)]))
     times, tokens = [], 0
-    async with insecure_channel(address) as channel:
+    async with mesh_channel(address, "engine") as channel:
         stub = engine_pb2_grpc.EngineStub(channel)
         for _ in range(runs):
             start = time.perf_counter()

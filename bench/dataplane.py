@@ -31,7 +31,7 @@ from pathlib import Path
 
 import httpx
 
-from llmesh.rpc.channels import insecure_channel
+from llmesh.rpc.channels import mesh_channel
 from llmesh.testing import Mesh, free_layout, free_ports, port_open, terminate, wait_until
 from llmesh.v1 import engine_pb2_grpc
 from bench import gateway as gw_bench
@@ -152,7 +152,7 @@ async def engine_cost(mesh: Mesh, tokens: int, requests: int) -> dict:
     pids = {"gateway": gw_pid, "engine": eng_pid}
     url = mesh.layout.http_url + "/v1/chat/completions"
     out = {}
-    async with insecure_channel(mesh.layout.engine_address(0)) as ech, httpx.AsyncClient(timeout=60) as http:
+    async with mesh_channel(mesh.layout.engine_address(0), "engine") as ech, httpx.AsyncClient(timeout=60) as http:
         engine = engine_pb2_grpc.EngineStub(ech)
         messages: list[int] = []
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import httpx
 
 from llmesh.modelstore import ModelStore
-from llmesh.rpc.channels import insecure_channel
+from llmesh.rpc.channels import mesh_channel
 from llmesh.testing import Service, free_ports, port_open, wait_until
 from llmesh.v1 import common_pb2, engine_pb2, engine_pb2_grpc
 from bench.common import Sample, drive, note
@@ -55,7 +55,7 @@ class Engine:
         self.stamps: list[list[float]] = []  # per request, arrival of each token (for calibration)
 
     async def one(self, messages: list[dict], max_tokens: int) -> Sample:
-        async with insecure_channel(self.address) as ch:
+        async with mesh_channel(self.address, "engine") as ch:
             req = engine_pb2.GenerateRequest(
                 model=self.model, chat=engine_pb2.ChatInput(messages=[common_pb2.ChatMessage(**m) for m in messages]),
                 sampling=common_pb2.SamplingParams(max_tokens=max_tokens, temperature=0.0))
@@ -244,7 +244,7 @@ async def level_distinct(target, concurrency: int, requests: int, max_tokens: in
 
 
 async def count_tokens(address: str, messages: list[dict]) -> int:
-    async with insecure_channel(address) as ch:
+    async with mesh_channel(address, "engine") as ch:
         resp = await engine_pb2_grpc.EngineStub(ch).Tokenize(engine_pb2.TokenizeRequest(
             model=MODEL, chat=engine_pb2.ChatInput(messages=[common_pb2.ChatMessage(**m) for m in messages])))
         return resp.count

@@ -82,7 +82,7 @@ async def _sim_alone(model: str, prompt: str, tokens: int, temperature: float, r
 async def grpc_floor(messages: int, requests: int) -> dict:
     """The bare server's process CPU per call, one connection: answers of one message and of
     ``messages`` messages (the engine's mean), and what each added message costs."""
-    from llmesh.rpc.channels import insecure_channel
+    from llmesh.rpc.channels import mesh_channel
     from llmesh.v1 import engine_pb2_grpc
     from bench import gateway as gw_bench
     from bench.common import cpu_seconds, drive
@@ -90,7 +90,7 @@ async def grpc_floor(messages: int, requests: int) -> dict:
     messages = max(messages, 2)
     out: dict = {"messages": messages}
     with bare_server() as (address, pid):
-        async with insecure_channel(address) as channel:
+        async with mesh_channel(address, "engine") as channel:
             stub = engine_pb2_grpc.EngineStub(channel)
             seen: list[int] = []
 

@@ -31,7 +31,7 @@ import aiohttp
 import httpx
 import orjson
 
-from llmesh.rpc.channels import insecure_channel
+from llmesh.rpc.channels import mesh_channel
 from llmesh.testing import Mesh, free_layout, free_ports, terminate
 from llmesh.v1 import common_pb2, engine_pb2, engine_pb2_grpc, gateway_pb2, gateway_pb2_grpc
 from bench import grpc_relay
@@ -148,9 +148,9 @@ async def _measure(mesh: Mesh, levels: list[int], counts: list[int], tokens: int
                    pids: dict[str, int], relay_address: str | None, rounds: int) -> dict:
     out: dict = {}
     body = chat_body(tokens)
-    async with insecure_channel(mesh.layout.engine_address(0)) as ech, \
-            insecure_channel(mesh.layout.address("gateway")) as gch, \
-            insecure_channel(relay_address or mesh.layout.engine_address(0)) as rch, \
+    async with mesh_channel(mesh.layout.engine_address(0), "engine") as ech, \
+            mesh_channel(mesh.layout.address("gateway"), "gateway") as gch, \
+            mesh_channel(relay_address or mesh.layout.engine_address(0), "engine") as rch, \
             sse_session(max(levels) + 16) as http:
         engine = engine_pb2_grpc.EngineStub(ech)
         gateway = gateway_pb2_grpc.GatewayStub(gch)

@@ -28,7 +28,7 @@ from pathlib import Path
 import grpc
 from prometheus_client import CollectorRegistry, Counter
 
-from llmesh.rpc.channels import insecure_channel
+from llmesh.rpc.channels import mesh_channel
 from llmesh.rpc.server import GrpcServer, ServiceBinding
 from llmesh.testing import Service, free_ports, port_open, wait_until
 from llmesh.v1 import common_pb2, engine_pb2, engine_pb2_grpc, scheduler_pb2_grpc
@@ -56,7 +56,7 @@ async def cases(address: str, max_model_len: int) -> list[str]:
             failures.append(what)
 
     user = [{"role": "user", "content": "Name three planets."}]
-    async with insecure_channel(address) as ch:
+    async with mesh_channel(address, "engine") as ch:
         stub = engine_pb2_grpc.EngineStub(ch)
         out = [r async for r in stub.Generate(gen(user, max_tokens=16, temperature=0.0), timeout=120)]
         text = "".join(r.text for r in out)
@@ -101,7 +101,7 @@ async def kv_lora_swap(address: str, model_dir: str, kv: KvIndex, tmp: Path) -> 
 
     shared = [{"role": "system", "content": "You answer questions about the solar system. " * 20}]
     tok = AutoTokenizer.from_pretrained(model_dir)
-    async with insecure_channel(address) as ch:
+    async with mesh_channel(address, "engine") as ch:
         stub = engine_pb2_grpc.EngineStub(ch)
         await _collect(stub, gen(shared + [{"role": "user", "content": "Name a moon."}], max_tokens=4))
         ask = shared + [{"role": "user", "content": "Name a planet."}]

@@ -16,7 +16,7 @@ import sys
 import grpc
 import uvloop
 
-from llmesh.rpc.channels import insecure_channel
+from llmesh.rpc.channels import mesh_channel
 from llmesh.rpc.server import SERVER_OPTIONS
 from llmesh.testing import port_open, terminate, wait_until
 from llmesh.v1 import engine_pb2_grpc
@@ -36,7 +36,7 @@ class Relay(engine_pb2_grpc.EngineServicer):
 
 
 async def serve(port: int, upstream: str) -> None:
-    async with insecure_channel(upstream) as channel:
+    async with mesh_channel(upstream, "engine") as channel:
         server = grpc.aio.server(options=SERVER_OPTIONS)
         engine_pb2_grpc.add_EngineServicer_to_server(Relay(engine_pb2_grpc.EngineStub(channel)), server)
         server.add_insecure_port(f"127.0.0.1:{port}")

@@ -177,8 +177,8 @@ llmesh is configured in two places:
   (pydantic-settings): where a service listens, where its peers and stores are, sizes and time
   limits. Each service reads its own `LLMESH_<SERVICE>_*` variables and the mesh-wide `LLMESH_*`
   ones; an invalid value stops the process at start with a message naming it. `llmesh up` sets the
-  ports, addresses and model directories of the processes it starts (and `LLMESH_LOCAL_TRUST=1`
-  unless `LLMESH_SERVICE_SECRET_FILE` is set).
+  ports, addresses and model directories of the processes it starts (and `LLMESH_TRUST=local`
+  unless another trust is set).
 - **The live config**: one YAML document (`llmesh.yaml`, or etcd under `LLMESH_CONFIG_PREFIX`)
   that every service watches and applies within a second, with no restart. It is validated as a
   whole: an invalid document is rejected, the last good one stays, and the log line

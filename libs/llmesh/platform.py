@@ -14,7 +14,7 @@ from llmesh.discovery.base import Follower, Registry, Resolver, fixed
 from llmesh.discovery.static import StaticRegistry
 from llmesh.liveconfig.live import LiveConfig
 from llmesh.liveconfig.stores import ConfigStore, EtcdStore, FileStore
-from llmesh.rpc.identity import Identity, read_secret
+from llmesh.rpc.identity import Credentials, Identity
 from llmesh.settings import MeshSettings
 from llmesh.telemetry import Tracing, build_tracer
 
@@ -29,7 +29,7 @@ class Platform:
     config: LiveConfig
     metrics: CollectorRegistry
     tracing: Tracing = field(default_factory=lambda: Tracing(NoOpTracer()))
-    identity: Identity = field(default_factory=lambda: Identity("test", local_trust=True))
+    identity: Identity = field(default_factory=lambda: Identity("test"))
     followers: list[Follower] = field(default_factory=list)
 
     def resolver(self, service: str, static_address: str) -> Resolver:
@@ -89,13 +89,15 @@ def build_platform(service: str, mesh: MeshSettings) -> Platform:
 
 
 def service_identity(service: str, mesh: MeshSettings) -> Identity:
-    secret = read_secret(mesh.service_secret_file) if mesh.service_secret_file else None
-    return Identity(service, secret, local_trust=mesh.local_trust)
+    """This process's identity in the mesh's trust (IdentityError when its files are missing or wrong)."""
+    if mesh.trust == "local" or not (mesh.tls_ca_file and mesh.tls_cert_file and mesh.tls_key_file):
+        return Identity(service, mesh.trust)  # "tls"/"token" without files: Identity says what is missing
+    return Identity(service, mesh.trust, Credentials.load(mesh.tls_ca_file, mesh.tls_cert_file, mesh.tls_key_file))
 
 
 def standalone_platform(service: str) -> Platform:
     """For an app built outside the runner (tests): static discovery, no live config."""
-    mesh = MeshSettings(discovery="static", config_backend="none", local_trust=True)
+    mesh = MeshSettings(discovery="static", config_backend="none", trust="local")
     platform = build_platform(service, mesh)
     platform.tracing = Tracing(NoOpTracer())
     return platform

@@ -72,16 +72,32 @@ class MeshSettings(BaseSettings):
     config_prefix: str = "/llmesh/config"
     state_dir: Path = Field(default=Path("var/state"), description="config snapshots live here")
     redis_url: str | None = Field(default=None, description="shared limits, keys and usage; unset: in-process")
-    service_secret_file: Path | None = Field(
-        default=None, description="the mesh's shared secret (>= 32 bytes): internal calls carry a token signed "
-        "with it, and admin RPCs (model load/unload, registry writes, endpoint registration) require one")
-    local_trust: bool = Field(default=False, description="one-machine mode without a secret: admin RPCs are "
-                              "open to any caller; a service refuses to start in it unless it listens on loopback")
+    trust: Literal["local", "token", "tls"] = Field(
+        default="local", description="how internal calls prove who calls: `tls` (mutual TLS on every gRPC port, "
+        "the caller named by its certificate), `token` (plaintext gRPC, each call carrying a token signed with the "
+        "caller's certificate key, bound to the target and method, short-lived, never replayed), or `local` (the "
+        "one-machine mode: no identity asked for, and a service refuses to listen on anything but loopback). "
+        "`tls` and `token` check every internal method against its allow-list of caller services")
+    tls_ca_file: Path | None = Field(default=None, description="the mesh CA (PEM) that signs every service's "
+                                     "certificate; needed for trust `tls` and `token`")
+    tls_cert_file: Path | None = Field(default=None, description="this service's certificate (PEM): SAN "
+                                       "`<service>.llmesh.internal`, CN the instance (or the service when shared)")
+    tls_key_file: Path | None = Field(default=None, description="the certificate's private key (PEM, ECDSA or RSA)")
 
     @model_validator(mode="after")
     def _client_cert_pair(self) -> MeshSettings:
         if (self.consul_cert_file is None) != (self.consul_key_file is None):
             raise ValueError("LLMESH_CONSUL_CERT_FILE and LLMESH_CONSUL_KEY_FILE go together")
+        return self
+
+    @model_validator(mode="after")
+    def _trust_files(self) -> MeshSettings:
+        if self.trust != "local":
+            missing = [f"LLMESH_{name.upper()}" for name in ("tls_ca_file", "tls_cert_file", "tls_key_file")
+                       if getattr(self, name) is None]
+            if missing:
+                raise ValueError(f"LLMESH_TRUST={self.trust} needs the mesh CA and this service's certificate "
+                                 f"and key: set {', '.join(missing)}")
         return self
 
 

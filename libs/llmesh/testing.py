@@ -136,7 +136,7 @@ class Service:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             env = {**os.environ, "PYTHONUNBUFFERED": "1", "LLMESH_STATE_DIR": str(self.log_path.parent / "state"),
-                   "LLMESH_LOCAL_TRUST": "1", **self.env}
+                   "LLMESH_TRUST": "local", **self.env}
             self.proc = subprocess.Popen([sys.executable, "-m", self.module, *self.args], env=env,
                                          stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from llmesh.convert import prompt_from_pb, sampling_from_pb
+from llmesh.errors import PermissionDenied
+from llmesh.rpc.identity import caller
 from llmesh.v1 import cache_pb2, cache_pb2_grpc
 from llmesh.cache.keys import Request
 from llmesh.cache.metrics import CacheMetrics
@@ -15,6 +17,12 @@ _KIND = {"exact": cache_pb2.HIT_KIND_EXACT, "semantic": cache_pb2.HIT_KIND_SEMAN
 
 
 def request_from_pb(query: cache_pb2.CacheQuery) -> Request:
+    """The query as the domain's; its tenant is taken from a gateway only (the policy lets no other
+    service call Lookup/Store: this is the second lock). No caller: local trust, or an in-process test."""
+    who = caller.get()
+    if who is not None and who.service != "gateway":
+        raise PermissionDenied(f"only a gateway may name a tenant; the caller is the {who.service} service",
+                               reason="service_not_allowed")
     return Request(tenant=query.tenant, model=query.model, prompt=prompt_from_pb(query),
                    sampling=sampling_from_pb(query.sampling), model_version=query.model_version)
 

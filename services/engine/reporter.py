@@ -13,7 +13,7 @@ import grpc
 from llmesh.backoff import Backoff
 from llmesh.discovery.base import Resolver
 from llmesh.errors import DiscoveryError
-from llmesh.rpc.channels import insecure_channel
+from llmesh.rpc.channels import mesh_channel
 from llmesh.rpc.identity import Identity
 from llmesh.v1 import engine_pb2, scheduler_pb2, scheduler_pb2_grpc
 from llmesh.convert import kv_event_to_pb, kv_hash_to_pb
@@ -30,7 +30,7 @@ class Reporter:
                  kv: Callable[[], KvEventSource] | None = None, caller: Identity | None = None,
                  served: Callable[[], list[scheduler_pb2.ServedModel]] | None = None):
         self._resolve = scheduler
-        self._caller = caller  # the scheduler refuses a registration without the mesh's service token
+        self._caller = caller  # the scheduler takes reports from engine identities only
         self._identity = identity
         self._load = load
         self._extra = extra
@@ -78,7 +78,7 @@ class Reporter:
             address = "?"
             try:
                 address = await self._resolve()  # anew on every (re)connect
-                async with insecure_channel(address, self._caller) as channel:
+                async with mesh_channel(address, "scheduler", self._caller) as channel:
                     await scheduler_pb2_grpc.SchedulerStub(channel).Report(self._reports())
                 backoff.reset()
             except (grpc.aio.AioRpcError, DiscoveryError, OSError) as exc:

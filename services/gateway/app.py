@@ -95,20 +95,21 @@ class GatewayApp:
         self.config = platform.config
         self.picker = EndpointPicker()
         tracer = platform.tracing.tracer
-        self.engines = EngineClients(tracer)
+        identity = platform.identity
+        self.engines = EngineClients(tracer, identity)
         self.providers = ProviderClients()
         self.cache = (CacheClient(platform.resolver("cache", settings.cache_address), settings.cache_budget_s,
-                                  tracer=tracer, config=self._current)
+                                  tracer=tracer, config=self._current, identity=identity)
                       if settings.cache_address else None)
         self.model_catalog = ModelCatalog(platform.resolver("modelmgr", settings.modelmgr_address)
                                          if settings.modelmgr_address else None,
-                                         self.picker, settings.catalog_refresh_s)
+                                         self.picker, settings.catalog_refresh_s, identity)
         self.catalog = ScaledCatalog(self.model_catalog, self._current)
         scheduler = platform.resolver("scheduler", settings.scheduler_address)
-        self.feed = SchedulerFeed(scheduler, self.picker)
+        self.feed = SchedulerFeed(scheduler, self.picker, identity)
         self.holds = Holds()
         self.demand = DemandReporter(scheduler, self.holds, f"{socket.gethostname()}:{os.getpid()}",
-                                     platform.identity)
+                                     identity)
         self.metrics = GatewayMetrics(platform.metrics, known=self._known_model)
         mesh = platform.settings
         self.redis = _redis(mesh.redis_url) if mesh.redis_url else None

@@ -12,7 +12,7 @@ from llmesh.discovery.base import Resolver
 from llmesh.liveconfig.document import InvalidConfig, parse
 from llmesh.liveconfig.stores import ConfigStore
 from llmesh.modelmgr.placement import Engine, Target
-from llmesh.rpc.channels import insecure_channel
+from llmesh.rpc.channels import mesh_channel
 from llmesh.rpc.identity import Identity
 from llmesh.rpc.status import from_rpc_error
 from llmesh.errors import InvalidArgument, Unavailable
@@ -23,20 +23,20 @@ class GrpcMesh:
     def __init__(self, scheduler: Resolver, load_timeout_s: float = 300.0, call_timeout_s: float = 60.0,
                  identity: Identity | None = None):
         self._scheduler = scheduler
-        self._identity = identity  # engines refuse LoadModel/UnloadModel without it
+        self._identity = identity  # engines and the scheduler ask who calls
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._load_timeout = load_timeout_s
         self._timeout = call_timeout_s
 
     def _engine(self, address: str) -> engine_pb2_grpc.EngineStub:
         if address not in self._channels:
-            self._channels[address] = insecure_channel(address, self._identity)
+            self._channels[address] = mesh_channel(address, "engine", self._identity)
         return engine_pb2_grpc.EngineStub(self._channels[address])
 
     async def _scheduler_call(self, method: str, request):
         try:
             address = await self._scheduler()
-            async with insecure_channel(address) as ch:
+            async with mesh_channel(address, "scheduler", self._identity) as ch:
                 return await getattr(scheduler_pb2_grpc.SchedulerStub(ch), method)(request, timeout=10)
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.UNAVAILABLE:

@@ -7,7 +7,8 @@ import time
 
 from prometheus_client import Counter
 
-from llmesh.errors import InvalidArgument
+from llmesh.errors import InvalidArgument, PermissionDenied
+from llmesh.rpc.identity import caller
 from llmesh.convert import (hardware_from_pb, hardware_to_pb, kv_event_from_pb, kv_hash_from_pb, kv_hash_to_pb,
                             self_test_from_pb, self_test_to_pb)
 from llmesh.types import Hardware
@@ -17,6 +18,7 @@ from llmesh.scheduler.health import NodeSignals
 from llmesh.scheduler.kvfeed import KvChangeLog
 from llmesh.scheduler.kvindex import KvIndex
 from llmesh.scheduler.placement import Ask, node_of, plan
+from llmesh.scheduler.reporters import ReportGuard
 from llmesh.scheduler.table import EndpointState, EndpointTable, Load, Served
 
 log = logging.getLogger("llmesh.scheduler")
@@ -92,14 +94,22 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self.kv = kv if kv is not None else KvIndex()
         self.kv_changes = KvChangeLog()
         self._hardware = HardwareForms()
+        self._guard = ReportGuard()
 
     async def Report(self, request_iterator, context):
         endpoint_id = None
+        who, peer, stream = caller.get(), context.peer(), object()
         try:
             async for report in request_iterator:
+                self._guard.check(who, peer, report.endpoint_id, report.address)
                 if endpoint_id is None:
+                    if who is not None:
+                        self._guard.claim(report.endpoint_id, self._guard.owner(who, peer), stream)
                     endpoint_id = report.endpoint_id
                     log.info("engine registered", extra={"endpoint_id": endpoint_id, "address": report.address})
+                elif report.endpoint_id != endpoint_id:
+                    raise PermissionDenied(f"this stream reports {endpoint_id!r}, not {report.endpoint_id!r}",
+                                           reason="not_your_endpoint")
                 self._reports.inc()
                 if report.HasField("kv_hash"):
                     self.kv.set_scheme(endpoint_id, kv_hash_from_pb(report.kv_hash))
@@ -112,6 +122,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 await self._table.upsert(state, changed=bool(events))
         finally:
             if endpoint_id is not None:
+                self._guard.release(endpoint_id, stream)
                 self.kv.forget(endpoint_id)
                 self.kv_changes.forget(endpoint_id)
                 self._hardware.forget(endpoint_id)

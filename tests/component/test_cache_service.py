@@ -13,7 +13,7 @@ from llmesh.cache.app import CacheApp
 from llmesh.cache.config import CacheSettings
 from llmesh.liveconfig.schema import MeshConfig
 from llmesh.platform import standalone_platform
-from llmesh.rpc.channels import insecure_channel
+from llmesh.rpc.channels import mesh_channel
 from llmesh.testing import RedisServer
 from llmesh.v1 import cache_pb2, cache_pb2_grpc, common_pb2
 
@@ -35,7 +35,7 @@ def answer(text: str) -> cache_pb2.CachedResponse:
 class Running:
     def __init__(self, app: CacheApp):
         self.app = app
-        self.channel = insecure_channel(app.advertise_address)
+        self.channel = mesh_channel(app.advertise_address, "cache")
         self.stub = cache_pb2_grpc.CacheStub(self.channel)
         self.stopped = False
 

@@ -19,7 +19,7 @@ from llmesh.engine.app import EngineApp
 from llmesh.engine.config import EngineSettings
 from llmesh.modelmgr.app import ModelMgrApp
 from llmesh.modelmgr.config import ModelMgrSettings
-from llmesh.rpc.channels import insecure_channel
+from llmesh.rpc.channels import mesh_channel
 from llmesh.scheduler.app import SchedulerApp
 from llmesh.scheduler.config import SchedulerSettings
 from llmesh.testing import free_ports
@@ -58,8 +58,8 @@ async def test_deploy_follows_the_schedulers_plan(tmp_path, real_model_dir: Path
             assert time.monotonic() < deadline
             await asyncio.sleep(0.05)
         gguf = next((real_model_dir / SMOL).glob("*.gguf"))
-        async with insecure_channel(mgr.server.bound_address) as ch, \
-                insecure_channel(tight.server.bound_address) as tight_ch:
+        async with mesh_channel(mgr.server.bound_address, "modelmgr") as ch, \
+                mesh_channel(tight.server.bound_address, "engine") as tight_ch:
             stub = modelmgr_pb2_grpc.ModelManagerStub(ch)
             async for _ in stub.ImportModel(modelmgr_pb2.ImportModelRequest(
                     name="smol", source=str(gguf), sha256=hashlib.sha256(gguf.read_bytes()).hexdigest())):

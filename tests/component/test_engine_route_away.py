@@ -10,7 +10,7 @@ import time
 
 from llmesh.engine.app import EngineApp
 from llmesh.engine.config import EngineSettings
-from llmesh.rpc.channels import insecure_channel
+from llmesh.rpc.channels import mesh_channel
 from llmesh.scheduler.app import SchedulerApp
 from llmesh.scheduler.config import SchedulerSettings
 from llmesh.testing import free_ports
@@ -31,7 +31,7 @@ async def test_a_stopping_engine_leaves_routing_first_and_still_takes_what_was_r
                                       scheduler_address=scheduler.advertise_address, route_away_s=0.6,
                                       self_test_interval_s=600, sim_output_tokens=2))
     await engine.start()
-    channel = insecure_channel(engine.server.bound_address)
+    channel = mesh_channel(engine.server.bound_address, "engine")
     stub = engine_pb2_grpc.EngineStub(channel)
     try:
         deadline = time.monotonic() + 5

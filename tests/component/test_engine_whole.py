@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from llmesh.rpc.channels import insecure_channel
+from llmesh.rpc.channels import mesh_channel
 from llmesh.types import Delta, Finish
 from llmesh.v1 import common_pb2, engine_pb2, engine_pb2_grpc
 from llmesh.gateway.upstream.engines import EngineClients
@@ -22,7 +22,7 @@ async def test_whole_answers_in_one_message_with_the_streamed_text(engines):
     req = engine_pb2.GenerateRequest(model=MODEL, prompt="once upon a time",
                                      sampling=common_pb2.SamplingParams(max_tokens=12, temperature=0.7, seed=1,
                                                                         logprobs=1))
-    async with insecure_channel(address) as channel:
+    async with mesh_channel(address, "engine") as channel:
         stub = engine_pb2_grpc.EngineStub(channel)
         streamed = [r async for r in stub.Generate(req, timeout=10)]
         req.whole = True

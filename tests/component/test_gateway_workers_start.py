@@ -14,7 +14,7 @@ from llmesh.testing import free_ports
 
 def gateway(tmp_path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
     grpc_port, http_port, metrics_port = free_ports(3)
-    base = {**os.environ, "LLMESH_STATE_DIR": str(tmp_path / "state"), "LLMESH_LOCAL_TRUST": "1",
+    base = {**os.environ, "LLMESH_STATE_DIR": str(tmp_path / "state"), "LLMESH_TRUST": "local",
             "LLMESH_CONFIG_BACKEND": "none", "LLMESH_GATEWAY_PORT": str(grpc_port),
             "LLMESH_GATEWAY_HTTP_PORT": str(http_port), "LLMESH_GATEWAY_METRICS_PORT": str(metrics_port),
             "LLMESH_GATEWAY_CACHE_ADDRESS": "", **env}

@@ -9,7 +9,7 @@ import asyncio
 import grpc
 import pytest
 
-from llmesh.rpc.channels import insecure_channel
+from llmesh.rpc.channels import mesh_channel
 from llmesh.testing import free_ports
 from llmesh.v1 import common_pb2, engine_pb2, engine_pb2_grpc
 from llmesh.engine.app import EngineApp
@@ -26,7 +26,7 @@ async def engine():
         app = EngineApp(settings)
         await app.start()
         apps.append(app)
-        channel = insecure_channel(app.server.bound_address)
+        channel = mesh_channel(app.server.bound_address, "engine")
         return engine_pb2_grpc.EngineStub(channel), channel
 
     yield start

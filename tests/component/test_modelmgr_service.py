@@ -14,7 +14,7 @@ import pytest
 
 from llmesh.modelmgr.app import ModelMgrApp
 from llmesh.modelmgr.config import ModelMgrSettings
-from llmesh.rpc.channels import insecure_channel
+from llmesh.rpc.channels import mesh_channel
 from llmesh.testing import free_ports
 from llmesh.v1 import modelmgr_pb2, modelmgr_pb2_grpc
 
@@ -28,7 +28,7 @@ async def modelmgr(tmp_path):
                                        database_url=f"sqlite:///{tmp_path / 'registry.db'}",
                                        scheduler_address=f"127.0.0.1:{scheduler_port}"))
     await app.start()
-    async with insecure_channel(app.server.bound_address) as channel:
+    async with mesh_channel(app.server.bound_address, "modelmgr") as channel:
         yield modelmgr_pb2_grpc.ModelManagerStub(channel), app
     await app.stop(0)
 

@@ -16,7 +16,7 @@ import pytest
 from opentelemetry.trace import INVALID_SPAN
 
 from llmesh.platform import standalone_platform
-from llmesh.rpc.channels import insecure_channel
+from llmesh.rpc.channels import mesh_channel
 from llmesh.rpc.status import REASON_KEY
 from llmesh.testing import free_ports, wait_until_async
 from llmesh.types import Message, Priority, Prompt
@@ -43,7 +43,7 @@ async def engine(real_model_dir):
                                   max_running=1, max_waiting=max_waiting, self_test_interval_s=600, **fields)
         app = EngineApp(settings, platform)
         await app.start()
-        channel = insecure_channel(app.server.bound_address)
+        channel = mesh_channel(app.server.bound_address, "engine")
         started.append((app, channel))
         return app, engine_pb2_grpc.EngineStub(channel), platform
 

@@ -9,7 +9,7 @@ import logging
 import grpc
 import pytest
 
-from llmesh.rpc.channels import insecure_channel
+from llmesh.rpc.channels import mesh_channel
 from llmesh.rpc.server import GrpcServer, ServiceBinding
 from llmesh.rpc.status import REASON_KEY
 
@@ -39,7 +39,7 @@ async def test_recursion_errors_are_invalid_argument_without_a_traceback(caplog)
     await server.start()
     ident = dict(request_serializer=lambda b: b, response_deserializer=lambda b: b)
     try:
-        async with insecure_channel(server.bound_address) as ch:
+        async with mesh_channel(server.bound_address, "engine") as ch:
             with caplog.at_level(logging.WARNING, logger="llmesh.rpc"):
                 with pytest.raises(grpc.aio.AioRpcError) as info:
                     await ch.unary_unary("/test.Deep/Unary", **ident)(b"x")

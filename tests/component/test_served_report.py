@@ -13,7 +13,7 @@ from llmesh.engine.app import EngineApp
 from llmesh.engine.config import EngineSettings
 from llmesh.gateway.upstream.feed import SchedulerFeed
 from llmesh.gateway.upstream.picking import EndpointPicker, PickInput
-from llmesh.rpc.channels import insecure_channel
+from llmesh.rpc.channels import mesh_channel
 from llmesh.scheduler.app import SchedulerApp
 from llmesh.scheduler.config import SchedulerSettings
 from llmesh.testing import free_ports, wait_until_async
@@ -43,7 +43,7 @@ async def test_engines_report_context_and_in_flight_and_the_gateway_picks_by_con
         for e in engines:
             await e.start()
         assert await wait_until_async(lambda: len(picker.all()) == 3)
-        async with insecure_channel(scheduler.advertise_address) as ch:
+        async with mesh_channel(scheduler.advertise_address, "scheduler") as ch:
             table = await scheduler_pb2_grpc.SchedulerStub(ch).ListEndpoints(scheduler_pb2.ListEndpointsRequest())
         served = {e.endpoint_id: [(s.name, s.context_length, s.base_model) for s in e.served] for e in table.endpoints}
         assert served == {"llama": [("smollm2-135m-instruct", 512, "")], "sim-short": [("sim-m", 256, "")],
@@ -52,7 +52,7 @@ async def test_engines_report_context_and_in_flight_and_the_gateway_picks_by_con
         assert by_id["sim-long"].context == {"sim-m": 8192} and by_id["llama"].adapters == {}
 
         # a request in flight on sim-short shows in its reports
-        async with insecure_channel(engines[1].server.bound_address) as ch:
+        async with mesh_channel(engines[1].server.bound_address, "engine") as ch:
             call = engine_pb2_grpc.EngineStub(ch).Generate(engine_pb2.GenerateRequest(
                 model="sim-m", prompt="hello", sampling=common_pb2.SamplingParams(max_tokens=50)), timeout=10)
             first = await call.read()

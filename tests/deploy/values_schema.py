@@ -30,9 +30,8 @@ UMBRELLA = "llmesh"
 COMMON_MANAGED = {"host", "port", "metrics_port", "grace_s", "advertise_address"}
 MANAGED = {"gateway": {"http_host", "http_port", "workers", "require_auth"}, "engine": {"endpoint_id"}}
 # the mounted ConfigMap, the pod's state volume, the mesh's trust (always tls) and the mounted
-# mesh certificate (meshTLS / certManager); the pre-TLS trust settings are never set
-MESH_MANAGED = {"config_file", "state_dir", "trust", "tls_ca_file", "tls_cert_file", "tls_key_file",
-                "service_secret_file", "local_trust"}
+# mesh certificate (CA, certificate, key: meshTLS / certManager)
+MESH_MANAGED = {"config_file", "state_dir", "trust", "tls_ca_file", "tls_cert_file", "tls_key_file"}
 # Secrets: only through secretEnv (a Secret's key), never as a plain value in `settings`/`mesh`.
 SECRET_SETTINGS = {"mesh": {"redis_url", "consul_token"}, "cache": {"redis_url"}, "modelmgr": {"database_url"}}
 

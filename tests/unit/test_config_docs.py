@@ -58,8 +58,10 @@ def test_env_names_types_and_defaults_are_pydantic_settings_own(gen):
     assert rows["llmesh_discovery"].type == "one of `static`, `etcd`, `consul`"
     assert rows["llmesh_registry_ttl_s"].type == "int, ≥ 1"
     assert rows["llmesh_redis_url"].default == "unset"
-    assert rows["llmesh_local_trust"].default == "`false`"
+    assert rows["llmesh_trust"].default == "`local`"
+    assert rows["llmesh_trust"].type == "one of `local`, `token`, `tls`"
     gateway = {r.anchor: r for r in gen.settings_rows(GatewaySettings, set())}
+    assert gateway["llmesh_gateway_require_auth"].default == "`false`"  # a bool (was LLMESH_LOCAL_TRUST's)
     assert gateway["llmesh_gateway_port"].default == "`50051`"  # ServiceSettings' field, the service's prefix
     assert gateway["llmesh_gateway_workers"].type == "int, ≥ 1, ≤ 256"
 

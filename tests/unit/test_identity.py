@@ -1,60 +1,88 @@
-"""Service tokens and who may call the admin RPCs."""
+"""Signed call tokens and the loopback rule of local trust, without a server."""
 
 import pytest
 
-from llmesh.errors import PermissionDenied, Unauthenticated
-from llmesh.rpc.identity import TOKEN_KEY, Identity, IdentityError, mint, read_secret, verify
+from llmesh.errors import Unauthenticated, Unavailable
+from llmesh.rpc.identity import CERT_KEY, TOKEN_KEY, Credentials, Identity, IdentityError
+from llmesh.rpc.pki import Principal, ensure_pki
+from llmesh.rpc.tokens import MAX_TTL_S, TokenVerifier
 
-SECRET = b"s" * 32
+import time
+
+NOW = float(int(time.time()))
 UNLOAD = "/llmesh.v1.Engine/UnloadModel"
 
 
-def test_a_minted_token_verifies_and_names_its_service():
-    assert verify(SECRET, mint(SECRET, "modelmgr", now=1000), now=1030) == "modelmgr"
+@pytest.fixture(scope="module")
+def creds(tmp_path_factory):
+    d = tmp_path_factory.mktemp("pki")
+    files = ensure_pki(d, [("modelmgr", "modelmgr-0"), ("engine", "engine-0")])
+    return {k: Credentials.load(f.ca_file, f.cert_file, f.key_file) for k, f in files.items()}
 
 
-@pytest.mark.parametrize("token", [
-    mint(b"x" * 32, "modelmgr", now=1000),                       # another secret
-    mint(SECRET, "modelmgr", now=1000).replace("modelmgr", "gateway"),  # claim changed after signing
-    mint(SECRET, "modelmgr", now=900),                           # expired at 960
-    mint(SECRET, "modelmgr", now=1000, ttl_s=3600),              # valid too far ahead
-    "v1.modelmgr.nope.abc", "garbage", ""])
-def test_bad_tokens_are_refused(token):
+def _verifier(creds, now, nonces=100):
+    from cryptography import x509
+    return TokenVerifier(x509.load_pem_x509_certificate(creds["engine-0"].ca_pem), lambda: now, nonce_cache=nonces)
+
+
+def _call(creds, now, method=UNLOAD, audience="engine"):
+    md = dict(Identity("modelmgr", "token", creds["modelmgr-0"], clock=lambda: now).call_metadata(method, audience))
+    return md[TOKEN_KEY], md[CERT_KEY]
+
+
+def test_a_token_names_its_caller_once(creds):
+    verifier = _verifier(creds, NOW)
+    token, cert = _call(creds, NOW)
+    assert verifier.verify(token, cert, "engine", UNLOAD) == Principal("modelmgr", "modelmgr-0")
+    with pytest.raises(Unauthenticated, match="replay"):
+        verifier.verify(token, cert, "engine", UNLOAD)
+
+
+@pytest.mark.parametrize("minted_at,now", [(NOW - 100, NOW), (NOW + MAX_TTL_S, NOW)])
+def test_an_expired_or_far_future_token_is_refused(creds, minted_at, now):
+    token, cert = _call(creds, minted_at)
+    with pytest.raises(Unauthenticated, match="expired"):
+        _verifier(creds, now).verify(token, cert, "engine", UNLOAD)
+
+
+@pytest.mark.parametrize("audience,method", [("scheduler", UNLOAD), ("engine", "/llmesh.v1.Engine/LoadModel")])
+def test_a_token_for_another_audience_or_method_is_refused(creds, audience, method):
+    token, cert = _call(creds, NOW)
+    with pytest.raises(Unauthenticated, match="issued for"):
+        _verifier(creds, NOW).verify(token, cert, audience, method)
+
+
+@pytest.mark.parametrize("mangle", [lambda t: t[:-4] + "AAAA", lambda t: "x" + t, lambda t: "garbage", lambda t: ""])
+def test_a_tampered_token_is_refused(creds, mangle):
+    token, cert = _call(creds, NOW)
     with pytest.raises(Unauthenticated):
-        verify(SECRET, token, now=1000)
+        _verifier(creds, NOW).verify(mangle(token), cert, "engine", UNLOAD)
 
 
-def test_with_a_secret_admin_methods_need_a_valid_token_and_others_do_not():
-    server = Identity("engine", SECRET, clock=lambda: 1000.0)
-    server.authorize("/llmesh.v1.Engine/Generate", ())
-    with pytest.raises(Unauthenticated):
-        server.authorize(UNLOAD, ())
-    with pytest.raises(Unauthenticated):
-        server.authorize(UNLOAD, [(TOKEN_KEY, mint(b"y" * 32, "rogue", 1000))])
-    server.authorize(UNLOAD, [(TOKEN_KEY, Identity("modelmgr", SECRET, clock=lambda: 1000.0).token())])
-
-
-def test_without_a_secret_admin_methods_are_open_only_in_local_trust():
-    with pytest.raises(PermissionDenied):
-        Identity("engine").authorize("/llmesh.v1.Scheduler/Report", ())
-    Identity("engine", local_trust=True).authorize("/llmesh.v1.Scheduler/Report", ())
-    assert Identity("engine").token() is None
+def test_the_nonce_cache_forgets_only_expired_nonces_and_refuses_when_full(creds):
+    verifier = _verifier(creds, NOW, nonces=2)
+    for _ in range(2):
+        verifier.verify(*_call(creds, NOW), "engine", UNLOAD)
+    with pytest.raises(Unavailable):  # full of live nonces: never forget one, refuse instead
+        verifier.verify(*_call(creds, NOW), "engine", UNLOAD)
+    later = _verifier(creds, NOW, nonces=2)
+    later._clock = lambda: NOW + MAX_TTL_S + 10  # the first two expired
+    later._nonces.update(verifier._nonces)
+    later.verify(*_call(creds, NOW + MAX_TTL_S + 10), "engine", UNLOAD)
 
 
 @pytest.mark.parametrize("address,ok", [("127.0.0.1:1", True), ("localhost:1", True), ("[::1]:1", True),
                                         ("0.0.0.0:1", False), ("10.0.0.5:1", False), ("[::]:1", False)])
-def test_local_trust_listens_on_loopback_only(address, ok):
+def test_local_trust_listens_on_loopback_only(creds, address, ok):
     if ok:
-        Identity("engine", local_trust=True).check_bind(address)
+        Identity("engine").check_bind(address)
     else:
         with pytest.raises(IdentityError, match="loopback"):
-            Identity("engine", local_trust=True).check_bind(address)
-    Identity("engine", SECRET).check_bind(address)  # a secret makes any address fine
+            Identity("engine").check_bind(address)
+    Identity("engine", "token", creds["engine-0"]).check_bind(address)  # identities make any address fine
+    Identity("engine", "tls", creds["engine-0"]).check_bind(address)
 
 
-def test_a_short_secret_is_refused(tmp_path):
-    (tmp_path / "s").write_text("short\n")
-    with pytest.raises(IdentityError, match="at least 32"):
-        read_secret(tmp_path / "s")
-    (tmp_path / "s").write_text("a" * 64 + "\n")
-    assert read_secret(tmp_path / "s") == b"a" * 64
+def test_local_trust_adds_nothing_to_calls(creds):
+    assert Identity("engine").call_metadata(UNLOAD, "engine") == ()
+    assert Identity("engine", "tls", creds["engine-0"]).call_metadata(UNLOAD, "engine") == ()

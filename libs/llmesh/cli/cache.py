@@ -15,8 +15,7 @@ from typing import Any
 import grpc
 
 from llmesh.platform import service_identity
-from llmesh.rpc.channels import insecure_channel
-from llmesh.rpc.identity import IdentityError
+from llmesh.rpc.channels import mesh_channel
 from llmesh.settings import MeshSettings
 from llmesh.v1 import cache_pb2, cache_pb2_grpc
 
@@ -61,10 +60,10 @@ def render(stats: dict[str, Any]) -> str:
 async def run(args: argparse.Namespace, address: str) -> int:
     try:
         caller = service_identity("cli", MeshSettings())
-    except (OSError, IdentityError) as exc:
-        print(f"llmesh cache: cannot read the service secret: {exc}", file=sys.stderr)
+    except (OSError, ValueError) as exc:  # IdentityError, or mesh settings that do not validate
+        print(f"llmesh cache: no usable mesh identity (LLMESH_TRUST, LLMESH_TLS_*): {exc}", file=sys.stderr)
         return 2
-    async with insecure_channel(address, caller) as channel:  # Invalidate is an admin RPC
+    async with mesh_channel(address, "cache", caller) as channel:
         stub = cache_pb2_grpc.CacheStub(channel)
         try:
             if args.verb == "stats":

@@ -23,6 +23,8 @@ import grpc
 
 from llmesh.cli.layout import MAX_ENGINES
 from llmesh.cli.up import Child, MeshSpec, engine_child
+from llmesh.rpc.channels import mesh_channel
+from llmesh.rpc.identity import Identity
 from llmesh.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 log = logging.getLogger("llmesh.launcher")
@@ -98,10 +100,11 @@ class EngineLauncher:
 
 
 async def follow(launcher: EngineLauncher, scheduler_address: str, stop: asyncio.Event, interval_s: float = 0.5,
-                 on_change: Callable[[], None] = lambda: None) -> None:
-    """Polls the scheduler's desired replicas and makes the launcher match them until ``stop``.
-    While the scheduler is unreachable nothing changes."""
-    async with grpc.aio.insecure_channel(scheduler_address) as channel:
+                 on_change: Callable[[], None] = lambda: None, identity: Identity | None = None) -> None:
+    """Polls the scheduler's desired replicas and makes the launcher match them until ``stop``
+    (as ``identity``, the cli's, where the mesh requires one). While the scheduler is
+    unreachable nothing changes."""
+    async with mesh_channel(scheduler_address, "scheduler", identity) as channel:
         stub = scheduler_pb2_grpc.SchedulerStub(channel)
         while not stop.is_set():
             try:

@@ -24,8 +24,7 @@ import sys
 import grpc
 
 from llmesh.platform import service_identity
-from llmesh.rpc.channels import insecure_channel
-from llmesh.rpc.identity import IdentityError
+from llmesh.rpc.channels import mesh_channel
 from llmesh.settings import MeshSettings
 from llmesh.v1 import modelmgr_pb2, modelmgr_pb2_grpc
 
@@ -73,10 +72,10 @@ def _print_eval(e: modelmgr_pb2.EvalReport) -> None:
 async def run(args: argparse.Namespace, address: str) -> int:
     try:
         caller = service_identity("cli", MeshSettings())
-    except (OSError, IdentityError) as exc:
-        print(f"llmesh models: cannot read the service secret: {exc}", file=sys.stderr)
+    except (OSError, ValueError) as exc:  # IdentityError, or mesh settings that do not validate
+        print(f"llmesh models: no usable mesh identity (LLMESH_TRUST, LLMESH_TLS_*): {exc}", file=sys.stderr)
         return 2
-    async with insecure_channel(address, caller) as channel:
+    async with mesh_channel(address, "modelmgr", caller) as channel:
         stub = modelmgr_pb2_grpc.ModelManagerStub(channel)
         try:
             return await _run(args, stub)

@@ -15,16 +15,17 @@ import httpx
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
-from llmesh.rpc.channels import insecure_channel
+from llmesh.rpc.channels import mesh_channel
 from llmesh.rpc.health import health_status
+from llmesh.rpc.identity import Identity
 from llmesh.v1 import modelmgr_pb2, modelmgr_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from llmesh.cli.layout import Layout
 
 SERVICES = ("gateway", "scheduler", "modelmgr", "cache")
 
 
-async def _endpoints(address: str) -> list[dict[str, Any]]:
-    async with insecure_channel(address) as ch:
+async def _endpoints(address: str, identity: Identity | None) -> list[dict[str, Any]]:
+    async with mesh_channel(address, "scheduler", identity) as ch:
         try:
             table = await scheduler_pb2_grpc.SchedulerStub(ch).ListEndpoints(
                 scheduler_pb2.ListEndpointsRequest(), timeout=2)
@@ -42,8 +43,8 @@ async def _endpoints(address: str) -> list[dict[str, Any]]:
                            "latency_ms": round(e.self_test.latency_ms, 1)}} for e in table.endpoints]
 
 
-async def _models(address: str) -> list[dict[str, Any]]:
-    async with insecure_channel(address) as ch:
+async def _models(address: str, identity: Identity | None) -> list[dict[str, Any]]:
+    async with mesh_channel(address, "modelmgr", identity) as ch:
         try:
             resp = await modelmgr_pb2_grpc.ModelManagerStub(ch).ListModels(
                 modelmgr_pb2.ListModelsRequest(), timeout=5)
@@ -132,13 +133,17 @@ def _pid_alive(pid: int) -> bool:
     return pid > 0
 
 
-async def collect(layout: Layout, state_path: Path | None = None) -> dict[str, Any]:
+async def collect(layout: Layout, state_path: Path | None = None, identity: Identity | None = None) -> dict[str, Any]:
+    """``identity``: the cli's, to ask a mesh that requires one (LLMESH_TRUST=tls or token)."""
     addresses = {s: layout.address(s) for s in SERVICES}
-    health = await asyncio.gather(*(health_status(a) for a in addresses.values()))
-    endpoints, models = await asyncio.gather(_endpoints(addresses["scheduler"]), _models(addresses["modelmgr"]))
+    health = await asyncio.gather(*(health_status(a, identity=identity, target_service=s)
+                                    for s, a in addresses.items()))
+    endpoints, models = await asyncio.gather(_endpoints(addresses["scheduler"], identity),
+                                             _models(addresses["modelmgr"], identity))
     services: list[dict[str, Any]] = [{"name": s, "address": a, "health": h}
                                       for (s, a), h in zip(addresses.items(), health)]
-    services += [{"name": e["endpoint_id"], "address": e["address"], "health": await health_status(e["address"])}
+    services += [{"name": e["endpoint_id"], "address": e["address"], "health": await health_status(
+                     e["address"], identity=identity, target_service="engine")}
                  for e in endpoints]
     procs = supervised(state_path)
     for s in services:

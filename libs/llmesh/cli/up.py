@@ -97,8 +97,7 @@ class MeshSpec:
 def base_env() -> dict[str, str]:
     base = dict(os.environ)
     base.setdefault("PYTHONUNBUFFERED", "1")
-    if not base.get("LLMESH_SERVICE_SECRET_FILE"):
-        base["LLMESH_LOCAL_TRUST"] = "1"  # everything listens on 127.0.0.1 (Layout.host)
+    base.setdefault("LLMESH_TRUST", "local")  # everything listens on 127.0.0.1 (Layout.host)
     return base
 
 

@@ -1,71 +1,53 @@
-"""Service identity on internal gRPC calls: who may call the admin RPCs.
+"""Who is calling, on every internal gRPC call, and whether the method allows it.
 
-A caller proves it belongs to the mesh with a short-lived token in the call's
-metadata: ``v1.<service>.<expiry>.<HMAC-SHA256 of the rest>`` keyed by a secret
-every service of the mesh reads from a file. A server refuses its admin methods
-(model load/unload, registry writes, endpoint registration) without a valid one.
-``local_trust`` is the explicit one-machine mode: admin methods are open, and a
-server in this mode listens on a loopback address or does not start."""
+The mesh's trust (LLMESH_TRUST) is one of:
+
+- ``tls``: mutual TLS on every port. The caller's identity is its certificate (SAN
+  ``<service>.llmesh.internal``, CN the instance), which gRPC has checked against the
+  mesh CA. grpcio cannot request a client certificate without requiring it, so a
+  caller without one fails the TLS handshake (the client sees UNAVAILABLE), before
+  any method or status code is involved.
+- ``token``: plaintext gRPC; every call carries a token signed with the caller's
+  certificate key, bound to the target service, the method, a short expiry and a
+  nonce (``llmesh.rpc.tokens``). No token: UNAUTHENTICATED.
+- ``local``: the explicit one-machine mode. No identity is asked for, and a server in
+  this mode listens on a loopback address or does not start.
+
+Then the method's allow-list (``llmesh.rpc.policy``): a caller service it does not
+name gets PERMISSION_DENIED. Servicers read the verified caller from ``caller``."""
 
 from __future__ import annotations
 
-import hashlib
-import hmac
+import base64
 import ipaddress
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterable, Callable, Iterable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import grpc
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
 from llmesh.errors import PermissionDenied, Unauthenticated
+from llmesh.rpc import policy
+from llmesh.rpc.pki import PkiError, Principal, read_principal, service_dns
+from llmesh.rpc.tokens import CERT_KEY, TOKEN_KEY, TokenSigner, TokenVerifier, load_private_key
 
-TOKEN_KEY = "x-llmesh-service-token"
-TOKEN_TTL_S = 60.0
-MIN_SECRET_BYTES = 32
-ADMIN_METHODS = frozenset({
-    "/llmesh.v1.Engine/LoadModel", "/llmesh.v1.Engine/UnloadModel",
-    "/llmesh.v1.Scheduler/Report", "/llmesh.v1.Scheduler/ReportDemand", "/llmesh.v1.Cache/Invalidate",
-    *(f"/llmesh.v1.ModelManager/{m}" for m in (
-        "ImportModel", "QuantizeVersion", "Deploy", "Promote", "Rollback", "ArchiveVersion", "Evaluate")),
-})
+Trust = Literal["local", "token", "tls"]
+TLS_PEER_CACHE = 1024
+
+# The verified caller of the call being served (None: local trust, or a server without identity checks).
+caller: ContextVar[Principal | None] = ContextVar("llmesh.rpc.identity.caller", default=None)
+
+__all__ = ["CERT_KEY", "TOKEN_KEY", "Credentials", "Identity", "IdentityError", "Principal", "Trust", "caller"]
 
 
 class IdentityError(ValueError):
     pass
-
-
-def read_secret(path: Path) -> bytes:
-    secret = path.read_bytes().strip()
-    if len(secret) < MIN_SECRET_BYTES:
-        raise IdentityError(f"the service secret in {path} is {len(secret)} bytes; at least "
-                            f"{MIN_SECRET_BYTES} are needed (e.g. `openssl rand -hex 32 > {path}`)")
-    return secret
-
-
-def _mac(secret: bytes, claim: str) -> str:
-    return hmac.new(secret, claim.encode(), hashlib.sha256).hexdigest()
-
-
-def mint(secret: bytes, service: str, now: float, ttl_s: float = TOKEN_TTL_S) -> str:
-    claim = f"v1.{service}.{int(now + ttl_s)}"
-    return f"{claim}.{_mac(secret, claim)}"
-
-
-def verify(secret: bytes, token: str, now: float, ttl_s: float = TOKEN_TTL_S) -> str:
-    """The calling service's name, or Unauthenticated."""
-    claim, _, mac = token.rpartition(".")
-    parts = claim.split(".")
-    if len(parts) != 3 or parts[0] != "v1" or not parts[2].isdigit():
-        raise Unauthenticated("malformed service token", reason="invalid_service_token")
-    if not hmac.compare_digest(mac, _mac(secret, claim)):
-        raise Unauthenticated("service token signature does not match", reason="invalid_service_token")
-    expiry = int(parts[2])
-    if expiry < now or expiry > now + ttl_s + 5:
-        raise Unauthenticated("service token expired or not yet valid", reason="expired_service_token")
-    return parts[1]
 
 
 def is_loopback(address: str) -> bool:
@@ -79,49 +61,152 @@ def is_loopback(address: str) -> bool:
 
 
 @dataclass(frozen=True)
-class Identity:
-    """This process's identity (``service``) and the mesh's trust mode."""
-    service: str
-    secret: bytes | None = None
-    local_trust: bool = False
-    clock: Callable[[], float] = time.time
+class Credentials:
+    """The mesh CA and this process's certificate and key (PEM)."""
+    ca_pem: bytes
+    cert_pem: bytes
+    key_pem: bytes
 
-    def token(self) -> str | None:
-        return mint(self.secret, self.service, self.clock()) if self.secret else None
+    @classmethod
+    def load(cls, ca_file: Path, cert_file: Path, key_file: Path) -> Credentials:
+        try:
+            return cls(ca_file.read_bytes(), cert_file.read_bytes(), key_file.read_bytes())
+        except OSError as exc:
+            raise IdentityError(f"cannot read the mesh's TLS files: {exc}") from None
+
+    @property
+    def principal(self) -> Principal:
+        return read_principal(self.cert_pem)
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class Identity:
+    """This process's identity (``service``) and the mesh's trust mode: the checks a
+    server makes and the credentials a client presents."""
+
+    def __init__(self, service: str, trust: Trust = "local", credentials: Credentials | None = None,
+                 clock: Callable[[], float] = time.time):
+        self.service = service
+        self.trust = trust
+        self.credentials = credentials
+        self.principal: Principal | None = None  # this process's, from its certificate ("tls", "token")
+        self._signer: TokenSigner | None = None
+        self._verifier: TokenVerifier | None = None
+        self._peers: OrderedDict[bytes, Principal] = OrderedDict()
+        if trust == "local":
+            return
+        if credentials is None:
+            raise IdentityError(f"LLMESH_TRUST={trust} needs the mesh CA and this service's certificate and key "
+                                "(LLMESH_TLS_CA_FILE, LLMESH_TLS_CERT_FILE, LLMESH_TLS_KEY_FILE)")
+        try:
+            principal = credentials.principal
+            ca = x509.load_pem_x509_certificate(credentials.ca_pem)
+            cert = x509.load_pem_x509_certificate(credentials.cert_pem)
+            key = load_private_key(credentials.key_pem)
+        except (ValueError, PkiError) as exc:
+            raise IdentityError(f"the mesh's TLS files are not usable: {exc}") from None
+        if principal.service != service:
+            raise IdentityError(f"this is the {service} service, but its certificate names "
+                                f"{service_dns(principal.service)}")
+        self.principal = principal
+        self._signer = TokenSigner(principal, key, cert.public_bytes(serialization.Encoding.DER), clock)
+        self._verifier = TokenVerifier(ca, clock)
+
+    # -- serving side
 
     def check_bind(self, address: str) -> None:
-        if self.local_trust and not self.secret and not is_loopback(address):
-            raise IdentityError(f"local trust (LLMESH_LOCAL_TRUST) opens the admin RPCs to every caller, so it "
-                                f"needs a loopback address; {address} is not (set LLMESH_SERVICE_SECRET_FILE)")
+        if self.trust == "local" and not is_loopback(address):
+            raise IdentityError(f"local trust (LLMESH_TRUST=local) asks no caller for an identity, so it needs a "
+                                f"loopback address; {address} is not (set LLMESH_TRUST=tls or token)")
 
-    def authorize(self, method: str, metadata: Iterable[tuple[str, str | bytes]] | None) -> None:
-        """Raises unless the caller may call ``method``."""
-        if method not in ADMIN_METHODS:
-            return
-        token = next((v for k, v in metadata or () if k == TOKEN_KEY and isinstance(v, str)), None)  # a text key
-        if self.secret:
-            if token is None:
-                raise Unauthenticated(f"{method} needs a service token", reason="service_identity_required")
-            verify(self.secret, token, self.clock())
-            return
-        if not self.local_trust:
-            raise PermissionDenied(f"{method} is refused: this service has no service secret "
-                                   "(LLMESH_SERVICE_SECRET_FILE) and is not in local trust mode",
-                                   reason="service_identity_required")
+    def server_credentials(self) -> grpc.ServerCredentials | None:
+        """Mutual TLS (a client certificate signed by the mesh CA required) in "tls" trust."""
+        if self.trust != "tls" or self.credentials is None:
+            return None
+        c = self.credentials
+        return grpc.ssl_server_credentials([(c.key_pem, c.cert_pem)], root_certificates=c.ca_pem,
+                                           require_client_auth=True)
+
+    def authenticate(self, method: str, context: grpc.aio.ServicerContext[Any, Any]) -> Principal | None:
+        """The verified caller of ``method`` once its policy allows it; None in local trust and
+        on open methods. Raises Unauthenticated or PermissionDenied."""
+        if self.trust == "local" or policy.is_open(method):
+            return None
+        principal = self._tls_peer(context) if self.trust == "tls" else self._token_caller(method, context)
+        if principal.service not in policy.allowed_callers(method):
+            raise PermissionDenied(f"{method} is not open to the {principal.service} service",
+                                   reason="service_not_allowed")
+        return principal
+
+    def _tls_peer(self, context: grpc.aio.ServicerContext[Any, Any]) -> Principal:
+        pem = next(iter(context.auth_context().get("x509_pem_cert") or ()), None)
+        if pem is None:  # cannot happen with require_client_auth; fail closed anyway
+            raise Unauthenticated("the call has no client certificate", reason="service_identity_required")
+        principal = self._peers.get(pem)
+        if principal is None:
+            try:
+                principal = read_principal(pem)
+            except (ValueError, PkiError) as exc:
+                raise Unauthenticated(f"the client certificate names no mesh service: {exc}",
+                                      reason="service_identity_required") from None
+            self._peers[pem] = principal
+            if len(self._peers) > TLS_PEER_CACHE:
+                self._peers.popitem(last=False)
+        return principal
+
+    def _token_caller(self, method: str, context: grpc.aio.ServicerContext[Any, Any]) -> Principal:
+        token = cert = None
+        for key, value in context.invocation_metadata() or ():
+            if key == TOKEN_KEY:
+                token = _text(value)
+            elif key == CERT_KEY:
+                cert = _text(value)
+        if token is None or cert is None:
+            raise Unauthenticated(f"{method} needs a service identity (a signed token and its certificate)",
+                                  reason="service_identity_required")
+        audience = policy.audience(method)
+        assert self._verifier is not None  # "token" trust has one
+        if audience is None:
+            raise PermissionDenied(f"{method} is not a mesh method", reason="service_not_allowed")
+        return self._verifier.verify(token, cert, audience, method)
+
+    # -- calling side
+
+    def channel_credentials(self) -> grpc.ChannelCredentials | None:
+        if self.trust != "tls" or self.credentials is None:
+            return None
+        c = self.credentials
+        return grpc.ssl_channel_credentials(c.ca_pem, c.key_pem, c.cert_pem)
+
+    def call_metadata(self, method: str | bytes, target_service: str) -> tuple[tuple[str, str], ...]:
+        """What a call in "token" trust carries (nothing in the others)."""
+        if self._signer is None or self.trust != "token":
+            return ()
+        name = _text(method)
+        token = self._signer.token(policy.audience(name) or target_service, name)
+        return ((TOKEN_KEY, token), (CERT_KEY, self._signer.cert_b64))
+
+
+def cert_b64(pem: bytes) -> str:
+    """A PEM certificate as the ``x-llmesh-cert`` value (DER, base64)."""
+    return base64.b64encode(x509.load_pem_x509_certificate(pem).public_bytes(serialization.Encoding.DER)).decode()
 
 
 class _WithToken:
-    """Adds a fresh service token to every call. grpc.aio files an interceptor under
-    the first call kind it implements, so there is one class per kind."""
+    """Adds a fresh token to every call. grpc.aio files an interceptor under the first
+    call kind it implements, so there is one class per kind."""
 
-    def __init__(self, identity: Identity):
+    def __init__(self, identity: Identity, target_service: str):
         self._identity = identity
+        self._target = target_service
 
     def _details(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
         metadata = grpc.aio.Metadata(*(details.metadata or ()))
-        token = self._identity.token()
-        if token is not None:  # always: these interceptors are installed only with a secret
-            metadata.add(TOKEN_KEY, token)
+        for key, value in self._identity.call_metadata(details.method, self._target):
+            metadata.add(key, value)
         # ClientCallDetails is a namedtuple at runtime; its stub does not say so.
         replaced: grpc.aio.ClientCallDetails = details._replace(metadata=metadata)  # type: ignore[attr-defined]
         return replaced
@@ -151,7 +236,7 @@ class _StreamStream(_WithToken, grpc.aio.StreamStreamClientInterceptor):
         return await continuation(self._details(details), request_iterator)
 
 
-def client_interceptors(identity: Identity | None) -> list[grpc.aio.ClientInterceptor]:
-    if not (identity and identity.secret):
+def client_interceptors(identity: Identity | None, target_service: str) -> list[grpc.aio.ClientInterceptor]:
+    if identity is None or identity.trust != "token":
         return []
-    return [kind(identity) for kind in (_UnaryUnary, _UnaryStream, _StreamUnary, _StreamStream)]
+    return [kind(identity, target_service) for kind in (_UnaryUnary, _UnaryStream, _StreamUnary, _StreamStream)]

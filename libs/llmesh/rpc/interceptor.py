@@ -1,5 +1,7 @@
-"""The one server interceptor: binds the request id to the logs and turns domain
-errors into gRPC status codes. Servicers raise; they never call context.abort."""
+"""The one server interceptor: binds the request id to the logs, checks the caller's
+identity against the method's policy (``llmesh.rpc.identity``, which sets ``caller``)
+and turns domain errors into gRPC status codes. Servicers raise; they never call
+context.abort."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from opentelemetry.trace import Span, SpanKind, Tracer
 
 from llmesh.logs import request_id_var
 from llmesh.request_id import accept, new_request_id
-from llmesh.rpc.identity import Identity
+from llmesh.rpc.identity import Identity, caller
 from llmesh.telemetry import bind_trace_id, extract
 from llmesh.rpc.status import grpc_code, trailing_metadata
 
@@ -108,8 +110,9 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         identity = self._identity
 
         def authorize(context: Context) -> None:
+            # The handler runs in this task's context: the servicer reads the caller from it.
             if identity:
-                identity.authorize(method, context.invocation_metadata())
+                caller.set(identity.authenticate(method, context))
 
         def request(raw: Any) -> Any:
             return _parsed(raw, parse) if streamed_requests else parse(raw)

@@ -52,7 +52,8 @@ class GrpcServer:
     def __init__(self, address: str, bindings: Sequence[ServiceBinding], tracer: Tracer | None = None,
                  identity: Identity | None = None, reuse_port: bool = False,
                  bind_wait_s: float = DEFAULT_BIND_WAIT_S):
-        """``identity`` decides who may call the admin RPCs (None: anyone, for in-process tests);
+        """``identity``: the mesh's trust, which decides the port's transport (mutual TLS in "tls"
+        trust) and who may call each method (None: anyone, for in-process tests);
         ``reuse_port``: bind with SO_REUSEPORT, beside other processes on the same port;
         ``bind_wait_s``: how long a taken port is tried again (llmesh.ports)."""
         self._address = address
@@ -86,8 +87,10 @@ class GrpcServer:
         """Binds the server's port; an OSError (EADDRINUSE when the port is taken) if it cannot.
         grpcio raises RuntimeError (1.85) or returns 0 (older) without saying why: a plain
         socket bound with the server's options tells."""
+        credentials = self._identity.server_credentials() if self._identity else None
         try:
-            port = server.add_insecure_port(self._address)
+            port = (server.add_secure_port(self._address, credentials) if credentials
+                    else server.add_insecure_port(self._address))
         except RuntimeError as exc:
             failure: Exception = exc
         else:

@@ -13,7 +13,8 @@ from llmesh.convert import finish_from_pb, finish_to_pb, prompt_fields, sampling
 from llmesh.discovery.base import NoInstance, Resolver
 from llmesh.errors import DiscoveryError
 from llmesh.liveconfig.schema import MeshConfig
-from llmesh.rpc.channels import insecure_channel
+from llmesh.rpc.channels import mesh_channel
+from llmesh.rpc.identity import Identity
 from llmesh.rpc.interceptor import REQUEST_ID_KEY
 from llmesh.telemetry import child_context, inject
 from llmesh.types import Finish
@@ -31,8 +32,10 @@ class CacheClient:
     when first needed and again after the cache was unreachable."""
 
     def __init__(self, resolve: Resolver, budget_s: float = 0.02, tracer: Tracer | None = None,
-                 store_timeout_s: float = 2.0, config: Callable[[], MeshConfig] = MeshConfig):
+                 store_timeout_s: float = 2.0, config: Callable[[], MeshConfig] = MeshConfig,
+                 identity: Identity | None = None):
         self._resolve = resolve
+        self._identity = identity
         self._config = config
         self._tracer = tracer or NoOpTracer()
         self._channel: grpc.aio.Channel | None = None
@@ -52,7 +55,7 @@ class CacheClient:
                 address = await asyncio.wait_for(self._resolve(), self._timeout)
             except TimeoutError:
                 raise NoInstance("cache", "known yet") from None
-            self._channel = insecure_channel(address)
+            self._channel = mesh_channel(address, "cache", self._identity)
             self._stub = cache_pb2_grpc.CacheStub(self._channel)
         return self._stub
 

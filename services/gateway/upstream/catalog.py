@@ -13,7 +13,8 @@ from llmesh.backoff import Backoff
 from llmesh.discovery.base import Resolver
 from llmesh.errors import DiscoveryError
 from llmesh.liveconfig.schema import MeshConfig
-from llmesh.rpc.channels import insecure_channel
+from llmesh.rpc.channels import mesh_channel
+from llmesh.rpc.identity import Identity
 from llmesh.v1 import modelmgr_pb2, modelmgr_pb2_grpc
 from llmesh.gateway.upstream.picking import EndpointPicker
 from llmesh.gateway.upstream.rpc import why
@@ -25,8 +26,10 @@ class ModelCatalog:
     """Models the gateway accepts: the registry's, plus any an engine serves (the
     sim backend's, say). Refreshed in the background, never on the request path."""
 
-    def __init__(self, resolve: Resolver | None, picker: EndpointPicker, refresh_s: float = 10.0):
+    def __init__(self, resolve: Resolver | None, picker: EndpointPicker, refresh_s: float = 10.0,
+                 identity: Identity | None = None):
         self._resolve = resolve
+        self._identity = identity
         self._picker = picker
         self._refresh = refresh_s
         self._registry: set[str] = set()
@@ -45,7 +48,7 @@ class ModelCatalog:
         backoff = Backoff(initial_s=min(1.0, self._refresh), max_s=self._refresh)
         while True:
             try:
-                async with insecure_channel(await self._resolve()) as channel:
+                async with mesh_channel(await self._resolve(), "modelmgr", self._identity) as channel:
                     resp = await modelmgr_pb2_grpc.ModelManagerStub(channel).ListModels(
                         modelmgr_pb2.ListModelsRequest(), timeout=10)
                 self._registry = {m.name for m in resp.models}

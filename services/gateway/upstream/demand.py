@@ -12,7 +12,7 @@ import grpc
 
 from llmesh.discovery.base import Resolver
 from llmesh.errors import DiscoveryError
-from llmesh.rpc.channels import insecure_channel
+from llmesh.rpc.channels import mesh_channel
 from llmesh.rpc.identity import Identity
 from llmesh.v1 import scheduler_pb2, scheduler_pb2_grpc
 from llmesh.gateway.domain.holds import Holds
@@ -41,7 +41,7 @@ class DemandReporter:
                 held = self._holds.snapshot()
                 try:
                     if channel is None:
-                        channel = insecure_channel(await self._resolve(), self._identity)
+                        channel = mesh_channel(await self._resolve(), "scheduler", self._identity)
                     await scheduler_pb2_grpc.SchedulerStub(channel).ReportDemand(scheduler_pb2.ReportDemandRequest(
                         gateway_id=self._id, held=[scheduler_pb2.HeldRequests(model=m, count=n, oldest_wait_s=w)
                                                    for m, (n, w) in held.items()]), timeout=2)

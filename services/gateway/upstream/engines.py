@@ -9,7 +9,8 @@ from opentelemetry.trace import NoOpTracer, Span, SpanKind, Status, StatusCode, 
 from llmesh.convert import (finish_from_pb, logprobs_from_pb, priority_to_pb, prompt_fields, sampling_to_pb,
                             usage_from_pb)
 from llmesh.errors import EngineLost, Unavailable
-from llmesh.rpc.channels import insecure_channel
+from llmesh.rpc.channels import mesh_channel
+from llmesh.rpc.identity import Identity
 from llmesh.rpc.interceptor import REQUEST_ID_KEY
 from llmesh.rpc.status import REASON_KEY, from_rpc_error
 from llmesh.telemetry import child_context, inject
@@ -40,14 +41,15 @@ def lost(exc: grpc.aio.AioRpcError) -> bool:
 class EngineClients:
     """One channel per engine address, opened on first use."""
 
-    def __init__(self, tracer: Tracer | None = None) -> None:
+    def __init__(self, tracer: Tracer | None = None, identity: Identity | None = None) -> None:
         self._tracer = tracer or NoOpTracer()
+        self._identity = identity
         self._stubs: dict[str, tuple[grpc.aio.Channel, engine_pb2_grpc.EngineStub]] = {}
 
     def _stub(self, address: str) -> engine_pb2_grpc.EngineStub:
         entry = self._stubs.get(address)
         if entry is None:
-            channel = insecure_channel(address)
+            channel = mesh_channel(address, "engine", self._identity)
             entry = self._stubs[address] = (channel, engine_pb2_grpc.EngineStub(channel))
         return entry[1]
 

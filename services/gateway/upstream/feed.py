@@ -11,7 +11,8 @@ from llmesh.backoff import Backoff
 from llmesh.convert import kv_hash_from_pb
 from llmesh.discovery.base import Resolver
 from llmesh.errors import DiscoveryError
-from llmesh.rpc.channels import insecure_channel
+from llmesh.rpc.channels import mesh_channel
+from llmesh.rpc.identity import Identity
 from llmesh.v1 import scheduler_pb2, scheduler_pb2_grpc
 from llmesh.gateway.upstream.picking import Endpoint, EndpointPicker
 from llmesh.gateway.upstream.rpc import why
@@ -32,8 +33,9 @@ class SchedulerFeed:
     """Keeps the picker's table current from the scheduler's WatchEndpoints stream.
     If the scheduler goes away, the last known table stays in use."""
 
-    def __init__(self, resolve: Resolver, picker: EndpointPicker):
+    def __init__(self, resolve: Resolver, picker: EndpointPicker, identity: Identity | None = None):
         self._resolve = resolve
+        self._identity = identity
         self._picker = picker
 
     async def run(self) -> None:
@@ -42,7 +44,7 @@ class SchedulerFeed:
             address = "?"
             try:
                 address = await self._resolve()  # anew on every (re)connect
-                async with insecure_channel(address) as channel:
+                async with mesh_channel(address, "scheduler", self._identity) as channel:
                     stub = scheduler_pb2_grpc.SchedulerStub(channel)
                     async for table in stub.WatchEndpoints(scheduler_pb2.WatchEndpointsRequest()):
                         self._picker.replace_all(endpoint_from_pb(e) for e in table.endpoints)
