@@ -319,3 +319,44 @@ def test_network_policies_can_be_turned_off_but_then_the_check_fails(helm_dir, t
     docs, problems = checks.render(helm_dir / "cache", _values(tmp_path, {"networkPolicy": {"enabled": False}}))
     assert problems == [] and _by_kind(docs, "NetworkPolicy") == {}
     assert security.network_policy_problems(docs) == ["Deployment/llmesh-cache: no NetworkPolicy selects its pods"]
+
+
+# --- the chart's certificates work with the mesh's mutual TLS ---------------------------
+
+async def test_the_generated_certificates_serve_mutual_tls_between_allowed_services(umbrella):
+    """The umbrella's generated certificates (RSA, from sprig) in a real grpc.aio server under
+    LLMESH_TRUST=tls: the gateway's certificate calls an engine method and is seen as the
+    gateway; the cache's is refused by the method's allow-list."""
+    import grpc
+
+    from llmesh.rpc.channels import mesh_channel
+    from llmesh.rpc.identity import Credentials, Identity, caller
+    from llmesh.rpc.server import GrpcServer, ServiceBinding
+
+    secrets = _by_kind(umbrella, "Secret")
+
+    def identity(service: str) -> Identity:
+        data = {k: base64.b64decode(v) for k, v in secrets[f"prod-{service}-mesh-tls"]["data"].items()}
+        return Identity(service, "tls", Credentials(data["ca.crt"], data["tls.crt"], data["tls.key"]))
+
+    async def handler(request, context):  # who the server saw
+        return f"{caller.get().service}/{caller.get().instance}".encode()
+
+    def bind(servicer, server) -> None:
+        raw = lambda b: b  # noqa: E731
+        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
+            "llmesh.v1.Engine", {"Tokenize": grpc.unary_unary_rpc_method_handler(handler, raw, raw)})])
+
+    server = GrpcServer("127.0.0.1:0", [ServiceBinding("llmesh.v1.Engine", None, bind)], identity=identity("engine"))
+    await server.start()
+    raw = dict(request_serializer=lambda b: b, response_deserializer=lambda b: b)
+    try:
+        async with mesh_channel(server.bound_address, "engine", identity("gateway")) as channel:
+            seen = await channel.unary_unary("/llmesh.v1.Engine/Tokenize", **raw)(b"x", timeout=10)
+        assert seen == b"gateway/gateway"  # one certificate for the gateway's replicas: CN = the service
+        async with mesh_channel(server.bound_address, "engine", identity("cache")) as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await channel.unary_unary("/llmesh.v1.Engine/Tokenize", **raw)(b"x", timeout=10)
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    finally:
+        await server.stop(0)
