@@ -19,6 +19,7 @@ from pathlib import Path
 
 import yaml
 
+from tests.deploy.security import helm_security_problems
 from tests.deploy.values_schema import ROOT, env_prefix, settings_classes
 
 from llmesh.liveconfig.document import InvalidConfig, parse as parse_live_config
@@ -34,7 +35,7 @@ UMBRELLA = "llmesh"
 KUBERNETES_VERSIONS = ("1.29.0", None)
 # Custom resources: no schema ships for them here; checked by crd_problems instead.
 CRD_KINDS = {("keda.sh/v1alpha1", "ScaledObject"), ("monitoring.coreos.com/v1", "ServiceMonitor"),
-             ("monitoring.coreos.com/v1", "PodMonitor")}
+             ("monitoring.coreos.com/v1", "PodMonitor"), ("cert-manager.io/v1", "Certificate")}
 
 
 # --- settings ------------------------------------------------------------------------------
@@ -404,9 +405,24 @@ def _pods(docs: list[dict]) -> list[tuple[str, dict]]:
     return [(d["metadata"]["name"], d["spec"]["template"]) for d in docs if d.get("kind") == "Deployment"]
 
 
+def probe_port(probe: dict | None) -> int | None:
+    """The port a grpc.health.v1 probe asks: a kubelet gRPC probe's, or that of an exec probe
+    running `python3 -m llmesh.rpc.probe HOST:PORT` (the mesh's mTLS ports need a client
+    certificate, which the kubelet's own gRPC probe cannot present)."""
+    probe = probe or {}
+    if "grpc" in probe:
+        return probe["grpc"].get("port")
+    command = (probe.get("exec") or {}).get("command") or []
+    words = shlex.split(command[-1]) if command[:2] == ["sh", "-c"] else command
+    if "llmesh.rpc.probe" in words and words.index("llmesh.rpc.probe") + 1 < len(words):
+        port = words[words.index("llmesh.rpc.probe") + 1].rsplit(":", 1)[-1]
+        return int(port) if port.isdigit() else None
+    return None
+
+
 def workload_problems(docs: list[dict], allowed_env: set[str]) -> list[str]:
-    """Each llmesh container: settings-only env, gRPC probes on its gRPC port, a preStop
-    drain that fits in the termination grace period, and a valid live config."""
+    """Each llmesh container: settings-only env, grpc.health.v1 probes on its gRPC port, a
+    preStop drain that fits in the termination grace period, and a valid live config."""
     problems = []
     for name, pod in _pods(docs):
         spec = pod["spec"]
@@ -416,7 +432,7 @@ def workload_problems(docs: list[dict], allowed_env: set[str]) -> list[str]:
             problems += env_problems(where, env, allowed_env) + value_problems(where, env)
             grpc_ports = {p["containerPort"] for p in c.get("ports", []) if p.get("name") == "grpc"}
             for probe in ("readinessProbe", "livenessProbe"):
-                port = ((c.get(probe) or {}).get("grpc") or {}).get("port")
+                port = probe_port(c.get(probe))
                 if port is None or port not in grpc_ports:
                     problems.append(f"{where}: {probe} is not a grpc.health.v1 probe on the gRPC port")
             sleep = (((c.get("lifecycle") or {}).get("preStop") or {}).get("exec") or {}).get("command", [])
@@ -430,29 +446,6 @@ def workload_problems(docs: list[dict], allowed_env: set[str]) -> list[str]:
     for doc in docs:
         if doc.get("kind") == "ConfigMap" and "llmesh.yaml" in (doc.get("data") or {}):
             problems += live_config_problems(f"ConfigMap/{doc['metadata']['name']}", doc["data"]["llmesh.yaml"])
-    return problems
-
-
-def service_secret_problems(docs: list[dict]) -> list[str]:
-    """Each llmesh container reads LLMESH_SERVICE_SECRET_FILE from a mounted Secret volume
-    (without it the scheduler refuses every engine); a rendered Secret has that key."""
-    problems = []
-    secrets = {d["metadata"]["name"]: d for d in docs if d.get("kind") == "Secret"}
-    for name, pod in _pods(docs):
-        volumes = {v["name"]: v for v in pod["spec"].get("volumes", [])}
-        for c in pod["spec"]["containers"]:
-            where = f"Deployment/{name} container {c['name']}"
-            path = next((e.get("value") for e in c.get("env", []) if e["name"] == "LLMESH_SERVICE_SECRET_FILE"), None)
-            if not path:
-                problems.append(f"{where}: no LLMESH_SERVICE_SECRET_FILE")
-                continue
-            directory, _, key = path.rpartition("/")
-            mount = next((m for m in c.get("volumeMounts", []) if m["mountPath"] == directory), None)
-            secret = (volumes.get(mount["name"]) or {}).get("secret") if mount else None
-            if not secret:
-                problems.append(f"{where}: {path} is not in a mounted Secret volume")
-            elif secret["secretName"] in secrets and key not in (secrets[secret["secretName"]].get("data") or {}):
-                problems.append(f"{where}: Secret/{secret['secretName']} has no key {key}")
     return problems
 
 
@@ -498,7 +491,7 @@ def chart_problems(chart: Path, values: list[Path], allowed_env: set[str]) -> li
     docs, problems = render(chart, values)
     if docs:
         problems += (kubernetes_problems(docs) + workload_problems(docs, allowed_env) + crd_problems(docs)
-                     + service_secret_problems(docs))
+                     + helm_security_problems(docs))
         if not any(d.get("kind") == "Deployment" for d in docs):
             problems.append(f"{chart.name}: renders no Deployment")
     return problems

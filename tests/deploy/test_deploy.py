@@ -3,46 +3,16 @@ without Docker or a cluster; and proof that each check fails on a broken copy.""
 
 from __future__ import annotations
 
-import base64
 import copy
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 import yaml
 
-from llmesh.rpc import identity
 from tests.deploy import checks, values_schema
 
 CHARTS = (*checks.SERVICE_CHARTS, checks.UMBRELLA)
-
-
-@pytest.fixture(scope="session")
-def allowed_env() -> set[str]:
-    return checks.settings_env_names() | checks.otel_env_names()
-
-
-@pytest.fixture(scope="session")
-def compose_doc() -> dict:
-    return yaml.safe_load(checks.COMPOSE.read_text())
-
-
-def _copy_charts(dest: Path) -> Path:
-    try:
-        checks.helm_binary()
-    except FileNotFoundError as exc:
-        pytest.fail(str(exc))
-    helm_dir = dest / "helm"
-    shutil.copytree(checks.HELM_DIR, helm_dir, ignore=shutil.ignore_patterns("charts", "*.tgz"))
-    assert checks.build_dependencies(helm_dir) == []
-    return helm_dir
-
-
-@pytest.fixture(scope="session")
-def helm_dir(tmp_path_factory) -> Path:
-    """The charts with their dependencies packaged, in a scratch copy (the tree stays clean)."""
-    return _copy_charts(tmp_path_factory.mktemp("charts"))
 
 
 def _monitors_values(chart: str, dest: Path) -> Path:
@@ -222,13 +192,15 @@ def test_umbrella_wires_services_by_release_name(helm_dir):
 
 def test_gateway_workers_value_sets_the_setting_and_is_checked(helm_dir, allowed_env, tmp_path):
     values = tmp_path / "workers.yaml"
-    values.write_text(yaml.safe_dump({"workers": 4, "mesh": {"redis_url": "redis://redis:6379/0"},
+    values.write_text(yaml.safe_dump({"workers": 4, "secretEnv": {"LLMESH_REDIS_URL": {"secretName": "redis",
+                                                                                       "key": "url"}},
                                       "resources": {"requests": {"cpu": "4", "memory": "1Gi"}}}))
     assert checks.chart_problems(helm_dir / "gateway", [values], allowed_env) == []
     docs, _ = checks.render(helm_dir / "gateway", [values])
     gateway = next(d for d in docs if d["kind"] == "Deployment")
-    env = {e["name"]: e.get("value") for e in gateway["spec"]["template"]["spec"]["containers"][0]["env"]}
-    assert env["LLMESH_GATEWAY_WORKERS"] == "4" and env["LLMESH_REDIS_URL"] == "redis://redis:6379/0"
+    env = {e["name"]: e for e in gateway["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["LLMESH_GATEWAY_WORKERS"]["value"] == "4"
+    assert env["LLMESH_REDIS_URL"]["valueFrom"]["secretKeyRef"] == {"name": "redis", "key": "url"}
     default, _ = checks.render(helm_dir / "gateway", [])
     env = {e["name"]: e.get("value") for e in next(d for d in default if d["kind"] == "Deployment")
            ["spec"]["template"]["spec"]["containers"][0]["env"]}
@@ -262,7 +234,12 @@ def test_external_consul_and_etcd_bind_services_to_the_pod_ip(helm_dir, allowed_
     ({"settings": {"n_threads_typo": 2}}, "Additional property n_threads_typo is not allowed"),
     ({"mesh": {"discovery": "zookeeper"}}, "mesh.discovery"),
     ({"mesh": {"service_secret_file": "/x"}}, "Additional property service_secret_file is not allowed"),
-    ({"serviceSecret": {"name": "Not_A_Name"}}, "serviceSecret.name"),
+    ({"mesh": {"trust": "local"}}, "Additional property trust is not allowed"),  # always tls
+    ({"mesh": {"redis_url": "redis://:pw@redis:6379/0"}}, "Additional property redis_url is not allowed"),
+    ({"mesh": {"consul_token": "t"}}, "Additional property consul_token is not allowed"),
+    ({"secretEnv": {"LLMESH_ENGINE_MODEL": {"secretName": "s", "key": "k"}}}, "secretEnv"),
+    ({"secretEnv": {"LLMESH_REDIS_URL": {"secretName": "s"}}}, "key is required"),
+    ({"meshCA": {"name": "Not_A_Name"}}, "meshCA.name"),
 ])
 def test_values_schema_rejects_a_wrong_value(values, message, helm_dir, tmp_path):
     path = tmp_path / "bad.yaml"
@@ -270,11 +247,6 @@ def test_values_schema_rejects_a_wrong_value(values, message, helm_dir, tmp_path
     docs, problems = checks.render(helm_dir / "engine", [path])
     assert docs == []
     assert any(message in p for p in problems), problems
-
-
-@pytest.fixture
-def scratch_charts(tmp_path) -> Path:
-    return _copy_charts(tmp_path)
 
 
 def test_broken_template_fails(scratch_charts, allowed_env):
@@ -303,8 +275,8 @@ def test_chart_env_value_probe_and_grace_checks_fail_when_broken(scratch_charts,
                         "{{ add .Values.preStopSleepSeconds (ceil .Values.graceSeconds) 5 }}",
                         "terminationGracePeriodSeconds: 3")
     text = text.replace("""          livenessProbe:
-            grpc:
-              port: {{ .Values.port }}""", """          livenessProbe:
+            exec:
+              command: {{ $probe }}""", """          livenessProbe:
             tcpSocket:
               port: {{ .Values.port }}""")
     lib.write_text(text)
@@ -319,88 +291,4 @@ def test_chart_env_value_probe_and_grace_checks_fail_when_broken(scratch_charts,
     assert len(problems) == 4
 
 
-# --- the service secret --------------------------------------------------------------------
-
-def _values(tmp_path: Path, values: dict) -> list[Path]:
-    path = tmp_path / "values.yaml"
-    path.write_text(yaml.safe_dump(values))
-    return [path]
-
-
-def _mounted_secrets(docs: list[dict]) -> dict[str, tuple[str, str]]:
-    """Deployment -> (the Secret its service secret file is in, that file's path)."""
-    out = {}
-    for deployment in (d for d in docs if d["kind"] == "Deployment"):
-        pod = deployment["spec"]["template"]["spec"]
-        container = pod["containers"][0]
-        path = next(e["value"] for e in container["env"] if e["name"] == "LLMESH_SERVICE_SECRET_FILE")
-        mount = next(m for m in container["volumeMounts"] if m["mountPath"] == path.rpartition("/")[0])
-        assert mount["readOnly"] is True
-        volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
-        out[deployment["metadata"]["name"]] = (volume["secret"]["secretName"], path)
-    return out
-
-
-def _assert_generated_secret(secret: dict, name: str) -> None:
-    assert secret["metadata"]["name"] == name
-    assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
-    value = base64.b64decode(secret["data"]["secret"])
-    assert len(value) >= identity.MIN_SECRET_BYTES
-
-
-def test_umbrella_renders_one_service_secret_that_every_service_mounts(helm_dir):
-    docs, problems = checks.render(helm_dir / "llmesh", [], release="prod")
-    assert problems == [] and checks.service_secret_problems(docs) == []
-    secrets = [d for d in docs if d["kind"] == "Secret"]
-    assert len(secrets) == 1  # the umbrella's, not one per subchart
-    _assert_generated_secret(secrets[0], "llmesh-service-secret")
-    mounted = _mounted_secrets(docs)
-    assert set(mounted) == {f"prod-{s}" for s in checks.SERVICE_CHARTS}
-    assert set(mounted.values()) == {("llmesh-service-secret", "/etc/llmesh-secret/secret")}
-
-
-def test_umbrella_service_secret_name_and_an_existing_secret(helm_dir, tmp_path):
-    docs, problems = checks.render(helm_dir / "llmesh", _values(tmp_path, {"global": {"serviceSecret": {
-        "name": "prod-mesh-secret"}}}))
-    assert problems == []
-    secrets = [d for d in docs if d["kind"] == "Secret"]
-    assert len(secrets) == 1
-    _assert_generated_secret(secrets[0], "prod-mesh-secret")
-    assert {s for s, _ in _mounted_secrets(docs).values()} == {"prod-mesh-secret"}
-    docs, problems = checks.render(helm_dir / "llmesh", _values(tmp_path, {"global": {"serviceSecret": {
-        "name": "made-by-hand", "create": False}}}))
-    assert problems == []
-    assert [d for d in docs if d["kind"] == "Secret"] == []
-    assert {s for s, _ in _mounted_secrets(docs).values()} == {"made-by-hand"}
-
-
-def test_service_chart_renders_and_mounts_the_service_secret(helm_dir, tmp_path):
-    docs, problems = checks.render(helm_dir / "scheduler", [], release="llmesh-scheduler")
-    assert problems == [] and checks.service_secret_problems(docs) == []
-    secrets = [d for d in docs if d["kind"] == "Secret"]
-    assert len(secrets) == 1
-    _assert_generated_secret(secrets[0], "llmesh-service-secret")
-    assert _mounted_secrets(docs) == {"llmesh-scheduler": ("llmesh-service-secret", "/etc/llmesh-secret/secret")}
-    docs, problems = checks.render(helm_dir / "engine", _values(tmp_path, {"serviceSecret": {
-        "name": "shared", "create": False}}))
-    assert problems == []
-    assert [d for d in docs if d["kind"] == "Secret"] == []
-    assert _mounted_secrets(docs) == {"llmesh-engine": ("shared", "/etc/llmesh-secret/secret")}
-
-
-def test_service_secret_check_fails_without_the_mount_or_the_key(helm_dir):
-    docs, _ = checks.render(helm_dir / "llmesh", [], release="prod")
-    broken = copy.deepcopy(docs)
-    containers = {d["metadata"]["name"]: d["spec"]["template"]["spec"]["containers"][0]
-                  for d in broken if d["kind"] == "Deployment"}
-    gateway, engine = containers["prod-gateway"], containers["prod-engine"]
-    gateway["volumeMounts"] = [m for m in gateway["volumeMounts"] if m["name"] != "service-secret"]
-    engine["env"] = [e for e in engine["env"] if e["name"] != "LLMESH_SERVICE_SECRET_FILE"]
-    secret = next(d for d in broken if d["kind"] == "Secret")
-    secret["data"] = {"other": secret["data"]["secret"]}
-    problems = checks.service_secret_problems(broken)
-    assert "Deployment/prod-gateway container gateway: /etc/llmesh-secret/secret is not in a mounted Secret volume" \
-        in problems
-    assert "Deployment/prod-engine container engine: no LLMESH_SERVICE_SECRET_FILE" in problems
-    assert "Deployment/prod-scheduler container scheduler: Secret/llmesh-service-secret has no key secret" in problems
-    assert len(problems) == 5  # gateway, engine; scheduler, modelmgr and cache miss the key
+# --- the mesh certificates: tests/deploy/test_deploy_security.py --------------------------

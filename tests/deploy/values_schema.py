@@ -28,9 +28,12 @@ UMBRELLA = "llmesh"
 # Settings the charts set themselves (from port, metricsPort, httpPort, graceSeconds, the pod):
 # where a pod is reached is the pod's IP, never a value.
 COMMON_MANAGED = {"host", "port", "metrics_port", "grace_s", "advertise_address"}
-MANAGED = {"gateway": {"http_host", "http_port", "workers"}, "engine": {"endpoint_id"}}
-# the mounted ConfigMap, the pod's state volume and the mounted mesh certificate (CA, certificate, key)
-MESH_MANAGED = {"config_file", "state_dir", "tls_ca_file", "tls_cert_file", "tls_key_file"}
+MANAGED = {"gateway": {"http_host", "http_port", "workers", "require_auth"}, "engine": {"endpoint_id"}}
+# the mounted ConfigMap, the pod's state volume, the mesh's trust (always tls) and the mounted
+# mesh certificate (CA, certificate, key: meshTLS / certManager)
+MESH_MANAGED = {"config_file", "state_dir", "trust", "tls_ca_file", "tls_cert_file", "tls_key_file"}
+# Secrets: only through secretEnv (a Secret's key), never as a plain value in `settings`/`mesh`.
+SECRET_SETTINGS = {"mesh": {"redis_url", "consul_token"}, "cache": {"redis_url"}, "modelmgr": {"database_url"}}
 
 _KEEP = {"type", "enum", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength",
          "maxLength", "description", "anyOf", "const"}
@@ -83,12 +86,41 @@ def _monitor() -> dict:
                  "labels": {"type": "object", "additionalProperties": {"type": "string"}}})
 
 
-def _service_secret() -> dict:
-    return _obj({"name": {"type": "string", "minLength": 1, "maxLength": 253,
-                          "pattern": "^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
-                          "description": "the Secret (key `secret`) every service mounts"},
-                 "create": {"type": "boolean",
-                            "description": "render it with a random value unless it exists"}})
+_K8S_NAME = {"type": "string", "minLength": 1, "maxLength": 253, "pattern": "^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"}
+
+
+def secret_env_names() -> list[str]:
+    """The env names of the secret settings (SECRET_SETTINGS), the keys secretEnv accepts."""
+    classes = {"mesh": MeshSettings, **settings_classes()}
+    return sorted(env_prefix(classes[owner]) + field.upper()
+                  for owner, fields in SECRET_SETTINGS.items() for field in fields)
+
+
+def _secret_env() -> dict:
+    ref = _obj({"secretName": _K8S_NAME, "key": {"type": "string", "minLength": 1,
+                                                  "pattern": "^[-._a-zA-Z0-9]+$"}}, ["secretName", "key"])
+    return {"type": "object", "propertyNames": {"enum": secret_env_names()}, "additionalProperties": ref,
+            "description": "secret settings by env name, each {secretName, key} of a Secret"}
+
+
+def _cert_manager() -> dict:
+    return _obj({"enabled": {"type": "boolean"},
+                 "issuerRef": _obj({"name": {"type": "string"}, "kind": {"type": "string"},
+                                    "group": {"type": "string"}}),
+                 "duration": {"type": "string"}, "renewBefore": {"type": "string"}})
+
+
+def _mesh_tls() -> dict:
+    return _obj({"create": {"type": "boolean", "description": "generate the certificate Secret (no cert-manager)"}})
+
+
+def _mesh_ca() -> dict:
+    return _obj({"name": {**_K8S_NAME, "description": "the mesh CA's Secret (generated certificates)"}})
+
+
+def _network_policy() -> dict:
+    return _obj({"enabled": {"type": "boolean"}, "metricsFrom": {"type": "array", "items": {"type": "object"}},
+                 "extraIngress": {"type": "array", "items": {"type": "object"}}})
 
 
 def service_schema(service: str, cls: type[ServiceSettings]) -> dict:
@@ -107,11 +139,16 @@ def service_schema(service: str, cls: type[ServiceSettings]) -> dict:
         "preStopSleepSeconds": {"type": "integer", "minimum": 0},
         "service": _obj({"type": {"enum": ["ClusterIP", "NodePort", "LoadBalancer"]},
                          "headless": {"type": "boolean"}}),
-        "settings": settings_schema(cls, COMMON_MANAGED | MANAGED.get(service, set())),
-        "mesh": settings_schema(MeshSettings, MESH_MANAGED),
+        "settings": settings_schema(cls, COMMON_MANAGED | MANAGED.get(service, set())
+                                    | SECRET_SETTINGS.get(service, set())),
+        "mesh": settings_schema(MeshSettings, MESH_MANAGED | SECRET_SETTINGS["mesh"]),
         "liveConfig": {"type": "string"},
         "existingSecret": {"type": "string"},
-        "serviceSecret": _service_secret(),
+        "secretEnv": _secret_env(),
+        "certManager": _cert_manager(),
+        "meshTLS": _mesh_tls(),
+        "meshCA": _mesh_ca(),
+        "networkPolicy": _network_policy(),
         "tracing": _obj({"otlpEndpoint": {"type": "string"}}),
         "resources": _obj({"requests": {"type": "object"}, "limits": {"type": "object"}}),
         "podDisruptionBudget": _obj({"enabled": {"type": "boolean"},
@@ -143,17 +180,21 @@ def service_schema(service: str, cls: type[ServiceSettings]) -> dict:
             "query": {"type": "string"}})})
     return {"$schema": "http://json-schema.org/draft-07/schema#", "title": f"llmesh {service} chart values",
             "type": "object", "additionalProperties": False, "properties": props,
-            "required": ["image", "port", "metricsPort", "settings", "mesh", "serviceSecret"]}
+            "required": ["image", "port", "metricsPort", "settings", "mesh", "meshTLS", "networkPolicy"]}
 
 
 def umbrella_schema(services: list[str]) -> dict:
     glob = _obj({
         "image": _obj({"tag": {"type": "string"}}),
-        "mesh": settings_schema(MeshSettings, MESH_MANAGED),
+        "mesh": settings_schema(MeshSettings, MESH_MANAGED | SECRET_SETTINGS["mesh"]),
         "liveConfig": {"type": "string"},
         "tracing": _obj({"otlpEndpoint": {"type": "string"}}),
         "existingSecret": {"type": "string"},
-        "serviceSecret": _service_secret(),
+        "secretEnv": _secret_env(),
+        "certManager": _cert_manager(),
+        "meshTLS": _mesh_tls(),
+        "meshCA": _mesh_ca(),
+        "networkPolicy": _network_policy(),
     })
     props = {"global": glob,
              "llmesh-common": {"type": "object", "description": "values of the library chart (none used)"}}

@@ -8,7 +8,11 @@ test (tests/integration/test_discovery_consul.py) runs wherever `consul` is on P
 
 Run it as a process so tests can kill and restart it (an agent restart):
     python -m tests.integration.consul_standin --port 8500 [--acl-token T]
+        [--acl-service-token SERVICE=TOKEN ...] [--acl-default-policy deny|allow]
         [--tls-cert C --tls-key K [--tls-ca CA]]
+ACLs (class Acl) are on when a token is given: --acl-token is a management token,
+--acl-service-token one with the policy the compose mesh's consul-acl bootstrap gives each
+service (deploy/compose/consul/acl-bootstrap.sh).
 Stand-in only controls (not Consul API), for the failure cases:
     PUT /standin/leader?present=0|1     lose / regain the cluster leader
     PUT /standin/index?value=N          move the index back to N (changes count on from there)
@@ -114,13 +118,45 @@ class Check:
                                "DeregisterCriticalServiceAfter": f"{self.deregister_after or 0:g}s"}}
 
 
+class Acl:
+    """Consul's ACL check, reduced to the tokens the mesh uses.
+
+    https://developer.hashicorp.com/consul/docs/security/acl : with ACLs enabled every request
+    is authorized by the rules of the token it presents, in the X-Consul-Token header or the
+    `token` query parameter (api-docs/api-structure#authentication); a request without a token
+    is made with the anonymous token. `default_policy` (agent config acl.default_policy) decides
+    whatever no rule grants: "deny" refuses it, "allow" lets it through. A management token
+    may do everything. A service token here has the rules the compose bootstrap writes:
+    `service "<name>" { policy = "write" }` (register and deregister that service only),
+    `service_prefix "" { policy = "read" }` and `node_prefix "" { policy = "read" }` (read
+    every service's health). A token the agent does not know acts as the anonymous token
+    (real Consul answers 403 "ACL not found"; both refuse)."""
+
+    def __init__(self, management: str | None, service_tokens: dict[str, str] | None = None,
+                 default_policy: str = "deny"):
+        self.management = management
+        self.services = dict(service_tokens or {})  # token -> the service it may write
+        self.allow_by_default = default_policy == "allow"
+
+    def may_write(self, token: str, service: str) -> bool:
+        if token and token == self.management:
+            return True
+        if token in self.services:
+            return self.services[token] == service
+        return self.allow_by_default
+
+    def may_read(self, token: str) -> bool:
+        known = bool(token) and (token == self.management or token in self.services)
+        return known or self.allow_by_default
+
+
 class State:
     """The agent's registrations and the catalog's index, in memory: like
     `consul agent -dev` (the -dev flag: "all data is in-memory",
     developer.hashicorp.com/consul/docs/agent/config/cli-flags#_dev), or an agent whose data
     dir is lost with its container, a restarted stand-in has lost every registration."""
 
-    def __init__(self, acl_token: str | None):
+    def __init__(self, acl: Acl | None):
         self.lock = threading.Condition()
         self.services: dict[str, dict] = {}
         self.checks: dict[str, Check] = {}
@@ -128,7 +164,7 @@ class State:
         self.index = 1
         self.forced_index: int | None = None
         self.leader = True
-        self.acl_token = acl_token
+        self.acl = acl
         self.health_queries = 0
         threading.Thread(target=self._reap, daemon=True, name="reaper").start()
 
@@ -202,14 +238,16 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def _token_ok(self, query: dict) -> bool:
+    def _token(self, query: dict) -> str:
         # https://developer.hashicorp.com/consul/api-docs/api-structure#authentication:
-        # the token comes in X-Consul-Token (or ?token=). With ACLs on and a deny default
-        # policy, a request without a valid token acts as the anonymous token.
-        if self.state.acl_token is None:
-            return True
-        token = self.headers.get("X-Consul-Token") or query.get("token", [""])[0]
-        return token == self.state.acl_token
+        # the token comes in X-Consul-Token (or ?token=); none is the anonymous token.
+        return self.headers.get("X-Consul-Token") or query.get("token", [""])[0]
+
+    def _may_write(self, query: dict, service: str) -> bool:
+        return self.state.acl is None or self.state.acl.may_write(self._token(query), service)
+
+    def _may_read(self, query: dict) -> bool:
+        return self.state.acl is None or self.state.acl.may_read(self._token(query))
 
     def _denied(self) -> None:
         # Writes without permission fail with 403 "Permission denied" (acl.ErrPermissionDenied,
@@ -238,10 +276,12 @@ class Handler(BaseHTTPRequestHandler):
         if url.path == "/v1/agent/service/register":
             return self._register(raw, query)
         if url.path.startswith("/v1/agent/service/deregister/"):
-            if not self._token_ok(query):
-                return self._denied()
             sid = url.path.rsplit("/", 1)[1]
             with st.lock:
+                # service:write on the registered service's name (agent.go vetServiceUpdate)
+                name = (st.services.get(sid) or {}).get("Service", sid)
+                if not self._may_write(query, name):
+                    return self._denied()
                 found = st.remove(sid)
             # Newer agents answer 404 "Unknown service ID" for an unknown id (agent.go RemoveService).
             return self._send(200, None) if found else self._send(404, text=f'Unknown service ID "{sid}"')
@@ -264,7 +304,7 @@ class Handler(BaseHTTPRequestHandler):
                 return self._send(400, text="Invalid service address")
         except ValueError:
             pass  # a host name: allowed
-        if not self._token_ok(query):
+        if not self._may_write(query, name):  # service:write on its name (agent.go vetServiceRegister)
             return self._denied()
         sid = body.get("id") or name
         checks = [lower_keys(c) for c in body.get("checks") or ([] if not body.get("check") else [body["check"]])]
@@ -292,7 +332,7 @@ class Handler(BaseHTTPRequestHandler):
                 return self._send(200, {"health_queries": st.health_queries})
         if url.path == "/v1/agent/services":
             with st.lock:
-                services = {} if not self._token_ok(query) else dict(st.services)
+                services = dict(st.services) if self._may_read(query) else {}
             return self._send(200, services)
         if url.path.startswith("/v1/health/service/"):
             return self._health(url.path.rsplit("/", 1)[1], query)
@@ -323,7 +363,7 @@ class Handler(BaseHTTPRequestHandler):
             entries = st.health(name, passing)
             headers = {"X-Consul-Index": str(st.visible_index()), "X-Consul-KnownLeader": "true",
                        "X-Consul-LastContact": "0"}
-            if not self._token_ok(query):
+            if not self._may_read(query):
                 # ACLs filter reads instead of refusing them: the answer is empty and
                 # says so (api-docs/api-structure#results-filtered-by-acls).
                 entries = []
@@ -340,8 +380,8 @@ class Server(ThreadingHTTPServer):
             super().handle_error(request, client_address)
 
 
-def serve(port: int, acl_token: str | None, cert: str | None, key: str | None, ca: str | None) -> None:
-    handler = type("StandinHandler", (Handler,), {"state": State(acl_token)})
+def serve(port: int, acl: Acl | None, cert: str | None, key: str | None, ca: str | None) -> None:
+    handler = type("StandinHandler", (Handler,), {"state": State(acl)})
     server = Server(("127.0.0.1", port), handler)
     if cert:
         # https://developer.hashicorp.com/consul/docs/security/encryption (HTTPS API): with
@@ -362,10 +402,11 @@ class ConsulStandin:
     again is an agent restart that lost its state (and whose index went backwards)."""
 
     def __init__(self, port: int | None = None, acl_token: str | None = None,
-                 tls: tuple[str, str, str | None] | None = None):
+                 tls: tuple[str, str, str | None] | None = None, service_tokens: dict[str, str] | None = None):
         from llmesh.testing import free_ports  # only when used from tests
         self.port = port or free_ports(1)[0]
         self.acl_token = acl_token
+        self.service_tokens = dict(service_tokens or {})  # service -> its token
         self.tls = tls
         self.proc = None
 
@@ -379,6 +420,8 @@ class ConsulStandin:
         argv = [sys.executable, "-m", "tests.integration.consul_standin", "--port", str(self.port)]
         if self.acl_token:
             argv += ["--acl-token", self.acl_token]
+        for service, token in self.service_tokens.items():
+            argv += ["--acl-service-token", f"{service}={token}"]
         if self.tls:
             cert, key, ca = self.tls
             argv += ["--tls-cert", cert, "--tls-key", key] + (["--tls-ca", ca] if ca else [])
@@ -418,12 +461,17 @@ class ConsulStandin:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--port", type=int, required=True)
-    p.add_argument("--acl-token")
+    p.add_argument("--acl-token", help="ACLs on; this token may do everything (a management token)")
+    p.add_argument("--acl-service-token", action="append", default=[], metavar="SERVICE=TOKEN",
+                   help="ACLs on; TOKEN may register SERVICE and read every service")
+    p.add_argument("--acl-default-policy", choices=("deny", "allow"), default="deny")
     p.add_argument("--tls-cert")
     p.add_argument("--tls-key")
     p.add_argument("--tls-ca", help="require client certificates signed by this CA")
     a = p.parse_args(argv)
-    serve(a.port, a.acl_token, a.tls_cert, a.tls_key, a.tls_ca)
+    services = {token: service for service, _, token in (t.partition("=") for t in a.acl_service_token)}
+    acl = Acl(a.acl_token, services, a.acl_default_policy) if a.acl_token or services else None
+    serve(a.port, acl, a.tls_cert, a.tls_key, a.tls_ca)
 
 
 if __name__ == "__main__":

@@ -143,6 +143,42 @@ async def test_acl_token_setting_wins_and_reads_without_it_come_back_empty(tmp_p
         standin.stop()
 
 
+async def test_per_service_tokens_with_a_deny_default(cache_app, monkeypatch):
+    """Consul as compose runs it (ACLs on, default_policy deny, a token per service from the
+    consul-acl bootstrap): the discovery client with the cache's token registers the cache
+    and resolves it; without a token, or with the engine's, registering it is refused and an
+    anonymous read comes back empty. https://developer.hashicorp.com/consul/docs/security/acl"""
+    monkeypatch.delenv("CONSUL_HTTP_TOKEN", raising=False)
+    standin = ConsulStandin(service_tokens={"cache": "cache-token", "engine": "engine-token"})
+    standin.start()
+    inst = instance_of(cache_app)
+    cache = ConsulRegistry(standin.address, token="cache-token", **FAST)
+    anonymous = ConsulRegistry(standin.address, token=None, **FAST)
+    engine = ConsulRegistry(standin.address, token="engine-token", **FAST)
+    try:
+        for refused in (anonymous, engine):
+            with pytest.raises(DiscoveryError, match="ACLPermissionDenied: Permission denied"):
+                await refused.register(inst)
+        assert standin.get("/v1/agent/services", token="cache-token")[2] == {}
+        await cache.register(inst)
+        assert await until(lambda: cache.resolve("cache"), 5) == [inst]  # passing: its gRPC check answers
+        assert await engine.resolve("cache") == [inst]  # every service's token reads every service
+        assert await anonymous.resolve("cache") == []  # the anonymous token reads nothing
+        status, headers, body = standin.get("/v1/health/service/cache?passing=1")
+        assert status == 200 and body == [] and headers["X-Consul-Results-Filtered-By-ACLs"] == "true"
+        _, _, body = standin.get("/v1/health/service/cache?passing=1&token=cache-token")  # ?token= works too
+        assert [e["Service"]["ID"] for e in body] == [inst.instance_id]
+        with pytest.raises(DiscoveryError, match="Permission denied"):
+            await engine.deregister(inst)  # write on "engine" only
+        assert await cache.resolve("cache") == [inst]
+        await cache.deregister(inst)
+        assert await cache.resolve("cache") == []
+    finally:
+        for r in (cache, anonymous, engine):
+            await r.close()
+        standin.stop()
+
+
 async def test_empty_service_address_falls_back_to_the_node_address(standin):
     assert put(standin, "/v1/agent/service/register", {"Name": "cache", "ID": "bare", "Port": 4321}) == 200
     reg = ConsulRegistry(standin.address, **FAST)

@@ -2,6 +2,7 @@
 lets endpoints and discovery forget the pod first, SIGTERM then drains within graceSeconds,
 and the kubelet's deadline covers both with a margin. Probes speak grpc.health.v1. */}}
 {{- define "llmesh.deployment" -}}
+{{- include "llmesh.sharedKeyStoreGuard" .root -}}
 {{- $extraEnv := .extraEnv | default "" -}}
 {{- $podIP := .podIP | default false -}}
 {{- $root := .root -}}
@@ -80,20 +81,22 @@ spec:
             - secretRef:
                 name: {{ $secret }}
           {{- end }}
+          {{- $probe := include "llmesh.probeCommand" . }}
           {{- with .Values.startupProbe }}
           startupProbe:
-            grpc:
-              port: {{ $root.Values.port }}
+            exec:
+              command: {{ $probe }}
             {{- toYaml . | nindent 12 }}
           {{- end }}
           readinessProbe:
-            grpc:
-              port: {{ .Values.port }}
+            exec:
+              command: {{ $probe }}
             periodSeconds: 5
+            timeoutSeconds: 5
             failureThreshold: 2
           livenessProbe:
-            grpc:
-              port: {{ .Values.port }}
+            exec:
+              command: {{ $probe }}
             periodSeconds: 10
             timeoutSeconds: 5
             failureThreshold: 6
@@ -113,8 +116,8 @@ spec:
               mountPath: /var/lib/llmesh/state
             - name: tmp
               mountPath: /tmp
-            - name: service-secret
-              mountPath: {{ include "llmesh.serviceSecretDir" . }}
+            - name: mesh-tls
+              mountPath: {{ include "llmesh.tlsDir" . }}
               readOnly: true
             {{- with .Values.extraVolumeMounts }}
             {{- toYaml . | nindent 12 }}
@@ -127,9 +130,9 @@ spec:
           emptyDir: {}
         - name: tmp
           emptyDir: {}
-        - name: service-secret
+        - name: mesh-tls
           secret:
-            secretName: {{ include "llmesh.serviceSecretName" . }}
+            secretName: {{ include "llmesh.tlsSecretName" . }}
             defaultMode: 0440
         {{- with .Values.extraVolumes }}
         {{- toYaml . | nindent 8 }}
@@ -147,4 +150,15 @@ spec:
         {{- toYaml . | nindent 8 }}
       {{- end }}
 {{- end }}
+{{- end -}}
+
+{{/* grpc.health.v1 over the mesh's mTLS: the kubelet's own gRPC probe is plaintext and has no
+client certificate, so the container asks itself with `python3 -m llmesh.rpc.probe` (which
+reads LLMESH_TRUST and LLMESH_TLS_* like the service) at the address it binds. */}}
+{{- define "llmesh.probeCommand" -}}
+{{- if include "llmesh.bindsPodIP" . -}}
+["sh", "-c", {{ printf "exec python3 -m llmesh.rpc.probe \"$K8S_POD_IP:%v\"" .Values.port | quote }}]
+{{- else -}}
+["python3", "-m", "llmesh.rpc.probe", {{ printf "127.0.0.1:%v" .Values.port | quote }}]
+{{- end -}}
 {{- end -}}

@@ -60,8 +60,15 @@ registers there and what others dial. */}}
   value: /etc/llmesh/llmesh.yaml
 - name: LLMESH_STATE_DIR
   value: /var/lib/llmesh/state
-- name: LLMESH_SERVICE_SECRET_FILE
-  value: {{ printf "%s/secret" (include "llmesh.serviceSecretDir" .) | quote }}
+- name: LLMESH_TRUST
+  value: "tls"
+- name: LLMESH_TLS_CA_FILE
+  value: {{ printf "%s/ca.crt" (include "llmesh.tlsDir" .) | quote }}
+- name: LLMESH_TLS_CERT_FILE
+  value: {{ printf "%s/tls.crt" (include "llmesh.tlsDir" .) | quote }}
+- name: LLMESH_TLS_KEY_FILE
+  value: {{ printf "%s/tls.key" (include "llmesh.tlsDir" .) | quote }}
+{{- include "llmesh.secretEnv" . }}
 {{- $otlp := .Values.tracing.otlpEndpoint | default (((.Values.global).tracing).otlpEndpoint) }}
 {{- if $otlp }}
 - name: OTEL_EXPORTER_OTLP_ENDPOINT
@@ -92,5 +99,38 @@ registers there and what others dial. */}}
 - name: {{ $prefix }}WORKERS
   value: {{ .Values.workers | quote }}
 {{- end }}
+{{- if eq .Chart.Name "gateway" }}
+- name: {{ $prefix }}REQUIRE_AUTH
+  value: "true"
+{{- end }}
 {{- include "llmesh.settingsEnv" (list . $prefix .Values.settings) }}
+{{- end -}}
+
+{{/* Secrets as environment variables, each from a Secret's key (never a plain value):
+global.secretEnv over the chart's secretEnv, {ENV_NAME: {secretName: ..., key: ...}}. */}}
+{{- define "llmesh.secretEnvValues" -}}
+{{- mergeOverwrite (deepCopy (.Values.secretEnv | default dict)) (((.Values.global).secretEnv) | default dict) | toJson -}}
+{{- end -}}
+
+{{- define "llmesh.secretEnv" -}}
+{{- range $name, $ref := include "llmesh.secretEnvValues" . | fromJson }}
+- name: {{ $name }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ $ref.secretName }}
+      key: {{ $ref.key }}
+{{- end }}
+{{- end -}}
+
+{{/* Two gateway replicas (or workers) must share one key store: API keys, limits and budgets
+in Redis. Without it each pod keeps its own keys and one that never saw a key lets its
+callers in (issue 25): refuse to render. */}}
+{{- define "llmesh.sharedKeyStoreGuard" -}}
+{{- if eq .Chart.Name "gateway" -}}
+{{- $env := include "llmesh.secretEnvValues" . | fromJson -}}
+{{- $many := or (gt (int .Values.replicaCount) 1) (gt (int (.Values.workers | default 1)) 1) ((.Values.autoscaling).enabled) -}}
+{{- if and $many (not (hasKey $env "LLMESH_REDIS_URL")) -}}
+{{- fail (printf "gateway: %d replicas and %d workers per pod need a shared key store (API keys, limits, budgets): set secretEnv.LLMESH_REDIS_URL (global.secretEnv in the umbrella chart) to {secretName, key} of a Secret holding the Redis URL, or run one replica with one worker" (int .Values.replicaCount) (int (.Values.workers | default 1))) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
