@@ -202,15 +202,16 @@ async def engine_cost(mesh: Mesh, tokens: int, requests: int, headers: dict[str,
     return out
 
 
-async def many_streams(mesh: Mesh, streams: int, tokens: int) -> dict:
+async def many_streams(mesh: Mesh, streams: int, tokens: int, headers: dict[str, str]) -> dict:
     """``streams`` HTTP streams at once through the gateway, twice (memory must not grow),
-    with the CPU per request of the gateway and of this bench process (its HTTP client)."""
+    with the CPU per request of the gateway and of this bench process (its HTTP client);
+    ``headers`` on every request (an API key, where the gateway needs one)."""
     gw_pid = child_pid(mesh.proc.pid, "llmesh.gateway")
     pids = {"gateway": gw_pid, "client": os.getpid()}
     url = mesh.layout.http_url + "/v1/chat/completions"
     body = gw_bench.chat_body(tokens)
     out: dict = {"rss_mib_before": rss_mib(gw_pid)}
-    async with gw_bench.sse_session(streams + 16, timeout_s=120) as http:
+    async with gw_bench.sse_session(streams + 16, timeout_s=120, headers=headers) as http:
         for round_ in (1, 2):
             totals: list[float] = []
 
@@ -282,16 +283,17 @@ def secure_mesh(mesh: Mesh, tmp: Path) -> tuple[dict[str, str], Path]:
 
 
 def load_section(args, tmp: Path) -> dict:
+    # The config's "*" tenant grants the tenant of the gateway workers' API key (bench.workers).
     # The answer's PII masking (on by default) holds back a word that could still become PII until
     # the next token shows it did not: one decode step of TTFT that is the guard's, not overhead.
     cfg = tmp / "load.yaml"
     cfg.write_text(json.dumps({"tenants": {"*": {"guards": {"output_pii": args.output_pii}}}}))
     mesh = Mesh(layout=free_layout(1), engines="sim", model_dir=tmp / "models-b", log_dir=tmp / "logs-b",
-                args=["--no-cache", *args.gateway_args],
+                args=["--no-cache", *args.workers.flags],
                 env={"LLMESH_CONFIG_FILE": str(cfg), "LLMESH_ENGINE_SIM_DECODE_MS_PER_TOKEN": str(args.decode_ms),
                      "LLMESH_ENGINE_SIM_PREFILL_MS_PER_TOKEN": "0",
                      "LLMESH_ENGINE_MAX_RUNNING": "1024", "LLMESH_ENGINE_MAX_WAITING": "1024", **QUIET,
-                     **args.gateway_env})
+                     **args.workers.env})
     mesh.start(timeout_s=90)
     try:
         levels = [int(x) for x in args.levels.split(",")]
@@ -299,7 +301,7 @@ def load_section(args, tmp: Path) -> dict:
         # relay_grpc: the floor, a bare grpcio-aio relay in front of the same engine (bench.grpc_relay).
         hops = ("relay_grpc", "gateway_grpc", "gateway_http")
         ttft = asyncio.run(gw_bench.measure(mesh, levels, counts, args.tokens, ["engine_grpc", *hops],
-                                            args.load_rounds))
+                                            args.load_rounds, args.workers.headers))
         summary = {}
         for level in levels:
             row = ttft[f"c{level}"]
@@ -311,7 +313,7 @@ def load_section(args, tmp: Path) -> dict:
                                      for path in ("engine_grpc", "gateway_grpc", "gateway_http")}
             summary[f"c{level}"] |= {f"{path}_gateway_cpu_ms_per_request": row[path]["gateway_cpu_ms_per_request"]
                                      for path in ("gateway_grpc", "gateway_http")}
-        streams = asyncio.run(many_streams(mesh, args.streams, args.tokens))
+        streams = asyncio.run(many_streams(mesh, args.streams, args.tokens, args.workers.headers))
     finally:
         mesh.stop(signal.SIGINT)
     return {"ttft_summary": summary, "ttft": ttft, f"streams_{args.streams}": streams}
@@ -342,7 +344,7 @@ def main() -> None:
         parser.error("--secure measures the fronts section only: add --sections fronts")
     results: dict = {}
     with (tempfile.TemporaryDirectory() as tmp,
-          gateway_workers(args.gateway_workers, Path(tmp)) as (args.gateway_args, args.gateway_env)):
+          gateway_workers(args.gateway_workers, Path(tmp)) as args.workers):
         if "fronts" in sections:
             results |= front_section(args, Path(tmp))
         if "load" in sections:

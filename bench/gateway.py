@@ -58,12 +58,12 @@ async def engine_call(stub, tokens: int) -> Sample:
     return Sample(ttft, time.perf_counter() - start, n, messages)
 
 
-async def gateway_grpc_call(stub, tokens: int) -> Sample:
+async def gateway_grpc_call(stub, tokens: int, metadata: tuple[tuple[str, str], ...] = ()) -> Sample:
     req = gateway_pb2.ChatRequest(model=MODEL, sampling=sampling(tokens),
                                   messages=[common_pb2.ChatMessage(role="user", content=PROMPT)])
     start = time.perf_counter()
     ttft, n = None, 0
-    async for resp in stub.Chat(req, timeout=60):
+    async for resp in stub.Chat(req, timeout=60, metadata=metadata):
         if resp.text and ttft is None:
             ttft = time.perf_counter() - start
         if resp.finish_reason:
@@ -77,13 +77,15 @@ async def gateway_http_call(client: httpx.AsyncClient, url: str, tokens: int) ->
     return await sse_call(client, url, body)
 
 
-def sse_session(connections: int, timeout_s: float = 60) -> aiohttp.ClientSession:
-    """The load runs' HTTP client. aiohttp, not httpx: httpx spent ~4 ms of the bench's
-    own CPU a streamed request (~0.4 ms here), and its pool slows down with hundreds of
-    connections; on a shared 2-core machine that CPU was taken from the gateway and the
-    256-stream HTTP figure measured the client (``client_cpu_ms_per_request``)."""
+def sse_session(connections: int, timeout_s: float = 60,
+                headers: dict[str, str] | None = None) -> aiohttp.ClientSession:
+    """The load runs' HTTP client to the gateway (``headers`` on every request: its API key,
+    where it needs one). aiohttp, not httpx: httpx spent ~4 ms of the bench's own CPU a
+    streamed request (~0.4 ms here), and its pool slows down with hundreds of connections;
+    on a shared 2-core machine that CPU was taken from the gateway and the 256-stream HTTP
+    figure measured the client (``client_cpu_ms_per_request``)."""
     return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=connections),
-                                 timeout=aiohttp.ClientTimeout(total=timeout_s))
+                                 timeout=aiohttp.ClientTimeout(total=timeout_s), headers=headers)
 
 
 def chat_body(tokens: int) -> bytes:
@@ -126,10 +128,12 @@ async def client_floor(channel, http: aiohttp.ClientSession, base_url: str, n: i
 
 
 async def measure(mesh: Mesh, levels: list[int], counts: list[int], tokens: int, paths: list[str],
-                  rounds: int = 3) -> dict:
+                  rounds: int = 3, headers: dict[str, str] | None = None) -> dict:
     """Every path at every level. Each path's run also gives the CPU per request of the
     gateway, the engine and this bench process itself (its client stack: the direct
-    and gateway gRPC paths use the same one, one channel each, so they pay the same)."""
+    and gateway gRPC paths use the same one, one channel each, so they pay the same).
+    ``headers`` (an API key) go on every gateway call, gRPC (as metadata) and HTTP, and
+    nowhere else."""
     pids = {"gateway": child_pid(mesh.proc.pid, "llmesh.gateway"),
             "engine": child_pid(mesh.proc.pid, "llmesh.engine"), "client": os.getpid()}
     relay = relay_address = None
@@ -138,20 +142,21 @@ async def measure(mesh: Mesh, levels: list[int], counts: list[int], tokens: int,
         relay, relay_address = grpc_relay.start(port, mesh.layout.engine_address(0)), f"127.0.0.1:{port}"
         pids["relay"] = relay.pid
     try:
-        return await _measure(mesh, levels, counts, tokens, paths, pids, relay_address, rounds)
+        return await _measure(mesh, levels, counts, tokens, paths, pids, relay_address, rounds, headers or {})
     finally:
         if relay is not None:
             terminate(relay, signal.SIGTERM, 5)
 
 
 async def _measure(mesh: Mesh, levels: list[int], counts: list[int], tokens: int, paths: list[str],
-                   pids: dict[str, int], relay_address: str | None, rounds: int) -> dict:
+                   pids: dict[str, int], relay_address: str | None, rounds: int, headers: dict[str, str]) -> dict:
     out: dict = {}
     body = chat_body(tokens)
+    metadata = tuple((k.lower(), v) for k, v in headers.items())  # gRPC metadata keys are lower case
     async with mesh_channel(mesh.layout.engine_address(0), "engine") as ech, \
             mesh_channel(mesh.layout.address("gateway"), "gateway") as gch, \
             mesh_channel(relay_address or mesh.layout.engine_address(0), "engine") as rch, \
-            sse_session(max(levels) + 16) as http:
+            sse_session(max(levels) + 16, headers=headers) as http:
         engine = engine_pb2_grpc.EngineStub(ech)
         gateway = gateway_pb2_grpc.GatewayStub(gch)
         relay = engine_pb2_grpc.EngineStub(rch)
@@ -159,7 +164,7 @@ async def _measure(mesh: Mesh, levels: list[int], counts: list[int], tokens: int
         calls = {
             "engine_grpc": lambda i: engine_call(engine, tokens),
             "relay_grpc": lambda i: engine_call(relay, tokens),
-            "gateway_grpc": lambda i: gateway_grpc_call(gateway, tokens),
+            "gateway_grpc": lambda i: gateway_grpc_call(gateway, tokens, metadata),
             "gateway_http": lambda i: gateway_sse_call(http, url, body),
         }
         for name in paths:  # warm every path's connections and code

@@ -21,20 +21,13 @@ from llmesh.service import StartFailed
 from llmesh.gateway.app import _auth_mode, _check_shared_store
 from llmesh.gateway.config import GatewaySettings
 from llmesh.gateway.context import Caller
-from llmesh.gateway.domain.auth_mode import auth_mode, is_loopback, shared_store_problem
+from llmesh.gateway.domain.auth_mode import auth_mode, shared_store_problem
 from llmesh.gateway.stages.auth import EMPTY_STORE_LOG_S, Authenticator
 from llmesh.gateway.stages.grants import access
 from llmesh.gateway.stages.jwt_auth import JwksKeys, JwtSettings, JwtVerifier
 
 LOOPBACK = {"http_host": "127.0.0.1", "grpc_host": "127.0.0.1", "redis": False, "jwt": False,
             "require_auth": False}
-
-
-@pytest.mark.parametrize("host, loopback", [
-    ("127.0.0.1", True), ("127.0.0.2", True), ("::1", True), ("[::1]", True), ("localhost", True),
-    ("0.0.0.0", False), ("::", False), ("", False), ("10.1.2.3", False), ("gateway", False)])
-def test_loopback_hosts(host, loopback):
-    assert is_loopback(host) is loopback
 
 
 def test_local_mode_only_when_every_condition_holds():

@@ -3,11 +3,12 @@ invalid document is rejected as a whole; nothing in it is applied."""
 
 from __future__ import annotations
 
-import ipaddress
 from typing import Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from llmesh.netaddr import is_loopback
 
 
 class _Strict(BaseModel):
@@ -197,20 +198,11 @@ def url_problem(base_url: str) -> str | None:
         return f"base_url has no host: {base_url!r}"
     if has_user:
         return "base_url must not hold a user or password (use api_key_file or api_key_env)"
-    if url.scheme == "https" or (url.scheme == "http" and _loopback(host)):
+    if url.scheme == "https" or (url.scheme == "http" and is_loopback(host)):
         return None
     if url.scheme == "http":
         return f"base_url must be https:// (plain http only to a loopback host, not {host!r})"
     return f"base_url must be https:// (got {url.scheme or 'no'} scheme)"
-
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class Autoscale(_Strict):

@@ -19,7 +19,6 @@ name gets PERMISSION_DENIED. Servicers read the verified caller from ``caller``.
 from __future__ import annotations
 
 import base64
-import ipaddress
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterable, Callable, Iterable
@@ -33,6 +32,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from llmesh.errors import PermissionDenied, Unauthenticated
+from llmesh.netaddr import is_loopback
 from llmesh.rpc import policy
 from llmesh.rpc.pki import PkiError, Principal, read_principal, service_dns
 from llmesh.rpc.tokens import CERT_KEY, TOKEN_KEY, TokenSigner, TokenVerifier, load_private_key
@@ -48,16 +48,6 @@ __all__ = ["CERT_KEY", "TOKEN_KEY", "Credentials", "Identity", "IdentityError", 
 
 class IdentityError(ValueError):
     pass
-
-
-def is_loopback(address: str) -> bool:
-    host = address.rsplit(":", 1)[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 @dataclass(frozen=True)
@@ -118,7 +108,7 @@ class Identity:
     # -- serving side
 
     def check_bind(self, address: str) -> None:
-        if self.trust == "local" and not is_loopback(address):
+        if self.trust == "local" and not is_loopback(address.rsplit(":", 1)[0]):
             raise IdentityError(f"local trust (LLMESH_TRUST=local) asks no caller for an identity, so it needs a "
                                 f"loopback address; {address} is not (set LLMESH_TRUST=tls or token)")
 

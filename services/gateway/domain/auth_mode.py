@@ -9,8 +9,9 @@ it; the store can close the door, never open it off loopback."""
 
 from __future__ import annotations
 
-import ipaddress
 from dataclasses import dataclass
+
+from llmesh.netaddr import is_loopback
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,17 +24,6 @@ class AuthMode:
             return ("local mode: both listeners are on loopback, no Redis, no JWT, require_auth unset; "
                     "callers need no credentials until the first API key exists")
         return "credentials required: " + "; ".join(self.why)
-
-
-def is_loopback(host: str) -> bool:
-    """Whether a listener on ``host`` is reachable from this machine only."""
-    host = host.strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # any other host name may resolve anywhere
 
 
 def auth_mode(*, http_host: str, grpc_host: str, redis: bool, jwt: bool, require_auth: bool) -> AuthMode:
