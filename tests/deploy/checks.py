@@ -460,7 +460,8 @@ def workload_problems(docs: list[dict], allowed_env: set[str]) -> list[str]:
             where = f"Deployment/{name} container {c['name']}"
             env = {e["name"]: e.get("value", "") for e in c.get("env", [])}
             problems += env_problems(where, env, allowed_env) + value_problems(where, env)
-            metrics = {p for m in c.get("ports", []) if m.get("name") == "metrics" for p in ("metrics", m["containerPort"])}
+            metrics = {p for m in c.get("ports", []) if m.get("name") == "metrics"
+                       for p in ("metrics", m["containerPort"])}
             if not metrics:
                 problems.append(f"{where}: no 'metrics' container port (its probes ask /healthz there)")
             for probe in ("readinessProbe", "livenessProbe", "startupProbe"):

@@ -1,7 +1,8 @@
 """Consul discovery, a thin adapter over py-consul's asyncio client (aiohttp) behind
 the same interface as etcd. The agent health-checks each instance over
 grpc.health.v1 (asking about the instance's own gRPC service, with a timeout shorter
-than the interval), or in "tls" trust over the plaintext /healthz of its metrics port, and reads use the passing-only filter, so an instance that stops
+than the interval), or in "tls" trust over the plaintext /healthz of its metrics port,
+and reads use the passing-only filter, so an instance that stops
 serving leaves routing within a check interval or two. Watches are blocking queries
 run as coroutines: cancelling one ends it at once, no thread is left waiting.
 
@@ -109,12 +110,15 @@ class ConsulRegistry:
         passing, 429 warning, anything else (503 NOT_SERVING, no answer within Timeout)
         critical. Otherwise a gRPC check: it dials "host:port/service" and asks grpc.health.v1
         about that service. Either way a NOT_SERVING instance drops out of passing reads."""
+        check: dict[str, Any]
         if instance.health_url:
-            return consul.Check.http(instance.health_url, self._interval, timeout=self._check_timeout,
-                                     deregister=self._deregister_after)
-        target = f"{instance.address}/{instance.health_name}" if instance.health_name else instance.address
-        return consul.Check.grpc(target, self._interval, timeout=self._check_timeout,
-                                 deregister=self._deregister_after)
+            check = consul.Check.http(instance.health_url, self._interval, timeout=self._check_timeout,
+                                      deregister=self._deregister_after)
+        else:
+            target = f"{instance.address}/{instance.health_name}" if instance.health_name else instance.address
+            check = consul.Check.grpc(target, self._interval, timeout=self._check_timeout,
+                                      deregister=self._deregister_after)
+        return check
 
     async def _keep_registered(self) -> None:
         """An agent that restarts without its state (dev mode, a lost data dir) forgets
