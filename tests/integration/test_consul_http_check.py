@@ -28,14 +28,6 @@ FAST = {"consul_check_interval_s": 0.2, "consul_check_timeout_s": 0.5, "consul_r
         "consul_wait_s": 1.0}
 
 
-@pytest.fixture
-def standin():
-    s = ConsulStandin()
-    s.start()
-    yield s
-    s.stop()
-
-
 def tls_mesh(tmp_path, standin: ConsulStandin) -> MeshSettings:
     files = ensure_pki(tmp_path / "pki", [("cache", "cache-1")])["cache-1"]
     return MeshSettings(trust="tls", discovery="consul", consul_address=standin.address, config_backend="none",
