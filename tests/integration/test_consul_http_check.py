@@ -20,7 +20,7 @@ from llmesh.metrics_http import start_metrics
 from llmesh.platform import build_platform
 from llmesh.rpc.health import health_status
 from llmesh.rpc.pki import ensure_pki
-from llmesh.service import Registration, StartFailed, serve
+from llmesh.service import Registration, StartFailed, health_url, serve
 from llmesh.settings import MeshSettings
 from tests.integration.consul_standin import ConsulStandin
 
@@ -125,11 +125,10 @@ async def test_tls_service_with_consul_and_no_metrics_port_does_not_start(tmp_pa
         await serve("cache", lambda platform: CacheApp(CacheSettings(port=0), platform), CacheSettings(port=0), mesh)
 
 
-async def test_local_and_token_trust_keep_the_grpc_check(tmp_path, standin):
+def test_only_tls_trust_asks_the_metrics_ports_healthz(tmp_path, standin):
     mesh = tls_mesh(tmp_path, standin)
-    for trust in ("local", "token"):
-        other = mesh.model_copy(update={"trust": trust})
-        registration = Registration("cache", ConsulRegistry(standin.address), other, "127.0.0.1:50054",
-                                    "llmesh.v1.Cache", 9090)
-        assert registration.instance.health_url == ""
-        await registration.end()
+    assert health_url("10.0.0.5:50054", mesh, 9090) == "http://10.0.0.5:9090/healthz"
+    assert health_url("[fd00::5]:50054", mesh, 9090) == "http://[fd00::5]:9090/healthz"
+    assert health_url("cache:50054", mesh, None) == ""  # no metrics port (etcd or static discovery)
+    for trust in ("local", "token"):  # plaintext gRPC: Consul's gRPC check works, as before
+        assert health_url("10.0.0.5:50054", mesh.model_copy(update={"trust": trust}), 9090) == ""
