@@ -15,6 +15,7 @@ from llmesh.discovery.static import StaticRegistry
 from llmesh.liveconfig.live import LiveConfig
 from llmesh.liveconfig.stores import ConfigStore, EtcdStore, FileStore
 from llmesh.rpc.identity import Credentials, Identity
+from llmesh.serving import ServingState
 from llmesh.settings import MeshSettings
 from llmesh.telemetry import Tracing, build_tracer
 
@@ -31,6 +32,8 @@ class Platform:
     tracing: Tracing = field(default_factory=lambda: Tracing(NoOpTracer()))
     identity: Identity = field(default_factory=lambda: Identity("test"))
     followers: list[Follower] = field(default_factory=list)
+    # Whether the app serves: its GrpcServer writes it, the metrics port's /healthz reads it.
+    serving: ServingState = field(default_factory=ServingState)
 
     def resolver(self, service: str, static_address: str) -> Resolver:
         """Where to reach ``service``: the configured address on one machine, else a

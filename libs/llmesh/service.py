@@ -70,12 +70,32 @@ def check_advertisable(name: str, settings: ServiceSettings, mesh: MeshSettings)
                           f"set {_env_name(name)} to the address they reach it at (e.g. the pod IP and port)")
 
 
+def check_health_endpoint(name: str, settings: ServiceSettings, mesh: MeshSettings) -> None:
+    """In "tls" trust Consul checks the metrics port's plaintext /healthz (its gRPC check has no
+    mesh certificate): a service without a metrics port would stay critical, so it does not start."""
+    if mesh.discovery == "consul" and mesh.trust == "tls" and settings.metrics_port is None:
+        raise StartFailed(f"{name} runs in LLMESH_TRUST=tls with Consul discovery: Consul cannot present a mesh "
+                          "certificate to its gRPC port, so it checks http://<host>:<metrics port>/healthz instead; "
+                          f"set LLMESH_{name.upper()}_METRICS_PORT")
+
+
+def health_url(address: str, mesh: MeshSettings, metrics_port: int | None) -> str:
+    """What discovery's check asks in "tls" trust: /healthz on the metrics port, at the host of the
+    advertised ``address``; "" (grpc.health.v1 on ``address``) in the other trusts."""
+    if mesh.trust != "tls" or metrics_port is None:
+        return ""
+    return f"http://{address.rpartition(':')[0]}:{metrics_port}/healthz"
+
+
 class Registration:
     """One instance of a service in discovery, from start until ``end``: registered in the
     background (retrying while the registry is away), deregistered first thing on stop."""
 
-    def __init__(self, name: str, registry: Registry, mesh: MeshSettings, address: str, health_service: str):
-        self.instance = Instance(name, f"{name}-{socket.gethostname()}-{os.getpid()}", address, health_service)
+    def __init__(self, name: str, registry: Registry, mesh: MeshSettings, address: str, health_service: str,
+                 metrics_port: int | None = None):
+        """``metrics_port``: the port serving /healthz (llmesh.metrics_http), if any."""
+        self.instance = Instance(name, f"{name}-{socket.gethostname()}-{os.getpid()}", address, health_service,
+                                 health_url(address, mesh, metrics_port))
         self._registry = registry
         backend = {"etcd": mesh.etcd_address, "consul": mesh.consul_address}.get(mesh.discovery, "static")
         self._task = asyncio.create_task(_register(registry, self.instance, backend))
@@ -101,6 +121,7 @@ async def serve(name: str, build: Callable[[Platform], App], settings: ServiceSe
     SIGINT deregister first, then give in-flight work ``grace_s`` seconds. The app is
     built inside the loop so it may create channels."""
     check_advertisable(name, settings, mesh)
+    check_health_endpoint(name, settings, mesh)
     grace = settings.grace_s
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()
@@ -114,13 +135,13 @@ async def serve(name: str, build: Callable[[Platform], App], settings: ServiceSe
     metrics_server = None
     if settings.metrics_port is not None and worker is None:
         metrics_server = await start_metrics(platform.metrics, settings.host, settings.metrics_port,
-                                             settings.bind_wait_s)
+                                             settings.bind_wait_s, platform.serving)
     app = build(platform)
     await app.start()
     registration = None
     if worker is None:
         registration = Registration(name, platform.registry, mesh, settings.advertise_address or app.advertise_address,
-                                    app.health_service)
+                                    app.health_service, metrics_server.server_port if metrics_server else None)
     else:
         worker.ready()
     await stopping.wait()

@@ -22,7 +22,10 @@ class ServiceSettings(BaseSettings):
     grace_s: float = Field(default=10.0, ge=0, description="time in-flight calls get to finish on stop")
     event_loop: Literal["uvloop", "asyncio"] = "uvloop"
     metrics_port: int | None = Field(default=None, ge=0, le=65535,
-                                     description="serve Prometheus /metrics on host:port; off when unset")
+                                     description="serve Prometheus /metrics on host:port, with GET /healthz and "
+                                     "/readyz (200 SERVING / 503 NOT_SERVING, the gRPC health in plaintext); off "
+                                     "when unset. Needed with LLMESH_TRUST=tls and Consul discovery: Consul checks "
+                                     "that /healthz")
     bind_wait_s: float = Field(default=DEFAULT_BIND_WAIT_S, ge=0, description="how long a listener whose port is "
                                "taken (by another process, or for a moment by an outgoing connection) tries again "
                                "before the service fails naming the port and its holder; a port only closed "
@@ -58,7 +61,8 @@ class MeshSettings(BaseSettings):
     consul_ca_file: Path | None = Field(default=None, description="CA bundle that signed the agent's HTTPS cert")
     consul_cert_file: Path | None = Field(default=None, description="client certificate (agent verify_incoming)")
     consul_key_file: Path | None = Field(default=None, description="the client certificate's key")
-    consul_check_interval_s: float = Field(default=2.0, gt=0, description="gRPC health check period")
+    consul_check_interval_s: float = Field(default=2.0, gt=0, description="health check period (gRPC; an HTTP "
+                                           "check of the metrics port's /healthz in trust `tls`)")
     consul_check_timeout_s: float = Field(default=1.0, gt=0, description="a check slower than this fails "
                                           "(Consul's default, 10 s, is longer than the interval)")
     consul_deregister_after_s: int = Field(

@@ -11,6 +11,8 @@ service uses every core. The supervisor (:func:`supervise`):
   connections silently); if one does, it stops the workers and exits 1 naming it;
 - registers the one instance in discovery (the workers register nothing), at the service's
   address: it lives as long as the service, while any single worker may die and come back;
+- serves /healthz on the service's metrics port (SERVING from the moment every worker serves
+  until the stop; the workers' own gRPC health answers for each one on the shared port);
 - serves the workers' metrics merged on the service's metrics port (prometheus_client's
   multiprocess mode in a fresh directory per run, removed on exit, or by the next run if this
   supervisor was killed; the files of a dead worker's live gauges are dropped, its counters
@@ -46,7 +48,8 @@ from llmesh.metrics_http import start_metrics
 from llmesh.platform import build_registry
 from llmesh.ports import foreign_listeners, split_address
 from llmesh.restarts import RestartBudget, RestartPolicy
-from llmesh.service import Registration, StartFailed, check_advertisable
+from llmesh.serving import ServingState
+from llmesh.service import Registration, StartFailed, check_advertisable, check_health_endpoint
 from llmesh.settings import MeshSettings, ServiceSettings
 
 log = logging.getLogger("llmesh.workers")
@@ -213,12 +216,14 @@ async def _supervise(name: str, settings: ServiceSettings, argv: Sequence[str], 
                      health_service: str, policy: RestartPolicy, shared: Sequence[str]) -> int:
     mesh = MeshSettings()
     check_advertisable(name, settings, mesh)
+    check_health_endpoint(name, settings, mesh)
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
     env = {k: v for k, v in os.environ.items() if k != MULTIPROC_ENV}
     metrics_dir, metrics_server, restarts = None, None, None
+    serving = ServingState()  # the service's /healthz: SERVING from all workers ready until the stop
     try:
         if settings.metrics_port is not None:
             metrics_dir = fresh_metrics_dir(name)
@@ -228,7 +233,7 @@ async def _supervise(name: str, settings: ServiceSettings, argv: Sequence[str], 
             restarts = Counter("llmesh_worker_restarts", "Worker processes restarted after an unexpected exit.",
                                registry=registry)
             metrics_server = await start_metrics(registry, settings.host, settings.metrics_port,
-                                                 settings.bind_wait_s)
+                                                 settings.bind_wait_s, serving)
         supervisor = Supervisor(
             argv, count, env, grace_s=settings.grace_s, policy=policy,
             on_exit=(lambda pid: mark_process_dead(pid, metrics_dir)) if metrics_dir else (lambda pid: None),
@@ -236,8 +241,9 @@ async def _supervise(name: str, settings: ServiceSettings, argv: Sequence[str], 
         await supervisor.start()
         await _check_alone(supervisor, shared or [settings.address])
         registry_backend = build_registry(mesh)
+        serving.set(True)
         registration = Registration(name, registry_backend, mesh, settings.advertise_address or settings.address,
-                                    health_service)
+                                    health_service, metrics_server.server_port if metrics_server else None)
         log.info("workers serving", extra={"workers": count, "pids": supervisor.pids(),
                                            "address": settings.address, "metrics_dir": metrics_dir})
         waits = [asyncio.ensure_future(stopping.wait()), asyncio.ensure_future(supervisor.failed.wait())]
@@ -245,6 +251,7 @@ async def _supervise(name: str, settings: ServiceSettings, argv: Sequence[str], 
         for w in waits:
             w.cancel()
         log.info("stopping", extra={"grace_s": settings.grace_s})
+        serving.set(False)
         await registration.end()
         with contextlib.suppress(Exception):
             await registry_backend.close()

@@ -56,7 +56,8 @@ class CacheApp:
             "llmesh.v1.Cache",
             CacheServicer(self.cache, self.metrics, self.store.backend, lambda: self.guarded.available),
             cache_pb2_grpc.add_CacheServicer_to_server)],
-            tracer=platform.tracing.tracer, identity=platform.identity, bind_wait_s=settings.bind_wait_s)
+            tracer=platform.tracing.tracer, identity=platform.identity, bind_wait_s=settings.bind_wait_s,
+            serving=platform.serving)
         self._tasks: list[asyncio.Task] = []
 
     @property

@@ -85,7 +85,8 @@ class EngineApp:
             "llmesh.v1.Engine", EngineServicer(self.core, self.lifecycle, settings.endpoint_id),
             engine_pb2_grpc.add_EngineServicer_to_server)],
             tracer=platform.tracing.tracer if platform else None,
-            identity=platform.identity if platform else None, bind_wait_s=settings.bind_wait_s)
+            identity=platform.identity if platform else None, bind_wait_s=settings.bind_wait_s,
+            serving=platform.serving if platform else None)
         self._platform = platform
         self.hardware = scheduler_pb2.HardwareProfile()
         self.self_test = scheduler_pb2.SelfTest()

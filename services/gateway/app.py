@@ -175,7 +175,7 @@ class GatewayApp:
             "llmesh.v1.Gateway", GatewayServicer(self.pipeline, self.models_for, settings.request_timeout_s),
             gateway_pb2_grpc.add_GatewayServicer_to_server)], tracer=platform.tracing.tracer,
             reuse_port=settings.workers > 1,  # worker processes share the ports (llmesh.workers)
-            bind_wait_s=settings.bind_wait_s)
+            bind_wait_s=settings.bind_wait_s, serving=platform.serving)
         self._uvicorn = _EmbeddedUvicorn(uvicorn.Config(
             self.http.app, host=settings.http_host, port=settings.http_port, log_config=None,
             access_log=False, lifespan="off", http="httptools", loop="none", interface="asgi3",

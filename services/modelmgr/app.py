@@ -77,7 +77,8 @@ class ModelMgrApp:
             "llmesh.v1.ModelManager", ModelManagerServicer(self.store, self.registry, self.importer, self.rollout),
             modelmgr_pb2_grpc.add_ModelManagerServicer_to_server)],
             tracer=platform.tracing.tracer if platform else None,
-            identity=platform.identity if platform else None, bind_wait_s=settings.bind_wait_s)
+            identity=platform.identity if platform else None, bind_wait_s=settings.bind_wait_s,
+            serving=platform.serving if platform else None)
 
     @property
     def advertise_address(self) -> str:

@@ -37,7 +37,8 @@ class SchedulerApp:
             "llmesh.v1.Scheduler", SchedulerServicer(self.table, self.metrics.reports, scaler=self.scaler),
             scheduler_pb2_grpc.add_SchedulerServicer_to_server)],
             tracer=platform.tracing.tracer if platform else None,
-            identity=platform.identity if platform else None, bind_wait_s=settings.bind_wait_s)
+            identity=platform.identity if platform else None, bind_wait_s=settings.bind_wait_s,
+            serving=platform.serving if platform else None)
         self._tasks: list[asyncio.Task] = []
 
     def _decided(self, decisions: list[Decision]) -> None:

@@ -16,6 +16,7 @@ import subprocess
 import sys
 from collections.abc import Iterable
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -128,23 +129,55 @@ def is_llmesh_service(service: dict) -> bool:
     return bool(build) or str(service.get("image", "")).startswith("llmesh/")
 
 
-def _probe_port(test) -> int | None:
-    """The port `python -m llmesh.rpc.probe HOST:PORT` asks, if that is the healthcheck."""
+def _probe_target(test) -> tuple[str, int] | None:
+    """What `python -m llmesh.rpc.probe` asks, if that is the healthcheck: ("http", port) for
+    `--http HOST:PORT` or a URL (the metrics port's /healthz), ("grpc", port) for HOST:PORT."""
     words = test if isinstance(test, list) else shlex.split(str(test or ""))
-    if "llmesh.rpc.probe" in words and words.index("llmesh.rpc.probe") + 1 < len(words):
-        return int(words[words.index("llmesh.rpc.probe") + 1].rsplit(":", 1)[1])
-    return None
+    if "llmesh.rpc.probe" not in words:
+        return None
+    args = words[words.index("llmesh.rpc.probe") + 1:]
+    targets = [a for a in args if not a.startswith("-")]
+    if not targets:
+        return None
+    url = urlsplit(targets[0] if "://" in targets[0] else f"//{targets[0]}")
+    return ("http" if "--http" in args or "://" in targets[0] else "grpc"), int(url.port or 0)
+
+
+def _service_settings(svc: dict):
+    """The settings class of an llmesh container (the build target's first word) and its env prefix."""
+    cls = settings_classes().get(((svc.get("build") or {}).get("target") or "").split("-")[0])
+    return (cls, env_prefix(cls)) if cls is not None else (None, "")
 
 
 def service_grpc_port(svc: dict) -> int | None:
     """The gRPC port an llmesh container listens on: its LLMESH_<SERVICE>_PORT, else the
     settings class's default. The service is the build target's first word."""
-    target = ((svc.get("build") or {}).get("target") or "").split("-")[0]
-    cls = settings_classes().get(target)
+    cls, prefix = _service_settings(svc)
     if cls is None:
         return None
     env = _env_map(svc.get("environment"))
-    return int(env.get(f"{env_prefix(cls)}PORT") or cls.model_fields["port"].default)
+    return int(env.get(f"{prefix}PORT") or cls.model_fields["port"].default)
+
+
+def _healthcheck_problems(name: str, svc: dict, env: dict[str, str]) -> list[str]:
+    """The probe asks the port it names: the gRPC port, or (--http) the metrics port serving
+    /healthz. In tls trust with Consul, Consul checks that /healthz, so the metrics port is set."""
+    cls, prefix = _service_settings(svc)
+    if cls is None:
+        return []
+    problems = []
+    metrics = env.get(f"{prefix}METRICS_PORT")
+    if env.get("LLMESH_TRUST") == "tls" and env.get("LLMESH_DISCOVERY") == "consul" and not metrics:
+        problems.append(f"service {name}: tls trust with Consul needs {prefix}METRICS_PORT (Consul's check "
+                        "asks its /healthz)")
+    probe = _probe_target((svc.get("healthcheck") or {}).get("test"))
+    if probe is not None and probe[0] == "grpc" and probe[1] != service_grpc_port(svc):
+        problems.append(f"service {name}: healthcheck probes port {probe[1]}, the service listens on "
+                        f"{service_grpc_port(svc)}")
+    elif probe is not None and probe[0] == "http" and str(probe[1]) != metrics:
+        problems.append(f"service {name}: healthcheck probes port {probe[1]}, the service serves /healthz on "
+                        f"{metrics or 'no port'} ({prefix}METRICS_PORT)")
+    return problems
 
 
 def _seconds(duration: str) -> float:
@@ -188,10 +221,7 @@ def compose_problems(doc: dict, allowed_env: set[str], stages: set[str]) -> list
             if svc.get("build") and target not in stages:
                 problems.append(f"service {name}: build target {target!r} is not a Dockerfile stage")
             if name not in oneshots:
-                problems += _stop_grace_problems(name, svc, env)
-            probed, port = _probe_port((check or {}).get("test")), service_grpc_port(svc)
-            if probed is not None and port is not None and probed != port:
-                problems.append(f"service {name}: healthcheck probes port {probed}, the service listens on {port}")
+                problems += _stop_grace_problems(name, svc, env) + _healthcheck_problems(name, svc, env)
     return problems
 
 
@@ -405,23 +435,23 @@ def _pods(docs: list[dict]) -> list[tuple[str, dict]]:
     return [(d["metadata"]["name"], d["spec"]["template"]) for d in docs if d.get("kind") == "Deployment"]
 
 
-def probe_port(probe: dict | None) -> int | None:
-    """The port a grpc.health.v1 probe asks: a kubelet gRPC probe's, or that of an exec probe
-    running `python3 -m llmesh.rpc.probe HOST:PORT` (the mesh's mTLS ports need a client
-    certificate, which the kubelet's own gRPC probe cannot present)."""
-    probe = probe or {}
-    if "grpc" in probe:
-        return probe["grpc"].get("port")
-    command = (probe.get("exec") or {}).get("command") or []
-    words = shlex.split(command[-1]) if command[:2] == ["sh", "-c"] else command
-    if "llmesh.rpc.probe" in words and words.index("llmesh.rpc.probe") + 1 < len(words):
-        port = words[words.index("llmesh.rpc.probe") + 1].rsplit(":", 1)[-1]
-        return int(port) if port.isdigit() else None
-    return None
+HEALTH_PATHS = {"/healthz", "/readyz"}
+
+
+def probe_port(probe: dict | None) -> int | str | None:
+    """The port (number or name) of a kubelet httpGet probe of /healthz or /readyz, the plaintext
+    health of the metrics port (llmesh.metrics_http); None for any other probe. The gRPC ports
+    need a mesh client certificate, which neither the kubelet's gRPC nor its TCP probe has, and an
+    exec probe starts a Python process per probe."""
+    get = (probe or {}).get("httpGet") or {}
+    if get.get("path") not in HEALTH_PATHS or get.get("scheme", "HTTP") != "HTTP":
+        return None
+    port: int | str | None = get.get("port")
+    return port
 
 
 def workload_problems(docs: list[dict], allowed_env: set[str]) -> list[str]:
-    """Each llmesh container: settings-only env, grpc.health.v1 probes on its gRPC port, a
+    """Each llmesh container: settings-only env, httpGet probes of /healthz on its metrics port, a
     preStop drain that fits in the termination grace period, and a valid live config."""
     problems = []
     for name, pod in _pods(docs):
@@ -430,11 +460,15 @@ def workload_problems(docs: list[dict], allowed_env: set[str]) -> list[str]:
             where = f"Deployment/{name} container {c['name']}"
             env = {e["name"]: e.get("value", "") for e in c.get("env", [])}
             problems += env_problems(where, env, allowed_env) + value_problems(where, env)
-            grpc_ports = {p["containerPort"] for p in c.get("ports", []) if p.get("name") == "grpc"}
-            for probe in ("readinessProbe", "livenessProbe"):
-                port = probe_port(c.get(probe))
-                if port is None or port not in grpc_ports:
-                    problems.append(f"{where}: {probe} is not a grpc.health.v1 probe on the gRPC port")
+            metrics = {p for m in c.get("ports", []) if m.get("name") == "metrics"
+                       for p in ("metrics", m["containerPort"])}
+            if not metrics:
+                problems.append(f"{where}: no 'metrics' container port (its probes ask /healthz there)")
+            for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+                if probe == "startupProbe" and not c.get(probe):
+                    continue
+                if probe_port(c.get(probe)) not in metrics:
+                    problems.append(f"{where}: {probe} is not an httpGet of /healthz or /readyz on the metrics port")
             sleep = (((c.get("lifecycle") or {}).get("preStop") or {}).get("exec") or {}).get("command", [])
             grace = [float(v) for k, v in env.items() if k.endswith("_GRACE_S")]
             if len(sleep) != 2 or not grace:

@@ -66,7 +66,9 @@ def test_missing_healthcheck_unknown_setting_and_bad_dependency_fail(compose_doc
     doc["services"]["cache"]["environment"]["HOSTNAME_OVERRIDE"] = "x"
     doc["services"]["cache"]["depends_on"]["nowhere"] = {"condition": "service_healthy"}
     doc["services"]["scheduler"]["build"]["target"] = "no-such-stage"
-    doc["services"]["modelmgr"]["healthcheck"]["test"][-1] = "127.0.0.1:50052"
+    doc["services"]["modelmgr"]["healthcheck"]["test"] = ["CMD", "python", "-m", "llmesh.rpc.probe", "127.0.0.1:50052"]
+    doc["services"]["cache"]["healthcheck"]["test"][-1] = "cache:9091"  # --http: not its metrics port
+    del doc["services"]["engine-1"]["environment"]["LLMESH_ENGINE_METRICS_PORT"]  # tls + Consul need it
     doc["services"]["engine-1"]["environment"]["LLMESH_ENGINE_N_THREADS"] = "two"
     doc["services"]["gateway"]["stop_grace_period"] = "30s"  # its grace is 30 s: killed mid-drain
     problems = checks.compose_problems(doc, allowed_env, checks.stage_names())
@@ -76,9 +78,15 @@ def test_missing_healthcheck_unknown_setting_and_bad_dependency_fail(compose_doc
     assert "service cache: depends on undefined service nowhere" in problems
     assert any("no-such-stage" in p for p in problems)
     assert "service modelmgr: healthcheck probes port 50052, the service listens on 50053" in problems
+    assert ("service cache: healthcheck probes port 9091, the service serves /healthz on 9090 "
+            "(LLMESH_CACHE_METRICS_PORT)") in problems
+    assert any(p.startswith("service engine-1: tls trust with Consul needs LLMESH_ENGINE_METRICS_PORT")
+               for p in problems)
+    assert ("service engine-1: healthcheck probes port 9090, the service serves /healthz on no port "
+            "(LLMESH_ENGINE_METRICS_PORT)") in problems
     assert any(p.startswith("service engine-1: LLMESH_ENGINE_N_THREADS='two'") for p in problems)
     assert "service gateway: stop_grace_period 30s does not exceed its grace 30s" in problems
-    assert len(problems) == 8
+    assert len(problems) == 11
 
 
 def test_compose_schema_violation_fails(compose_doc, tmp_path):
@@ -275,10 +283,18 @@ def test_chart_env_value_probe_and_grace_checks_fail_when_broken(scratch_charts,
                         "{{ add .Values.preStopSleepSeconds (ceil .Values.graceSeconds) 5 }}",
                         "terminationGracePeriodSeconds: 3")
     text = text.replace("""          livenessProbe:
-            exec:
-              command: {{ $probe }}""", """          livenessProbe:
+            httpGet:
+              path: /healthz
+              port: metrics""", """          livenessProbe:
             tcpSocket:
               port: {{ .Values.port }}""")
+    text = text.replace("""          readinessProbe:
+            httpGet:
+              path: /readyz
+              port: metrics""", """          readinessProbe:
+            httpGet:
+              path: /healthz
+              port: grpc""")  # the mTLS gRPC port: the kubelet cannot pass its handshake
     lib.write_text(text)
     helpers = scratch_charts / "llmesh-common" / "templates" / "_helpers.tpl"
     helpers.write_text(helpers.read_text().replace("value: {{ .Values.metricsPort | quote }}", 'value: "nine"'))
@@ -287,8 +303,9 @@ def test_chart_env_value_probe_and_grace_checks_fail_when_broken(scratch_charts,
     assert any("LLMESH_SCHEDULER_NOT_A_SETTING is not a setting" in p for p in problems)
     assert any("LLMESH_SCHEDULER_METRICS_PORT='nine'" in p for p in problems)
     assert any("terminationGracePeriodSeconds 3 < preStop" in p for p in problems)
-    assert any("livenessProbe is not a grpc.health.v1 probe" in p for p in problems)
-    assert len(problems) == 4
+    assert any("livenessProbe is not an httpGet of /healthz or /readyz on the metrics port" in p for p in problems)
+    assert any("readinessProbe is not an httpGet of /healthz or /readyz on the metrics port" in p for p in problems)
+    assert len(problems) == 5
 
 
 # --- the mesh certificates: tests/deploy/test_deploy_security.py --------------------------

@@ -100,3 +100,29 @@ def test_shutdown_with_a_watch_in_flight_takes_under_2_s(consul_mesh, redis_serv
         assert time.monotonic() - t0 < 2.0
     finally:
         gateway.stop()
+
+
+def test_a_tls_mesh_registers_http_checks_that_pass(tmp_path):
+    """Every gRPC port of `llmesh up --secure` is mutual TLS, which Consul's gRPC check cannot pass:
+    each service registers an HTTP check of its metrics port's /healthz instead, and every one passes,
+    so the instances the gateway and the engines look up through Consul (passing only) are all there."""
+    agent = ConsulStandin()
+    agent.start()
+    env = {"LLMESH_DISCOVERY": "consul", "LLMESH_CONSUL_ADDRESS": agent.address, "LLMESH_CONFIG_BACKEND": "none",
+           "LLMESH_CONSUL_CHECK_INTERVAL_S": "0.5", "LLMESH_CONSUL_CHECK_TIMEOUT_S": "0.5",
+           "LLMESH_CONSUL_RESYNC_S": "1", "LLMESH_CONSUL_WAIT_S": "30"}
+    mesh = Mesh(layout=free_layout(2), engines="sim,sim", model_dir=tmp_path / "models", log_dir=tmp_path / "logs",
+                env=env, args=["--secure"])
+    mesh.agent = agent
+    try:
+        mesh.start(timeout_s=90)
+        assert wait_until(lambda: all_registered(mesh), 15), mesh.logs()
+        for service in (*SERVICES, "engine"):
+            _, _, entries = agent.get(f"/v1/health/service/{service}")
+            for entry in entries:
+                check = entry["Checks"][1]
+                assert check["Type"] == "http" and check["Status"] == "passing", check
+                assert check["Definition"]["HTTP"].endswith("/healthz") and "GRPC" not in check["Definition"]
+    finally:
+        mesh.stop()
+        agent.stop()

@@ -144,6 +144,9 @@ def test_both_workers_serve_and_metrics_are_merged(gateway):
     scrape = httpx.get(f"http://127.0.0.1:{gateway.metrics_port}/metrics",
                        headers={"Accept": "application/openmetrics-text"}, timeout=5)
     assert scrape.headers["content-type"].startswith("text/plain; version=0.0.4")  # classic text, always
+    # the supervisor answers the service's /healthz: SERVING while its workers serve
+    health = httpx.get(f"http://127.0.0.1:{gateway.metrics_port}/healthz", timeout=5)
+    assert (health.status_code, health.text) == (200, "SERVING\n")
 
 
 def _audit_files(gw: Gateway) -> list[Path]:

@@ -2,7 +2,8 @@
 the Consul adapter is tested against this small real HTTP server on 127.0.0.1. It
 implements only the part of the agent's HTTP API that py-consul 1.8.0 calls for us
 (register, deregister, agent services, health service with blocking queries, leader
-status) and the documented behaviours the adapter relies on; each is cited below.
+status), the gRPC and HTTP checks the mesh registers, and the documented behaviours the
+adapter relies on; each is cited below.
 It is NOT Consul and never makes a feature count as done on its own: the real-agent
 test (tests/integration/test_discovery_consul.py) runs wherever `consul` is on PATH.
 
@@ -32,6 +33,8 @@ import ssl
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
@@ -50,6 +53,8 @@ DEFAULT_WAIT_S, MAX_WAIT_S = 300.0, 600.0
 # "The minimum timeout is 1 minute, and the process that reaps critical services runs
 # every 30 seconds". Also the default check Timeout is 10 s (same page, Timeout).
 MIN_DEREGISTER_S, REAP_EVERY_S, DEFAULT_CHECK_TIMEOUT_S = 60.0, 30.0, 10.0
+
+NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 DURATION = re.compile(r"([\d.]+)(ns|us|µs|ms|s|m|h)")
 UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -74,6 +79,7 @@ class Check:
         self.check_id = check_id
         self.service_id = service_id
         self.grpc_target = definition.get("grpc", "")
+        self.http_url = definition.get("http", "")
         self.interval = max(seconds(definition.get("interval"), 10.0), 0.05)
         self.timeout = seconds(definition.get("timeout"), DEFAULT_CHECK_TIMEOUT_S)
         after = definition.get("deregistercriticalserviceafter")
@@ -85,13 +91,34 @@ class Check:
         self.definition = definition
         self._state = state
         self._stop = threading.Event()
-        if self.grpc_target:
+        if self.grpc_target or self.http_url:
             threading.Thread(target=self._run, daemon=True, name=f"check-{check_id}").start()
 
     def stop(self) -> None:
         self._stop.set()
 
     def probe(self) -> str:
+        return self._probe_http() if self.http_url else self._probe_grpc()
+
+    def _probe_http(self) -> str:
+        # https://developer.hashicorp.com/consul/docs/services/usage/checks (HTTP checks): a GET
+        # of the URL every interval (GET unless the definition names a Method); "any 2xx code is
+        # considered passing, a 429 Too Many Requests is a warning, and anything else is a
+        # failure" (critical), as is no answer within the timeout.
+        request = urllib.request.Request(self.http_url, method=self.definition.get("method") or "GET",
+                                         headers={"User-Agent": "Consul Health Check"})
+        try:  # straight to the URL, as the agent dials it (no proxy from the environment)
+            with NO_PROXY.open(request, timeout=self.timeout) as resp:
+                code = resp.status
+        except urllib.error.HTTPError as exc:  # urllib raises for 4xx/5xx (and unfollowed 3xx)
+            code = exc.code
+        except (OSError, ValueError):  # refused, reset, timed out, a URL it cannot use
+            return "critical"
+        if 200 <= code < 300:
+            return "passing"
+        return "warning" if code == 429 else "critical"
+
+    def _probe_grpc(self) -> str:
         # https://developer.hashicorp.com/consul/docs/services/usage/checks (gRPC checks):
         # the target is "host:port" or "host:port/service"; the check calls
         # grpc.health.v1.Health/Check for that service name and passes on SERVING only.
@@ -111,9 +138,10 @@ class Check:
                 self._state.set_status(self, status)
 
     def json(self) -> dict:
+        kind, target = ("http", {"HTTP": self.http_url}) if self.http_url else ("grpc", {"GRPC": self.grpc_target})
         return {"Node": NODE["Node"], "CheckID": self.check_id, "Name": f"Service '{self.service_id}' check",
-                "Status": self.status, "ServiceID": self.service_id, "Type": "grpc",
-                "Definition": {"GRPC": self.grpc_target, "Interval": f"{self.interval:g}s",
+                "Status": self.status, "ServiceID": self.service_id, "Type": kind,
+                "Definition": {**target, "Interval": f"{self.interval:g}s",
                                "Timeout": f"{self.timeout:g}s",
                                "DeregisterCriticalServiceAfter": f"{self.deregister_after or 0:g}s"}}
 

@@ -27,14 +27,6 @@ FAST = {"check_interval_s": 0.2, "check_timeout_s": 0.2, "resync_s": 0.3, "wait_
 
 
 @pytest.fixture
-def standin():
-    s = ConsulStandin()
-    s.start()
-    yield s
-    s.stop()
-
-
-@pytest.fixture
 async def cache_app():
     app = CacheApp(CacheSettings(port=0))
     await app.start()

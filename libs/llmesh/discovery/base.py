@@ -24,6 +24,9 @@ class Instance:
     # The grpc.health.v1 service name a backend's health check asks about ("" = the
     # whole server). Not part of an instance's identity: resolved instances lack it.
     health_name: str = field(default="", compare=False)
+    # A plaintext HTTP health endpoint (http://host:port/healthz) for a backend's check to ask
+    # instead of grpc.health.v1: set when the gRPC port needs a mesh certificate ("tls" trust).
+    health_url: str = field(default="", compare=False)
 
 
 class Registry(Protocol):

@@ -1,7 +1,8 @@
 """Consul discovery, a thin adapter over py-consul's asyncio client (aiohttp) behind
 the same interface as etcd. The agent health-checks each instance over
 grpc.health.v1 (asking about the instance's own gRPC service, with a timeout shorter
-than the interval) and reads use the passing-only filter, so an instance that stops
+than the interval), or in "tls" trust over the plaintext /healthz of its metrics port,
+and reads use the passing-only filter, so an instance that stops
 serving leaves routing within a check interval or two. Watches are blocking queries
 run as coroutines: cancelling one ends it at once, no thread is left waiting.
 
@@ -98,14 +99,26 @@ class ConsulRegistry:
 
     async def _register(self, instance: Instance) -> None:
         host, _, port = instance.address.rpartition(":")
-        # Consul's gRPC check dials "host:port/service" and asks grpc.health.v1 about that
-        # service; a NOT_SERVING instance turns critical and drops out of passing reads.
-        target = f"{instance.address}/{instance.health_name}" if instance.health_name else instance.address
-        check = consul.Check.grpc(target, self._interval, timeout=self._check_timeout,
-                                  deregister=self._deregister_after)
         await self._call("register", self._consul().agent.service.register(
             instance.service, service_id=instance.instance_id, address=host.strip("[]"), port=int(port),
-            check=check))
+            check=self._check(instance)))
+
+    def _check(self, instance: Instance) -> dict[str, Any]:
+        """The instance's health check (developer.hashicorp.com/consul/docs/services/usage/checks).
+        With a ``health_url`` (mutual TLS on the gRPC port, which Consul's gRPC check cannot
+        pass: it has no mesh certificate) an HTTP check: a GET of the URL every Interval, 2xx
+        passing, 429 warning, anything else (503 NOT_SERVING, no answer within Timeout)
+        critical. Otherwise a gRPC check: it dials "host:port/service" and asks grpc.health.v1
+        about that service. Either way a NOT_SERVING instance drops out of passing reads."""
+        check: dict[str, Any]
+        if instance.health_url:
+            check = consul.Check.http(instance.health_url, self._interval, timeout=self._check_timeout,
+                                      deregister=self._deregister_after)
+        else:
+            target = f"{instance.address}/{instance.health_name}" if instance.health_name else instance.address
+            check = consul.Check.grpc(target, self._interval, timeout=self._check_timeout,
+                                      deregister=self._deregister_after)
+        return check
 
     async def _keep_registered(self) -> None:
         """An agent that restarts without its state (dev mode, a lost data dir) forgets

@@ -17,6 +17,7 @@ from opentelemetry.trace import Tracer
 from llmesh.ports import DEFAULT_BIND_WAIT_S, bind_retrying, probe, split_address
 from llmesh.rpc.identity import Identity
 from llmesh.rpc.interceptor import ErrorInterceptor
+from llmesh.serving import ServingState
 
 log = logging.getLogger("llmesh.rpc.server")
 
@@ -51,11 +52,13 @@ class ServiceBinding:
 class GrpcServer:
     def __init__(self, address: str, bindings: Sequence[ServiceBinding], tracer: Tracer | None = None,
                  identity: Identity | None = None, reuse_port: bool = False,
-                 bind_wait_s: float = DEFAULT_BIND_WAIT_S):
+                 bind_wait_s: float = DEFAULT_BIND_WAIT_S, serving: ServingState | None = None):
         """``identity``: the mesh's trust, which decides the port's transport (mutual TLS in "tls"
         trust) and who may call each method (None: anyone, for in-process tests);
         ``reuse_port``: bind with SO_REUSEPORT, beside other processes on the same port;
-        ``bind_wait_s``: how long a taken port is tried again (llmesh.ports)."""
+        ``bind_wait_s``: how long a taken port is tried again (llmesh.ports);
+        ``serving``: where the health service's state is also kept, for the metrics port's
+        plaintext /healthz (llmesh.metrics_http); the process's ``Platform.serving``."""
         self._address = address
         self._reuse_port = reuse_port
         self._bind_wait_s = bind_wait_s
@@ -64,6 +67,7 @@ class GrpcServer:
         self._bindings = bindings
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
+        self._serving = serving or ServingState()
         self.port: int | None = None
 
     async def start(self) -> None:
@@ -115,6 +119,7 @@ class GrpcServer:
         await self._health.set("", status)
         for binding in self._bindings:
             await self._health.set(binding.name, status)
+        self._serving.set(serving)
 
     async def stop(self, grace: float) -> None:
         """Stop taking calls, give in-flight ones ``grace`` seconds, then cancel them."""

@@ -1,6 +1,7 @@
 {{/* A service's Deployment. The pod stops like `llmesh up` stops a child: the preStop sleep
 lets endpoints and discovery forget the pod first, SIGTERM then drains within graceSeconds,
-and the kubelet's deadline covers both with a margin. Probes speak grpc.health.v1. */}}
+and the kubelet's deadline covers both with a margin. Probes are the kubelet's httpGet on the
+metrics port's /healthz and /readyz (the grpc.health.v1 state, in plaintext). */}}
 {{- define "llmesh.deployment" -}}
 {{- include "llmesh.sharedKeyStoreGuard" .root -}}
 {{- $extraEnv := .extraEnv | default "" -}}
@@ -81,22 +82,26 @@ spec:
             - secretRef:
                 name: {{ $secret }}
           {{- end }}
-          {{- $probe := include "llmesh.probeCommand" . }}
+          {{- /* Plaintext /healthz on the metrics port (llmesh.metrics_http): the same state as
+          grpc.health.v1, which the kubelet cannot ask over the mesh's mutual TLS. */}}
           {{- with .Values.startupProbe }}
           startupProbe:
-            exec:
-              command: {{ $probe }}
+            httpGet:
+              path: /healthz
+              port: metrics
             {{- toYaml . | nindent 12 }}
           {{- end }}
           readinessProbe:
-            exec:
-              command: {{ $probe }}
+            httpGet:
+              path: /readyz
+              port: metrics
             periodSeconds: 5
             timeoutSeconds: 5
             failureThreshold: 2
           livenessProbe:
-            exec:
-              command: {{ $probe }}
+            httpGet:
+              path: /healthz
+              port: metrics
             periodSeconds: 10
             timeoutSeconds: 5
             failureThreshold: 6
@@ -150,15 +155,4 @@ spec:
         {{- toYaml . | nindent 8 }}
       {{- end }}
 {{- end }}
-{{- end -}}
-
-{{/* grpc.health.v1 over the mesh's mTLS: the kubelet's own gRPC probe is plaintext and has no
-client certificate, so the container asks itself with `python3 -m llmesh.rpc.probe` (which
-reads LLMESH_TRUST and LLMESH_TLS_* like the service) at the address it binds. */}}
-{{- define "llmesh.probeCommand" -}}
-{{- if include "llmesh.bindsPodIP" . -}}
-["sh", "-c", {{ printf "exec python3 -m llmesh.rpc.probe \"$K8S_POD_IP:%v\"" .Values.port | quote }}]
-{{- else -}}
-["python3", "-m", "llmesh.rpc.probe", {{ printf "127.0.0.1:%v" .Values.port | quote }}]
-{{- end -}}
 {{- end -}}

@@ -3,7 +3,11 @@ methods allow (llmesh.rpc.policy), by their pods' labels (app.kubernetes.io/name
 app.kubernetes.io/part-of: llmesh) in the release's namespace; `cli` is an operator's pod
 (llmesh CLI, jobs) labelled app.kubernetes.io/name: cli. The gateway's API ports are open to
 anyone. mTLS checks the caller's identity on every call; this keeps the rest of the cluster
-from reaching the port at all. */}}
+from reaching the port at all. The kubelet's probes (httpGet /healthz and /readyz on the metrics
+port) come from the pod's own node, which a NetworkPolicy never blocks: "traffic to and from the
+node where a Pod is running is always allowed, regardless of the IP address of the Pod or the
+node" (https://kubernetes.io/docs/concepts/services-networking/network-policies/), so the metrics
+port stays open only to metricsFrom. */}}
 {{- define "llmesh.callers" -}}
 {{- $table := dict
     "gateway" list
