@@ -138,6 +138,7 @@ async def serve(name: str, build: Callable[[Platform], App], settings: ServiceSe
                                              settings.bind_wait_s, platform.serving)
     app = build(platform)
     await app.start()
+    heartbeat = asyncio.create_task(platform.serving.heartbeat())  # /healthz sees a stalled loop
     registration = None
     if worker is None:
         registration = Registration(name, platform.registry, mesh, settings.advertise_address or app.advertise_address,
@@ -149,6 +150,7 @@ async def serve(name: str, build: Callable[[Platform], App], settings: ServiceSe
     if registration is not None:
         await registration.end()
     await app.stop(grace)
+    heartbeat.cancel()
     await platform.config.stop()
     await platform.close()  # watches and registry keepers end here, none left blocking the exit
     if metrics_server is not None:

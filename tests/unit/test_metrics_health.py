@@ -65,3 +65,35 @@ def test_without_a_state_there_is_no_health_path():
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_loop_that_stops_beating_is_not_serving():
+    """/healthz is answered from the metrics thread; the serving loop's heartbeat keeps a stuck
+    loop (a blocking call on it) from reading as SERVING."""
+    now = [100.0]
+    state = ServingState(True, stall_s=10.0, clock=lambda: now[0])
+    assert state.status == "SERVING"  # no heartbeat running: the flag alone answers
+    state.beat()
+    now[0] += 9.0
+    assert state.status == "SERVING"
+    now[0] += 2.0  # 11 s without a beat
+    assert (state.serving, state.status) == (False, "NOT_SERVING")
+    state.beat()
+    assert state.status == "SERVING"
+    state.set(False)
+    assert state.status == "NOT_SERVING"  # the flag still wins
+
+
+async def test_the_heartbeat_beats_from_the_loop():
+    import asyncio
+
+    now = [0.0]
+    state = ServingState(True, stall_s=10.0, clock=lambda: now[0])
+    task = asyncio.create_task(state.heartbeat(every_s=0.01))
+    await asyncio.sleep(0.05)
+    now[0] = 50.0
+    await asyncio.sleep(0.05)  # beats again at 50
+    assert state.status == "SERVING"
+    task.cancel()
+    now[0] = 61.0
+    assert state.status == "NOT_SERVING"
