@@ -1,11 +1,12 @@
 """The contract every engine backend keeps, run against each: llamacpp (the real
-SmolLM2), sim, and vllm (the real adapter with SmolLM2's tokenizer and vLLM's own
-modules around a FAKE of the GPU engine, see fake_vllm; `make gpu-smoke` runs it on
-real vLLM)."""
+SmolLM2), sim, and vllm (vLLM's real engine, its CPU build, serving SmolLM2: the
+``real_vllm`` fixture; run with .venv-vllm's interpreter, as `make test` does with
+``-k vllm``; the main venv has no vLLM and skips that parameter)."""
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 from contextlib import aclosing
 
 import pytest
@@ -15,10 +16,12 @@ from llmesh.types import Message, Prompt
 from llmesh.engine.backends.base import DecodeParams
 
 MODELS = {"llamacpp": "smollm2-135m-instruct", "sim": "sim-contract", "vllm": "smollm2-on-fake-vllm"}
+HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 LONG = "Please summarise the following notes about the harbour, the boats and the tides. " * 4
 
 
-@pytest.fixture(params=["llamacpp", "sim", "vllm"])
+@pytest.fixture(params=["llamacpp", "sim", pytest.param("vllm", marks=pytest.mark.skipif(
+    not HAVE_VLLM, reason="vLLM runs in .venv-vllm: make test runs this parameter there"))])
 async def backend(request):
     kind = request.param
     if kind == "llamacpp":
@@ -30,7 +33,8 @@ async def backend(request):
         b = SimBackend(MODELS[kind], 1024, SimProfile(decode_ms_base=2.0, prefill_ms_per_token=0.05,
                                                       output_tokens=12, kv_blocks=256))
     else:
-        b = await fake_vllm_backend(request.getfixturevalue("real_model_dir"), request.getfixturevalue("tmp_path"))
+        yield request.getfixturevalue("real_vllm")  # the session's engine: closed at the session's end
+        return
     yield b
     await b.close()
 
@@ -38,13 +42,13 @@ async def backend(request):
 async def fake_vllm_backend(model_dir, tmp_path, settings=None, **engine_kw):
     """VllmBackend wired as VllmBackend.create wires it from the engine's settings, at
     the KV-event endpoint the engine's app builds, over a FAKE AsyncLLM made of vLLM's
-    own modules."""
+    own modules: for fault injection only (vllm_faults)."""
     from llmesh.engine.app import vllm_kv_events_endpoint
     from llmesh.engine.backends.vllm import (
         KV_TOPIC, KvEventSubscriber, VllmBackend, kv_events_endpoints, stats_logger_factory, vllm_hash_scheme)
     from llmesh.engine.config import EngineSettings
     from llmesh.engine.kvblocks import KvEventLog
-    from tests.component.fake_vllm import FakeAsyncLLM, GgufTokenizer, require_vllm, vllm_api
+    from tests.component.vllm_faults import FakeAsyncLLM, GgufTokenizer, require_vllm, vllm_api
 
     require_vllm()
     settings = (settings or EngineSettings(backend="vllm")).model_copy(
