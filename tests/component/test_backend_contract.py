@@ -17,7 +17,7 @@ from llmesh.engine.backends.base import DecodeParams
 
 MODELS = {"llamacpp": "smollm2-135m-instruct", "sim": "sim-contract", "vllm": "smollm2-on-fake-vllm"}
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
-LONG = "Please summarise the following notes about the harbour, the boats and the tides. " * 4
+LONG = "Please summarise the following notes about the harbour, the boats and the tides. " * 16  # 2+ vLLM CPU blocks
 
 
 @pytest.fixture(params=["llamacpp", "sim", pytest.param("vllm", marks=pytest.mark.skipif(
@@ -33,7 +33,9 @@ async def backend(request):
         b = SimBackend(MODELS[kind], 1024, SimProfile(decode_ms_base=2.0, prefill_ms_per_token=0.05,
                                                       output_tokens=12, kv_blocks=256))
     else:
-        yield request.getfixturevalue("real_vllm")  # the session's engine: closed at the session's end
+        b = request.getfixturevalue("real_vllm")  # the session's engine: closed at the session's end
+        assert await b._engine.reset_prefix_cache()  # each test starts from an empty cache, as on the others
+        yield b
         return
     yield b
     await b.close()

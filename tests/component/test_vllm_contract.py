@@ -207,7 +207,7 @@ async def test_prefix_aware_picking_for_a_vllm_and_a_llamacpp_engine(real_vllm, 
     engine that cached it."""
     vllm_backend = real_vllm
     bs = vllm_backend.kv_blocks.scheme.block_size
-    long = [p * 4 for p in PROMPTS]  # vLLM's blocks on CPUs are 128 tokens
+    long = [p * 8 for p in PROMPTS]  # vLLM's blocks on CPUs are 128 tokens
     a, b = chat_tokens(tokenizer, long[0]), chat_tokens(tokenizer, long[1])
     params = DecodeParams(max_new_tokens=2, temperature=0.0, top_p=1.0, seed=0)
     async with aclosing(vllm_backend.stream(a, params)) as s:

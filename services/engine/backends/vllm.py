@@ -62,6 +62,7 @@ class VllmBackend:
         self._adapters: dict[str, LoRARequest] = {}
         self._lora_ids = itertools.count(1)
         self._kv_usage = 0.0
+        self._in_flight = 0
         self._prefix = (0, 0)
         self._subscriber: KvEventSubscriber | None = None
 
@@ -108,8 +109,11 @@ class VllmBackend:
         return self._prefix
 
     def record_stats(self, scheduler_stats) -> None:
-        """From vLLM's stat logger: KV-cache use and the step's prefix-cache queries and hits."""
-        self._kv_usage = float(scheduler_stats.kv_cache_usage)
+        """From vLLM's stat logger: KV-cache use and the step's prefix-cache queries and hits.
+        vLLM counts as used only blocks its requests hold (cached blocks of finished ones
+        are free), and reports after steps only: with nothing in flight the use is 0, also
+        after an abort that no later step reports, and a late report must not undo that."""
+        self._kv_usage = float(scheduler_stats.kv_cache_usage) if self._in_flight else 0.0
         prefix = scheduler_stats.prefix_cache_stats
         if prefix is not None:
             self._prefix = (self._prefix[0] + prefix.queries, self._prefix[1] + prefix.hits)
@@ -157,6 +161,7 @@ class VllmBackend:
             structured_outputs=structured_outputs(self._api, params))
         request_id = uuid.uuid4().hex
         finished = False
+        self._in_flight += 1
         try:
             async for out in self._engine.generate({"prompt_token_ids": list(tokens)}, sampling, request_id,
                                                    lora_request=lora):
@@ -168,6 +173,9 @@ class VllmBackend:
                 if finished:
                     return
         finally:
+            self._in_flight -= 1
+            if not self._in_flight:
+                self._kv_usage = 0.0
             if not finished:
                 await self._engine.abort(request_id)
 
