@@ -190,7 +190,7 @@ lock:
 	$(BIN)/python -m uv pip compile pyproject.toml --extra dev --python-version 3.11 -o requirements.lock
 
 clean:
-	rm -rf $(VENV) libs/llmesh/v1/*_pb2*.py* libs/buf/validate/*_pb2*.py* $(RULES) build *.egg-info
+	rm -rf $(VENV) $(VVENV) libs/llmesh/v1/*_pb2*.py* libs/buf/validate/*_pb2*.py* $(RULES) build *.egg-info
 
 # Boundaries as tests: ruff (the rules in pyproject.toml), mypy (strict on libs/ and the domain
 # modules), import-linter's contracts (services independent, libs below services, domain modules

@@ -27,8 +27,7 @@ from llmesh.engine.backends.base import DecodeParams
 from llmesh.engine.config import EngineSettings
 from llmesh.engine.kvblocks import BlockLedger, KvEventLog
 from llmesh.scheduler.kvindex import KvIndex
-from tests.component.vllm_faults import GIB, FakeGpu, GgufTokenizer, require_vllm
-from tests.component.test_backend_contract import fake_vllm_backend
+from tests.component.vllm_faults import GIB, FakeGpu, GgufTokenizer, fake_vllm_backend, require_vllm
 
 pytestmark = pytest.mark.usefixtures("vllm_modules")
 
