@@ -199,6 +199,18 @@ def test_a_coarser_block_carries_its_last_hash_block(tokenizer):
     assert ours == [kcu.maybe_convert_block_hash(coarse[i]) for i in range(len(coarse))]
 
 
+def test_the_hash_block_size_is_the_one_vllm_hashes_by():
+    """vLLM sets hash_block_size in its engine core only (the front end's CacheConfig keeps
+    None): with one KV-cache group it hashes by whole blocks, else by prefix_match_unit."""
+    from vllm.config import CacheConfig
+
+    from llmesh.engine.backends.vllm import vllm_hash_scheme
+
+    assert CacheConfig(block_size=128).hash_block_size is None
+    assert vllm_hash_scheme(CacheConfig(block_size=128)).hash_block_size == 128
+    assert vllm_hash_scheme(CacheConfig(block_size=64, prefix_match_unit=16)).hash_block_size == 16
+
+
 async def test_prefix_aware_picking_for_a_vllm_and_a_llamacpp_engine(real_vllm, tokenizer):
     """Two engines, each naming blocks its own way: the vllm backend on vLLM's real engine
     (its publisher, its hashing, its block size), and the llama.cpp backend's block ledger.
