@@ -29,7 +29,7 @@ from llmesh.engine.kvblocks import BlockLedger, KvEventLog
 from llmesh.scheduler.kvindex import KvIndex
 from tests.component.vllm_faults import GIB, FakeGpu, GgufTokenizer, fake_vllm_backend, require_vllm
 
-pytestmark = pytest.mark.usefixtures("vllm_modules")
+pytestmark = pytest.mark.usefixtures("vllm_installed")
 
 PROMPTS = ["Please summarise the following notes about the harbour, the boats and the tides. " * 3,
            "Translate into French: the quick brown fox jumps over the lazy dog, twice over. " * 3,
@@ -37,7 +37,7 @@ PROMPTS = ["Please summarise the following notes about the harbour, the boats an
 
 
 @pytest.fixture(scope="module")
-def vllm_modules():
+def vllm_installed():
     return require_vllm()
 
 
