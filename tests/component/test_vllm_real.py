@@ -146,3 +146,15 @@ async def test_kv_events_from_vllms_publisher_match_the_pickers_hashes(vllm):
     assert vllm._subscriber is not None and vllm._subscriber.received > 0
     resync = vllm.kv_blocks.resync()
     assert resync[0].kind == "cleared" and set(expected) <= set(resync[1].hashes)
+
+
+async def test_n_samples_of_one_prompt_share_its_cached_prefix(vllm):
+    """A request for n choices reaches the engine as n streams of one prompt (the gateway fans
+    it out): each samples on its own seed, and vLLM computes the shared prompt once."""
+    tokens = vllm.tokenize(chat("Tell me about the weather on the coast, at length, in detail. " * 24))
+    assert len(tokens) > 2 * CPU_BLOCK_SIZE
+    queries, hits = vllm.prefix_cache_stats()
+    outs = await asyncio.gather(*(collect(vllm, tokens, DecodeParams(8, 1.2, 0.95, seed)) for seed in (1, 2, 3)))
+    assert all(1 <= len(o) <= 8 for o in outs) and len({"".join(o) for o in outs}) > 1
+    await until(lambda: vllm.prefix_cache_stats()[0] - queries >= 3 * len(tokens))
+    assert vllm.prefix_cache_stats()[1] - hits >= 2 * (len(tokens) // CPU_BLOCK_SIZE) * CPU_BLOCK_SIZE
