@@ -1,6 +1,7 @@
 """Where a large prompt's guard work runs: a small pool of worker processes, with a deadline
 and a bounded queue, so that no prompt holds the gateway's event loop (a light one runs
-inline: ``screening.light``).
+inline: ``screening.light``). A large request body is parsed in the same processes
+(``call``: ``fronts.body``).
 
 Why processes and not threads: the PII rules are Python regular expressions, which hold the
 GIL. A CPU-bound thread hands the GIL back to the event loop only every 5 ms switch interval,
@@ -27,14 +28,17 @@ import multiprocessing
 import os
 import signal
 import time
+from collections.abc import Callable
 from concurrent.futures.process import BrokenProcessPool
 from types import FrameType
+from typing import TypeVar
 
 from llmesh.errors import InvalidArgument, LlmeshError, Overloaded, Unavailable
 from llmesh.gateway.domain.guards import screening
 from llmesh.gateway.domain.guards.screening import GuardJob, GuardResult
 
 log = logging.getLogger("llmesh.gateway.guards")
+T = TypeVar("T")
 
 
 class _Timeout(Exception):
@@ -117,6 +121,17 @@ class GuardWorkers:
         if result is None:
             raise _timeout(self._deadline_s)
         return result
+
+    async def call(self, fn: Callable[..., T], *args: object) -> T:
+        """``fn(*args)`` in a worker process (both picklable), its result or its exception; no
+        deadline nor queue bound (the caller bounds what it sends). Unavailable when a worker died
+        under it (the pool is started again on the next call)."""
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._executor(), fn, *args)
+        except BrokenProcessPool:
+            log.error("a guard worker died; starting new ones")
+            self.close()
+            raise Unavailable("The gateway's worker process stopped; retry.", reason="workers_unavailable") from None
 
     def close(self) -> None:
         if self._pool is not None:
