@@ -16,7 +16,10 @@ A job that runs past its deadline is stopped in the worker (SIGALRM) and the req
 (400 ``guard_timeout``): the rules are linear, so only a prompt far larger than any model's
 context gets there. A job whose worst-case bound (``screening.worst_seconds``) is over twice
 the time left is refused at once, so a hopeless prompt costs a worker ~0.1 s, not the deadline.
-More jobs than ``queue`` waiting is a 429 (``guards_busy``)."""
+More jobs than ``queue`` waiting is a 429 (``guards_busy``).
+
+The workers run at a lower priority (``NICE``): on a busy machine the gateway's event loop, and
+so every other request, gets the CPU before an attacker's prompt does."""
 
 from __future__ import annotations
 
@@ -39,6 +42,7 @@ from llmesh.gateway.domain.guards.screening import GuardJob, GuardResult
 
 log = logging.getLogger("llmesh.gateway.guards")
 T = TypeVar("T")
+NICE = 10  # added to the gateway's niceness: under contention a worker gets ~1/10 of a core's share
 
 
 class _Timeout(Exception):
@@ -69,6 +73,10 @@ def _ready() -> int:
     return os.getpid()
 
 
+def _lower_priority() -> None:
+    os.nice(NICE)
+
+
 def _timeout(deadline_s: float) -> LlmeshError:
     return InvalidArgument(f"The prompt could not be screened (PII, prompt injection) within {deadline_s:g} s; "
                            "send a shorter prompt.", reason="guard_timeout", param="messages")
@@ -88,7 +96,7 @@ class GuardWorkers:
         if self._pool is None:
             # spawn: the gateway has threads (gRPC), which fork does not copy safely
             self._pool = concurrent.futures.ProcessPoolExecutor(
-                self._workers, mp_context=multiprocessing.get_context("spawn"))
+                self._workers, mp_context=multiprocessing.get_context("spawn"), initializer=_lower_priority)
         return self._pool
 
     async def start(self) -> None:

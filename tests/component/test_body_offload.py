@@ -2,7 +2,8 @@
 the pipeline with a stand-in engine: whatever the body, the answer through the worker processes
 is the one the inline parse gives (status, message, param, result); the workers take exactly the
 bodies over the threshold, a few at a time; a small request is answered while a large one is
-being parsed; a worker that dies is replaced, and the body it held is parsed inline."""
+being parsed; a worker that dies is replaced, and the body it held is parsed inline; the workers run
+at a lower priority than the gateway."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from llmesh.gateway.context import CompletionRequest
 from llmesh.gateway.fronts.body import OFFLOAD_BYTES, BodyReader, Offload, Reader
 from llmesh.gateway.fronts.http import HttpFront
 from llmesh.gateway.fronts.openai_api import Body
-from llmesh.gateway.guard_workers import GuardWorkers
+from llmesh.gateway.guard_workers import NICE, GuardWorkers
 from llmesh.gateway.pipeline import Pipeline
 from llmesh.gateway.stages.route import RouteStage
 from llmesh.gateway.stages.validate import ValidateStage
@@ -197,3 +198,7 @@ async def test_a_worker_that_dies_is_replaced_and_its_body_parsed_inline(workers
     raw = chat("still answered", n=2)
     assert await answer(front(BodyReader(dying, threshold=0)), CHAT, raw) == await answer(front(BodyReader()), CHAT,
                                                                                            raw)
+
+
+async def test_the_workers_run_at_a_lower_priority_than_the_gateway(workers):
+    assert await workers.call(os.nice, 0) == min(19, os.nice(0) + NICE)
