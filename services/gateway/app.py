@@ -35,6 +35,7 @@ from llmesh.gateway.domain.limits_redis import RedisLimiter
 from llmesh.gateway.domain.prompt_tokens import PromptTokens
 from llmesh.gateway.domain.holds import Holds
 from llmesh.gateway.domain.tokens import TokenCounter
+from llmesh.gateway.fronts.body import BodyReader
 from llmesh.gateway.fronts.http import HttpFront
 from llmesh.gateway.fronts.servicer import GatewayServicer
 from llmesh.gateway.guard_workers import GuardWorkers
@@ -169,8 +170,10 @@ class GatewayApp:
                                  providers=self.providers, config=self._current,
                                  retry_after_s=settings.queue_full_retry_after_s)
         self._draining = False
+        bodies = BodyReader(self.guard_workers.call if self.guard_workers else None, settings.body_offload_bytes,
+                            settings.guard_workers)
         self.http = HttpFront(self.pipeline, self.models_for, lambda: not self._draining,
-                              settings.request_timeout_s, settings.body_timeout_s)
+                              settings.request_timeout_s, settings.body_timeout_s, bodies)
         self.grpc = GrpcServer(settings.address, [ServiceBinding(
             "llmesh.v1.Gateway", GatewayServicer(self.pipeline, self.models_for, settings.request_timeout_s),
             gateway_pb2_grpc.add_GatewayServicer_to_server)], tracer=platform.tracing.tracer,

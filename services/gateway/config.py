@@ -61,7 +61,10 @@ class GatewaySettings(ServiceSettings):
                                  "(llmesh_audit_write_failures_total)")
     # The guards (PII masking, the prompt-injection screen) on a large prompt run in worker processes.
     guard_workers: int = Field(default=2, ge=0, le=64, description="worker processes for the guards' work on "
-                               "large prompts (a small one is screened inline); 0: all inline, on the event loop")
+                               "large prompts (a small one is screened inline) and for parsing large request "
+                               "bodies; 0: all inline, on the event loop")
+    body_offload_bytes: int = Field(default=256 * 1024, ge=0, description="an HTTP request body larger than this "
+                                    "is parsed in the guard workers, off the event loop (a smaller one inline)")
     guard_deadline_s: float = Field(default=5.0, gt=0, description="longest the guards may work on one prompt; "
                                     "then the request is refused (400 guard_timeout)")
     guard_queue: int = Field(default=16, ge=1, description="large prompts waiting for a guard worker; more get 429 "

@@ -1,6 +1,7 @@
 """Where a large prompt's guard work runs: a small pool of worker processes, with a deadline
 and a bounded queue, so that no prompt holds the gateway's event loop (a light one runs
-inline: ``screening.light``).
+inline: ``screening.light``). A large request body is parsed in the same processes
+(``call``: ``fronts.body``).
 
 Why processes and not threads: the PII rules are Python regular expressions, which hold the
 GIL. A CPU-bound thread hands the GIL back to the event loop only every 5 ms switch interval,
@@ -15,7 +16,10 @@ A job that runs past its deadline is stopped in the worker (SIGALRM) and the req
 (400 ``guard_timeout``): the rules are linear, so only a prompt far larger than any model's
 context gets there. A job whose worst-case bound (``screening.worst_seconds``) is over twice
 the time left is refused at once, so a hopeless prompt costs a worker ~0.1 s, not the deadline.
-More jobs than ``queue`` waiting is a 429 (``guards_busy``)."""
+More jobs than ``queue`` waiting is a 429 (``guards_busy``).
+
+The workers run at a lower priority (``NICE``): on a busy machine the gateway's event loop, and
+so every other request, gets the CPU before an attacker's prompt does."""
 
 from __future__ import annotations
 
@@ -27,14 +31,18 @@ import multiprocessing
 import os
 import signal
 import time
+from collections.abc import Callable
 from concurrent.futures.process import BrokenProcessPool
 from types import FrameType
+from typing import TypeVar
 
 from llmesh.errors import InvalidArgument, LlmeshError, Overloaded, Unavailable
 from llmesh.gateway.domain.guards import screening
 from llmesh.gateway.domain.guards.screening import GuardJob, GuardResult
 
 log = logging.getLogger("llmesh.gateway.guards")
+T = TypeVar("T")
+NICE = 10  # added to the gateway's niceness: under contention a worker gets ~1/10 of a core's share
 
 
 class _Timeout(Exception):
@@ -65,6 +73,10 @@ def _ready() -> int:
     return os.getpid()
 
 
+def _lower_priority() -> None:
+    os.nice(NICE)
+
+
 def _timeout(deadline_s: float) -> LlmeshError:
     return InvalidArgument(f"The prompt could not be screened (PII, prompt injection) within {deadline_s:g} s; "
                            "send a shorter prompt.", reason="guard_timeout", param="messages")
@@ -84,7 +96,7 @@ class GuardWorkers:
         if self._pool is None:
             # spawn: the gateway has threads (gRPC), which fork does not copy safely
             self._pool = concurrent.futures.ProcessPoolExecutor(
-                self._workers, mp_context=multiprocessing.get_context("spawn"))
+                self._workers, mp_context=multiprocessing.get_context("spawn"), initializer=_lower_priority)
         return self._pool
 
     async def start(self) -> None:
@@ -117,6 +129,17 @@ class GuardWorkers:
         if result is None:
             raise _timeout(self._deadline_s)
         return result
+
+    async def call(self, fn: Callable[..., T], *args: object) -> T:
+        """``fn(*args)`` in a worker process (both picklable), its result or its exception; no
+        deadline nor queue bound (the caller bounds what it sends). Unavailable when a worker died
+        under it (the pool is started again on the next call)."""
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._executor(), fn, *args)
+        except BrokenProcessPool:
+            log.error("a guard worker died; starting new ones")
+            self.close()
+            raise Unavailable("The gateway's worker process stopped; retry.", reason="workers_unavailable") from None
 
     def close(self) -> None:
         if self._pool is not None:

@@ -1,13 +1,14 @@
 """Plain helpers for the component tests that drive the gateway pipeline in process (the
 fixtures, such as ``engines``, are in conftest.py): a request factory each test file binds
-to its own defaults, a catalog of known models, one way to run a request through, and a
-recording stand-in for an external provider."""
+to its own defaults, a catalog of known models, one way to run a request through (and one
+to POST a body through an ASGI app), and a recording stand-in for an external provider."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import NamedTuple
 
 import orjson
@@ -72,6 +73,32 @@ async def collect(pipeline: Pipeline, req: CompletionRequest, ctx: Context | Non
         else:
             finish = item
     return Answer("".join(d.text for d in deltas), finish, first_at, deltas)
+
+
+async def asgi_post(app: Callable[[dict, Callable, Callable], Awaitable[None]], body: bytes,
+                    path: str = "/v1/chat/completions", headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    """One POST through an ASGI ``app`` (the gateway's HTTP front): its status and its body's bytes.
+    The client stays connected until the answer's last byte."""
+    incoming = [{"type": "http.request", "body": body, "more_body": False}]
+    sent: list[dict] = []
+    done = asyncio.Event()
+
+    async def receive() -> dict:
+        if incoming:
+            return incoming.pop(0)
+        await done.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+        if message["type"] == "http.response.body" and not message.get("more_body"):
+            done.set()
+
+    scope = {"type": "http", "method": "POST", "path": path,
+             "headers": [(b"content-type", b"application/json"),
+                         *((k.encode(), v.encode()) for k, v in (headers or {}).items())]}
+    await app(scope, receive, send)
+    return sent[0]["status"], b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
 
 
 class RecordingProvider:

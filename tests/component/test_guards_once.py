@@ -27,6 +27,7 @@ from llmesh.gateway.stages.guards import GuardStage
 from llmesh.gateway.stages.route import RouteStage
 from llmesh.gateway.stages.validate import ValidateStage
 from llmesh.gateway.upstream.picking import Endpoint, EndpointPicker
+from tests.component.helpers import asgi_post
 
 MODEL = "sim-guarded"
 CONTEXT = 64
@@ -78,26 +79,8 @@ def gateway(offload=None, context: int | None = CONTEXT) -> tuple[HttpFront, Ech
 
 async def post(front: HttpFront, body: dict) -> tuple[int, dict]:
     """One POST /v1/chat/completions through the ASGI app."""
-    incoming = [{"type": "http.request", "body": orjson.dumps(body), "more_body": False}]
-    sent: list[dict] = []
-    done = asyncio.Event()
-
-    async def receive() -> dict:
-        if incoming:
-            return incoming.pop(0)
-        await done.wait()
-        return {"type": "http.disconnect"}
-
-    async def send(message: dict) -> None:
-        sent.append(message)
-        if message["type"] == "http.response.body" and not message.get("more_body"):
-            done.set()
-
-    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions",
-             "headers": [(b"content-type", b"application/json")]}
-    await front.app(scope, receive, send)
-    body_bytes = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
-    return sent[0]["status"], orjson.loads(body_bytes)
+    status, answer = await asgi_post(front.app, orjson.dumps(body))
+    return status, orjson.loads(answer)
 
 
 def chat(text: str, **extra) -> dict:

@@ -129,6 +129,22 @@ def test_huge_body_is_400(gateway):
     assert "larger than" in resp.json()["error"]["message"]
 
 
+@pytest.mark.parametrize("extra", [{}, {"max_tokens": "many"}, {"logit_bias": {"1": 2}}, {"n": 17},
+                                   {"messages": [{"role": "user", "content": [{"type": "image"}]}]}],
+                         ids=["ok", "type", "unsupported", "n", "part"])
+def test_a_body_over_the_offload_size_answers_as_a_small_one(gateway, extra):
+    """A body over LLMESH_GATEWAY_BODY_OFFLOAD_BYTES (256 KiB) is parsed in the guard workers, a
+    small one on the event loop: the same answer (status, message, param)."""
+    small = {**base_chat, **extra}
+    large = {**small, "metadata": {"pad": "x" * (1 << 20)}}  # a field that changes nothing
+    answers = [gateway.post("/v1/chat/completions", json=body) for body in (small, large)]
+    assert [r.status_code for r in answers] == [200 if not extra else 400] * 2, answers[1].text
+    if extra:
+        assert answers[0].json()["error"] == answers[1].json()["error"]
+    else:
+        assert answers[0].json()["choices"] == answers[1].json()["choices"]
+
+
 def test_a_slow_client_gets_408_and_the_gateway_serves_on(mesh, gateway):
     head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             b"Content-Length: 200\r\n\r\n{\"model\": ")

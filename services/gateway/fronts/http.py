@@ -23,9 +23,10 @@ from llmesh.errors import ErrorCode, InvalidArgument, LlmeshError, NestedTooDeep
 from llmesh.logs import request_id_var
 from llmesh.request_id import accept
 from llmesh.types import Delta, Finish, TokenLogprob
+from llmesh.gateway.fronts.body import BodyReader
 from llmesh.gateway.fronts.choices import ChoiceItems, UsageSum, choice_requests, merge
 from llmesh.gateway.fronts.openai_api import (CHAT, TEXT, Body, ChatBody, Choice, ChunkWriter, CompletionBody, Shape,
-                                              ToolCalls, completion_json, error_json, parse, sse)
+                                              ToolCalls, completion_json, error_json, sse)
 from llmesh.gateway.context import CompletionRequest, Context
 from llmesh.gateway.pipeline import Pipeline
 
@@ -40,7 +41,6 @@ HTTP_STATUS = {
 REQUEST_ID = "x-request-id"
 TIMEOUT_HEADERS = ("x-request-timeout", "x-stainless-timeout")  # seconds; the OpenAI SDK sends the latter
 MAX_BODY = 16 << 20
-_LARGE_BODY = 1 << 20
 
 Send = Callable[[dict], Awaitable[None]]
 Receive = Callable[[], Awaitable[dict]]
@@ -120,8 +120,10 @@ async def _cancelled_on_disconnect(receive: Receive) -> AsyncIterator[None]:
 
 class HttpFront:
     def __init__(self, pipeline: Pipeline, models: Callable[[str | None], Awaitable[list[str]]],
-                 ready: Callable[[], bool], default_timeout_s: float, body_timeout_s: float = 30.0):
+                 ready: Callable[[], bool], default_timeout_s: float, body_timeout_s: float = 30.0,
+                 bodies: BodyReader | None = None):
         self._pipeline = pipeline
+        self._bodies = bodies or BodyReader()  # a large body is parsed off the event loop when it has workers
         self._models = models  # the models a credential may use
         self._ready = ready
         self._default_timeout = default_timeout_s
@@ -180,18 +182,15 @@ class HttpFront:
     async def _answer(self, send: Send, rid: str, headers: dict[str, str], raw: bytes, body_cls: type[Body],
                       shape: Shape, client_rid: str | None = None) -> None:
         try:
-            body = parse(body_cls, raw)
-            if len(raw) > _LARGE_BODY:  # its parse was one long step (~25 ms for 16 MiB): others go before the next
-                await asyncio.sleep(0)
-            prompt = body.prompt_value()
-            sampling = body.sampling_params()
-            n = body.choices
-            req = CompletionRequest(request_id=rid, tenant="", model=body.model, prompt=prompt,
+            body = await self._bodies.read(body_cls, raw)
+            sampling = body.sampling
+            n = body.n
+            req = CompletionRequest(request_id=rid, tenant="", model=body.model, prompt=body.prompt,
                                     sampling=sampling, timeout_s=self._timeout(headers),
                                     user=body.user, trace_headers=headers,
                                     operation="chat" if shape.chat else "text_completion",
-                                    credential=bearer(headers), tools=body.tools_value(),
-                                    stream=bool(body.stream), client_request_id=client_rid)
+                                    credential=bearer(headers), tools=body.tools,
+                                    stream=body.stream, client_request_id=client_rid)
             shared: dict | None = {} if n > 1 else None  # the choices' common work (the guards')
             ctxs = [Context.of(r, shared) for r in choice_requests(req, n)]
             items = merge([self._pipeline.run(c.req, c) for c in ctxs])

@@ -17,6 +17,7 @@ from llmesh.errors import DeadlineExceeded, Internal, InvalidArgument, LlmeshErr
 from llmesh.liveconfig.schema import Provider, url_problem
 from llmesh.types import Delta, Finish, FinishReason, Message, TokenLogprob, ToolCall, Tools, Usage
 from llmesh.gateway.context import CompletionRequest, Items
+from llmesh.gateway.upstream import json_pieces
 from llmesh.gateway.upstream.provider_secrets import ProviderSecrets
 
 log = logging.getLogger("llmesh.gateway.providers")
@@ -52,6 +53,15 @@ def request_body(req: CompletionRequest, remote_model: str) -> tuple[str, dict]:
             fmt["json_schema"] = {"name": "response", "schema": orjson.loads(s.response_format.schema)}
         body["response_format"] = fmt
     return path, body
+
+
+async def encoded(body: dict, req: CompletionRequest) -> bytes:
+    """The body as JSON: at once when its prompt is small, else a piece at a time (``json_pieces``),
+    so a 16 MiB prompt does not hold the event loop while it is encoded."""
+    prompt = req.prompt
+    chars = (len(prompt.text or "") if prompt.messages is None
+             else sum(len(m.content) + sum(len(c.arguments) for c in m.tool_calls) for m in prompt.messages))
+    return orjson.dumps(body) if chars <= json_pieces.PIECE_CHARS else await json_pieces.dumps(body)
 
 
 def message_json(m: Message) -> dict:
@@ -202,13 +212,14 @@ class ProviderClients:
         if key:
             headers["authorization"] = f"Bearer {key}"
         timeout = aiohttp.ClientTimeout(total=timeout_s)
+        data = await encoded(body, req)
         if not body.get("stream"):
-            async for item in self._whole(url, proxy, body, headers, timeout):
+            async for item in self._whole(url, proxy, data, headers, timeout):
                 yield item
             return
         reason, usage, produced = FinishReason.STOP, None, 0
         try:
-            async with self._client().post(url, data=orjson.dumps(body), headers=headers, timeout=timeout,
+            async with self._client().post(url, data=data, headers=headers, timeout=timeout,
                                            proxy=proxy) as resp:
                 if resp.status != 200:
                     raise error_for_status(resp.status, await resp.read())
@@ -252,11 +263,11 @@ class ProviderClients:
             raise Internal("The provider sent a malformed stream.", reason="provider_error") from None
         yield Finish(reason=reason, usage=usage or Usage(0, produced))
 
-    async def _whole(self, url: URL, proxy: str | None, body: dict, headers: dict, timeout: aiohttp.ClientTimeout
+    async def _whole(self, url: URL, proxy: str | None, data: bytes, headers: dict, timeout: aiohttp.ClientTimeout
                      ) -> Items:
         """A non-streamed call: the answer in one body, as one Delta and the Finish."""
         try:
-            async with self._client().post(url, data=orjson.dumps(body), headers=headers, timeout=timeout,
+            async with self._client().post(url, data=data, headers=headers, timeout=timeout,
                                            proxy=proxy) as resp:
                 content = await resp.read()
                 if resp.status != 200:
