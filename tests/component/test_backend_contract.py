@@ -1,11 +1,12 @@
 """The contract every engine backend keeps, run against each: llamacpp (the real
-SmolLM2), sim, and vllm (the real adapter with SmolLM2's tokenizer and vLLM's own
-modules around a FAKE of the GPU engine, see fake_vllm; `make gpu-smoke` runs it on
-real vLLM)."""
+SmolLM2), sim, and vllm (vLLM's real engine, its CPU build, serving SmolLM2: the
+``real_vllm`` fixture; run with .venv-vllm's interpreter, as `make test` does with
+``-k vllm``; the main venv has no vLLM and skips that parameter)."""
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 from contextlib import aclosing
 
 import pytest
@@ -14,11 +15,13 @@ from llmesh.errors import LlmeshError, NotFound
 from llmesh.types import Message, Prompt
 from llmesh.engine.backends.base import DecodeParams
 
-MODELS = {"llamacpp": "smollm2-135m-instruct", "sim": "sim-contract", "vllm": "smollm2-on-fake-vllm"}
-LONG = "Please summarise the following notes about the harbour, the boats and the tides. " * 4
+MODELS = {"llamacpp": "smollm2-135m-instruct", "sim": "sim-contract"}
+HAVE_VLLM = importlib.util.find_spec("vllm") is not None
+LONG = "Please summarise the following notes about the harbour, the boats and the tides. " * 16  # 2+ vLLM CPU blocks
 
 
-@pytest.fixture(params=["llamacpp", "sim", "vllm"])
+@pytest.fixture(params=["llamacpp", "sim", pytest.param("vllm", marks=pytest.mark.skipif(
+    not HAVE_VLLM, reason="vLLM runs in .venv-vllm: make test runs this parameter there"))])
 async def backend(request):
     kind = request.param
     if kind == "llamacpp":
@@ -30,40 +33,12 @@ async def backend(request):
         b = SimBackend(MODELS[kind], 1024, SimProfile(decode_ms_base=2.0, prefill_ms_per_token=0.05,
                                                       output_tokens=12, kv_blocks=256))
     else:
-        b = await fake_vllm_backend(request.getfixturevalue("real_model_dir"), request.getfixturevalue("tmp_path"))
+        b = request.getfixturevalue("real_vllm")  # the session's engine: closed at the session's end
+        assert await b._engine.reset_prefix_cache()  # each test starts from an empty cache, as on the others
+        yield b
+        return
     yield b
     await b.close()
-
-
-async def fake_vllm_backend(model_dir, tmp_path, settings=None, **engine_kw):
-    """VllmBackend wired as VllmBackend.create wires it from the engine's settings, at
-    the KV-event endpoint the engine's app builds, over a FAKE AsyncLLM made of vLLM's
-    own modules."""
-    from llmesh.engine.app import vllm_kv_events_endpoint
-    from llmesh.engine.backends.vllm import (
-        KV_TOPIC, KvEventSubscriber, VllmBackend, kv_events_endpoints, stats_logger_factory, vllm_hash_scheme)
-    from llmesh.engine.config import EngineSettings
-    from llmesh.engine.kvblocks import KvEventLog
-    from tests.component.fake_vllm import FakeAsyncLLM, GgufTokenizer, require_vllm, vllm_api
-
-    require_vllm()
-    settings = (settings or EngineSettings(backend="vllm")).model_copy(
-        update={"endpoint_id": f"contract-{tmp_path.name}"})
-    publish_at, subscribe_at = kv_events_endpoints(vllm_kv_events_endpoint(settings))
-    holder = {}
-    engine = FakeAsyncLLM(publish_at, [stats_logger_factory(holder)], enable_lora=settings.vllm_enable_lora,
-                          max_lora_rank=settings.vllm_max_lora_rank,
-                          gpu_memory_utilization=settings.vllm_gpu_memory_utilization, **engine_kw)
-    gguf = next((model_dir / "smollm2-135m-instruct").glob("*.gguf"))
-    b = holder["backend"] = VllmBackend(
-        engine, GgufTokenizer(gguf), MODELS["vllm"], 1024, vllm_api(),
-        KvEventLog(scheme=vllm_hash_scheme(engine.vllm_config.cache_config)),
-        enable_lora=engine.vllm_config.lora_config is not None,
-        max_lora_rank=engine.vllm_config.lora_config.max_lora_rank if engine.vllm_config.lora_config else 16,
-        gpu_memory_share=engine.vllm_config.cache_config.gpu_memory_utilization)
-    b._subscriber = KvEventSubscriber(subscribe_at, KV_TOPIC, b.kv_blocks)
-    await asyncio.sleep(0.3)  # ZMQ's slow joiner: let the subscription reach the publisher
-    return b
 
 
 def chat(text: str) -> Prompt:

