@@ -71,7 +71,8 @@ def test_gpu_smoke_ci_and_image_that_stop_reading_the_pin_fail(tmp_path):
     _edit(root, "Makefile", "pip install --quiet -e '.[vllm]'", "pip install --quiet -e . vllm")
     _edit(root, ".ci/run", "make test", "make test-unit")
     _edit(root, "deploy/docker/Dockerfile", "vllm.__version__", "vllm.version")
-    (root / "Makefile").write_text((root / "Makefile").read_text() + "\nvllm-any:\n\t$(BIN)/python -m pip install vllm\n")
+    makefile = root / "Makefile"
+    makefile.write_text(makefile.read_text() + "\nvllm-any:\n\t$(BIN)/python -m pip install vllm\n")
     problems = vllm_version.vllm_version_problems(root)
     assert problems == [
         "Makefile gpu-smoke: does not install the `vllm` extra (pyproject.toml's pin)",
