@@ -77,6 +77,19 @@ def families_from_text(text: str) -> dict[str, dict]:
     return _families(text_string_to_metric_families(text))
 
 
+def metric_problems(ours: dict[str, dict], vllm: dict[str, dict]) -> list[str]:
+    """Each `vllm:` family of ``ours`` that vLLM lacks or has with another type, labels or help."""
+    problems = []
+    for name, family in ours.items():
+        if not name.startswith("vllm:"):
+            continue
+        if name not in vllm:
+            problems.append(f"{name}: vLLM has no such metric")
+        elif family != vllm[name]:
+            problems.append(f"{name}: {family} where vLLM has {vllm[name]}")
+    return problems
+
+
 def pinned_metrics(version: str) -> dict[str, dict]:
     return json.loads((DATA / f"vllm-{version}-metrics.json").read_text())
 
