@@ -12,12 +12,14 @@ server on the same GPU and prints both throughputs as JSON.
 
     make gpu-smoke MODEL=/path/to/Qwen2.5-0.5B-Instruct    (needs: pip install -e '.[vllm]')
 
-Exit 0: every case passed; 1: a case failed (named on stderr); 2: no GPU or vLLM."""
+Exit 0: every case passed; 1: a case failed (named on stderr), or the installed vLLM is not the
+version pyproject.toml pins; 2: no GPU or vLLM."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.metadata
 import importlib.util
 import json
 import shutil
@@ -191,6 +193,16 @@ async def throughput(target, concurrency: int, requests: int, max_tokens: int) -
     return await drive(one, concurrency, requests)
 
 
+def vllm_version_problem() -> str | None:
+    """The installed vLLM against the pin of the installed llmesh's `vllm` extra (pyproject.toml)."""
+    pins = [r.split(";")[0].strip().removeprefix("vllm==") for r in importlib.metadata.requires("llmesh") or []
+            if r.startswith("vllm==")]
+    have = importlib.metadata.version("vllm").split("+")[0]
+    if pins != [have]:
+        return f"vLLM {have} is installed; llmesh pins vllm=={pins[0] if pins else '(none)'}: pip install -e '.[vllm]'"
+    return None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="a local HF model directory (these machines are offline)")
@@ -203,8 +215,12 @@ def main() -> None:
     if shutil.which("nvidia-smi") is None or importlib.util.find_spec("vllm") is None:
         note("gpu-smoke needs an NVIDIA GPU and vLLM: pip install -e '.[vllm]'")
         sys.exit(2)
+    problem = vllm_version_problem()
+    if problem:
+        note(problem)
+        sys.exit(1)
     engine_port, scheduler_port, server_port = free_ports(3)
-    result: dict = {"model": args.model}
+    result: dict = {"model": args.model, "vllm": importlib.metadata.version("vllm")}
     with tempfile.TemporaryDirectory() as tmp:
         svc = Service("llmesh.engine", {
             "LLMESH_ENGINE_BACKEND": "vllm", "LLMESH_ENGINE_MODEL": NAME, "LLMESH_ENGINE_VLLM_MODEL_PATH": args.model,

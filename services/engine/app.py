@@ -16,6 +16,7 @@ from llmesh.rpc.server import GrpcServer, ServiceBinding
 from llmesh.v1 import engine_pb2_grpc, scheduler_pb2
 from llmesh.engine.admission import Admission
 from llmesh.engine.backends.base import Backend
+from llmesh.engine.backends.vllm_args import VllmEngineOptions
 from llmesh.engine.config import EngineSettings
 from llmesh.engine.core import Defaults, EngineCore
 from llmesh.engine.hardware import probe
@@ -47,11 +48,18 @@ def build_backend(settings: EngineSettings) -> Backend:
                                   gpu_memory_utilization=settings.vllm_gpu_memory_utilization,
                                   enable_lora=settings.vllm_enable_lora, max_loras=settings.vllm_max_loras,
                                   max_lora_rank=settings.vllm_max_lora_rank,
-                                  kv_events_endpoint=vllm_kv_events_endpoint(settings))
+                                  kv_events_endpoint=vllm_kv_events_endpoint(settings), options=vllm_options(settings))
     from llmesh.engine.backends.llamacpp import LlamaCppBackend
     return LlamaCppBackend.from_store(settings.model_dir, settings.model, n_ctx=settings.n_ctx,
                                       n_threads=settings.n_threads, n_batch=settings.n_batch,
                                       n_slots=settings.max_running, unified_kv=settings.unified_kv)
+
+
+def vllm_options(settings: EngineSettings) -> VllmEngineOptions:
+    """The GPU path's engine options from the settings (checked against vLLM's AsyncEngineArgs at create)."""
+    return VllmEngineOptions(tensor_parallel_size=settings.vllm_tensor_parallel_size,
+                             quantization=settings.vllm_quantization, dtype=settings.vllm_dtype,
+                             max_num_seqs=settings.vllm_max_num_seqs, extra=dict(settings.vllm_engine_args))
 
 
 def vllm_kv_events_endpoint(settings: EngineSettings) -> str | None:

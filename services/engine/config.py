@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
@@ -56,6 +56,18 @@ class EngineSettings(ServiceSettings):
     vllm_max_lora_rank: int = Field(default=16, description="the highest adapter rank vLLM takes: "
                                     "1, 8, 16, 32, 64, 128, 256, 320 or 512 (vLLM's choices)")
     vllm_max_loras: int = Field(default=4, ge=1, description="adapters in one batch")
+    vllm_tensor_parallel_size: int = Field(default=1, ge=1, description="GPUs of one node the model is split "
+                                           "over (vLLM's tensor_parallel_size)")
+    vllm_quantization: str | None = Field(default=None, min_length=1, description="vLLM's quantization method "
+                                          "(awq, gptq, fp8, ...); unset: as the model's config says")
+    vllm_dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = Field(
+        default="auto", description="weights' and activations' type; auto: the model's (fp16 for fp32 models)")
+    vllm_max_num_seqs: int | None = Field(default=None, ge=1, description="sequences vLLM batches in a step; "
+                                          "unset: vLLM's default for the device")
+    vllm_engine_args: dict[str, Any] = Field(default={}, description="more of vLLM's AsyncEngineArgs "
+                                             "by field name, a JSON object (e.g. {\"enforce_eager\": true}); a "
+                                             "name AsyncEngineArgs lacks, or one a setting above sets, stops the "
+                                             "engine at startup, naming it")
 
     @field_validator("vllm_max_lora_rank")
     @classmethod

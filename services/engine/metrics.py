@@ -1,5 +1,6 @@
-"""Engine metrics under vLLM's names and meanings (label ``model_name``), so a
-dashboard, alert or KEDA rule written for vLLM works on llmesh engines unchanged."""
+"""Engine metrics under vLLM 0.32's names, types, labels (``model_name``, ``engine``) and
+meanings, so a dashboard, alert or KEDA rule written for vLLM's own server reads llmesh engines
+too (tests/unit/test_engine_metrics_vllm.py checks them against vLLM 0.32's stat loggers)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ class EngineMetrics:
     running: Gauge
     waiting: Gauge
     kv_usage: Gauge
-    kv_usage_v0: Gauge
     prefix_queries: Counter
     prefix_hits: Counter
     prompt_tokens: Counter
@@ -30,8 +30,11 @@ class EngineMetrics:
     request_prompt_tokens: Histogram
     request_generation_tokens: Histogram
 
+    # vLLM's `engine` label: the engine core's index in a data-parallel deployment; one core here.
+    ENGINE = "0"
+
     def __init__(self, registry: CollectorRegistry, model: str):
-        m = ("model_name",)
+        m = ("model_name", "engine")
         r = registry
         self._families = {
             "running": Gauge("vllm:num_requests_running", "Number of requests in model execution batches.", m,
@@ -40,9 +43,6 @@ class EngineMetrics:
                              registry=r),
             "kv_usage": Gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", m,
                               registry=r),
-            # The v0 name, still read by many dashboards and KEDA rules.
-            "kv_usage_v0": Gauge("vllm:gpu_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", m,
-                                 registry=r),
             "prefix_queries": Counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of "
                                       "queried tokens.", m, registry=r),
             "prefix_hits": Counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached "
@@ -52,7 +52,9 @@ class EngineMetrics:
                                          registry=r),
             "ttft": Histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
                               m, buckets=TTFT_BUCKETS, registry=r),
-            "tpot": Histogram("vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds.",
+            # per request: decode time / (generated tokens - 1), as vLLM's
+            "tpot": Histogram("vllm:request_time_per_output_token_seconds",
+                              "Histogram of time_per_output_token_seconds per request.",
                               m, buckets=TPOT_BUCKETS, registry=r),
             "itl": Histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
                              m, buckets=TPOT_BUCKETS, registry=r),
@@ -73,20 +75,21 @@ class EngineMetrics:
         # why ("queue_full" on arrival, "shed" for a newcomer of a higher class).
         self._refused = Counter("llmesh_engine_refused_requests", "Requests refused by the engine's wait queue, "
                                 "by priority class and reason (queue_full, shed).",
-                                m + ("priority", "reason"), registry=r)
+                                ("model_name", "priority", "reason"), registry=r)
         self._prefix_seen = (0, 0)
         self.use_model(model)
 
     def use_model(self, model: str) -> None:
         self.model = model
         for name, family in self._families.items():
-            setattr(self, name, family.labels(model))
+            setattr(self, name, family.labels(model, self.ENGINE))
         self._success_by_reason: dict[str, Counter] = {}  # this model's children, looked up once
 
     def success(self, finished_reason: str) -> None:
         child = self._success_by_reason.get(finished_reason)
         if child is None:
-            child = self._success_by_reason[finished_reason] = self._success.labels(self.model, finished_reason)
+            child = self._success_by_reason[finished_reason] = self._success.labels(self.model, self.ENGINE,
+                                                                                    finished_reason)
         child.inc()
 
     def refused(self, priority: Priority, reason: str) -> None:
@@ -96,7 +99,6 @@ class EngineMetrics:
         self.running.set(running)
         self.waiting.set(waiting)
         self.kv_usage.set(kv_usage)
-        self.kv_usage_v0.set(kv_usage)
 
     def prefix_cache(self, queries: int, hits: int) -> None:
         """Cumulative token counts from the backend; counts the growth since last time."""

@@ -14,6 +14,7 @@ import re
 import shlex
 import subprocess
 import sys
+import typing
 from collections.abc import Iterable
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -80,11 +81,18 @@ def value_problems(where: str, env: dict[str, str]) -> list[str]:
     problems = []
     for cls in (MeshSettings, *settings_classes().values()):
         prefix = env_prefix(cls)
-        given = {name[len(prefix):].lower(): _INTERPOLATION.sub(lambda m: m.group(1) or "", str(value))
-                 for name, value in env.items() if name.startswith(prefix) and
-                 name[len(prefix):].lower() in cls.model_fields}
+        given: dict[str, object] = {
+            name[len(prefix):].lower(): _INTERPOLATION.sub(lambda m: m.group(1) or "", str(value))
+            for name, value in env.items()
+            if name.startswith(prefix) and name[len(prefix):].lower() in cls.model_fields}
         if not given:
             continue
+        for name, value in given.items():  # a map or list setting is JSON, as pydantic-settings reads it
+            if typing.get_origin(cls.model_fields[name].annotation) in (dict, list):
+                try:
+                    given[name] = json.loads(str(value))
+                except ValueError:
+                    pass  # refused below as the string it is
         try:
             cls.model_validate(given)
         except ValidationError as exc:

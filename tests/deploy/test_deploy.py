@@ -187,6 +187,25 @@ def test_gpu_engine_requests_a_gpu_and_keda_follows_the_autoscaler(helm_dir):
     assert checks.crd_problems(broken) == ["ScaledObject/llmesh-engine: scaleTargetRef names no rendered Deployment"]
 
 
+def test_gpu_engine_settings_reach_the_pod_and_a_map_is_json(helm_dir, allowed_env, tmp_path):
+    values = tmp_path / "gpu-tuned.yaml"
+    values.write_text(yaml.safe_dump({"settings": {"vllm_tensor_parallel_size": 2, "vllm_dtype": "bfloat16",
+                                                   "vllm_max_num_seqs": 64, "vllm_quantization": "fp8",
+                                                   "vllm_engine_args": {"enforce_eager": True, "seed": 7}},
+                                      "resources": {"requests": {"nvidia.com/gpu": 2},
+                                                    "limits": {"nvidia.com/gpu": 2}}}))
+    gpu = [helm_dir / "engine" / "values-gpu.yaml", values]
+    assert checks.chart_problems(helm_dir / "engine", gpu, allowed_env) == []
+    docs, _ = checks.render(helm_dir / "engine", gpu)
+    container = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["LLMESH_ENGINE_VLLM_TENSOR_PARALLEL_SIZE"] == "2" and env["LLMESH_ENGINE_VLLM_DTYPE"] == "bfloat16"
+    assert json.loads(env["LLMESH_ENGINE_VLLM_ENGINE_ARGS"]) == {"enforce_eager": True, "seed": 7}
+    # the env check reads a map setting as the engine does, so a map that is not JSON fails it
+    assert checks.value_problems("x", {"LLMESH_ENGINE_VLLM_ENGINE_ARGS": "map[enforce_eager:true]"}) != []
+    assert checks.value_problems("x", {"LLMESH_ENGINE_VLLM_ENGINE_ARGS": '{"enforce_eager": true}'}) == []
+
+
 def test_umbrella_wires_services_by_release_name(helm_dir):
     docs, problems = checks.render(helm_dir / "llmesh", [], release="prod")
     assert problems == []

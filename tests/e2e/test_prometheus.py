@@ -16,11 +16,12 @@ from tests.e2e.conftest import SMOL
 
 TARGETS = ("gateway", "scheduler", "modelmgr", "cache", "engine-0", "engine-1")
 
-# vLLM's names, as its /metrics shows them, that dashboards and KEDA rules read.
+# vLLM 0.32's names, as its /metrics shows them, that dashboards and KEDA rules read (names, types
+# and labels against vLLM's source: tests/unit/test_engine_metrics_vllm.py).
 VLLM_NAMES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-              "vllm:gpu_cache_usage_perc", "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
+              "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
               "vllm:request_success_total", "vllm:time_to_first_token_seconds_bucket",
-              "vllm:time_per_output_token_seconds_bucket", "vllm:e2e_request_latency_seconds_bucket",
+              "vllm:request_time_per_output_token_seconds_bucket", "vllm:e2e_request_latency_seconds_bucket",
               "vllm:request_queue_time_seconds_bucket", "vllm:inter_token_latency_seconds_bucket")
 
 
@@ -67,6 +68,7 @@ def test_engines_expose_vllm_metric_names(mesh):
         text = httpx.get(f"http://127.0.0.1:{mesh.layout.metrics_port(f'engine-{i}')}/metrics").text
         for name in VLLM_NAMES:
             assert name in text, (i, name)
+        assert 'vllm:num_requests_running{engine="0",model_name=' in text, i  # vLLM's labels
 
 
 def test_prometheus_scrapes_all_five_services_and_answers_promql(mesh, client, prometheus):

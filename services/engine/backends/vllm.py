@@ -31,6 +31,7 @@ from llmesh.errors import InvalidArgument, NotFound
 from llmesh.kvhash import VLLM_ALGOS, HashScheme, hash64
 from llmesh.types import Prompt
 from llmesh.engine.backends.base import Capabilities, DecodeParams, Piece
+from llmesh.engine.backends.vllm_args import VllmEngineOptions, async_engine_arg_fields
 from llmesh.engine.kvblocks import KvEventLog
 
 if TYPE_CHECKING:
@@ -69,7 +70,8 @@ class VllmBackend:
     @classmethod
     def create(cls, model: str, *, max_model_len: int, gpu_memory_utilization: float = 0.85,
                enable_lora: bool = True, max_loras: int = 4, max_lora_rank: int = 16,
-               kv_events_endpoint: str | None = None, served_name: str | None = None) -> VllmBackend:
+               kv_events_endpoint: str | None = None, served_name: str | None = None,
+               options: VllmEngineOptions | None = None) -> VllmBackend:
         from transformers import AutoTokenizer
         from vllm import SamplingParams
         from vllm.config import KVEventsConfig
@@ -78,12 +80,14 @@ class VllmBackend:
         from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        options = options or VllmEngineOptions()
+        options.check(async_engine_arg_fields(AsyncEngineArgs))  # before vLLM loads anything
         holder: dict[str, VllmBackend] = {}
         subscriber_endpoint = kv_events_endpoints(kv_events_endpoint)[1] if kv_events_endpoint else None
         args = AsyncEngineArgs(**engine_args(
             model, served_name=served_name, max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization,
             enable_lora=enable_lora, max_loras=max_loras, max_lora_rank=max_lora_rank,
-            kv_events_endpoint=kv_events_endpoint, kv_events_config=KVEventsConfig))
+            kv_events_endpoint=kv_events_endpoint, kv_events_config=KVEventsConfig, options=options))
         engine = AsyncLLM.from_engine_args(args, stat_loggers=[stats_logger_factory(holder)])
         # the window vLLM settled on (it checks max_model_len against the model's own)
         backend = cls(engine, AutoTokenizer.from_pretrained(model), served_name or model,
@@ -189,9 +193,9 @@ class VllmBackend:
 
 def engine_args(model: str, *, served_name: str | None, max_model_len: int, gpu_memory_utilization: float,
                 enable_lora: bool, max_loras: int, max_lora_rank: int, kv_events_endpoint: str | None,
-                kv_events_config) -> dict:
+                kv_events_config, options: VllmEngineOptions | None = None) -> dict:
     """Keyword arguments of vLLM's AsyncEngineArgs for this engine (``kv_events_config``:
-    vLLM's KVEventsConfig class)."""
+    vLLM's KVEventsConfig class; ``options``: the GPU path's, checked by the caller)."""
     events = None
     if kv_events_endpoint:
         events = kv_events_config(enable_kv_cache_events=True, publisher="zmq", topic=KV_TOPIC,
@@ -199,7 +203,7 @@ def engine_args(model: str, *, served_name: str | None, max_model_len: int, gpu_
     lora = {"enable_lora": True, "max_loras": max_loras, "max_lora_rank": max_lora_rank} if enable_lora else {}
     return dict(model=model, served_model_name=served_name or model, max_model_len=max_model_len,
                 gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=True,
-                kv_events_config=events, **lora)
+                kv_events_config=events, **lora, **(options or VllmEngineOptions()).args())
 
 
 def structured_outputs(api: SimpleNamespace, params: DecodeParams):

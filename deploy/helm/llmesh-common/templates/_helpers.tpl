@@ -29,14 +29,14 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 
 {{/* LLMESH_<PREFIX>_<KEY> for each entry of a settings map; values may use templates
-(e.g. "{{ .Release.Name }}-scheduler:50052"). */}}
+(e.g. "{{ .Release.Name }}-scheduler:50052"); a map or list value is JSON, as the settings read it. */}}
 {{- define "llmesh.settingsEnv" -}}
 {{- $root := index . 0 -}}
 {{- $prefix := index . 1 -}}
 {{- range $key, $value := index . 2 }}
 {{- if not (kindIs "invalid" $value) }}
 - name: {{ printf "%s%s" $prefix (upper $key) }}
-  value: {{ tpl (toString $value) $root | quote }}
+  value: {{ if or (kindIs "map" $value) (kindIs "slice" $value) }}{{ toJson $value | quote }}{{ else }}{{ tpl (toString $value) $root | quote }}{{ end }}
 {{- end }}
 {{- end }}
 {{- end -}}

@@ -1,0 +1,73 @@
+"""The vllm backend's engine options for the GPU path, mapped to vLLM's AsyncEngineArgs
+without importing vLLM (so the mapping is tested where vLLM is absent).
+
+Tensor parallel size, quantization, dtype and max_num_seqs are settings of their own
+(LLMESH_ENGINE_VLLM_*), as are the model, its window, the GPU memory share, LoRA and the KV
+events; any other AsyncEngineArgs field goes in ``extra`` by its field name. ``check``
+refuses, before vLLM loads anything, an extra name that AsyncEngineArgs does not have (a
+typo: the error names it and the nearest field) or one an own setting sets."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+# AsyncEngineArgs fields the engine sets from its own settings: what to set instead.
+OWN_ARGS: dict[str, str] = {
+    "model": "LLMESH_ENGINE_VLLM_MODEL_PATH",
+    "served_model_name": "LLMESH_ENGINE_MODEL",
+    "max_model_len": "LLMESH_ENGINE_VLLM_MAX_MODEL_LEN",
+    "gpu_memory_utilization": "LLMESH_ENGINE_VLLM_GPU_MEMORY_UTILIZATION",
+    "tensor_parallel_size": "LLMESH_ENGINE_VLLM_TENSOR_PARALLEL_SIZE",
+    "quantization": "LLMESH_ENGINE_VLLM_QUANTIZATION",
+    "dtype": "LLMESH_ENGINE_VLLM_DTYPE",
+    "max_num_seqs": "LLMESH_ENGINE_VLLM_MAX_NUM_SEQS",
+    "enable_lora": "LLMESH_ENGINE_VLLM_ENABLE_LORA",
+    "max_loras": "LLMESH_ENGINE_VLLM_MAX_LORAS",
+    "max_lora_rank": "LLMESH_ENGINE_VLLM_MAX_LORA_RANK",
+    "enable_prefix_caching": "nothing (always on: the prefix-cache stats and KV events need it)",
+    "kv_events_config": "LLMESH_ENGINE_VLLM_KV_EVENTS and LLMESH_ENGINE_VLLM_KV_EVENTS_ENDPOINT",
+}
+EXTRA_SETTING = "LLMESH_ENGINE_VLLM_ENGINE_ARGS"
+
+
+@dataclass(frozen=True)
+class VllmEngineOptions:
+    """The GPU path's AsyncEngineArgs beyond the model, its window, memory share and LoRA."""
+
+    tensor_parallel_size: int = 1
+    quantization: str | None = None  # None: as the model's config says
+    dtype: str = "auto"
+    max_num_seqs: int | None = None  # None: vLLM's default for the device
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def args(self) -> dict[str, Any]:
+        """AsyncEngineArgs keyword arguments (``check`` them first)."""
+        return {"tensor_parallel_size": self.tensor_parallel_size, "quantization": self.quantization,
+                "dtype": self.dtype, "max_num_seqs": self.max_num_seqs, **self.extra}
+
+    def check(self, fields: Collection[str]) -> None:
+        """Refuses extra names that are not ``fields`` (AsyncEngineArgs') or that own settings set."""
+        problems = [problem for name in sorted(self.extra) if (problem := extra_arg_problem(name, fields))]
+        if problems:
+            raise ValueError(f"{EXTRA_SETTING}: " + "; ".join(problems))
+
+
+def extra_arg_problem(name: str, fields: Collection[str]) -> str | None:
+    """Why ``name`` cannot be an extra engine argument (None: it can)."""
+    if name in OWN_ARGS:
+        return f"{name!r} is set by {OWN_ARGS[name]}, not here"
+    if name not in fields or name.startswith("_"):
+        near = difflib.get_close_matches(name, [f for f in fields if not f.startswith("_")], n=1)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        return f"vLLM's AsyncEngineArgs has no field {name!r}{hint}"
+    return None
+
+
+def async_engine_arg_fields(args_class: type) -> frozenset[str]:
+    """The field names of vLLM's AsyncEngineArgs (a dataclass)."""
+    import dataclasses
+
+    return frozenset(f.name for f in dataclasses.fields(args_class))
