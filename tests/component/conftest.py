@@ -63,23 +63,15 @@ async def real_vllm(tmp_path_factory):
     if not (model_dir / "config.json").exists():
         pytest.fail(f"no model at {model_dir}: run 'make vllm-model'")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache
-    # Two engine arguments the engine's settings do not carry yet (issue 27's settings pass-through):
-    # fp32, as the model is (vLLM downcasts it to bf16 on CPUs, and drifts from transformers' output),
-    # and eager mode (torch.compile takes ~100 s here, and its cache does not load back).
-    import llmesh.engine.backends.vllm as vllm_backend
-
-    patch = pytest.MonkeyPatch()
-    plain = vllm_backend.engine_args
-    patch.setattr(vllm_backend, "engine_args",
-                  lambda *a, **kw: {**plain(*a, **kw), "dtype": "float32", "enforce_eager": True})
+    # fp32, as the model is (vLLM downcasts to bf16 on CPUs and drifts from transformers' output), and
+    # eager mode (torch.compile takes ~100 s here, and its cache does not load back): both through the
+    # engine's own settings, as an operator would pass them.
     settings = EngineSettings(backend="vllm", model="smollm2-vllm", vllm_model_path=str(model_dir),
-                              vllm_max_model_len=2048, vllm_enable_lora=False,
+                              vllm_max_model_len=2048, vllm_enable_lora=False, vllm_dtype="float32",
+                              vllm_engine_args={"enforce_eager": True},
                               endpoint_id=f"real-{tmp_path_factory.getbasetemp().name}")
     started = time.monotonic()
-    try:
-        backend = build_backend(settings)
-    finally:
-        patch.undo()
+    backend = build_backend(settings)
     print(f"\nvLLM's AsyncLLM ready in {time.monotonic() - started:.1f} s")
     await asyncio.sleep(0.5)  # ZMQ's slow joiner: let the subscription reach vLLM's publisher
     yield backend
