@@ -31,7 +31,9 @@ from llmesh.errors import InvalidArgument, NotFound
 from llmesh.kvhash import VLLM_ALGOS, HashScheme, hash64
 from llmesh.types import Prompt
 from llmesh.engine.backends.base import Capabilities, DecodeParams, Piece
-from llmesh.engine.backends.vllm_args import VllmEngineOptions, async_engine_arg_fields
+# engine_args, KV_TOPIC and kv_events_endpoints live in vllm_args (no vLLM import) and stay importable from here.
+from llmesh.engine.backends.vllm_args import (
+    KV_TOPIC, VllmEngineOptions, async_engine_arg_fields, engine_args, kv_events_endpoints)
 from llmesh.engine.kvblocks import KvEventLog
 
 if TYPE_CHECKING:
@@ -39,7 +41,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("llmesh.engine.vllm")
 
-KV_TOPIC = "kv"
 
 
 class VllmBackend:
@@ -191,21 +192,6 @@ class VllmBackend:
             Path(self._subscriber.endpoint.removeprefix("ipc://")).unlink(missing_ok=True)  # ZMQ leaves it
 
 
-def engine_args(model: str, *, served_name: str | None, max_model_len: int, gpu_memory_utilization: float,
-                enable_lora: bool, max_loras: int, max_lora_rank: int, kv_events_endpoint: str | None,
-                kv_events_config, options: VllmEngineOptions | None = None) -> dict:
-    """Keyword arguments of vLLM's AsyncEngineArgs for this engine (``kv_events_config``:
-    vLLM's KVEventsConfig class; ``options``: the GPU path's, checked by the caller)."""
-    events = None
-    if kv_events_endpoint:
-        events = kv_events_config(enable_kv_cache_events=True, publisher="zmq", topic=KV_TOPIC,
-                                  endpoint=kv_events_endpoints(kv_events_endpoint)[0])
-    lora = {"enable_lora": True, "max_loras": max_loras, "max_lora_rank": max_lora_rank} if enable_lora else {}
-    return dict(model=model, served_model_name=served_name or model, max_model_len=max_model_len,
-                gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=True,
-                kv_events_config=events, **lora, **(options or VllmEngineOptions()).args())
-
-
 def structured_outputs(api: SimpleNamespace, params: DecodeParams):
     """vLLM's StructuredOutputsParams for the request's response_format (None: unconstrained)."""
     fmt = params.response_format
@@ -258,18 +244,6 @@ def default_kv_events_endpoint(endpoint_id: str) -> str:
     connects to any other), nothing off this host can reach it."""
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in endpoint_id)
     return f"ipc://{tempfile.gettempdir()}/llmesh-kv-{safe}-{os.getpid()}-{uuid.uuid4().hex[:8]}.sock"
-
-
-def kv_events_endpoints(endpoint: str) -> tuple[str, str]:
-    """(where vLLM's publisher binds, where our subscriber connects) for ``endpoint``.
-    Both vLLM's publisher and our subscriber would connect to any other endpoint, and
-    then no event ever arrives: refused here."""
-    if endpoint.startswith(("ipc://", "inproc://")):
-        return endpoint, endpoint
-    if endpoint.startswith("tcp://*:"):
-        return endpoint, endpoint.replace("*", "127.0.0.1", 1)
-    raise ValueError(f"vLLM's KV-event publisher binds only ipc://, inproc:// or tcp://*:PORT endpoints, "
-                     f"not {endpoint!r}")
 
 
 # vLLM's KV-event wire format (vllm/distributed/kv_events.py, 0.32): a batch is an array

@@ -71,3 +71,33 @@ def async_engine_arg_fields(args_class: type) -> frozenset[str]:
     import dataclasses
 
     return frozenset(f.name for f in dataclasses.fields(args_class))
+
+
+KV_TOPIC = "kv"
+
+
+def kv_events_endpoints(endpoint: str) -> tuple[str, str]:
+    """(where vLLM's publisher binds, where our subscriber connects) for ``endpoint``.
+    Both vLLM's publisher and our subscriber would connect to any other endpoint, and
+    then no event ever arrives: refused here."""
+    if endpoint.startswith(("ipc://", "inproc://")):
+        return endpoint, endpoint
+    if endpoint.startswith("tcp://*:"):
+        return endpoint, endpoint.replace("*", "127.0.0.1", 1)
+    raise ValueError(f"vLLM's KV-event publisher binds only ipc://, inproc:// or tcp://*:PORT endpoints, "
+                     f"not {endpoint!r}")
+
+
+def engine_args(model: str, *, served_name: str | None, max_model_len: int, gpu_memory_utilization: float,
+                enable_lora: bool, max_loras: int, max_lora_rank: int, kv_events_endpoint: str | None,
+                kv_events_config: Any, options: VllmEngineOptions | None = None) -> dict[str, Any]:
+    """Keyword arguments of vLLM's AsyncEngineArgs for this engine (``kv_events_config``:
+    vLLM's KVEventsConfig class; ``options``: the GPU path's, checked by the caller)."""
+    events = None
+    if kv_events_endpoint:
+        events = kv_events_config(enable_kv_cache_events=True, publisher="zmq", topic=KV_TOPIC,
+                                  endpoint=kv_events_endpoints(kv_events_endpoint)[0])
+    lora = {"enable_lora": True, "max_loras": max_loras, "max_lora_rank": max_lora_rank} if enable_lora else {}
+    return dict(model=model, served_model_name=served_name or model, max_model_len=max_model_len,
+                gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=True,
+                kv_events_config=events, **lora, **(options or VllmEngineOptions()).args())
