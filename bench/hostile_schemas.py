@@ -1,5 +1,6 @@
 """Adversarial JSON Schemas, per bounded keyword, as chat completion request bodies: each
-bound of ``llmesh.schema_bounds`` just under, at and just over its limit and far over it,
+bound of ``llmesh.schema_bounds`` just under, at and just over its limit and far over it (a
+repetition bound also in a property, in items and behind a ``$ref``),
 deep nesting, wide objects, huge enums, patterns with large quantifiers, ``$ref`` loops
 and fan-outs, and schemas up to a size, in ``response_format`` and in a tool's
 ``parameters``. ``bench.hostile`` sends them; this module only builds them.
@@ -37,6 +38,15 @@ def body(model: str, schema: Any, where: str = "response_format") -> dict[str, A
     return out
 
 
+# Where a bounded keyword may sit besides the root: in an object's property, in an array's items,
+# behind a $ref to a definition. The keyword's value is the same, so "at" stays at the limit.
+PLACES: dict[str, Callable[[Schema], Schema]] = {
+    "in a property": lambda s: {"type": "object", "properties": {"p": s}, "required": ["p"]},
+    "in items": lambda s: {"type": "array", "items": s},
+    "behind $ref": lambda s: {"type": "object", "properties": {"p": {"$ref": "#/$defs/s"}}, "$defs": {"s": s}},
+}
+
+
 def _around(limit: int) -> list[tuple[str, int]]:
     return [("under", limit - 1), ("at", limit), ("over", limit + 1), ("far over", HUGE)]
 
@@ -56,6 +66,8 @@ def _keyword_cases() -> Iterator[tuple[str, str, Schema]]:
     for keyword, limit, make in shapes:
         for label, n in _around(limit):
             yield f"schema.{keyword}", f"{keyword}={n} ({label})", make(n)
+            for where, place in PLACES.items():  # a bound is checked wherever the schema puts it
+                yield f"schema.{keyword}", f"{keyword}={n} ({label}, {where})", place(make(n))
     counted: list[tuple[str, int, Callable[[int], Schema]]] = [
         ("enum", lim.max_enum, lambda n: {"enum": [f"v{i}" for i in range(n)]}),
         ("properties", lim.max_properties, lambda n: {

@@ -15,10 +15,12 @@ from __future__ import annotations
 import ast
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 
-DATA = Path(__file__).resolve().parent / "data"
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "tests" / "data"
 _KINDS = {"_gauge_cls": "gauge", "_counter_cls": "counter", "_histogram_cls": "histogram"}
 # PrometheusStatLogger's `labelnames` (loggers.py: labelnames = ["model_name", "engine"])
 _BASE_LABELS = ["model_name", "engine"]
@@ -101,6 +103,100 @@ def installed_loggers() -> Path | None:
         return None
     path = Path(next(iter(spec.submodule_search_locations))) / "v1" / "metrics" / "loggers.py"
     return path if path.is_file() else None
+
+
+# --- a real vLLM's /metrics page, and the PromQL that reads it ---
+
+# Labels a Prometheus server adds to every scraped series (the target's), and the name matcher
+TARGET_LABELS = frozenset({"instance", "job", "__name__"})
+_VLLM_NAME = re.compile(r"vllm:[a-z_:]+")
+_LABEL_LISTS = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\(([^()]*)\)")
+_MATCHERS = re.compile(r"\{([^{}]*)\}")
+_MATCHER_LABEL = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\s*(?:=~|!~|!=|=)")
+
+
+def scrape_real_vllm(tmp: Path) -> str:
+    """vLLM's own OpenAI server (``bench.vllm.VllmServer``: the SmolLM2 fp32 directory, eager,
+    a 1 GiB KV cache) asked, with the official `openai` client, a chat completion, a streamed one
+    and the same long prompt twice (prefix-cache hits); its /metrics page as text."""
+    from openai import OpenAI
+
+    from bench.vllm import VllmConfig, VllmServer
+
+    config = VllmConfig()
+    if not (config.model_dir / "config.json").is_file():
+        raise RuntimeError(f"no model at {config.model_dir}: run 'make vllm-model'")
+    server = VllmServer(config, tmp / "vllm-server.log")
+    server.start()
+    try:
+        client = OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        ask = [{"role": "user", "content": "What is the capital of France?"}]
+        answer = client.chat.completions.create(model=config.served_name, messages=ask, max_tokens=8, temperature=0)
+        assert answer.choices[0].message.content
+        streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+            model=config.served_name, messages=ask, max_tokens=8, temperature=0, stream=True) if c.choices)
+        assert streamed
+        long = [{"role": "system", "content": "You answer questions about the solar system. " * 40},
+                {"role": "user", "content": "Name a planet."}]
+        for _ in range(2):
+            client.chat.completions.create(model=config.served_name, messages=long, max_tokens=4, temperature=0)
+        page = server.metrics()
+        (tmp / "metrics.txt").write_text(page)  # kept with the server's log, to read after a failure
+        return page
+    finally:
+        server.stop()
+
+
+def series_names(text: str) -> dict[str, list[dict[str, str]]]:
+    """{sample name (``_bucket``, ``_total`` ... included): [its samples' labels]} of a /metrics page."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, list[dict[str, str]]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, []).append(dict(sample.labels))
+    return out
+
+
+def promql_expressions() -> list[tuple[str, str]]:
+    """(file, expression) of every PromQL query in the Grafana dashboards and Prometheus rules."""
+    import yaml
+
+    found: list[tuple[str, str]] = []
+
+    def walk(node, path: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key == "expr" and isinstance(value, str):
+                    found.append((path, value))
+                else:
+                    walk(value, path)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item, path)
+
+    for file in sorted((ROOT / "deploy" / "grafana").glob("*.json")):
+        walk(json.loads(file.read_text()), file.relative_to(ROOT).as_posix())
+    for file in sorted((ROOT / "deploy" / "prometheus").glob("*.yml")):
+        walk(yaml.safe_load(file.read_text()), file.relative_to(ROOT).as_posix())
+    return found
+
+
+def label_problems(expr: str, series: dict[str, list[dict[str, str]]]) -> list[str]:
+    """Labels that ``expr`` groups or matches by (``by (...)``, ``{label="..."}``, ...) and that
+    no `vllm:` series it reads carries on ``series`` (a scrape); the target's labels excepted."""
+    text = re.sub(r"\$\{[^}]*\}", "x", expr)  # Grafana's ${variables}
+    names = [n for n in _VLLM_NAME.findall(text) if n in series]
+    carried = {label for n in names for labels in series[n] for label in labels}
+    used = {label.strip() for group in _LABEL_LISTS.findall(text) for label in group.split(",") if label.strip()}
+    used |= {label for group in _MATCHERS.findall(text) for label in _MATCHER_LABEL.findall(group)}
+    return [f"{expr}: {' '.join(names)} has no label {label!r}" for label in sorted(used - carried - TARGET_LABELS)]
+
+
+def vllm_names_in(files) -> set[tuple[str, str]]:
+    """(file, name) of every `vllm:` name the files write (docs, code)."""
+    return {(path.relative_to(ROOT).as_posix(), name.rstrip(":")) for path in files
+            for name in _VLLM_NAME.findall(path.read_text())}
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from google.protobuf.message import Message as PbMessage
 
 from llmesh.errors import InvalidArgument
 from llmesh.kvhash import HashScheme
-from llmesh.types import (FinishReason, Gpu, Hardware, Message, Priority, Prompt, ResponseFormat, Sampling,
+from llmesh.types import (KNOBS, FinishReason, Gpu, Hardware, Message, Priority, Prompt, ResponseFormat, Sampling,
                           SelfTest, TokenLogprob, Tool, ToolCall, Tools, Usage)
 from llmesh.v1 import common_pb2, gateway_pb2, scheduler_pb2
 
@@ -100,6 +100,10 @@ def sampling_to_pb(s: Sampling) -> common_pb2.SamplingParams:
     if s.response_format is not None:
         pb.response_format.type = s.response_format.type
         pb.response_format.json_schema = s.response_format.schema or ""
+    for name in KNOBS:
+        value = getattr(s, name)
+        if value is not None:
+            setattr(pb, name, value)
     return pb
 
 
@@ -113,6 +117,7 @@ def sampling_from_pb(pb: common_pb2.SamplingParams) -> Sampling:
         logprobs=pb.logprobs if pb.HasField("logprobs") else None,
         response_format=(ResponseFormat(pb.response_format.type, pb.response_format.json_schema or None)
                          if pb.HasField("response_format") else None),
+        **{name: getattr(pb, name) for name in KNOBS if pb.HasField(name)},
     )
 
 

@@ -145,6 +145,13 @@ class DeadlineExceeded(LlmeshError):
         super().__init__(message, reason="deadline_exceeded")
 
 
+class BodyTimeout(DeadlineExceeded):
+    """The client did not send its request's body in time (HTTP answers 408)."""
+
+    def __init__(self, message: str):
+        LlmeshError.__init__(self, message, reason="request_timeout")
+
+
 class Cancelled(LlmeshError):
     code = ErrorCode.CANCELLED
 

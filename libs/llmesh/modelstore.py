@@ -22,6 +22,16 @@ log = logging.getLogger("llmesh.modelstore")
 
 FORMATS = {".gguf": "gguf", ".safetensors": "safetensors"}
 MANIFEST = "model.json"
+SIDECAR = ".sha256"  # beside a weights file: its digest, size and mtime (``cached_sha256``)
+HEX_DIGITS = frozenset("0123456789abcdef")
+
+
+@dataclass(frozen=True, slots=True)
+class ManifestFile:
+    """One file of a published version, as the model manager lists it and an engine fetches it."""
+    path: str          # relative, '/'-separated
+    sha256: str
+    size_bytes: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +51,13 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+def cached_sha256(path: Path) -> str:
+    """The file's sha256, from its ``.sha256`` sidecar when that is current (same size and
+    mtime), else computed and kept there."""
+    st = path.stat()
+    return ModelStore.checksum(path, st.st_size, st.st_mtime_ns)
 
 
 @contextlib.contextmanager
@@ -114,13 +131,13 @@ class ModelStore:
         if not context_length and fmt == "gguf":
             context_length = gguf_context_length(artifact)
         return ModelRecord(name=name, format=fmt, size_bytes=size,
-                           sha256=self._checksum(artifact, size, mtime_ns),
+                           sha256=self.checksum(artifact, size, mtime_ns),
                            context_length=context_length, path=artifact,
                            source=str(manifest.get("source", "")))
 
     @staticmethod
-    def _checksum(artifact: Path, size: int, mtime_ns: int) -> str:
-        sidecar = artifact.with_name(artifact.name + ".sha256")
+    def checksum(artifact: Path, size: int, mtime_ns: int) -> str:
+        sidecar = artifact.with_name(artifact.name + SIDECAR)
         stamp = f"{size}:{mtime_ns}"
         if sidecar.is_file():
             digest, _, seen = sidecar.read_text().strip().partition(" ")

@@ -3,15 +3,18 @@ the KV blocks an engine would cache for a request without asking it (the hashing
 itself: ``llmesh.kvhash``). Engines and gateways share these, so the names agree.
 
 - ``sim_tokenize``: the sim backend's tokenizer (one token per word of "role: content").
-- ``GgufChatTokenizer``: a GGUF's vocabulary and chat template, as llama.cpp applies them."""
+- ``GgufChatTokenizer``: a GGUF's vocabulary and chat template, as llama.cpp applies them.
+- ``HfChatTokenizer``: a Hugging Face model directory's tokenizer.json and chat template, as
+  vLLM applies them (transformers' ``apply_chat_template``)."""
 
 from __future__ import annotations
 
 import ctypes
 import functools
 import hashlib
+import json
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from llmesh.types import Prompt
 
@@ -72,3 +75,90 @@ class GgufChatTokenizer:
             text = self._formatter(messages=messages).prompt
             return self.vocab.tokenize(text.encode("utf-8"), add_bos=False, special=True)
         return self.vocab.tokenize((prompt.text or "").encode("utf-8"), add_bos=True, special=False)
+
+
+def hf_model_dir(folder: Path) -> bool:
+    """Whether ``folder`` holds a Hugging Face model's tokenizer (as vLLM loads it)."""
+    return (folder / "tokenizer.json").is_file() and (folder / "tokenizer_config.json").is_file()
+
+
+def _special_text(value: object) -> str | None:
+    """A special token as tokenizer_config.json writes it: a string or {"content": ...}."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+class HfChatTokenizer:
+    """A Hugging Face model directory's tokenizer (tokenizer.json, read by the ``tokenizers``
+    library transformers' fast tokenizers wrap) and chat template (chat_template.jinja, else
+    tokenizer_config.json's ``chat_template``), applied as transformers' ``apply_chat_template``
+    does for vLLM: rendered by a sandboxed Jinja2 with trim_blocks and lstrip_blocks, the special
+    tokens named in the config as variables, then tokenized without adding special tokens. A
+    plain text prompt is encoded with them, as ``tokenizer.encode`` does."""
+
+    def __init__(self, folder: Path):
+        from jinja2.ext import loopcontrols
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+        from tokenizers import Tokenizer
+
+        self._tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+        template = ((folder / "chat_template.jinja").read_text() if (folder / "chat_template.jinja").is_file()
+                    else config.get("chat_template"))
+        if isinstance(template, list):  # named templates: the default one
+            template = next((t.get("template") for t in template if t.get("name") == "default"), None)
+        if not isinstance(template, str) or not template:
+            raise ValueError(f"{folder}: the model carries no chat template")
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+        env.filters["tojson"] = _tojson
+        env.globals["raise_exception"] = _raise
+        self._template = env.from_string(template)
+        self._specials = {name: text for name in ("bos_token", "eos_token", "unk_token", "pad_token")
+                          if (text := _special_text(config.get(name))) is not None}
+
+    @functools.cached_property
+    def longest_token(self) -> int:
+        """At least the bytes of the vocabulary's longest token, special tokens included: its
+        longest entry as the vocabulary spells it (byte-level "Ġ", SentencePiece's "▁" and byte
+        fallback's "<0xE2>" each take at least the bytes they stand for). 0 (no floor) where
+        the tokenizer may drop text before it splits it (a Whitespace pre-tokenizer, a Strip
+        normalizer): a text's tokens then need not cover its characters."""
+        spec = json.loads(self._tokenizer.to_str())
+        if not (_keeps_text(spec.get("pre_tokenizer"), "pretokenizers")
+                and _keeps_text(spec.get("normalizer"), "normalizers")):
+            return 0
+        return max((len(t.encode("utf-8")) for t in self._tokenizer.get_vocab(with_added_tokens=True)), default=1)
+
+    def __call__(self, prompt: Prompt) -> list[int]:
+        if prompt.messages is not None:
+            text = self._template.render(messages=[{"role": m.role, "content": m.content} for m in prompt.messages],
+                                         add_generation_prompt=True, tools=None, documents=None, **self._specials)
+            return list(self._tokenizer.encode(text, add_special_tokens=False).ids)
+        return list(self._tokenizer.encode(prompt.text or "", add_special_tokens=True).ids)
+
+
+# Pre-tokenizers and normalizers that keep every character of the text (a Split unless its behaviour
+# is "Removed", a Replace unless by nothing); anything else may drop some.
+_KEEPING = frozenset({"ByteLevel", "Metaspace", "Digits", "Punctuation", "UnicodeScripts", "Split",
+                      "NFC", "NFD", "NFKC", "NFKD", "Lowercase", "Prepend", "Replace", "Precompiled"})
+
+
+def _keeps_text(part: dict[str, Any] | None, members: str) -> bool:
+    if part is None:
+        return True
+    kind = part.get("type")
+    if kind == "Sequence":
+        return all(_keeps_text(p, members) for p in part.get(members, []))
+    return kind in _KEEPING and part.get("behavior") != "Removed" and part.get("content") != ""
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _raise(message: str) -> None:
+    from jinja2.exceptions import TemplateError
+
+    raise TemplateError(message)

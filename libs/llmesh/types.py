@@ -65,6 +65,10 @@ class ResponseFormat:
     schema: str | None = None
 
 
+# Sampling's knobs beyond temperature and top_p (each also a SamplingParams field of that name).
+KNOBS = ("top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
+
+
 @dataclass(frozen=True, slots=True)
 class Sampling:
     """Sampling controls; None means the serving default. ``logprobs`` is the number
@@ -77,6 +81,25 @@ class Sampling:
     seed: int | None = None
     logprobs: int | None = None
     response_format: ResponseFormat | None = None
+    # The knobs apps written for vLLM send (SamplingParams in common.proto); each has a value that
+    # means "off", the same as unset: -1 or 0, 0, 1, 0, 0.
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+
+    def knobs(self) -> dict[str, int | float]:
+        """The knobs set to something other than off, by name: what a backend must honour."""
+        on: dict[str, int | float] = {}
+        if self.top_k is not None and self.top_k > 0:
+            on["top_k"] = self.top_k
+        for name, value, off in (("min_p", self.min_p, 0.0), ("repetition_penalty", self.repetition_penalty, 1.0),
+                                 ("presence_penalty", self.presence_penalty, 0.0),
+                                 ("frequency_penalty", self.frequency_penalty, 0.0)):
+            if value is not None and value != off:
+                on[name] = value
+        return on
 
     @property
     def deterministic(self) -> bool:

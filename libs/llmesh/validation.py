@@ -24,10 +24,11 @@ from llmesh.schema_bounds import check_request_size, check_schema
 from llmesh.types import Prompt, ResponseFormat, Sampling, Tools
 from llmesh.v1 import common_pb2, gateway_pb2
 
-# The wire types of SamplingParams (common.proto): max_tokens is a uint32, seed an int64.
+# The wire types of SamplingParams (common.proto): max_tokens is a uint32, seed an int64, top_k an int32.
 # Out of these ranges a value cannot even be encoded, so they are checked first.
 UINT32_MAX = 2**32 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 SCHEMA_PARAM = "response_format.json_schema.schema"
 
 
@@ -79,6 +80,8 @@ def _wire_ranges(s: Sampling) -> None:
                               param="max_tokens")
     if s.seed is not None and not INT64_MIN <= s.seed <= INT64_MAX:
         raise InvalidArgument(f"seed must be between {INT64_MIN} and {INT64_MAX}, got {s.seed}.", param="seed")
+    if s.top_k is not None and not INT32_MIN <= s.top_k <= INT32_MAX:
+        raise InvalidArgument(f"top_k must be between -1 and 1048576, got {s.top_k}.", param="top_k")
     if s.logprobs is not None and not 0 <= s.logprobs <= UINT32_MAX:
         raise InvalidArgument(f"top_logprobs is out of range, got {s.logprobs}.", param="top_logprobs")
 

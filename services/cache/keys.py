@@ -32,6 +32,9 @@ def _sampling_doc(sampling: Sampling) -> dict[str, Any]:
         doc["f"] = [sampling.response_format.type, sampling.response_format.schema]
     if sampling.temperature != 0.0:
         doc.update(t=sampling.temperature, p=sampling.top_p, seed=sampling.seed)
+    knobs = sampling.knobs()  # the penalties change a greedy answer too
+    if knobs:
+        doc["k"] = knobs
     return doc
 
 

@@ -19,9 +19,11 @@ from llmesh.engine.backends.base import Backend
 from llmesh.engine.backends.vllm_args import VllmEngineOptions
 from llmesh.engine.config import EngineSettings
 from llmesh.engine.core import Defaults, EngineCore
+from llmesh.engine.fetcher import FetchLimits, ModelFetcher
 from llmesh.engine.hardware import probe
-from llmesh.engine.lifecycle import ModelLifecycle, Swapping
+from llmesh.engine.lifecycle import ModelLifecycle, NoModel
 from llmesh.engine.metrics import EngineMetrics
+from llmesh.engine.modelsource import GrpcArtifactSource
 from llmesh.engine.reporter import Reporter
 from llmesh.engine.servicer import EngineServicer, load_pb
 
@@ -43,7 +45,7 @@ def build_backend(settings: EngineSettings) -> Backend:
                           die_on=settings.sim_die_on)
     if settings.backend == "vllm":
         from llmesh.engine.backends.vllm import VllmBackend
-        return VllmBackend.create(settings.vllm_model_path or settings.model, served_name=settings.model,
+        return VllmBackend.create(vllm_model_source(settings), served_name=settings.model,
                                   max_model_len=settings.vllm_max_model_len,
                                   gpu_memory_utilization=settings.vllm_gpu_memory_utilization,
                                   enable_lora=settings.vllm_enable_lora, max_loras=settings.vllm_max_loras,
@@ -53,6 +55,18 @@ def build_backend(settings: EngineSettings) -> Backend:
     return LlamaCppBackend.from_store(settings.model_dir, settings.model, n_ctx=settings.n_ctx,
                                       n_threads=settings.n_threads, n_batch=settings.n_batch,
                                       n_slots=settings.max_running, unified_kv=settings.unified_kv)
+
+
+def vllm_model_source(settings: EngineSettings) -> str:
+    """What vLLM loads for ``settings.model``: the Hugging Face directory of that name in the
+    model store when there is one (a version the model manager published, ``NAME@N``), else
+    the configured path or id (LLMESH_ENGINE_VLLM_MODEL_PATH), else the name itself."""
+    name = settings.model
+    if name and "/" not in name and name not in (".", ".."):
+        folder = settings.model_dir / name
+        if (folder / "config.json").is_file():
+            return str(folder)
+    return settings.vllm_model_path or name
 
 
 def vllm_options(settings: EngineSettings) -> VllmEngineOptions:
@@ -80,15 +94,18 @@ class EngineApp:
         self.settings = settings
         backend = backend or build_backend(settings)
         self.reporter: Reporter | None = None
-        self.metrics = EngineMetrics(platform.metrics if platform else CollectorRegistry(), backend.model)
+        self.metrics = EngineMetrics(platform.metrics if platform else CollectorRegistry(), backend.model,
+                                     kv_usage=lambda: self.core.kv_usage())
         self.admission = Admission(settings.max_running, settings.max_waiting, on_change=self._load_changed,
                                    on_refuse=self.metrics.refused)
         self.core = EngineCore(backend, self.admission,
                                Defaults(settings.default_temperature, settings.default_top_p), self.metrics)
+        self.artifact_source, self.fetcher = self._fetcher(settings, platform)
         self.lifecycle = ModelLifecycle(
             self.core, lambda name: build_backend(settings.model_copy(update={"model": name})),
             on_change=self._model_changed, drain_timeout_s=settings.grace_s,
-            gpu_share=lambda name: gpu_memory_share(settings), out_of_routing=self._out_of_routing)
+            gpu_share=lambda name: gpu_memory_share(settings), out_of_routing=self._out_of_routing,
+            prepare=self.fetcher.ensure if self.fetcher else None)
         self.server = GrpcServer(settings.address, [ServiceBinding(
             "llmesh.v1.Engine", EngineServicer(self.core, self.lifecycle, settings.endpoint_id),
             engine_pb2_grpc.add_EngineServicer_to_server)],
@@ -99,6 +116,19 @@ class EngineApp:
         self.hardware = scheduler_pb2.HardwareProfile()
         self.self_test = scheduler_pb2.SelfTest()
         self._checker: asyncio.Task | None = None
+
+    @staticmethod
+    def _fetcher(settings: EngineSettings,
+                 platform: Platform | None) -> tuple[GrpcArtifactSource | None, ModelFetcher | None]:
+        """Backends that load files (not sim) fetch a deployed model from the model manager."""
+        if not settings.modelmgr_address or settings.backend == "sim":
+            return None, None
+        address = settings.modelmgr_address
+        source = GrpcArtifactSource(platform.resolver("modelmgr", address) if platform else fixed(address),
+                                    identity=platform.identity if platform else None)
+        limits = FetchLimits(max_bytes=settings.fetch_max_bytes, timeout_s=settings.fetch_timeout_s,
+                             idle_timeout_s=settings.fetch_idle_timeout_s, attempts=settings.fetch_attempts)
+        return source, ModelFetcher(settings.model_dir, source, limits)
 
     @property
     def backend(self) -> Backend:
@@ -158,8 +188,9 @@ class EngineApp:
         self.hardware = hardware_to_pb(await asyncio.to_thread(probe))
         if self.admission.running or self.admission.waiting:
             return  # serving is proof enough; don't queue a test behind real work
-        if isinstance(self.core.backend, Swapping):
-            return  # out of routing meanwhile; the new model's warmup is its test
+        if isinstance(self.core.backend, NoModel):
+            return  # no model (unloaded, or swapping, out of routing meanwhile): nothing to test; the next
+            # model's warmup is its test, and an empty engine stays placeable
         ok, detail, ms = await self.core.self_test()
         self.self_test = scheduler_pb2.SelfTest(ok=ok, detail=detail, checked_unix=time.time(), latency_ms=ms)
         if not ok:
@@ -180,5 +211,7 @@ class EngineApp:
             if self.settings.route_away_s:
                 await asyncio.sleep(self.settings.route_away_s)
         await self.server.stop(grace)
+        if self.artifact_source is not None:
+            await self.artifact_source.close()
         await self.backend.close()
 

@@ -21,10 +21,22 @@ class EngineSettings(ServiceSettings):
     model_dir: Path = Path("var/models")
     endpoint_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-engine")
     scheduler_address: str | None = default_address("scheduler")
+    modelmgr_address: str | None = Field(default=None, description="the model manager, where LoadModel fetches "
+                                         "a deployed model's files (llamacpp and vllm backends; `llmesh up`, "
+                                         "compose and Helm set it); unset: local models only")
     report_interval_s: float = Field(default=1.0, gt=0)
     route_away_s: float = Field(default=0.0, ge=0, le=60, description="on stop: after telling the scheduler "
                                 "it is draining, keep accepting this long, so requests gateways routed here "
                                 "just before they heard still land (the local autoscaler's drain sets it)")
+    # Fetching a deployed model from the model manager (no filesystem shared with it).
+    fetch_max_bytes: int = Field(default=64 << 30, ge=1, description="the largest model (all its files) "
+                                 "LoadModel fetches; a larger one is RESOURCE_EXHAUSTED")
+    fetch_timeout_s: float = Field(default=3600.0, gt=0, description="a whole fetch; what arrived is kept and "
+                                   "the next load resumes from it")
+    fetch_idle_timeout_s: float = Field(default=30.0, gt=0, description="a download stream that sends nothing "
+                                        "this long is cut and resumed")
+    fetch_attempts: int = Field(default=5, ge=1, description="streams tried per file, each resuming where the "
+                                "last one stopped")
     self_test_interval_s: float = Field(default=30.0, gt=0, description="idle self-test and hardware probe")
 
     # Applied when a request leaves them unset (as vLLM applies a model's generation

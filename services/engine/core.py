@@ -240,6 +240,9 @@ class EngineCore:
         if sampling.response_format is not None and not can.response_format:
             raise InvalidArgument(f"The {backend.name} backend cannot enforce response_format.",
                                   param="response_format")
+        for knob in sampling.knobs():
+            if knob not in can.knobs:
+                raise InvalidArgument(f"The {backend.name} backend does not support {knob}.", param=knob)
 
     def _decode_params(self, backend: Backend, prompt_tokens: int, sampling: Sampling, adapter: str,
                        priority: Priority, continued_tokens: int = 0) -> DecodeParams:
@@ -251,7 +254,13 @@ class EngineCore:
             raise ContextLengthExceeded(prompt_tokens, prompt_tokens + sampling.max_tokens, ctx)
         temperature = self.defaults.temperature if sampling.temperature is None else sampling.temperature
         top_p = self.defaults.top_p if sampling.top_p is None else sampling.top_p
+        knobs = sampling.knobs()  # off values as the defaults; a top_k past the vocabulary is all of it
         return DecodeParams(max_new_tokens=sampling.max_tokens or room, temperature=temperature,
                             top_p=top_p, seed=sampling.seed, adapter=adapter if adapter != backend.model else None,
                             priority=priority, logprobs=sampling.logprobs,
-                            response_format=sampling.response_format, continued_tokens=continued_tokens)
+                            response_format=sampling.response_format, continued_tokens=continued_tokens,
+                            top_k=min(int(knobs.get("top_k", 0)), backend.vocab_size),
+                            min_p=knobs.get("min_p", 0.0),
+                            repetition_penalty=knobs.get("repetition_penalty", 1.0),
+                            presence_penalty=knobs.get("presence_penalty", 0.0),
+                            frequency_penalty=knobs.get("frequency_penalty", 0.0))

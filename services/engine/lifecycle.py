@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 
 from llmesh.errors import Internal, InvalidArgument, LlmeshError, ModelNotFound, NotFound, Unavailable
@@ -91,13 +91,15 @@ class ModelLifecycle:
     def __init__(self, core: EngineCore, build: Callable[[str], Backend],
                  on_change: Callable[[Backend], None] = lambda backend: None, drain_timeout_s: float = 60.0,
                  gpu_share: Callable[[str], float] = lambda name: 0.0,
-                 out_of_routing: Callable[[bool], None] = lambda out: None):
+                 out_of_routing: Callable[[bool], None] = lambda out: None,
+                 prepare: Callable[[str], Awaitable[object]] | None = None):
         self._core = core
         self._build = build
         self._on_change = on_change
         self._drain_timeout = drain_timeout_s
         self._gpu_share = gpu_share            # the GPU memory share a backend for this model reserves
         self._out_of_routing = out_of_routing  # True: tell the scheduler to route elsewhere
+        self._prepare = prepare                # puts a model's files in place (a fetch), before the load
         self._lock = asyncio.Lock()
 
     def list(self) -> list[LoadedModel]:
@@ -108,6 +110,8 @@ class ModelLifecycle:
     async def load(self, name: str, adapter_path: str = "", warmup: bool = True) -> LoadResult:
         if not name:
             raise InvalidArgument("name the model to load", param="name")
+        if not adapter_path and self._prepare is not None and name != self._core.backend.model:
+            await self._fetch(self._prepare, name)  # outside the lock: the engine serves and swaps while a fetch runs
         async with self._lock:
             if adapter_path:
                 return await self._load_adapter(name, adapter_path)
@@ -124,6 +128,16 @@ class ModelLifecycle:
             await self._retire(current)
             return LoadResult(self._describe(name), load_ms, warmup_ms, current.model,
                               "beside" if current.model else "")
+
+    @staticmethod
+    async def _fetch(prepare: Callable[[str], Awaitable[object]], name: str) -> None:
+        try:
+            await prepare(name)
+        except LlmeshError:
+            raise
+        except OSError as exc:
+            log.error("model fetch failed", extra={"model": name, "error": f"{type(exc).__name__}: {exc}"})
+            raise LoadFailed(f"fetching {name!r} failed: {type(exc).__name__}: {exc}") from exc
 
     async def _build_warm(self, name: str, warmup: bool) -> tuple[Backend, float, float]:
         started = time.monotonic()

@@ -4,6 +4,8 @@ too (tests/unit/test_engine_metrics_vllm.py checks them against vLLM 0.32's stat
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from llmesh.buckets import LATENCY_BUCKETS, TOKEN_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS
@@ -33,7 +35,10 @@ class EngineMetrics:
     # vLLM's `engine` label: the engine core's index in a data-parallel deployment; one core here.
     ENGINE = "0"
 
-    def __init__(self, registry: CollectorRegistry, model: str):
+    def __init__(self, registry: CollectorRegistry, model: str, kv_usage: Callable[[], float] | None = None):
+        """``kv_usage``: read the backend's KV-cache use when scraped (it changes every decode step,
+        as vLLM's stat loggers report it, not only when requests come and go); None: ``load`` sets it."""
+        self._read_kv = kv_usage
         m = ("model_name", "engine")
         r = registry
         self._families = {
@@ -80,9 +85,14 @@ class EngineMetrics:
         self.use_model(model)
 
     def use_model(self, model: str) -> None:
+        read = self._read_kv
+        if read is not None and hasattr(self, "kv_usage"):
+            self.kv_usage.set_function(lambda: 0.0)  # the old model's series stays, at 0: it holds no KV now
         self.model = model
         for name, family in self._families.items():
             setattr(self, name, family.labels(model, self.ENGINE))
+        if read is not None:
+            self.kv_usage.set_function(read)
         self._success_by_reason: dict[str, Counter] = {}  # this model's children, looked up once
 
     def success(self, finished_reason: str) -> None:
@@ -98,7 +108,8 @@ class EngineMetrics:
     def load(self, running: int, waiting: int, kv_usage: float) -> None:
         self.running.set(running)
         self.waiting.set(waiting)
-        self.kv_usage.set(kv_usage)
+        if self._read_kv is None:
+            self.kv_usage.set(kv_usage)
 
     def prefix_cache(self, queries: int, hits: int) -> None:
         """Cumulative token counts from the backend; counts the growth since last time."""

@@ -57,6 +57,7 @@ from llmesh.gateway.stages.shadow import ShadowMetrics, ShadowStage
 from llmesh.gateway.stages.validate import ValidateStage
 from llmesh.gateway.upstream.cache import CacheClient
 from llmesh.gateway.upstream.catalog import ModelCatalog, ScaledCatalog
+from llmesh.gateway.domain.listing import ListedModel, listed_models
 from llmesh.gateway.upstream.demand import DemandReporter
 from llmesh.gateway.upstream.engines import EngineClients
 from llmesh.gateway.upstream.feed import SchedulerFeed
@@ -168,22 +169,23 @@ class GatewayApp:
                                  stages=self._stages(platform, prompt_tokens), prompt_tokens=prompt_tokens,
                                  breakers=breakers, budget=RetryBudgetGate(lambda: self.config.current.retry_budget),
                                  providers=self.providers, config=self._current,
-                                 retry_after_s=settings.queue_full_retry_after_s)
+                                 retry_after_s=settings.queue_full_retry_after_s,
+                                 lost_engine_hold_s=settings.lost_engine_hold_s)
         self._draining = False
         bodies = BodyReader(self.guard_workers.call if self.guard_workers else None, settings.body_offload_bytes,
                             settings.guard_workers)
         self.http = HttpFront(self.pipeline, self.models_for, lambda: not self._draining,
                               settings.request_timeout_s, settings.body_timeout_s, bodies)
+        servicer = GatewayServicer(self.pipeline, self.models_for, settings.request_timeout_s)
         self.grpc = GrpcServer(settings.address, [ServiceBinding(
-            "llmesh.v1.Gateway", GatewayServicer(self.pipeline, self.models_for, settings.request_timeout_s),
-            gateway_pb2_grpc.add_GatewayServicer_to_server)], tracer=platform.tracing.tracer,
+            "llmesh.v1.Gateway", servicer, gateway_pb2_grpc.add_GatewayServicer_to_server,
+            unparsed=servicer.unparsed)], tracer=platform.tracing.tracer,
             reuse_port=settings.workers > 1,  # worker processes share the ports (llmesh.workers)
             bind_wait_s=settings.bind_wait_s, serving=platform.serving)
         self._uvicorn = _EmbeddedUvicorn(uvicorn.Config(
             self.http.app, host=settings.http_host, port=settings.http_port, log_config=None,
             access_log=False, lifespan="off", http="httptools", loop="none", interface="asgi3",
-            proxy_headers=False,
-            timeout_graceful_shutdown=int(settings.grace_s) or 1))
+            proxy_headers=False, timeout_graceful_shutdown=int(settings.grace_s) or 1))
         self._tasks: list[asyncio.Task] = []
 
     def _authentication(self, settings: GatewaySettings, mesh: MeshSettings) -> None:
@@ -237,15 +239,15 @@ class GatewayApp:
         return (model in config.splits or model in config.cascades or self.catalog.known(model)
                 or config.provider_for(model) is not None)
 
-    def model_names(self) -> list[str]:
-        """What clients may ask for: registered and served models, and split aliases."""
-        config = self.config.current
-        return sorted(set(self.catalog.names()) | set(config.splits) | set(config.cascades))
+    def model_names(self) -> list[ListedModel]:
+        """What a request can be answered for now (domain/listing.py): healthy engines' models,
+        provider-mapped and autoscaled models, and the aliases and fallbacks over them."""
+        return listed_models(self.config.current, self.picker.healthy_models())
 
-    async def models_for(self, credential: str | None) -> list[str]:
-        """The models this credential's tenant may use (401 for bad credentials)."""
+    async def models_for(self, credential: str | None) -> list[ListedModel]:
+        """The listed models this credential's tenant may use (401 for bad credentials)."""
         grant = access(self.config.current, await self.authenticator.authenticate(credential))
-        return [name for name in self.model_names() if grant.allows(name)]
+        return [m for m in self.model_names() if grant.allows(m.name)]
 
     @property
     def advertise_address(self) -> str:

@@ -26,6 +26,10 @@ class GatewaySettings(ServiceSettings):
     catalog_refresh_s: float = Field(default=10.0, gt=0)
     queue_full_retry_after_s: float = Field(default=1.0, gt=0, description="Retry-After sent with the 429 when every "
                                             "engine that could serve a request has a full queue")
+    lost_engine_hold_s: float = Field(default=30.0, ge=0, description="a request whose engine went away under it "
+                                      "before its first token waits this long (within its deadline) for that engine "
+                                      "to come back and is tried there once more; past it, elsewhere (it may be "
+                                      "what killed the engine: it never goes to another one meanwhile)")
     body_timeout_s: float = Field(default=30.0, gt=0, description="a client slower than this to send its request "
                                   "body gets 408 and its connection closed")
 

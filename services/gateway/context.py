@@ -52,6 +52,13 @@ class CompletionRequest:
     stream: bool = True  # False: the client takes the answer at once (upstreams may send it whole)
     client_request_id: str | None = None  # the client's x-request-id when it was replaced (llmesh.request_id)
 
+    @classmethod
+    def unread(cls, request_id: str, operation: str, client_request_id: str | None = None) -> CompletionRequest:
+        """A request whose body its front could not take (``Pipeline.refused``): its id and
+        operation only, no model, prompt nor caller."""
+        return cls(request_id=request_id, tenant="", model="", prompt=Prompt(), sampling=Sampling(), timeout_s=0.0,
+                   operation=operation, client_request_id=client_request_id)
+
 
 @dataclass(frozen=True, slots=True)
 class WholeAnswer(Delta):

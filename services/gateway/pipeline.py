@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import aclosing
 
-from opentelemetry.trace import NoOpTracer, SpanKind, Status, StatusCode, Tracer
+from opentelemetry.trace import INVALID_SPAN, NoOpTracer, SpanKind, Status, StatusCode, Tracer
 
 from llmesh.background import Background
 from llmesh.errors import LlmeshError
@@ -46,13 +46,14 @@ class Pipeline:
                  clock: Callable[[], float] = time.monotonic, stages: Sequence[Stage] | None = None,
                  prompt_tokens: Callable[[str, Prompt], Sequence[int]] = lambda model, prompt: (),
                  breakers: Breakers | None = None, budget: RetryBudgetGate | None = None,
-                 providers: ProviderPort | None = None, retry_after_s: float = 1.0):
+                 providers: ProviderPort | None = None, retry_after_s: float = 1.0, lost_engine_hold_s: float = 30.0):
         self._stages = list(stages) if stages is not None else [ValidateStage(), RouteStage(catalog, config)]
         if cache is not None:
             self._stages.append(CacheStage(cache))
         self._router = Router(picker, engines, config, prompt_tokens, breakers, budget, providers, retry_after_s,
-                              clock)
+                              clock, lost_engine_hold_s)
         self._finishing = [i for i, stage in enumerate(self._stages) if finishes(stage)]
+        self._front_refusals = [stage for stage in self._stages if getattr(stage, "front_refusals", False)]
         self._first_finishing = self._finishing[0] if self._finishing else _NONE
         self._observe = observe
         self._tracer = tracer or NoOpTracer()
@@ -112,6 +113,30 @@ class Pipeline:
                 log.info("request", extra=record.log_fields())
             self._observe(record)
             end_span(span, record)
+
+    def refused(self, req: CompletionRequest, exc: LlmeshError, started: float | None = None) -> None:
+        """A request its front refused before the stages saw it (a body it could not read or
+        parse, over the limit, breaking the protocol's rules): logged and counted as any request,
+        and its record goes to the stages that keep one of every request (the audit). ``req``
+        carries what the front knew: the request id, operation and client id, the model when
+        the body said one."""
+        record = RequestRecord(model=clipped(req.model), tenant=req.tenant)
+        if req.client_request_id is not None:
+            record.client_request_id = req.client_request_id
+        record.status, record.reason = exc.code.value, exc.reason
+        record.duration_ms = round((self._clock() - started) * 1000, 3) if started is not None else 0.0
+        if self._front_refusals:
+            self._background.spawn(self._finish_refused(Context(req, record, INVALID_SPAN)))
+        if log.isEnabledFor(logging.INFO):
+            log.info("request", extra=record.log_fields())
+        self._observe(record)
+
+    async def _finish_refused(self, ctx: Context) -> None:
+        for stage in self._front_refusals:
+            try:
+                await stage.finish(ctx)
+            except Exception:  # as in _finish: logged, the others go on
+                log.exception("stage finish failed", extra={"stage": type(stage).__name__})
 
     async def _finish(self, admitted: int, ctx: Context) -> None:
         for i in reversed(self._finishing):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from llmesh.discovery.base import fixed
 from llmesh.errors import FailedPrecondition
@@ -20,7 +20,9 @@ from llmesh.modelmgr.artifacts import ArtifactStore
 from llmesh.modelmgr.clients import ConfigSplits, GrpcMesh
 from llmesh.modelmgr.config import ModelMgrSettings
 from llmesh.modelmgr.db import make_engine, upgrade
+from llmesh.modelmgr.distribution import ArtifactServer
 from llmesh.modelmgr.evaluation import load_golden
+from llmesh.modelmgr.hfdir import DirLimits
 from llmesh.modelmgr.importer import Importer
 from llmesh.modelmgr.registry import Registry
 from llmesh.modelmgr.rollout import Rollout, RolloutPolicy
@@ -58,10 +60,12 @@ class ModelMgrApp:
         self.db = make_engine(settings.database_url)
         self.registry = Registry(self.db)
         self.artifacts = ArtifactStore(settings.store_dir, settings.model_dir)
-        self.importer = Importer(self.registry, self.artifacts)
+        self.importer = Importer(self.registry, self.artifacts, DirLimits(
+            settings.import_max_files, settings.import_max_bytes, settings.import_max_depth))
         resolve = platform.resolver("scheduler", settings.scheduler_address) if platform \
             else fixed(settings.scheduler_address)
-        self.mesh = GrpcMesh(resolve, identity=platform.identity if platform else None)
+        self.mesh = GrpcMesh(resolve, load_timeout_s=settings.load_timeout_s,
+                             identity=platform.identity if platform else None)
         store, self._etcd = config_store(platform.settings if platform else MeshSettings(config_backend="none"))
         self.rollout = Rollout(
             self.registry, self.artifacts, self.mesh, ConfigSplits(store) if store else NoSplits(),
@@ -70,11 +74,17 @@ class ModelMgrApp:
                           memory_overhead=settings.memory_overhead, settle_s=settings.settle_s,
                           drain_timeout_s=settings.drain_timeout_s, eval_threshold=settings.eval_threshold,
                           eval_min_exact_match=settings.eval_min_exact_match,
-                          eval_max_tokens=settings.eval_max_tokens))
-        self._models = Gauge("llmesh_models", "Models in the store by format.", ("format",),
-                             registry=platform.metrics if platform else CollectorRegistry())
+                          eval_max_tokens=settings.eval_max_tokens,
+                          vllm_gpus_per_replica=settings.vllm_gpus_per_replica))
+        self.metrics = platform.metrics if platform else CollectorRegistry()
+        self._models = Gauge("llmesh_models", "Models in the store by format.", ("format",), registry=self.metrics)
+        sent = Counter("llmesh_modelmgr_artifact_sent_bytes", "Artifact bytes streamed to engines (FetchArtifact).",
+                       registry=self.metrics)
+        for_engines = ArtifactServer(settings.model_dir, self.artifacts.blob_path, settings.fetch_max_streams,
+                                     on_sent=sent.inc)
         self.server = GrpcServer(settings.address, [ServiceBinding(
-            "llmesh.v1.ModelManager", ModelManagerServicer(self.store, self.registry, self.importer, self.rollout),
+            "llmesh.v1.ModelManager",
+            ModelManagerServicer(self.store, self.registry, self.importer, self.rollout, for_engines),
             modelmgr_pb2_grpc.add_ModelManagerServicer_to_server)],
             tracer=platform.tracing.tracer if platform else None,
             identity=platform.identity if platform else None, bind_wait_s=settings.bind_wait_s,

@@ -14,11 +14,23 @@ class ModelMgrSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="LLMESH_MODELMGR_", extra="ignore", frozen=True)
 
     port: int = DEFAULT_PORTS["modelmgr"]
-    model_dir: Path = Field(default=Path("var/models"), description="the engines' model store (shared with them)")
+    model_dir: Path = Field(default=Path("var/models"), description="where Deploy publishes a version's files; "
+                            "engines fetch them from here over gRPC (or share the folder)")
     store_dir: Path = Field(default=Path("var/modelstore"), description="content-addressed artifact blobs")
     database_url: str = Field(default="sqlite:///var/modelmgr/registry.db",
                               description="SQLAlchemy URL; production: postgresql+psycopg://...")
     scheduler_address: str = default_address("scheduler")
+
+    fetch_max_streams: int = Field(default=8, ge=1, description="artifact downloads (FetchArtifact) served at "
+                                   "once; more are RESOURCE_EXHAUSTED and the engine retries")
+    load_timeout_s: float = Field(default=900.0, gt=0, description="deadline of an engine's LoadModel, its "
+                                  "fetch of the artifact included (an interrupted fetch resumes on the next deploy)")
+    import_max_files: int = Field(default=1000, ge=1, description="files a safetensors directory may hold")
+    import_max_bytes: int = Field(default=1 << 40, ge=1, description="bytes a safetensors directory may hold")
+    import_max_depth: int = Field(default=4, ge=0, description="folders deep a safetensors directory may go")
+    vllm_gpus_per_replica: int = Field(default=1, ge=0, description="GPUs one replica of a safetensors "
+                                       "version takes on a vllm engine (its tensor parallel size); 0: placed "
+                                       "by CPU memory (vLLM's CPU build)")
 
     warmup_generations: int = Field(default=3, ge=0, description="real generations before a replica is ready")
     memory_budget: float = Field(default=0.85, gt=0, le=1, description="share of an engine's free memory a "

@@ -14,9 +14,15 @@ from dataclasses import dataclass
 from llmesh.errors import ErrorCode, LlmeshError, ResourceExhausted
 from llmesh.modelmgr.registry import Artifact
 
-BACKENDS_FOR_FORMAT = {"gguf": ("llamacpp",)}  # safetensors (vllm) loads from the engine's own path today
-# Replicas of these formats run in CPU memory on their backends (llama.cpp here offloads no layers).
-GPUS_FOR_FORMAT = {"gguf": 0}
+# The engine backends that load each artifact format: a GGUF file on llama.cpp, a
+# Hugging Face safetensors directory on vLLM.
+BACKENDS_FOR_FORMAT = {"gguf": ("llamacpp",), "safetensors": ("vllm",)}
+
+
+def gpus_per_replica(fmt: str, vllm_gpus: int) -> int:
+    """GPUs one replica of ``fmt`` takes: llama.cpp here runs in CPU memory (no layers
+    offloaded); vLLM takes ``vllm_gpus`` (its tensor parallel size; 0 for its CPU build)."""
+    return vllm_gpus if fmt == "safetensors" else 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,8 @@ from typing import Protocol
 from llmesh.errors import FailedPrecondition, InvalidArgument, LlmeshError
 from llmesh.modelmgr.artifacts import ArtifactStore
 from llmesh.modelmgr.evaluation import GoldenCase, evaluate
-from llmesh.modelmgr.placement import BACKENDS_FOR_FORMAT, GPUS_FOR_FORMAT, Engine, Target, place_variant
+from llmesh.modelmgr.hfdir import publish_artifact
+from llmesh.modelmgr.placement import BACKENDS_FOR_FORMAT, Engine, Target, gpus_per_replica, place_variant
 from llmesh.modelmgr.registry import Alias, EvalReport, Registry, Version, check_name, parse_ref
 
 log = logging.getLogger("llmesh.modelmgr.rollout")
@@ -51,6 +52,7 @@ class RolloutPolicy:
     eval_threshold: float = 0.4
     eval_min_exact_match: float = 0.0
     eval_max_tokens: int = 32
+    vllm_gpus_per_replica: int = 1  # GPUs a safetensors (vllm) replica takes; 0: vLLM's CPU build
 
 
 class Rollout:
@@ -92,15 +94,23 @@ class Rollout:
                 raise FailedPrecondition(f"{v.ref} already runs as {sorted(live)[0]}; undeploy it to switch variant")
 
             async def place(memory_bytes: int) -> list[Target]:
-                return await self._mesh.place(v.served_name, replicas, memory_bytes, BACKENDS_FOR_FORMAT[fmt],
-                                              GPUS_FOR_FORMAT[fmt], busy - {v.served_name})
+                backends = BACKENDS_FOR_FORMAT[fmt]
+                try:
+                    return await self._mesh.place(v.served_name, replicas, memory_bytes, backends,
+                                                  gpus_per_replica(fmt, self.policy.vllm_gpus_per_replica),
+                                                  busy - {v.served_name})
+                except FailedPrecondition as exc:  # say why the kind of engine matters
+                    raise FailedPrecondition(f"{v.ref} is a {fmt} version, which only {'/'.join(backends)} "
+                                             f"engines load: {exc.message}", reason=exc.reason) from None
 
             chosen, targets = await place_variant(artifacts, place, self.policy.memory_budget,
                                                   self.policy.memory_overhead)
-            await self._db(self._store.publish, v.served_name, chosen.sha256, f"{chosen.variant}.{chosen.format}",
+            await self._db(publish_artifact, self._store, v.served_name, chosen,
                            {"source": v.source, "version": v.ref, "variant": chosen.variant,
                             "sha256": chosen.sha256, "quantization": chosen.quantization,
-                            "context_length": v.context_length, "parent_version": v.parent_version})
+                            "context_length": v.context_length, "parent_version": v.parent_version,
+                            "files": [{"path": f"{chosen.variant}.{chosen.format}", "sha256": chosen.sha256,
+                                       "size": chosen.size_bytes}]})
             await self._db(self._registry.event, name, number, "deploy",
                            detail={"replicas": replicas, "variant": chosen.variant,
                                    "engines": [t.endpoint_id for t in targets]})

@@ -7,6 +7,7 @@ import json
 import time
 
 from llmesh.errors import InvalidArgument, ModelNotFound
+from llmesh.modelmgr.distribution import ArtifactServer
 from llmesh.modelmgr.importer import Importer
 from llmesh.modelmgr.registry import Alias, EvalReport, Registry, Version
 from llmesh.modelmgr.rollout import Rollout
@@ -55,11 +56,13 @@ def _ref(name: str, version: int) -> str:
 
 
 class ModelManagerServicer(modelmgr_pb2_grpc.ModelManagerServicer):
-    def __init__(self, store: ModelStore, registry: Registry, importer: Importer, rollout: Rollout):
+    def __init__(self, store: ModelStore, registry: Registry, importer: Importer, rollout: Rollout,
+                 artifacts: ArtifactServer):
         self._store = store
         self._registry = registry
         self._importer = importer
         self._rollout = rollout
+        self._artifacts = artifacts
 
     async def ListModels(self, request, context):
         # Hashing a new artifact reads the whole file: keep it off the event loop.
@@ -155,3 +158,13 @@ class ModelManagerServicer(modelmgr_pb2_grpc.ModelManagerServicer):
     async def ListEvals(self, request, context):
         reports = await asyncio.to_thread(self._registry.evals, request.name, request.version)
         return modelmgr_pb2.ListEvalsResponse(reports=[eval_pb(r) for r in reports])
+
+    async def GetArtifactManifest(self, request, context):
+        m = await asyncio.to_thread(self._artifacts.manifest, request.served_name)
+        return modelmgr_pb2.GetArtifactManifestResponse(
+            served_name=m.served_name, metadata_json=m.metadata_json,
+            files=[modelmgr_pb2.ArtifactFile(path=f.path, sha256=f.sha256, size_bytes=f.size_bytes) for f in m.files])
+
+    async def FetchArtifact(self, request, context):
+        async for offset, data, size in self._artifacts.chunks(request.sha256, request.offset):
+            yield modelmgr_pb2.FetchArtifactResponse(offset=offset, data=data, size_bytes=size)

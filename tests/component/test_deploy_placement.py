@@ -40,15 +40,18 @@ async def test_deploy_follows_the_schedulers_plan(tmp_path, real_model_dir: Path
     (models / SMOL).symlink_to(real_model_dir / SMOL, target_is_directory=True)
     scheduler = SchedulerApp(SchedulerSettings(port=0, host="127.0.0.1"))
     await scheduler.start()
-    engine = EngineApp(EngineSettings(port=free_ports(1)[0], host="127.0.0.1", endpoint_id="llama-1",
+    mgr_port, engine_port, tight_port = free_ports(3)
+    # The engine shares the model manager's folder (as `llmesh up` does): it asks for the
+    # manifest, finds every file in place with its digest, and nothing is streamed.
+    engine = EngineApp(EngineSettings(port=engine_port, host="127.0.0.1", endpoint_id="llama-1",
                                       backend="llamacpp", model=SMOL, model_dir=models, n_ctx=512, n_threads=1,
                                       scheduler_address=scheduler.advertise_address, self_test_interval_s=600,
-                                      report_interval_s=0.2))
+                                      report_interval_s=0.2, modelmgr_address=f"127.0.0.1:{mgr_port}"))
     common = dict(model_dir=models, store_dir=tmp_path / "store", database_url=f"sqlite:///{tmp_path / 'r.db'}",
                   scheduler_address=scheduler.advertise_address, warmup_generations=1, host="127.0.0.1")
-    mgr = ModelMgrApp(ModelMgrSettings(port=free_ports(1)[0], **common))
+    mgr = ModelMgrApp(ModelMgrSettings(port=mgr_port, **common))
     # the same registry with a budget no engine's memory meets
-    tight = ModelMgrApp(ModelMgrSettings(port=free_ports(1)[0], memory_budget=1e-6, **common))
+    tight = ModelMgrApp(ModelMgrSettings(port=tight_port, memory_budget=1e-6, **common))
     try:
         await engine.start()
         await mgr.start()
@@ -72,6 +75,8 @@ async def test_deploy_follows_the_schedulers_plan(tmp_path, real_model_dir: Path
             v = await stub.Deploy(modelmgr_pb2.DeployRequest(name="smol", version=1), timeout=120)
             assert [(r.endpoint_id, r.state) for r in v.replicas] == [("llama-1", "ready")]
             assert engine.backend.model == "smol@1"
+            assert (models / "smol@1" / "Q4_1.gguf").samefile(mgr.artifacts.blob_path(v.artifacts[0].sha256))
+            assert not mgr.metrics.get_sample_value("llmesh_modelmgr_artifact_sent_bytes_total")  # nothing moved
             # deployed again: the engine already serving it keeps its replica, nothing reloads
             again = await stub.Deploy(modelmgr_pb2.DeployRequest(name="smol", version=1), timeout=60)
             assert [(r.endpoint_id, r.state) for r in again.replicas] == [("llama-1", "ready")]

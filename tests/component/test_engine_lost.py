@@ -1,8 +1,8 @@
 """The engine client tells an engine that went away under a call (its process killed:
 EngineLost) from one that was gone before the call reached it (a refused connection:
 a plain Unavailable) and from a refusal an engine sends: real gRPC, a real sim engine
-process killed by its fault switch (a marked prompt: SIGKILL); and the rule on the
-errors grpc-core and Envoy give."""
+process killed by its fault switch (a marked prompt: SIGKILL), then started again on its port
+(``connected``: the channel is back); and the rule on the errors grpc-core and Envoy give."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from opentelemetry.trace import INVALID_SPAN
 
 from llmesh.errors import EngineLost, Unavailable
 from llmesh.rpc.health import health_status
-from llmesh.testing import Service, free_ports
+from llmesh.testing import Service, free_ports, wait_until_async
 from llmesh.types import Message, Prompt, Sampling
 from llmesh.gateway.context import CompletionRequest
 from llmesh.gateway.upstream.engines import EngineClients, lost
@@ -59,6 +59,14 @@ async def test_a_killed_engine_is_lost_and_a_dead_address_is_not(tmp_path):
         with pytest.raises(Unavailable) as info:  # gone before the call: refused, not lost under it
             await drain(clients, address, request("hello"))
         assert not isinstance(info.value, EngineLost)
+        assert not clients.connected(address)
+
+        # Restarted on its port: the channel connects again (after its reconnect backoff), and
+        # then a call goes out: what the router waits for before it retries a lost request there.
+        engine.start()
+        assert await serving(address), engine.log_path.read_text()
+        assert await wait_until_async(lambda: clients.connected(address), 10)
+        assert await drain(clients, address, request("hello"))
     finally:
         engine.stop(signal.SIGKILL)
         await clients.close()

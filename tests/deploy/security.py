@@ -30,7 +30,7 @@ ALLOWED_CALLERS = {
     "engine": ["gateway", "scheduler", "modelmgr"],
     "cache": ["gateway", "modelmgr", "cli"],
     "scheduler": ["gateway", "engine", "modelmgr", "cli"],
-    "modelmgr": ["gateway", "cli"],
+    "modelmgr": ["gateway", "engine", "cli"],  # engines fetch deployed models
 }
 MESH_DOMAIN = "llmesh.internal"
 
@@ -42,6 +42,8 @@ _INTERPOLATION = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([^}]*))?\}
 
 
 def secret_looking(name: str, value: str = "") -> bool:
+    if str(value).startswith("sqlite:"):  # a file's path: no credentials
+        return False
     return (bool(_SECRET_NAME.search(name)) and not name.endswith("_FILE")) or bool(_URL_CREDENTIALS.search(value))
 
 

@@ -33,8 +33,8 @@ def compose_copy(compose_doc, tmp_path) -> tuple[dict, Path]:
 def test_compose_is_secure_by_default(compose_doc):
     assert security.compose_security_problems(compose_doc, checks.COMPOSE.parent) == []
     services = compose_doc["services"]
-    assert services["gateway"]["ports"] == ["${GATEWAY_PUBLISH_ADDRESS:-127.0.0.1}:8080:8080",
-                                            "${GATEWAY_PUBLISH_ADDRESS:-127.0.0.1}:50051:50051"]
+    assert services["gateway"]["ports"] == ["${GATEWAY_PUBLISH_ADDRESS:-127.0.0.1}:${GATEWAY_HTTP_PORT:-8080}:8080",
+                                            "${GATEWAY_PUBLISH_ADDRESS:-127.0.0.1}:${GATEWAY_GRPC_PORT:-50051}:50051"]
     for name in ("consul", "prometheus", "grafana", "jaeger"):
         assert all(str(p).startswith("127.0.0.1:") for p in services[name]["ports"]), name
     assert "ports" not in services["etcd"] and "ports" not in services["redis"]

@@ -34,6 +34,8 @@ MANAGED = {"gateway": {"http_host", "http_port", "workers", "require_auth"}, "en
 MESH_MANAGED = {"config_file", "state_dir", "trust", "tls_ca_file", "tls_cert_file", "tls_key_file"}
 # Secrets: only through secretEnv (a Secret's key), never as a plain value in `settings`/`mesh`.
 SECRET_SETTINGS = {"mesh": {"redis_url", "consul_token"}, "cache": {"redis_url"}, "modelmgr": {"database_url"}}
+# Charts whose image carries models to copy onto the state volume (seedModels).
+SEEDED = {"engine", "modelmgr"}
 
 _KEEP = {"type", "enum", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength",
          "maxLength", "description", "anyOf", "const"}
@@ -123,6 +125,55 @@ def _network_policy() -> dict:
                  "extraIngress": {"type": "array", "items": {"type": "object"}}})
 
 
+_LABELS = {"type": "object", "additionalProperties": {"type": "string"}}
+_QUANTITY = {"type": "string", "pattern": "^[0-9]+(\\.[0-9]+)?([EPTGMK]i?|[mk])?$"}
+
+
+def _service_account() -> dict:
+    return _obj({"create": {"type": "boolean"}, "name": {"type": "string"}, "annotations": _LABELS,
+                 "automount": {"type": "boolean", "description": "mount an API token (llmesh calls no Kubernetes "
+                                                                 "API)"}})
+
+
+def _extra_env() -> dict:
+    entry = _obj({"name": {"type": "string", "minLength": 1, "pattern": "^[-._a-zA-Z][-._a-zA-Z0-9]*$",
+                           "not": {"pattern": "^LLMESH_"}},
+                  "value": {"type": "string"}, "valueFrom": {"type": "object"}}, ["name"])
+    return {"type": "array", "items": entry,
+            "description": "more environment variables; LLMESH_* settings go in settings, mesh or secretEnv"}
+
+
+def _persistence() -> dict:
+    return _obj({
+        "enabled": {"type": "boolean", "description": "a PersistentVolumeClaim for the state volume (else emptyDir)"},
+        "perPod": {"type": "boolean", "description": "a claim per pod, made and deleted with it"},
+        "existingClaim": {"type": "string"},
+        "size": _QUANTITY,
+        "storageClass": {"type": "string"},
+        "accessModes": {"type": "array", "minItems": 1, "items": {
+            "enum": ["ReadWriteOnce", "ReadWriteOncePod", "ReadWriteMany", "ReadOnlyMany"]}},
+        "sizeLimit": {"anyOf": [_QUANTITY, {"const": ""}]}})
+
+
+def _ingress() -> dict:
+    path = _obj({"path": {"type": "string", "pattern": "^/"},
+                 "pathType": {"enum": ["Prefix", "Exact", "ImplementationSpecific"]}}, ["path"])
+    return _obj({"enabled": {"type": "boolean"}, "className": {"type": "string"}, "annotations": _LABELS,
+                 "hosts": {"type": "array", "items": _obj({"host": {"type": "string"},
+                                                           "paths": {"type": "array", "items": path}})},
+                 "tls": {"type": "array", "items": _obj({"secretName": {"type": "string"},
+                                                         "hosts": {"type": "array", "items": {"type": "string"}}})}})
+
+
+def _http_route() -> dict:
+    return _obj({"enabled": {"type": "boolean"},
+                 "parentRefs": {"type": "array", "items": {"type": "object", "required": ["name"]}},
+                 "hostnames": {"type": "array", "items": {"type": "string"}},
+                 "pathPrefix": {"type": "string", "pattern": "^/"},
+                 "timeouts": _obj({"request": {"type": "string"}, "backendRequest": {"type": "string"}}),
+                 "annotations": _LABELS})
+
+
 def service_schema(service: str, cls: type[ServiceSettings]) -> dict:
     props = {
         "global": {"type": "object"},
@@ -163,8 +214,26 @@ def service_schema(service: str, cls: type[ServiceSettings]) -> dict:
         "affinity": {"type": "object"},
         "extraVolumes": {"type": "array", "items": {"type": "object"}},
         "extraVolumeMounts": {"type": "array", "items": {"type": "object"}},
+        "podLabels": _LABELS,
+        "serviceAccount": _service_account(),
+        "podSecurityContext": {"type": "object"},
+        "securityContext": {"type": "object"},
+        "topologySpreadConstraints": {"type": "array", "items": {"type": "object"}},
+        "priorityClassName": {"type": "string"},
+        "runtimeClassName": {"type": "string"},
+        "extraEnv": _extra_env(),
+        "persistence": _persistence(),
     }
+    if service in SEEDED:
+        props["seedModels"] = {"type": "string", "description": "models in the image copied to the state "
+                                                                "volume's models/ at start; '' none"}
     if service == "gateway":
+        props["autoscaling"] = _obj({"enabled": {"type": "boolean"}, "minReplicas": {"type": "integer", "minimum": 1},
+                                     "maxReplicas": {"type": "integer", "minimum": 1},
+                                     "targetCPUUtilizationPercentage": {"type": "integer", "minimum": 1,
+                                                                        "maximum": 100}})
+        props["ingress"] = _ingress()
+        props["httpRoute"] = _http_route()
         props["httpPort"] = _port()
         props["workers"] = {"type": "integer", "minimum": 1, "maximum": 256,
                             "description": "worker processes sharing the ports (LLMESH_GATEWAY_WORKERS); "
@@ -195,6 +264,7 @@ def umbrella_schema(services: list[str]) -> dict:
         "meshTLS": _mesh_tls(),
         "meshCA": _mesh_ca(),
         "networkPolicy": _network_policy(),
+        "podLabels": _LABELS,
     })
     props = {"global": glob,
              "llmesh-common": {"type": "object", "description": "values of the library chart (none used)"}}

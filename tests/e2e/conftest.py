@@ -17,14 +17,17 @@ from llmesh.testing import Mesh, Service, free_layout, wait_until, write_config_
 from llmesh.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 SMOL = "smollm2-135m-instruct"
+EMBEDDER = "all-minilm-l6-v2"  # the cache's; registered by the model manager, served by no engine
 N_CTX = 2048
 
 
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory, real_model_dir: Path) -> Path:
-    """The real model, plus a registered model no engine serves (for 503)."""
+    """The real model, plus registered models no engine serves (for 503, and kept off the
+    model list): a copy of SmolLM2 and the cache's sentence embedder, as `make run` has it."""
     d = tmp_path_factory.mktemp("models")
     (d / SMOL).symlink_to(real_model_dir / SMOL, target_is_directory=True)
+    (d / EMBEDDER).symlink_to(real_model_dir / EMBEDDER, target_is_directory=True)
     unserved = d / "unserved-model"
     unserved.mkdir()
     gguf = next((real_model_dir / SMOL).glob("*.gguf"))

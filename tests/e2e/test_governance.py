@@ -137,6 +137,12 @@ def grpc_chat(address: str, key: str | None, model: str = SIM):
             sampling=common_pb2.SamplingParams(max_tokens=3)), metadata=md, timeout=30))
 
 
+def grpc_models(address: str, key: str):
+    with grpc.insecure_channel(address) as ch:
+        return gateway_pb2_grpc.GatewayStub(ch).ListModels(
+            gateway_pb2.GatewayListModelsRequest(), metadata=(("authorization", f"Bearer {key}"),), timeout=10)
+
+
 def test_without_credentials_every_front_says_401(gov):
     create_key(gov, "acme")  # from now on the mesh requires credentials
     client = openai.OpenAI(base_url=gov["urls"][1] + "/v1", api_key="not-a-key", max_retries=0)
@@ -156,6 +162,7 @@ def test_api_key_grants_and_403_on_both_fronts(gov):
     answer = client.chat.completions.create(model=SIM, messages=[{"role": "user", "content": "hi"}], max_tokens=3)
     assert answer.usage.completion_tokens == 3
     assert [m.id for m in client.models.list()] == [SIM]
+    assert list(grpc_models(gov["grpc"][1], key).models) == [SIM]  # the embedder in the registry: not granted
     with pytest.raises(openai.PermissionDeniedError) as info:
         client.chat.completions.create(model="assistant", messages=[{"role": "user", "content": "hi"}])
     assert info.value.body["code"] == "model_not_allowed"
@@ -181,6 +188,9 @@ def test_jwts_on_http_and_grpc(gov, signer, case):
     if case == "good":  # the group 'eng' widens acme's grant to the alias
         assert r.status_code == 200, r.text
         assert grpc_chat(gov["grpc"][0], tok, model="assistant")[-1].usage.completion_tokens == 3
+        listed = httpx.get(gov["urls"][2] + "/v1/models", headers={"authorization": f"Bearer {tok}"}, timeout=10)
+        assert [m["id"] for m in listed.json()["data"]] == ["assistant", SIM]  # the group's grant, no more
+        assert list(grpc_models(gov["grpc"][0], tok).models) == ["assistant", SIM]
         return
     assert r.status_code == 401 and r.json()["error"]["type"] == "invalid_request_error"
     with pytest.raises(grpc.RpcError) as err:

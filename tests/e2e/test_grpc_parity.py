@@ -139,6 +139,14 @@ def test_a_cached_answer_is_marked(stub):
     ({"sampling": {"stop": list("abcde")}}, {"stop": list("abcde")}, "sampling.stop", "stop"),
     ({"messages": [common_pb2.ChatMessage(role="robot", content="x")]},
      {"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", "messages[0].role"),
+    ({"sampling": {"top_k": -2}}, {"extra_body": {"top_k": -2}}, "sampling.top_k", "top_k"),
+    ({"sampling": {"min_p": 1.5}}, {"extra_body": {"min_p": 1.5}}, "sampling.min_p", "min_p"),
+    ({"sampling": {"repetition_penalty": 11.0}}, {"extra_body": {"repetition_penalty": 11}},
+     "sampling.repetition_penalty", "repetition_penalty"),
+    ({"sampling": {"presence_penalty": -3.0}}, {"presence_penalty": -3.0}, "sampling.presence_penalty",
+     "presence_penalty"),
+    ({"sampling": {"frequency_penalty": 2.5}}, {"frequency_penalty": 2.5}, "sampling.frequency_penalty",
+     "frequency_penalty"),
 ])
 def test_out_of_range_values_name_the_field_on_both_fronts(stub, client, fields, body, grpc_param, http_param):
     with pytest.raises(grpc.RpcError) as info:
@@ -149,6 +157,47 @@ def test_out_of_range_values_name_the_field_on_both_fronts(stub, client, fields,
     with pytest.raises(openai.BadRequestError) as http_info:
         client.chat.completions.create(model=SMOL, max_tokens=2, **body)
     assert http_info.value.body["param"] == http_param
+
+
+def test_both_fronts_list_the_same_models_with_what_each_serves(stub, client):
+    resp = stub.ListModels(gateway_pb2.GatewayListModelsRequest(), timeout=5)
+    http = client.models.list().data
+    assert list(resp.models) == [m.id for m in http] and SMOL in resp.models
+    apis = {gateway_pb2.MODEL_API_CHAT: "chat", gateway_pb2.MODEL_API_COMPLETIONS: "completions"}
+    assert [(d.name, [apis[a] for a in d.serves], d.owned_by) for d in resp.details] == \
+        [(m.id, m.model_extra["capabilities"], m.owned_by) for m in http]
+
+
+def test_sampling_knobs_give_the_same_answer_on_both_fronts(stub, client):
+    counting = "Continue: 1, 2, 3, 1, 2, 3, 1, 2, 3,"
+    for knobs in ({"repetition_penalty": 10.0}, {"frequency_penalty": 2.0, "presence_penalty": 1.0},
+                  {"top_k": 1, "min_p": 0.5}):
+        sampling = {"temperature": 1.5 if "top_k" in knobs else 0.0, "seed": 4, "max_tokens": 16}
+        replies, _ = chat(stub, text=counting, sampling={**sampling, **knobs})
+        penalties = {k: v for k, v in knobs.items() if k.endswith("_penalty") and k != "repetition_penalty"}
+        ref = client.chat.completions.create(model=SMOL, messages=[{"role": "user", "content": counting}],
+                                             **sampling, **penalties, extra_body={
+                                                 k: v for k, v in knobs.items() if k not in penalties})
+        assert choice_texts(replies) == [ref.choices[0].message.content], knobs
+    greedy = client.chat.completions.create(model=SMOL, messages=[{"role": "user", "content": counting}],
+                                            temperature=0, max_tokens=16).choices[0].message.content
+    assert ref.choices[0].message.content == greedy  # top_k 1: greedy at any temperature
+    penalised = client.chat.completions.create(model=SMOL, messages=[{"role": "user", "content": counting}],
+                                               temperature=0, max_tokens=16, extra_body={"repetition_penalty": 10})
+    assert penalised.choices[0].message.content != greedy
+
+
+def test_a_backend_without_the_knobs_refuses_them_by_name_on_both_fronts(stub, client):
+    with pytest.raises(grpc.RpcError) as info:
+        chat(stub, model="sim-small", sampling={"max_tokens": 2, "top_k": 5})
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "top_k" in info.value.details()
+    with pytest.raises(openai.BadRequestError) as http_info:
+        client.chat.completions.create(model="sim-small", messages=[{"role": "user", "content": "x"}], max_tokens=2,
+                                       frequency_penalty=0.5)
+    assert http_info.value.body["param"] == "frequency_penalty"
+    off = client.chat.completions.create(model="sim-small", messages=[{"role": "user", "content": "x"}],
+                                         max_tokens=2, presence_penalty=0, extra_body={"top_k": -1})
+    assert off.usage.completion_tokens == 2  # off values pass
 
 
 def test_a_user_stays_on_one_arm_of_a_split_on_both_fronts(stub, client, live_config):

@@ -11,8 +11,8 @@ import openai
 import pytest
 
 from llmesh.testing import wait_until
-from llmesh.v1 import engine_pb2, engine_pb2_grpc
-from tests.e2e.conftest import N_CTX, SMOL
+from llmesh.v1 import engine_pb2, engine_pb2_grpc, modelmgr_pb2, modelmgr_pb2_grpc
+from tests.e2e.conftest import EMBEDDER, N_CTX, SMOL
 from tests.e2e.tokenizer import chat_prompt_tokens, text_tokens
 
 SKY = [{"role": "user", "content": "What color is the sky on a clear day?"}]
@@ -27,9 +27,36 @@ def engine_load(address: str) -> engine_pb2.EngineLoad:
         return engine_pb2_grpc.EngineStub(ch).GetStatus(engine_pb2.GetStatusRequest(), timeout=2).load
 
 
-def test_models_lists_registry_and_served_models(client):
-    ids = {m.id for m in client.models.list()}
-    assert {SMOL, "sim-small", "unserved-model"} <= ids
+def test_models_lists_only_what_can_answer_and_the_first_one_chats(client, mesh):
+    assert EMBEDDER in registered(mesh) and "unserved-model" in registered(mesh)
+    models = client.models.list().data
+    ids = [m.id for m in models]
+    assert {SMOL, "sim-small"} <= set(ids) and ids == sorted(ids)
+    assert EMBEDDER not in ids and "unserved-model" not in ids  # registered, but no engine serves them
+    assert all(m.model_extra["capabilities"] == ["chat", "completions"] and m.owned_by == "llmesh" for m in models)
+    answer = client.chat.completions.create(model=models[0].id, messages=SKY, max_tokens=4)
+    assert answer.choices[0].message.content and answer.usage.completion_tokens >= 1
+
+
+def test_models_follow_the_config_providers_autoscaling_and_aliases(client, live_config):
+    live_config(json.dumps({
+        "default": {"max_attempts": 2},
+        "models": {"unserved-model": {"fallbacks": ["hosted"]}},
+        "providers": {"local": {"base_url": "http://127.0.0.1:9/v1", "models": {"hosted": "remote-name"}}},
+        "autoscaling": {"models": {"scaled-later": {"min_replicas": 0}}},
+        "splits": {"ab": {"targets": [{"model": SMOL, "weight": 1}, {"model": "sim-small", "weight": 1}]},
+                   "half-down": {"targets": [{"model": SMOL, "weight": 1}, {"model": "nowhere", "weight": 1}]}}}))
+    owners = {m.id: m.owned_by for m in client.models.list()}
+    assert {"hosted", "scaled-later", "unserved-model", "ab"} <= set(owners)
+    assert owners["hosted"] == "local" and owners["ab"] == "llmesh"
+    assert "half-down" not in owners and "nowhere" not in owners and EMBEDDER not in owners
+
+
+def registered(mesh) -> set[str]:
+    """What the model manager's registry holds."""
+    with grpc.insecure_channel(mesh.layout.address("modelmgr")) as ch:
+        return {m.name for m in modelmgr_pb2_grpc.ModelManagerStub(ch).ListModels(
+            modelmgr_pb2.ListModelsRequest(), timeout=5).models}
 
 
 def test_chat_answers_coherently_with_exact_usage(client, model_dir):

@@ -22,10 +22,12 @@ class PlainSim(SimBackend):
 
 
 def test_every_backend_declares_its_capabilities():
+    knobs = frozenset({"top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"})
     assert LlamaCppBackend.capabilities == Capabilities(logprobs=True, response_format=True, continuation=True,
-                                                        steps=True)
+                                                        steps=True, knobs=knobs)
     assert SimBackend.capabilities == Capabilities(logprobs=True, continuation=True, steps=True)
-    assert VllmBackend.capabilities == Capabilities(response_format=True, adapters=True)
+    assert VllmBackend.capabilities == Capabilities(logprobs=True, response_format=True, continuation=True,
+                                                     adapters=True, knobs=knobs)
     assert NoModel.capabilities == Capabilities() and NoModel.gpu_memory_share == 0.0
 
 

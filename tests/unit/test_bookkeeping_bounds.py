@@ -14,14 +14,16 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from llmesh.audit import MAX_STRING, AuditError, AuditLog, read_records, verify
-from llmesh.errors import Unauthenticated, Unavailable
+from llmesh.errors import InvalidArgument, Unauthenticated, Unavailable
 from llmesh.keys import FileKeyStore, new_key
 from llmesh.request_id import KEPT_LENGTH, MAX_LENGTH, accept, safe
 from llmesh.types import Message, Prompt, Sampling
 from llmesh.gateway.context import Caller, CompletionRequest, Context
 from llmesh.gateway.metrics import GatewayMetrics
+from llmesh.gateway.pipeline import Pipeline
 from llmesh.gateway.record import RequestRecord
 from llmesh.gateway.stages.audit import AuditStage
+from llmesh.gateway.stages.base import Stage
 from llmesh.gateway.stages.auth import Authenticator
 
 
@@ -115,6 +117,32 @@ async def test_a_log_that_cannot_be_written_is_counted_and_fails_closed_when_req
     assert failures == [1]
     with pytest.raises(AuditError):
         log.close()
+
+
+class Remembers(Stage):
+    """A stage that keeps no record of front refusals (the default): its finish must not run."""
+    def __init__(self) -> None:
+        self.finished: list[str] = []
+
+    async def finish(self, ctx: Context) -> None:
+        self.finished.append(ctx.req.request_id)
+
+
+async def test_a_request_the_front_refused_gets_one_record_and_is_counted(tmp_path):
+    observed: list[RequestRecord] = []
+    other = Remembers()
+    with AuditLog(tmp_path / "a.jsonl") as log:
+        pipeline = Pipeline(None, None, None, stages=[AuditStage(log), other],  # type: ignore[arg-type]
+                            observe=observed.append)
+        pipeline.refused(CompletionRequest.unread("r9", "text_completion", "client's id"),
+                         InvalidArgument("The request body is not valid JSON.", param="body"))
+        await pipeline.drain()
+    (record,) = [r["fields"] for r in read_records(tmp_path / "a.jsonl")]
+    assert record["request_id"] == "r9" and record["operation"] == "text_completion"
+    assert record["status"] == "invalid_argument" and record["decision"] == "refused"
+    assert record["client_request_id"] == "client's id" and record["model"] == "" and record["tenant"] == ""
+    assert [(r.status, r.model) for r in observed] == [("invalid_argument", "")]
+    assert other.finished == []
 
 
 # ---- metric labels

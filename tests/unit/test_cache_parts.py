@@ -31,11 +31,15 @@ def test_exact_key_separates_what_changes_the_answer():
     base = key()
     assert base == key(sampling=Sampling(temperature=0.0, max_tokens=10, seed=7, top_p=0.5))  # greedy: no effect
     assert base == key(prompt=chat(("user", "  hi \n")))  # formatting is normalised
+    assert base == key(sampling=Sampling(temperature=0.0, max_tokens=10, top_k=-1, presence_penalty=0.0))  # off
     for other in (key(tenant="t2"), key(model="m2"), key(version="v2"),
                   key(sampling=Sampling(temperature=0.0, max_tokens=11)),
                   key(sampling=Sampling(temperature=0.0, max_tokens=10, stop=("x",))),
                   key(prompt=Prompt(text="hi")), key(prompt=chat(("system", "hi"))),
-                  key(prompt=chat(("user", "Hi")))):
+                  key(prompt=chat(("user", "Hi"))),
+                  *(key(sampling=Sampling(temperature=0.0, max_tokens=10, **{knob: value}))
+                    for knob, value in (("repetition_penalty", 1.3), ("presence_penalty", 1.0),
+                                        ("frequency_penalty", -1.0), ("top_k", 3), ("min_p", 0.2)))):
         assert other != base
     seeded = Sampling(temperature=0.8, seed=1, max_tokens=10)
     assert key(sampling=seeded) != key(sampling=Sampling(temperature=0.8, seed=2, max_tokens=10))

@@ -140,3 +140,12 @@ def test_completion_responses_collect_without_roles_or_tool_calls():
     assert (choice.text, choice.role, choice.tool_calls) == (" upon a time", "", [])
     assert result.usage.completion_tokens == 3 and result.id == "cmpl-r"
     assert Result().text == "" and Result().choices == []
+
+
+def test_the_sampling_knobs_are_keywords_too():
+    req = build_request(gateway_pb2.ChatRequest, None, {"model": "m", "top_k": 3, "min_p": 0.5,
+                                                        "repetition_penalty": 1.25, "presence_penalty": -1.0,
+                                                        "frequency_penalty": 0.5})
+    s = req.sampling
+    assert (s.top_k, s.min_p, s.repetition_penalty, s.presence_penalty, s.frequency_penalty) == (3, 0.5, 1.25, -1.0,
+                                                                                                 0.5)

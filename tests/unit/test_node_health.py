@@ -32,6 +32,15 @@ def test_latency_far_above_peers_degrades_small_drifts_do_not():
     assert j.judge("a", NodeSignals(latency_ms=400), 4, [0.0]) == ""              # peers not measured yet
 
 
+def test_one_peer_is_no_measure_of_drift():
+    """Two engines: the idle one's self-test ran while the busy one served (a busy engine skips its
+    test and keeps its idle figure), so the idle one looks slow. Judged only with two peers or more."""
+    j = HealthJudge(drift_factor=3.0, drift_min_ms=50)
+    assert j.judge("idle", NodeSignals(latency_ms=900), 0, [100]) == ""
+    assert "9.0x" in j.judge("idle", NodeSignals(latency_ms=900), 1, [100, 100])
+    assert "9.0x" in HealthJudge(drift_min_peers=1).judge("idle", NodeSignals(latency_ms=900), 2, [100])
+
+
 def test_status_says_why_a_node_is_degraded():
     from llmesh.cli.status import render
     e = {"endpoint_id": "engine-3", "backend": "vllm", "models": ["m"], "running": 0, "waiting": 0, "healthy": True,

@@ -70,8 +70,7 @@ def test_schema_text_that_is_not_an_object_is_refused():
 
 
 @pytest.mark.parametrize("field, value", [
-    ("logit_bias", {"1": 5}), ("presence_penalty", 0.5), ("frequency_penalty", 1.0), ("modalities", ["audio"]),
-    ("made_up_field", 1),
+    ("logit_bias", {"1": 5}), ("modalities", ["audio"]), ("made_up_field", 1), ("echo", True),
 ])
 def test_unsupported_parameters_are_refused_by_name(field, value):
     with pytest.raises(InvalidArgument) as info:
@@ -120,6 +119,31 @@ def test_off_values_and_harmless_fields_pass():
     body = parse(ChatBody, chat(presence_penalty=0, frequency_penalty=0, logit_bias={}, tools=[], store=False,
                                 metadata={"k": "v"}, service_tier="auto"))
     assert body.sampling_params().max_tokens is None
+
+
+KNOBS = {"top_k": 20, "min_p": 0.25, "repetition_penalty": 1.5, "presence_penalty": -0.5, "frequency_penalty": 2.0}
+
+
+@pytest.mark.parametrize("body_cls, body", [(ChatBody, chat(**KNOBS)),
+                                            (CompletionBody, orjson.dumps({"model": "m", "prompt": "x", **KNOBS}))])
+def test_the_knobs_map_to_sampling_and_round_trip_through_protobuf(body_cls, body):
+    s = parse(body_cls, body).sampling_params()
+    check_sampling(s)
+    assert {k: getattr(s, k) for k in KNOBS} == KNOBS == s.knobs()
+    assert sampling_from_pb(sampling_to_pb(s)) == s
+    off = parse(ChatBody, chat(top_k=-1, min_p=0, repetition_penalty=1, presence_penalty=0, frequency_penalty=0))
+    assert off.sampling_params().knobs() == {}
+
+
+@pytest.mark.parametrize("field, value", [
+    ("top_k", -2), ("top_k", 1048577), ("top_k", 2**40), ("top_k", 1.5), ("min_p", -0.1), ("min_p", 1.01),
+    ("repetition_penalty", 0), ("repetition_penalty", 10.5), ("presence_penalty", 2.5),
+    ("frequency_penalty", -2.01), ("frequency_penalty", "lots"), ("min_p", 1e300),
+])
+def test_knobs_out_of_range_are_refused_by_name(field, value):
+    with pytest.raises(InvalidArgument) as info:
+        check_sampling(parse(ChatBody, chat(**{field: value})).sampling_params())
+    assert info.value.param == field and field in info.value.message
 
 
 def test_sampling_round_trips_through_protobuf():
@@ -250,3 +274,10 @@ def test_tool_calls_in_answers_and_chunks():
                                      "function": {"arguments": "", "name": "weather"}}]}
     later = writer.delta("", 0, (), pieces[1])["choices"][0]["delta"]
     assert later == {"tool_calls": [{"index": 0, "function": {"arguments": '{"city":'}}]}
+
+
+def test_knobs_that_are_not_numbers_from_grpc_are_refused_by_name():
+    for knob in ("min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"):
+        with pytest.raises(InvalidArgument) as info:
+            check_sampling(Sampling(**{knob: float("nan")}))
+        assert info.value.param == knob

@@ -170,6 +170,18 @@ def test_picks_least_loaded_healthy_endpoint_serving_the_model():
     assert p.pick(req("nope")) is None
 
 
+def test_a_degraded_endpoint_gets_a_request_only_when_no_other_can_take_it():
+    """Envoy's rule for degraded hosts: a slow answer beats a 503."""
+    p = EndpointPicker(random.Random(0))
+    p.replace_all([ep("slow", degraded="self-test latency 900 ms"), ep("fine", running=5, max_running=8)])
+    assert {p.pick(req()).endpoint_id for _ in range(20)} == {"fine"}
+    assert p.pick(req(exclude=frozenset({"fine"}))).endpoint_id == "slow"   # a retry after "fine" failed
+    p.replace_all([ep("slow", degraded="self-test latency 900 ms"), ep("gone", healthy=False)])
+    assert p.pick(req()).endpoint_id == "slow"
+    p.replace_all([ep("slow", degraded="ecc", models=("x",))])
+    assert p.pick(req()) is None                                            # still only where the model is
+
+
 def test_load_is_relative_to_slots():
     p = EndpointPicker()
     p.replace_all([ep("small", running=1, max_running=1), ep("big", running=2, max_running=8)])

@@ -68,6 +68,24 @@ def test_prose_streams_with_at_most_the_last_word_held():
     assert stream.flush() == ""
 
 
+def test_the_first_token_waits_for_the_second_only_when_it_could_begin_pii():
+    """What the answer's masking costs the time to first token (issue 27, bench.vllm): a first
+    token that no rule can start goes out with no wait; a first word (SmolLM2's "In", "As",
+    "The" on bench.vllm's prompts) waits exactly one token, the next one's leading space, because
+    "In@example.com" would be an address; no more than that one token."""
+    for first in ("Sure!", "你好，", "**", "\n", "Hi, ", "x="):
+        assert StreamMasker(PiiMasker()).feed(first) == first, first
+    for first, second, out in (("In", " the", "In "), ("The", " sun", "The "), ("Title:", " A", "Title: "),
+                               ("As", ",", "As,")):
+        stream = StreamMasker(PiiMasker())
+        assert stream.feed(first) == ""
+        assert stream.feed(second) == out
+    stream = StreamMasker(PiiMasker())
+    assert stream.feed("In") == ""
+    assert stream.feed("@example.com") == ""
+    assert stream.feed(" we") == "[EMAIL_1] "
+
+
 def test_number_groups_are_held_until_they_cannot_be_a_phone():
     stream = StreamMasker(PiiMasker())
     assert stream.feed("Call +1 ") == "Call "

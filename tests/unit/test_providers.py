@@ -32,6 +32,13 @@ def test_chat_body_uses_their_model_name_and_streams_with_usage():
     assert path == "/completions" and body["prompt"] == "once" and body["logprobs"] == 1
 
 
+def test_the_knobs_turned_on_go_to_the_provider_and_off_ones_do_not():
+    _, body = request_body(req(Prompt(text="once"), presence_penalty=0.5, frequency_penalty=0.0, top_k=-1,
+                               repetition_penalty=1.2), "m")
+    assert body["presence_penalty"] == 0.5 and body["repetition_penalty"] == 1.2
+    assert "frequency_penalty" not in body and "top_k" not in body and "min_p" not in body
+
+
 def test_a_client_that_takes_the_answer_at_once_asks_for_it_unstreamed():
     _, body = request_body(replace(req(Prompt(messages=(Message("user", "hi"),)), max_tokens=3), stream=False), "m")
     assert "stream" not in body and "stream_options" not in body and body["max_tokens"] == 3

@@ -42,14 +42,14 @@ def _add_layout_args(p: argparse.ArgumentParser) -> None:
 
 
 def parse_engines(text: str) -> list[str]:
-    """'llamacpp,sim:16' -> one llamacpp engine and sixteen sim engines."""
+    """'llamacpp,sim:16' -> one llamacpp engine and sixteen sim engines (vllm: --vllm-model's)."""
     engines: list[str] = []
     for item in (part.strip() for part in text.split(",")):
         if not item:
             continue
         backend, _, count = item.partition(":")
-        if backend not in ("llamacpp", "sim"):
-            raise ValueError(f"unknown engine backend {backend!r} (llamacpp, sim)")
+        if backend not in ("llamacpp", "sim", "vllm"):
+            raise ValueError(f"unknown engine backend {backend!r} (llamacpp, sim, vllm)")
         if count and not (count.isdigit() and int(count) >= 1):
             raise ValueError(f"bad engine count in {item!r}; write backend:N, N >= 1")
         engines += [backend] * int(count or 1)
@@ -80,6 +80,7 @@ def _up_options(args: argparse.Namespace) -> tuple[MeshSpec, dict[str, str], Res
         raise ValueError("--trust goes with --secure")
     spec = MeshSpec(layout=_layout(args), engines=engines, model_dir=args.model_dir.resolve(),
                     log_dir=args.log_dir.resolve(), grace_s=args.grace, cache=not args.no_cache,
+                    vllm_model=args.vllm_model,
                     gateway_workers=args.gateway_workers, trust=(args.trust or "tls") if args.secure else "local")
     if args.secure:
         from llmesh.cli.secure import pki_dir, state_dir
@@ -88,6 +89,9 @@ def _up_options(args: argparse.Namespace) -> tuple[MeshSpec, dict[str, str], Res
         raise ValueError("--gateway-workers must be >= 1")
     if "llamacpp" in engines and not (spec.model_dir / spec.model).is_dir():
         raise ValueError(f"no model '{spec.model}' in {spec.model_dir}; run 'make model' first")
+    if "vllm" in engines and not (spec.model_dir / spec.vllm_model / "config.json").is_file():
+        raise ValueError(f"no Hugging Face model directory '{spec.vllm_model}' in {spec.model_dir} for the vllm "
+                         f"engines (--vllm-model; `make vllm-model` builds SmolLM2's)")
     scaled = parse_autoscale(args.autoscale)
     if args.max_restarts < 0 or args.restart_window <= 0:
         raise ValueError("--max-restarts must be >= 0 and --restart-window > 0")
@@ -163,7 +167,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def _banner(layout: Layout, spec: MeshSpec) -> str:
-    model = spec.model if "llamacpp" in spec.engines else spec.sim_model
+    model = spec.engine_model(next((b for b in ("llamacpp", "vllm") if b in spec.engines), "sim"))
     url = layout.http_url
     if spec.trust != "local":
         return _secure_banner(layout, spec, model)
@@ -241,8 +245,11 @@ def build_parser() -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="start the mesh on this machine")
     _add_layout_args(up)
     up.add_argument("--engines", default="llamacpp",
-                    help="comma-separated backends, one engine each, backend:N for N of them: "
-                         "llamacpp, sim (default: llamacpp; e.g. llamacpp,sim:16; \"\" for none, with --autoscale)")
+                    help="comma-separated backends, one engine each, backend:N for N of them: llamacpp, sim, "
+                         "vllm (default: llamacpp; e.g. llamacpp,sim:16; \"\" for none, with --autoscale)")
+    up.add_argument("--vllm-model", default="smollm2-135m-instruct-hf-fp32", metavar="NAME",
+                    help="the vllm engines' model: a Hugging Face directory in --model-dir, served under its name "
+                         "(vLLM's settings: LLMESH_ENGINE_VLLM_*)")
     up.add_argument("--autoscale", action="append", default=[], metavar="MODEL=BACKEND",
                     help="start and stop engines of MODEL on this machine as the scheduler's autoscaler wants "
                          "(the live config's autoscaling.models names its policy); repeatable")

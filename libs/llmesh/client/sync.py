@@ -13,7 +13,6 @@ from google.protobuf.message import Message
 from llmesh.client.core import (CallMetadata, Deadline, Response, Result, RetryPolicy, Timeout, as_dict,
                                 call_metadata, ClientBase)
 from llmesh.client.errors import from_rpc_error
-from llmesh.v1 import common_pb2
 
 
 class Stream:
@@ -113,7 +112,7 @@ class Client(ClientBase):
         """The whole text completion, collected by choice, with the call's metadata."""
         return self._collect(self.stream_complete(request, timeout_s=timeout_s, metadata=metadata, **fields))
 
-    def list_models(self, *, timeout_s: Timeout = ..., metadata: CallMetadata = None) -> list[common_pb2.ModelInfo]:
+    def list_models(self, *, timeout_s: Timeout = ..., metadata: CallMetadata = None) -> list[str]:
         """The models this caller may use."""
         deadline = self._deadline(timeout_s)
         request = self._methods["ListModels"].request_type()

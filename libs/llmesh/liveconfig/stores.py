@@ -16,6 +16,8 @@ import aetcd
 import orjson
 import watchfiles
 
+from llmesh.errors import FailedPrecondition
+
 
 @dataclass(frozen=True, slots=True)
 class Version:
@@ -53,16 +55,28 @@ class FileStore:
         if current is not None:
             yield current
         async for changes in watchfiles.awatch(self.path.parent, debounce=50, step=20, recursive=False):
-            if any(Path(p) == self.path.resolve() or Path(p) == self.path for _, p in changes):
+            if any(self._touches(Path(p)) for _, p in changes):
                 version = await self.read()
                 if version is not None and version != current:
                     current = version
                     yield version
 
+    def _touches(self, changed: Path) -> bool:
+        """The file itself, or a mounted Kubernetes ConfigMap's update: the kubelet writes the new
+        files into a fresh `..<timestamp>` directory and renames a `..data_tmp` symlink over
+        `..data`; the file's own link (`llmesh.yaml -> ..data/llmesh.yaml`) never changes."""
+        return changed in (self.path, self.path.resolve()) or changed.name.startswith("..")
+
     async def write(self, text: str) -> int:
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        tmp.write_text(text)
-        tmp.replace(self.path)
+        try:
+            tmp.write_text(text)
+            tmp.replace(self.path)
+        except OSError as exc:
+            raise FailedPrecondition(
+                f"the live config file {self.path} cannot be written ({exc.strerror or exc}); a mounted "
+                "Kubernetes ConfigMap is read-only: edit the ConfigMap, or use LLMESH_CONFIG_BACKEND=etcd, "
+                "where changes such as traffic splits can be written") from exc
         return self.path.stat().st_mtime_ns
 
     async def history(self) -> list[Version]:

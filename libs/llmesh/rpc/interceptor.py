@@ -6,7 +6,7 @@ context.abort."""
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 import grpc
@@ -28,6 +28,7 @@ REQUEST_ID_KEY = "x-request-id"
 
 Context = grpc.aio.ServicerContext[Any, Any]
 Metadata = tuple[tuple[str, str | bytes], ...]
+Unparsed = Callable[[str, Context, InvalidArgument], None]  # (method, context, why): a request not parsed
 
 
 def _request_id(context: Context) -> str:
@@ -86,9 +87,13 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
     """Also opens the server span of each call, child of the caller's (W3C trace
     context in the metadata), current while the handler runs."""
 
-    def __init__(self, tracer: Tracer | None = None, identity: Identity | None = None):
+    def __init__(self, tracer: Tracer | None = None, identity: Identity | None = None,
+                 unparsed: Mapping[str, Unparsed] | None = None):
+        """``unparsed``: per service name, who is told of a call whose request bytes were not
+        its method's message (the gateway keeps a record of every request)."""
         self._tracer = tracer or trace.NoOpTracer()
         self._identity = identity
+        self._unparsed = dict(unparsed or {})
 
     def _span(self, context: Context, method: str) -> Span:
         parent = extract(_text(context.invocation_metadata()))
@@ -114,8 +119,17 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             if identity:
                 caller.set(identity.authenticate(method, context))
 
-        def request(raw: Any) -> Any:
-            return _parsed(raw, parse) if streamed_requests else parse(raw)
+        told = self._unparsed.get(method.lstrip("/").rsplit("/", 1)[0])
+
+        def request(raw: Any, context: Context) -> Any:
+            if streamed_requests:
+                return _parsed(raw, parse)
+            try:
+                return parse(raw)
+            except InvalidArgument as exc:
+                if told is not None:
+                    told(method, context, exc)
+                raise
 
         def unary(inner: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:  # one response
             async def call(request_or_iterator: Any, context: Context) -> Any:
@@ -123,7 +137,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                 with trace.use_span(span_for(context, method), end_on_exit=True):
                     try:
                         authorize(context)
-                        return await inner(request(request_or_iterator), context)
+                        return await inner(request(request_or_iterator, context), context)
                     except Exception as exc:  # noqa: BLE001 - mapped to a status below
                         await _abort(context, exc, method)
             return call
@@ -134,7 +148,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                 with trace.use_span(span_for(context, method), end_on_exit=True):
                     try:
                         authorize(context)
-                        async for item in inner(request(request_or_iterator), context):
+                        async for item in inner(request(request_or_iterator, context), context):
                             yield item
                     except Exception as exc:  # noqa: BLE001
                         await _abort(context, exc, method)

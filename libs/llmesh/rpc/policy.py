@@ -74,6 +74,9 @@ ALLOWED: Mapping[str, frozenset[str]] = {
         "History": _only(CLI),
         "Evaluate": _only(CLI),
         "ListEvals": _only(CLI),
+        # engines fetch a deployed model's files (no filesystem shared with the model manager)
+        "GetArtifactManifest": _only(ENGINE),
+        "FetchArtifact": _only(ENGINE),
     }),
 }
 

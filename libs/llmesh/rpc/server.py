@@ -16,7 +16,7 @@ from opentelemetry.trace import Tracer
 
 from llmesh.ports import DEFAULT_BIND_WAIT_S, bind_retrying, probe, split_address
 from llmesh.rpc.identity import Identity
-from llmesh.rpc.interceptor import ErrorInterceptor
+from llmesh.rpc.interceptor import ErrorInterceptor, Unparsed
 from llmesh.serving import ServingState
 
 log = logging.getLogger("llmesh.rpc.server")
@@ -47,6 +47,9 @@ class ServiceBinding:
     name: str  # full proto service name, e.g. "llmesh.v1.Engine"
     servicer: Any
     add_to_server: Callable[[Any, grpc.aio.Server], None]
+    # Told of each call to this service whose request bytes were not its method's message,
+    # before the interceptor answers it (INVALID_ARGUMENT): (method, context, the error).
+    unparsed: Unparsed | None = None
 
 
 class GrpcServer:
@@ -73,7 +76,8 @@ class GrpcServer:
     async def start(self) -> None:
         if self._identity:
             self._identity.check_bind(self._address)
-        server = grpc.aio.server(interceptors=[ErrorInterceptor(self._tracer, self._identity)],
+        unparsed = {b.name: b.unparsed for b in self._bindings if b.unparsed is not None}
+        server = grpc.aio.server(interceptors=[ErrorInterceptor(self._tracer, self._identity, unparsed)],
                                  options=server_options(self._reuse_port))
         for binding in self._bindings:
             binding.add_to_server(binding.servicer, server)

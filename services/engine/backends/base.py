@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Protocol, TypeGuard
 
 from llmesh.kvhash import HashScheme
-from llmesh.types import Priority, Prompt, ResponseFormat, TokenLogprob
+from llmesh.types import KNOBS, Priority, Prompt, ResponseFormat, TokenLogprob
 from llmesh.engine.kvblocks import KvEvent
 
 
@@ -32,6 +32,14 @@ class DecodeParams:
     logprobs: int | None = None  # set: report log probabilities with this many alternatives
     response_format: ResponseFormat | None = None  # set: constrain decoding to this shape
     continued_tokens: int = 0  # the prompt's last N tokens are answer text produced elsewhere
+    # The knobs (Capabilities.knobs), each at its "off" value unless the request set it: top_k 0
+    # (else 1..vocab_size), min_p 0, repetition_penalty 1 (over the prompt's and the answer's
+    # tokens), presence_penalty and frequency_penalty 0 (over the answer's tokens, continued ones too).
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     @property
     def continues(self) -> bool:
@@ -48,6 +56,10 @@ class Capabilities:
     continuation: bool = False      # has ``tokenize_continuation(text) -> list[int]``
     steps: bool = False             # has ``stream_steps``: every piece a decode step made, in one list
     adapters: bool = False          # has ``load_adapter(name, path)`` and ``unload_adapter(name)`` (LoRA)
+    knobs: frozenset[str] = frozenset()  # the sampling knobs it honours (Sampling.knobs' names)
+
+
+ALL_KNOBS = frozenset(KNOBS)  # llama.cpp's samplers and vLLM's SamplingParams have every one
 
 
 def steps_of(backend: Backend, tokens: list[int], params: DecodeParams) -> AsyncGenerator[list[Piece], None]:

@@ -15,7 +15,7 @@ from llmesh.errors import Internal, ModelNotFound, NotFound
 from llmesh.modelstore import ModelStore, quiet_native_stderr
 from llmesh.prompt_tokens import GgufChatTokenizer
 from llmesh.types import Prompt
-from llmesh.engine.backends.base import Capabilities, DecodeParams, Piece
+from llmesh.engine.backends.base import ALL_KNOBS, Capabilities, DecodeParams, Piece
 from llmesh.engine.backends.llamacpp_batch import BatchRunner, Sequence
 from llmesh.engine.backends.llamacpp_grammar import GrammarCompiler
 from llmesh.engine.kvblocks import BlockLedger
@@ -23,7 +23,7 @@ from llmesh.engine.kvblocks import BlockLedger
 
 class LlamaCppBackend:
     name = "llamacpp"
-    capabilities = Capabilities(logprobs=True, response_format=True, continuation=True, steps=True)
+    capabilities = Capabilities(logprobs=True, response_format=True, continuation=True, steps=True, knobs=ALL_KNOBS)
     gpu_memory_share = 0.0
 
     def __init__(self, model_path: Path, model: str, *, n_ctx: int, n_threads: int, n_batch: int, n_slots: int,

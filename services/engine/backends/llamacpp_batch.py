@@ -27,7 +27,6 @@ from __future__ import annotations
 import codecs
 import ctypes
 import logging
-import random
 import threading
 import time
 from collections.abc import Callable
@@ -35,6 +34,7 @@ from dataclasses import dataclass, field
 
 from llmesh.types import TokenLogprob
 from llmesh.engine.backends.base import DecodeParams, Token
+from llmesh.engine.backends.llamacpp_sampling import sampler_chain
 
 log = logging.getLogger("llmesh.engine.llamacpp")
 
@@ -252,41 +252,7 @@ class BatchRunner:
         self.prefix_queries += len(prompt)
         self.prefix_hits += keep
         seq.pending = prompt[keep:]
-        seq.sampler = self._sampler(seq.params, seq.grammar, seq.answered)
-
-    def _sampler(self, p: DecodeParams, grammar: str | None, answered: list[int] | None = None):
-        lc = self._lc
-        chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
-        if grammar is not None:
-            constrain = lc.llama_sampler_init_grammar(self._vocab, grammar.encode(), b"root")
-            if not constrain:
-                lc.llama_sampler_free(chain)
-                raise ValueError("llama.cpp could not parse the grammar")
-            lc.llama_sampler_chain_add(chain, constrain)
-            # An answer begun on another engine: the grammar resumes where that one's stopped
-            # (from the root it would start a second JSON value after the first half).
-            for tok in answered or ():
-                if not self._allows(constrain, tok):  # accepting it would abort the process
-                    lc.llama_sampler_free(chain)
-                    raise ValueError("the answer so far does not match the response format")
-                lc.llama_sampler_accept(constrain, tok)
-        if p.temperature <= 0:
-            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_greedy())
-        else:
-            # OpenAI / vLLM semantics: scale by temperature, then the nucleus, then draw.
-            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_temp(p.temperature))
-            if p.top_p < 1.0:
-                lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_top_p(p.top_p, 1))
-            seed = p.seed % 2**32 if p.seed is not None else random.getrandbits(32)
-            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_dist(seed))
-        return chain
-
-    def _allows(self, grammar, tok: int) -> bool:
-        """Whether ``grammar`` lets ``tok`` come next (it masks what it refuses to -inf)."""
-        lc = self._lc
-        data = (lc.llama_token_data * 1)(lc.llama_token_data(tok, 0.0, 0.0))
-        lc.llama_sampler_apply(grammar, ctypes.byref(lc.llama_token_data_array(data, 1, -1, False)))
-        return data[0].logit != float("-inf")
+        seq.sampler = sampler_chain(lc, self._vocab, self._n_vocab, seq.params, seq.grammar, prompt, seq.answered)
 
     def _step(self, out: list) -> None:
         for seq in [s for s in self._active if s.cancelled]:

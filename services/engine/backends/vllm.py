@@ -1,7 +1,8 @@
 """vLLM backend on vLLM's AsyncLLM (the v1 engine): GPUs in production, vLLM's CPU build in tests.
 
 vLLM does the batching, paged KV cache and prefix caching; this adapter streams
-token deltas, aborts a request whose stream is closed, serves LoRA adapters (loaded
+token deltas (with vLLM's log probabilities when asked; an answer begun on another engine
+continues from its tokens), aborts a request whose stream is closed, serves LoRA adapters (loaded
 at run time, chosen per request by model name, as vLLM's own server does), reads the
 engine's stats for the KV-cache use we report, and relays vLLM's KV-cache events
 (BlockStored / BlockRemoved / AllBlocksCleared over ZMQ) to the scheduler, with the
@@ -30,10 +31,11 @@ import msgspec
 from llmesh.errors import InvalidArgument, NotFound
 from llmesh.kvhash import VLLM_ALGOS, HashScheme, hash64
 from llmesh.types import Prompt
-from llmesh.engine.backends.base import Capabilities, DecodeParams, Piece
+from llmesh.engine.backends.base import ALL_KNOBS, Capabilities, DecodeParams, Piece
 # engine_args, KV_TOPIC and kv_events_endpoints live in vllm_args (no vLLM import) and stay importable from here.
 from llmesh.engine.backends.vllm_args import (
     KV_TOPIC, VllmEngineOptions, async_engine_arg_fields, engine_args, kv_events_endpoints)
+from llmesh.engine.backends.vllm_requests import pieces, sampling_params
 from llmesh.engine.kvblocks import KvEventLog
 
 if TYPE_CHECKING:
@@ -46,7 +48,9 @@ log = logging.getLogger("llmesh.engine.vllm")
 class VllmBackend:
     name = "vllm"
     # LoRA (whether this engine enables it, load_adapter says); response_format through vLLM's structured outputs
-    capabilities = Capabilities(adapters=True, response_format=True)
+    # logprobs from vLLM's sampler; continuation: the answer's start is part of the prompt vLLM gets
+    capabilities = Capabilities(logprobs=True, adapters=True, response_format=True, continuation=True,
+                                knobs=ALL_KNOBS)
 
     def __init__(self, engine, tokenizer, model: str, context_length: int, api: SimpleNamespace,
                  kv_events: KvEventLog | None = None, *, enable_lora: bool = True, max_lora_rank: int = 16,
@@ -154,6 +158,10 @@ class VllmBackend:
                 tokenize=True, add_generation_prompt=True, return_dict=False))
         return list(self._tokenizer.encode(prompt.text or ""))
 
+    def tokenize_continuation(self, text: str) -> list[int]:
+        """Tokens of answer text already produced elsewhere (a failover): no special tokens."""
+        return list(self._tokenizer.encode(text, add_special_tokens=False))
+
     async def _refusals_are_invalid(self, outputs: AsyncGenerator) -> AsyncGenerator:
         """vLLM refuses a request it cannot serve (a schema its grammar backend cannot compile, a
         parameter out of range) with a client error or ValueError, which its own server answers
@@ -172,20 +180,15 @@ class VllmBackend:
                 raise NotFound(f"no adapter named {params.adapter!r} is loaded")
         if any(not 0 <= t < self.vocab_size for t in tokens):
             raise InvalidArgument("the prompt holds token ids outside the vocabulary")
-        sampling = self._api.SamplingParams(
-            max_tokens=params.max_new_tokens, temperature=params.temperature, top_p=params.top_p,
-            seed=params.seed, output_kind=self._api.RequestOutputKind.DELTA,
-            structured_outputs=structured_outputs(self._api, params))
+        sampling = sampling_params(self._api, params)
         request_id = uuid.uuid4().hex
         finished = False
         self._in_flight += 1
         try:
             async for out in self._refusals_are_invalid(self._engine.generate(
                     {"prompt_token_ids": list(tokens)}, sampling, request_id, lora_request=lora)):
-                completion = out.outputs[0]
-                # One piece per token: the delta's text rides on its first token.
-                for i, _ in enumerate(completion.token_ids):
-                    yield completion.text if i == 0 else ""
+                for piece in pieces(out.outputs[0], params.logprobs):
+                    yield piece
                 finished = out.finished
                 if finished:
                     return
@@ -202,18 +205,6 @@ class VllmBackend:
         self._engine.shutdown()
         if self._subscriber is not None and self._subscriber.endpoint.startswith("ipc://"):
             Path(self._subscriber.endpoint.removeprefix("ipc://")).unlink(missing_ok=True)  # ZMQ leaves it
-
-
-def structured_outputs(api: SimpleNamespace, params: DecodeParams):
-    """vLLM's StructuredOutputsParams for the request's response_format (None: unconstrained)."""
-    fmt = params.response_format
-    if fmt is None:
-        return None
-    if fmt.type == "json_schema" and fmt.schema:
-        return api.StructuredOutputsParams(json=fmt.schema)
-    if fmt.type in ("json_object", "json_schema"):
-        return api.StructuredOutputsParams(json_object=True)
-    raise InvalidArgument(f"unsupported response_format {fmt.type!r}", param="response_format")
 
 
 def lora_failure(message: str, path: str, max_lora_rank: int) -> str:

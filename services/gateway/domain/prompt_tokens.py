@@ -1,8 +1,10 @@
 """A request's token ids, computed in the gateway exactly as the engine that would
 serve it tokenizes it (same tokenizer and chat template), so prefix-aware picking
 can hash them with each engine's scheme and needs no hop to the scheduler. GGUF
-models in the gateway's model store use their own vocabulary; sim models the sim
-tokenizer; any other model gets no tokens (prefix scoring then has no opinion)."""
+models in the gateway's model store use their own vocabulary; Hugging Face model
+directories there (what vLLM engines serve) their tokenizer.json and chat template;
+sim models the sim tokenizer; any other model gets no tokens (prefix scoring then
+has no opinion)."""
 
 from __future__ import annotations
 
@@ -11,10 +13,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from llmesh.modelstore import ModelStore
-from llmesh.prompt_tokens import GgufChatTokenizer, sim_tokenize
+from llmesh.prompt_tokens import GgufChatTokenizer, HfChatTokenizer, hf_model_dir, sim_tokenize
 from llmesh.types import Prompt
 
 log = logging.getLogger("llmesh.gateway.prompt_tokens")
+
+
+def _plain(name: str) -> bool:
+    """A model name that names a folder of the store (not a path)."""
+    return bool(name.strip(".")) and "/" not in name
 
 
 class PromptTokens:
@@ -27,6 +34,11 @@ class PromptTokens:
             tok = None
             if model.startswith("sim"):
                 tok = sim_tokenize
+            elif self._store is not None and _plain(model) and hf_model_dir(self._store.root / model):
+                try:  # read before the store's record: that would checksum every weight file
+                    tok = HfChatTokenizer(self._store.root / model)
+                except Exception:  # noqa: BLE001 - unreadable: no prefix scoring for it
+                    log.warning("cannot read the tokenizer; no prefix-aware picking", extra={"model": model})
             else:
                 record = self._store.get(model) if self._store is not None else None
                 if record is not None and record.format == "gguf":

@@ -19,15 +19,16 @@ from typing import Any, cast
 
 import orjson
 
-from llmesh.errors import ErrorCode, InvalidArgument, LlmeshError, NestedTooDeep
+from llmesh.errors import BodyTimeout, ErrorCode, InvalidArgument, LlmeshError, NestedTooDeep
 from llmesh.logs import request_id_var
 from llmesh.request_id import accept
 from llmesh.types import Delta, Finish, TokenLogprob
-from llmesh.gateway.fronts.body import BodyReader
+from llmesh.gateway.fronts.body import BodyReader, Parsed
 from llmesh.gateway.fronts.choices import ChoiceItems, UsageSum, choice_requests, merge
 from llmesh.gateway.fronts.openai_api import (CHAT, TEXT, Body, ChatBody, Choice, ChunkWriter, CompletionBody, Shape,
                                               ToolCalls, completion_json, error_json, sse)
 from llmesh.gateway.context import CompletionRequest, Context
+from llmesh.gateway.domain.listing import ListedModel
 from llmesh.gateway.pipeline import Pipeline
 
 log = logging.getLogger("llmesh.gateway.http")
@@ -67,6 +68,12 @@ async def _json(send: Send, obj: dict, status: int = 200, rid: str | None = None
 async def _error(send: Send, exc: LlmeshError, rid: str | None) -> None:
     status = HTTP_STATUS[exc.code]
     await _json(send, error_json(status, exc.message, exc.reason, exc.param), status, rid, exc.headers)
+
+
+def _nested_too_deep() -> NestedTooDeep:
+    """A RecursionError's answer: the client's nesting, not a bug (400, no traceback)."""
+    log.warning("request nested too deeply")
+    return NestedTooDeep()
 
 
 def bearer(headers: dict[str, str]) -> str | None:
@@ -119,7 +126,7 @@ async def _cancelled_on_disconnect(receive: Receive) -> AsyncIterator[None]:
 
 
 class HttpFront:
-    def __init__(self, pipeline: Pipeline, models: Callable[[str | None], Awaitable[list[str]]],
+    def __init__(self, pipeline: Pipeline, models: Callable[[str | None], Awaitable[list[ListedModel]]],
                  ready: Callable[[], bool], default_timeout_s: float, body_timeout_s: float = 30.0,
                  bodies: BodyReader | None = None):
         self._pipeline = pipeline
@@ -167,22 +174,31 @@ class HttpFront:
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         rid, client_rid = accept(headers.get(REQUEST_ID))  # an unsafe or overlong id is replaced
         request_id_var.set(rid)
+        started = time.monotonic()
+        unread = CompletionRequest.unread(rid, "chat" if shape.chat else "text_completion", client_rid)
         try:
             async with asyncio.timeout(self._body_timeout):
                 raw = await _read_body(receive)
         except TimeoutError:
             message = f"The request body did not arrive within {self._body_timeout:g} s."
+            self._pipeline.refused(unread, BodyTimeout(message), started)
             return await _json(send, error_json(408, message, "request_timeout", None), 408, rid,
                                {"connection": "close"})
         except LlmeshError as exc:
+            self._pipeline.refused(unread, exc, started)
             return await _error(send, exc, rid)
         async with _cancelled_on_disconnect(receive):
-            await self._answer(send, rid, headers, raw, body_cls, shape, client_rid)
+            try:
+                body = await self._bodies.read(body_cls, raw)
+            except (LlmeshError, RecursionError) as caught:  # each refused request gets its record too
+                err = caught if isinstance(caught, LlmeshError) else _nested_too_deep()
+                self._pipeline.refused(unread, err, started)
+                return await _error(send, err, rid)
+            await self._answer(send, rid, headers, body, shape, client_rid)
 
-    async def _answer(self, send: Send, rid: str, headers: dict[str, str], raw: bytes, body_cls: type[Body],
-                      shape: Shape, client_rid: str | None = None) -> None:
+    async def _answer(self, send: Send, rid: str, headers: dict[str, str], body: Parsed, shape: Shape,
+                      client_rid: str | None = None) -> None:
         try:
-            body = await self._bodies.read(body_cls, raw)
             sampling = body.sampling
             n = body.n
             req = CompletionRequest(request_id=rid, tenant="", model=body.model, prompt=body.prompt,
@@ -223,9 +239,8 @@ class HttpFront:
                         rid=rid, extra=ctxs[0].headers)
         except LlmeshError as exc:
             await _error(send, exc, rid)
-        except RecursionError:  # the client's nesting, not a bug: 400 without the traceback
-            log.warning("request nested too deeply")
-            await _error(send, NestedTooDeep(), rid)
+        except RecursionError:
+            await _error(send, _nested_too_deep(), rid)
 
     async def _stream(self, send: Send, rid: str, writer: ChunkWriter,
                       first: tuple[int, Delta | Finish], items: ChoiceItems,
@@ -285,11 +300,11 @@ class HttpFront:
     async def list_models(self, scope: dict, receive: Receive, send: Send) -> None:
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         try:
-            names = await self._models(bearer(headers))
+            models = await self._models(bearer(headers))
         except LlmeshError as exc:
             return await _error(send, exc, None)
-        data = [{"id": name, "object": "model", "created": self._started, "owned_by": "llmesh"}
-                for name in names]
+        data = [{"id": m.name, "object": "model", "created": self._started, "owned_by": m.owned_by,
+                 "capabilities": [s.value for s in m.serves]} for m in models]
         await _json(send, {"object": "list", "data": data})
 
     async def healthz(self, scope: dict, receive: Receive, send: Send) -> None:

@@ -17,13 +17,13 @@ from llmesh.errors import InvalidArgument
 from llmesh.types import (FinishReason, Message, Prompt, ResponseFormat, Sampling, TokenLogprob, Tool, ToolCall, Tools,
                           Usage)
 from llmesh.validation import check_choices
+from llmesh.gateway.fronts.knobs import SamplingKnobs
 # Fields we do not act on but that change nothing about the answer; any other field
 # we do not know is refused (400 naming it) unless it holds the value that means "off".
 HARMLESS = frozenset({"store", "metadata", "service_tier"})
 OFF_VALUES: dict[str, tuple[Any, ...]] = {
-    "presence_penalty": (0, None), "frequency_penalty": (0, None), "logit_bias": ({}, None),
-    "functions": ([], None), "function_call": ("none", None), "echo": (False, None), "best_of": (1, None),
-    "suffix": (None, ""),
+    "logit_bias": ({}, None), "functions": ([], None), "function_call": ("none", None), "echo": (False, None),
+    "best_of": (1, None), "suffix": (None, ""),
 }
 B = TypeVar("B", bound="Body")  # parse's body class
 
@@ -50,7 +50,7 @@ class _ResponseFormat(BaseModel):
         return ResponseFormat("json_schema", json.dumps(self.json_schema.schema_))
 
 
-class Body(BaseModel):  # a chat's or a text completion's request body
+class Body(SamplingKnobs):  # a chat's or a text completion's request body
     model_config = ConfigDict(extra="allow")  # checked in ``refuse_unsupported``: never silently dropped
 
     model: str
@@ -93,7 +93,8 @@ class Body(BaseModel):  # a chat's or a text completion's request body
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         return Sampling(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
                         stop=stop, seed=self.seed, logprobs=self.wanted_logprobs(),
-                        response_format=self.response_format.to_domain() if self.response_format else None)
+                        response_format=self.response_format.to_domain() if self.response_format else None,
+                        **self.knob_values())
 
     @property
     def include_usage(self) -> bool:
@@ -390,9 +391,8 @@ class ChunkWriter:
         return dict(self._base, choices=[], usage=usage_json(usage))
 
 
-ERROR_TYPES = {**dict.fromkeys((400, 401, 404, 408), "invalid_request_error"), 403: "permission_error",
-               429: "rate_limit_error", 499: "cancelled", **dict.fromkeys((500, 503), "server_error"),
-               504: "timeout_error"}
+ERROR_TYPES = {**dict.fromkeys((400, 401, 404, 408), "invalid_request_error"), 403: "permission_error", 429:
+               "rate_limit_error", 499: "cancelled", **dict.fromkeys((500, 503), "server_error"), 504: "timeout_error"}
 
 
 def error_json(status: int, message: str, code: str | None, param: str | None) -> dict:

@@ -7,6 +7,7 @@ from contextlib import aclosing
 from typing import Any
 
 from llmesh.convert import finish_to_pb, logprobs_to_pb, tool_calls_to_pb, usage_to_pb
+from llmesh.errors import LlmeshError, domain_error
 from llmesh.logs import request_id_var
 from llmesh.request_id import kept, new_request_id
 from llmesh.rpc.interceptor import REQUEST_ID_KEY
@@ -15,8 +16,12 @@ from llmesh.v1 import gateway_pb2, gateway_pb2_grpc
 
 from llmesh.gateway.fronts.choices import choice_requests, merge
 from llmesh.gateway.context import CompletionRequest, Context
+from llmesh.gateway.domain.listing import ListedModel, Serves
 from llmesh.gateway.pipeline import Pipeline
 from llmesh.gateway.fronts.proto_api import chat_request, complete_request
+
+_API = {Serves.CHAT: gateway_pb2.MODEL_API_CHAT, Serves.COMPLETIONS: gateway_pb2.MODEL_API_COMPLETIONS}
+_OPERATIONS = {"Chat": "chat", "Complete": "text_completion"}  # the methods that run a request
 
 
 def credential(context) -> str | None:
@@ -39,7 +44,7 @@ def request_ids(context) -> tuple[str, str | None]:
 
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
-    def __init__(self, pipeline: Pipeline, model_names: Callable[[str | None], Awaitable[list[str]]],
+    def __init__(self, pipeline: Pipeline, model_names: Callable[[str | None], Awaitable[list[ListedModel]]],
                  default_timeout_s: float):
         self._pipeline = pipeline
         self._model_names = model_names
@@ -53,9 +58,29 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         remaining = context.time_remaining()
         return rid, self._default_timeout if remaining is None else min(remaining, self._default_timeout), client_rid
 
+    def _refused(self, rid: str, operation: str, client_rid: str | None, exc: BaseException) -> None:
+        """A request refused before the pipeline ran (its message broke the protos' rules, or
+        nested too deep): it gets its record (audit, metrics) all the same."""
+        err = domain_error(exc)
+        if err is not None:
+            self._pipeline.refused(CompletionRequest.unread(rid, operation, client_rid), err)
+
+    def unparsed(self, method: str, context, exc: LlmeshError) -> None:
+        """A call whose request bytes were not its method's message (told by the server's
+        interceptor, which answers it): Chat and Complete get their record."""
+        operation = _OPERATIONS.get(method.rsplit("/", 1)[-1])
+        if operation is not None:
+            rid, client_rid = request_ids(context)
+            context.set_trailing_metadata(((REQUEST_ID_KEY, rid),))
+            self._refused(rid, operation, client_rid, exc)
+
     def Chat(self, request, context) -> AsyncIterator[gateway_pb2.ChatResponse]:
         rid, timeout, client_rid = self._call(context)
-        req, n = chat_request(request, rid, timeout, credential(context), client_request_id=client_rid)
+        try:
+            req, n = chat_request(request, rid, timeout, credential(context), client_request_id=client_rid)
+        except (LlmeshError, RecursionError) as exc:
+            self._refused(rid, "chat", client_rid, exc)
+            raise
         chat_id = "chatcmpl-" + rid
 
         def message(index: int, item: Delta | Finish) -> gateway_pb2.ChatResponse:
@@ -72,8 +97,11 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
 
     def Complete(self, request, context) -> AsyncIterator[gateway_pb2.CompleteResponse]:
         rid, timeout, client_rid = self._call(context)
-        req, n = complete_request(request, rid, timeout, credential(context),
-                                  client_request_id=client_rid)
+        try:
+            req, n = complete_request(request, rid, timeout, credential(context), client_request_id=client_rid)
+        except (LlmeshError, RecursionError) as exc:
+            self._refused(rid, "text_completion", client_rid, exc)
+            raise
         cmpl_id = "cmpl-" + rid
 
         def message(index: int, item: Delta | Finish) -> gateway_pb2.CompleteResponse:
@@ -118,4 +146,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         context.set_trailing_metadata(((REQUEST_ID_KEY, req.request_id), *ctxs[0].headers.items()))
 
     async def ListModels(self, request, context):
-        return gateway_pb2.GatewayListModelsResponse(models=await self._model_names(credential(context)))
+        models = await self._model_names(credential(context))
+        return gateway_pb2.GatewayListModelsResponse(
+            models=[m.name for m in models],
+            details=[gateway_pb2.GatewayModel(name=m.name, owned_by=m.owned_by, serves=[_API[s] for s in m.serves])
+                     for m in models])

@@ -27,6 +27,8 @@ _CORE = ("request_id", "tenant", "model", "operation", "status", "decision")
 
 
 class AuditStage(Stage):
+    front_refusals = True  # a request the front refused (a bad body) gets its record too
+
     def __init__(self, log: AuditLog, required: bool = False, on_failure: Callable[[], None] = lambda: None):
         self._log = log
         self._required = required

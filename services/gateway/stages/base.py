@@ -8,6 +8,11 @@ from llmesh.gateway.context import Context
 
 
 class Stage:
+    # True: ``finish`` also hears of the requests a front refused before any stage ran (a body
+    # unreadable, over the limit or breaking the protocol's rules; ``Pipeline.refused``), with
+    # nothing but the record's outcome and the request's id, operation and client id (the audit).
+    front_refusals: bool = False
+
     async def admit(self, ctx: Context) -> None:
         """Refuse the request (raise a LlmeshError), rewrite it (``ctx.req = ...``),
         annotate the record or headers, add an output filter (``ctx.filters``) or wrap

@@ -1,5 +1,7 @@
 """The models clients may ask for: the registry's (ModelManager.ListModels, refreshed
-in the background), those an engine serves, and scaled models with no replica yet."""
+in the background), those an engine serves, and scaled models with no replica yet. A
+known model no engine serves is 503, not 404; the model list names only what can
+answer (domain/listing.py)."""
 
 from __future__ import annotations
 
@@ -37,9 +39,6 @@ class ModelCatalog:
     def known(self, model: str) -> bool:
         return model in self._registry or model in self._picker.seen_models()
 
-    def names(self) -> list[str]:
-        return sorted(self._registry | self._picker.models())
-
     async def run(self) -> None:
         """Every ``refresh_s``; while the registry is unreachable, again sooner (backing off
         up to ``refresh_s``), so a registry that comes back is seen within a second or two."""
@@ -68,6 +67,3 @@ class ScaledCatalog:
 
     def known(self, model: str) -> bool:
         return self._inner.known(model) or model in self._config().autoscaling.models
-
-    def names(self) -> list[str]:
-        return sorted(set(self._inner.names()) | set(self._config().autoscaling.models))

@@ -46,12 +46,22 @@ class EngineClients:
         self._identity = identity
         self._stubs: dict[str, tuple[grpc.aio.Channel, engine_pb2_grpc.EngineStub]] = {}
 
-    def _stub(self, address: str) -> engine_pb2_grpc.EngineStub:
+    def _entry(self, address: str) -> tuple[grpc.aio.Channel, engine_pb2_grpc.EngineStub]:
         entry = self._stubs.get(address)
         if entry is None:
             channel = mesh_channel(address, "engine", self._identity)
             entry = self._stubs[address] = (channel, engine_pb2_grpc.EngineStub(channel))
-        return entry[1]
+        return entry
+
+    def _stub(self, address: str) -> engine_pb2_grpc.EngineStub:
+        return self._entry(address)[1]
+
+    def connected(self, address: str) -> bool:
+        """Whether the channel to the engine at ``address`` is connected now; an idle or failed
+        one is asked to connect. A channel whose engine died tries again after its reconnect
+        backoff (at most 2 s, ``rpc.channels``): a call before that fails at once, unsent."""
+        channel = self._entry(address)[0]
+        return channel.get_state(try_to_connect=True) is grpc.ChannelConnectivity.READY
 
     async def generate(self, address: str, req: CompletionRequest, timeout_s: float, parent: Span
                        ) -> Items:

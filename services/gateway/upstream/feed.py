@@ -4,6 +4,8 @@ the gateway picks locally and pays no hop to the scheduler per request."""
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 
 import grpc
 
@@ -29,25 +31,45 @@ def endpoint_from_pb(e: scheduler_pb2.Endpoint) -> Endpoint:
                     adapters={s.name: s.in_flight for s in e.served if s.base_model})
 
 
+# A restarted scheduler knows no engine until each reports again (their reporters reconnect with
+# backoff): for this long after a stream comes back, an engine the last table had and the new one
+# lacks is kept as it was last reported, so a scheduler restart never empties the gateways' tables.
+RESYNC_S = 10.0
+
+
 class SchedulerFeed:
     """Keeps the picker's table current from the scheduler's WatchEndpoints stream.
-    If the scheduler goes away, the last known table stays in use."""
+    If the scheduler goes away, the last known table stays in use, and after it is back
+    engines it has not heard from again yet stay for ``RESYNC_S``."""
 
-    def __init__(self, resolve: Resolver, picker: EndpointPicker, identity: Identity | None = None):
+    def __init__(self, resolve: Resolver, picker: EndpointPicker, identity: Identity | None = None,
+                 clock: Callable[[], float] = time.monotonic, resync_s: float = RESYNC_S):
         self._resolve = resolve
         self._identity = identity
         self._picker = picker
+        self._clock = clock
+        self._resync_s = resync_s
+
+    def apply(self, endpoints: list[Endpoint], keep_until: float) -> None:
+        """One table from the stream; before ``keep_until``, engines missing from it stay."""
+        if self._clock() < keep_until:
+            fresh = {e.endpoint_id for e in endpoints}
+            endpoints += [e for e in self._picker.all() if e.endpoint_id not in fresh]
+        self._picker.replace_all(endpoints)
 
     async def run(self) -> None:
         backoff = Backoff(initial_s=0.2, max_s=5.0)
+        resumed = False  # the first stream starts from an empty table: nothing to keep
         while True:
             address = "?"
             try:
                 address = await self._resolve()  # anew on every (re)connect
                 async with mesh_channel(address, "scheduler", self._identity) as channel:
                     stub = scheduler_pb2_grpc.SchedulerStub(channel)
+                    keep_until = self._clock() + self._resync_s if resumed else 0.0
+                    resumed = True
                     async for table in stub.WatchEndpoints(scheduler_pb2.WatchEndpointsRequest()):
-                        self._picker.replace_all(endpoint_from_pb(e) for e in table.endpoints)
+                        self.apply([endpoint_from_pb(e) for e in table.endpoints], keep_until)
                         for b in table.kv:
                             self._picker.kv.apply(b.endpoint_id, b.resync, b.stored, b.removed)
                         backoff.reset()

@@ -32,6 +32,7 @@ def request_body(req: CompletionRequest, remote_model: str) -> tuple[str, dict]:
                         ("seed", s.seed)):
         if value is not None:
             body[name] = value
+    body.update(s.knobs())  # OpenAI's penalties; the vLLM-style extras for a provider that takes them
     if s.stop:
         body["stop"] = list(s.stop)
     if req.prompt.messages is not None:

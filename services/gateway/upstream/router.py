@@ -6,10 +6,14 @@ that serves it), then from each fallback model's, until one answers.
   they refuse the last option no longer (Envoy's panic mode).
 - A failure before the first token is tried elsewhere, up to the policy's attempts;
   every attempt after a request's first is a retry, paid from the retry budget.
-- An engine that went away under the request (its process killed or crashed) may have
-  been killed by it: the request goes to one more engine at most. When a second one
-  goes away under it too, it is refused (``PoisonRequest``, 400 naming the request id)
-  and goes nowhere else, not to a fallback model either.
+- An engine that went away under the request before its first token (its process killed
+  or crashed) may have been killed by it: the request goes to no other engine while that
+  one may come back (``upstream.lost``); back within the hold, it is tried there once more
+  (the same engine: not one more of ``max_attempts``), else elsewhere as an ordinary retry.
+  An engine lost after the first token: the answer goes on on another replica (below).
+  A second engine lost under the request, before or after its first token, refuses it
+  (``PoisonRequest``, 400 naming the request id): it goes nowhere else, not to a fallback
+  model either.
 - A context-length refusal moves on to the next model (a larger context may come next).
 - An engine that dies mid-stream: the answer goes on on another replica of the same
   model, from the prompt plus the text the client already has.
@@ -37,6 +41,7 @@ from llmesh.types import Delta, Finish, FinishReason, Prompt, Usage
 from llmesh.validation import uses_tools
 from llmesh.gateway.context import CompletionRequest, Context, Items, Upstream, Wrap
 from llmesh.gateway.record import RequestRecord
+from llmesh.gateway.upstream.lost import LostEngineHold
 from llmesh.gateway.upstream.picking import EndpointPicker, PickInput
 from llmesh.gateway.upstream.picking.types import work_tokens
 from llmesh.gateway.upstream.resilience import Breakers, RetryBudgetGate
@@ -44,7 +49,7 @@ from llmesh.gateway.upstream.resilience import Breakers, RetryBudgetGate
 FALLBACK_HEADER = "x-llmesh-fallback"  # the model that answered, when it was a fallback
 FAILOVER_HEADER = "x-llmesh-failover"  # how many times the answer moved to another engine mid-stream
 ENDPOINT_FAILURES = (Unavailable, Internal)  # what counts against a breaker as a failure
-MAX_ENGINES_LOST = 2  # engines that may go away under one request: the first, and the one retry after it
+MAX_ENGINES_LOST = 2  # losses under one request: the first, and the one retry after it (the same engine's)
 
 log = logging.getLogger("llmesh.gateway.upstream")
 
@@ -53,6 +58,10 @@ Attempt = Callable[[CompletionRequest, float], Items]  # (request, seconds left)
 
 class EngineClient(Protocol):
     def generate(self, address: str, req: CompletionRequest, timeout_s: float, parent: Span) -> Items: ...
+
+    def connected(self, address: str) -> bool:
+        """Whether a call to ``address`` would go out now (asks to connect when not)."""
+        ...
 
 
 class ProviderPort(Protocol):
@@ -73,6 +82,8 @@ class _Attempts:
     carried_before_leg: int = 0  # tokens sent before the last failover
     busy: bool = False  # an upstream refused it for a full queue
     lost: bool = False  # the last attempt's engine went away under it (EngineLost)
+    incarnation: int | None = None  # then: that endpoint's incarnation (LostEngineHold) when it was lost
+    only: str | None = None  # the next attempt goes to this endpoint only: it came back after a loss
 
 
 class Router:
@@ -80,8 +91,10 @@ class Router:
                  prompt_tokens: Callable[[str, Prompt], Sequence[int]] = lambda model, prompt: (),
                  breakers: Breakers | None = None, budget: RetryBudgetGate | None = None,
                  providers: ProviderPort | None = None, retry_after_s: float = 1.0,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, lost_engine_hold_s: float = 30.0):
         self._picker = picker
+        self._hold = LostEngineHold(picker, breakers, lambda address: self._engines.connected(address),
+                                    lost_engine_hold_s, clock)
         self._engines = engines
         self._config = config
         self._prompt_tokens = prompt_tokens
@@ -120,8 +133,7 @@ class Router:
         if budget is not None:
             budget.deposit()
         try:
-            record = ctx.record
-            record.policy = ctx.policy.routing
+            (record := ctx.record).policy = ctx.policy.routing
             state, emitted = _Attempts(), []
             work = work_tokens(req.prompt, req.sampling.max_tokens)  # what an engine's queue gains from it
             chain = (req.model, *policy.fallbacks)
@@ -136,9 +148,12 @@ class Router:
                     state.last_error = _cannot_call_tools(model, needs_tools)  # a provider's fallback may
                     continue
                 tried: set[str] = set()
-                for _ in range(1 if provider is not None else policy.max_attempts):
+                engines = 1 if provider is not None else policy.max_attempts
+                while len(tried) < engines or state.only is not None:  # a lost engine's second try is no new one
                     now = self._clock()
-                    chosen = self._choose(model, provider, target, policy, tried, now, work, model == chain[-1], ctx)
+                    chosen = self._choose(model, provider, target, policy, tried, now, work, model == chain[-1], ctx,
+                                          state.only)
+                    state.only = None
                     if chosen is None:
                         break
                     key, call = chosen
@@ -155,7 +170,7 @@ class Router:
                                                                  item.usage.completion_tokens + before))
                             yield item
                     if state.lost:
-                        self._engine_lost(ctx, req, key)
+                        state.only = await self._lost(ctx, req, key, model, state, deadline)
                     if state.done:
                         return
                     if state.mid_stream is not None:
@@ -172,10 +187,10 @@ class Router:
                 budget.leave()
 
     def _choose(self, model: str, provider: tuple[str, Provider] | None, target: CompletionRequest,
-                policy: ModelPolicy, tried: set[str], now: float, work: int, last_model: bool, ctx: Context
-                ) -> tuple[str, Attempt] | None:
-        """The next upstream to try for ``model``: its key (for breakers and the record)
-        and the call; None when there is none left."""
+                policy: ModelPolicy, tried: set[str], now: float, work: int, last_model: bool, ctx: Context,
+                only: str | None = None) -> tuple[str, Attempt] | None:
+        """The next upstream to try for ``model`` (``only``: that endpoint or none): its key
+        (for breakers and the record) and the call; None when there is none left."""
         refusing = self._breakers.refusing(now) if self._breakers is not None else frozenset()
         if provider is not None:
             key = f"provider:{provider[0]}"
@@ -186,8 +201,12 @@ class Router:
         pick = PickInput(model=model, now=now, exclude=frozenset(tried) | refusing, session=target.user,
                          work_tokens=work, tokens=lambda: self._prompt_tokens(model, target.prompt),
                          max_tokens=target.sampling.max_tokens, filters=tuple(policy.filters))
-        endpoint = self._picker.pick(pick, policy.routing, policy.scorers)
-        if endpoint is None and refusing and last_model:
+        if only is not None:
+            pick.exclude = refusing
+            endpoint = self._picker.routable(only, pick)
+        else:
+            endpoint = self._picker.pick(pick, policy.routing, policy.scorers)
+        if endpoint is None and refusing and last_model and only is None:
             # Breakers move traffic elsewhere; with nowhere else to go they do not
             # refuse the last option (Envoy's panic mode).
             pick.exclude = frozenset(tried)
@@ -240,6 +259,8 @@ class Router:
             state.done = True
         except LlmeshError as exc:
             state.lost = isinstance(exc, EngineLost)
+            if state.lost:
+                state.incarnation = self._hold.incarnation(key)
             if isinstance(exc, DeadlineExceeded):
                 # The client's deadline, not necessarily the endpoint's fault: it counts as that slow.
                 self._outcome(key, True, self._clock() - started)
@@ -264,6 +285,22 @@ class Router:
             state.last_error = exc
         finally:
             self._picker.release(key, work)
+
+    async def _lost(self, ctx: Context, req: CompletionRequest, key: str, model: str, state: _Attempts,
+                    deadline: float) -> str | None:
+        """Counts the engine lost under ``req`` (a second loss refuses it); one lost before the
+        first token is waited for: its key when it came back within the hold, for the next
+        attempt to go there only."""
+        self._engine_lost(ctx, req, key)
+        if state.mid_stream is not None:
+            return None  # after the first token: the answer goes on on another replica
+        log.info("engine lost before the first token: waiting for it to come back", extra={
+            "request_id": req.request_id, "endpoint": key, "hold_s": self._hold.hold_s})
+        back = await self._hold.back(key, model, state.incarnation, deadline)
+        if not back:
+            log.warning("a lost engine did not come back within the hold: the request may go elsewhere", extra={
+                "request_id": req.request_id, "endpoint": key, "hold_s": self._hold.hold_s})
+        return key if back else None
 
     @staticmethod
     def _engine_lost(ctx: Context, req: CompletionRequest, key: str) -> None:

@@ -4,6 +4,7 @@ and the kubelet's deadline covers both with a margin. Probes are the kubelet's h
 metrics port's /healthz and /readyz (the grpc.health.v1 state, in plaintext). */}}
 {{- define "llmesh.deployment" -}}
 {{- include "llmesh.sharedKeyStoreGuard" .root -}}
+{{- include "llmesh.stateGuard" .root -}}
 {{- $extraEnv := .extraEnv | default "" -}}
 {{- $podIP := .podIP | default false -}}
 {{- $root := .root -}}
@@ -18,40 +19,49 @@ spec:
   {{- if not ((.Values.autoscaling).enabled) }}
   replicas: {{ .Values.replicaCount }}
   {{- end }}
+  {{- if include "llmesh.sharedState" . }}
+  strategy:
+    type: Recreate   # one pod holds the state volume at a time
+  {{- end }}
   selector:
     matchLabels:
       {{- include "llmesh.selectorLabels" . | nindent 6 }}
   template:
     metadata:
       labels:
-        {{- include "llmesh.labels" . | nindent 8 }}
+        {{- include "llmesh.podLabels" . | nindent 8 }}
+      {{- /* No checksum of the live config here: a ConfigMap edit reaches the running pods
+      (the kubelet swaps the mounted files, the services' watcher applies the change) and must
+      not restart them. */}}
+      {{- with .Values.podAnnotations }}
       annotations:
-        checksum/config: {{ include "llmesh.liveConfig" . | sha256sum }}
-        {{- with .Values.podAnnotations }}
         {{- toYaml . | nindent 8 }}
-        {{- end }}
+      {{- end }}
     spec:
       {{- with .Values.imagePullSecrets }}
       imagePullSecrets:
         {{- toYaml . | nindent 8 }}
       {{- end }}
+      serviceAccountName: {{ include "llmesh.serviceAccountName" . }}
+      automountServiceAccountToken: {{ (.Values.serviceAccount).automount | default false }}
+      {{- with .Values.priorityClassName }}
+      priorityClassName: {{ . }}
+      {{- end }}
+      {{- with .Values.runtimeClassName }}
+      runtimeClassName: {{ . }}
+      {{- end }}
       terminationGracePeriodSeconds: {{ add .Values.preStopSleepSeconds (ceil .Values.graceSeconds) 5 }}
       securityContext:
-        runAsNonRoot: true
-        runAsUser: 10001
-        runAsGroup: 10001
-        fsGroup: 10001
-        seccompProfile:
-          type: RuntimeDefault
+        {{- include "llmesh.podSecurityContext" . | nindent 8 }}
+      {{- with (include "llmesh.seedModels" . | trim) }}
+      {{- . | nindent 6 }}
+      {{- end }}
       containers:
         - name: {{ .Chart.Name }}
           image: {{ include "llmesh.image" . | quote }}
           imagePullPolicy: {{ .Values.image.pullPolicy }}
           securityContext:
-            allowPrivilegeEscalation: false
-            readOnlyRootFilesystem: {{ .Values.readOnlyRootFilesystem }}
-            capabilities:
-              drop: ["ALL"]
+            {{- include "llmesh.securityContext" . | nindent 12 }}
           ports:
             - name: grpc
               containerPort: {{ .Values.port }}
@@ -76,6 +86,9 @@ spec:
             {{- end }}
             {{- include "llmesh.meshEnv" . | nindent 12 }}
             {{- include "llmesh.serviceEnv" . | nindent 12 }}
+            {{- with .Values.extraEnv }}
+            {{- toYaml . | nindent 12 }}
+            {{- end }}
           {{- $secret := .Values.existingSecret | default (((.Values.global).existingSecret)) }}
           {{- if $secret }}
           envFrom:
@@ -132,7 +145,7 @@ spec:
           configMap:
             name: {{ include "llmesh.fullname" . }}-config
         - name: state
-          emptyDir: {}
+          {{- include "llmesh.stateVolume" . | trim | nindent 10 }}
         - name: tmp
           emptyDir: {}
         - name: mesh-tls
@@ -153,6 +166,10 @@ spec:
       {{- with .Values.affinity }}
       affinity:
         {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with .Values.topologySpreadConstraints }}
+      topologySpreadConstraints:
+        {{- include "llmesh.topologySpread" $root | nindent 8 }}
       {{- end }}
 {{- end }}
 {{- end -}}

@@ -103,6 +103,12 @@ registers there and what others dial. */}}
 - name: {{ $prefix }}REQUIRE_AUTH
   value: "true"
 {{- end }}
+{{- /* The registry: SQLite on the state volume, unless secretEnv names the production database
+(LLMESH_MODELMGR_DATABASE_URL from a Secret, e.g. postgresql+psycopg://...). */}}
+{{- if and (eq .Chart.Name "modelmgr") (not (hasKey (include "llmesh.secretEnvValues" . | fromJson) (printf "%sDATABASE_URL" $prefix))) }}
+- name: {{ $prefix }}DATABASE_URL
+  value: "sqlite:////var/lib/llmesh/state/registry.db"
+{{- end }}
 {{- include "llmesh.settingsEnv" (list . $prefix .Values.settings) }}
 {{- end -}}
 
@@ -128,9 +134,11 @@ callers in (issue 25): refuse to render. */}}
 {{- define "llmesh.sharedKeyStoreGuard" -}}
 {{- if eq .Chart.Name "gateway" -}}
 {{- $env := include "llmesh.secretEnvValues" . | fromJson -}}
-{{- $many := or (gt (int .Values.replicaCount) 1) (gt (int (.Values.workers | default 1)) 1) ((.Values.autoscaling).enabled) -}}
+{{- $hpa := .Values.autoscaling | default dict -}}
+{{- $replicas := ternary (int ($hpa.maxReplicas | default 1)) (int .Values.replicaCount) (eq $hpa.enabled true) -}}
+{{- $many := or (gt $replicas 1) (gt (int (.Values.workers | default 1)) 1) -}}
 {{- if and $many (not (hasKey $env "LLMESH_REDIS_URL")) -}}
-{{- fail (printf "gateway: %d replicas and %d workers per pod need a shared key store (API keys, limits, budgets): set secretEnv.LLMESH_REDIS_URL (global.secretEnv in the umbrella chart) to {secretName, key} of a Secret holding the Redis URL, or run one replica with one worker" (int .Values.replicaCount) (int (.Values.workers | default 1))) -}}
+{{- fail (printf "gateway: %d replicas%s and %d workers per pod need a shared key store (API keys, limits, budgets): set secretEnv.LLMESH_REDIS_URL (global.secretEnv in the umbrella chart) to {secretName, key} of a Secret holding the Redis URL, or run one replica with one worker" $replicas (ternary " (autoscaling.maxReplicas)" "" (eq $hpa.enabled true)) (int (.Values.workers | default 1))) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}

@@ -14,7 +14,7 @@ port stays open only to metricsFrom. */}}
     "engine" (list "gateway" "scheduler" "modelmgr")
     "cache" (list "gateway" "modelmgr" "cli")
     "scheduler" (list "gateway" "engine" "modelmgr" "cli")
-    "modelmgr" (list "gateway" "cli") -}}
+    "modelmgr" (list "gateway" "engine" "cli") -}}
 {{- index $table . | toJson -}}
 {{- end -}}
 

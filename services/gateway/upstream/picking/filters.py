@@ -32,7 +32,9 @@ class Healthy:
 
 
 class NotDegraded:
-    """Its node shows no ECC errors rising, failed self-test or drifting latency."""
+    """Its node shows no ECC errors rising, failed self-test or drifting latency. A preference,
+    as Envoy treats degraded hosts: a degraded endpoint gets a request only when no other one
+    that passes the filters can take it (a slow answer beats a 503)."""
     name = "not_degraded"
 
     def keep(self, e: Endpoint, req: PickInput, local: LocalState) -> bool:
@@ -55,7 +57,9 @@ class BreakerClosed:
         return local.down_until.get(e.endpoint_id, 0.0) <= req.now
 
 
-FILTERS: tuple[Filter, ...] = (ServesModel(), Healthy(), NotDegraded(), NotTried(), BreakerClosed())
+FILTERS: tuple[Filter, ...] = (ServesModel(), Healthy(), NotTried(), BreakerClosed())
+# Always applied after FILTERS, each narrowing the set but never emptying it.
+PREFERENCES: tuple[Filter, ...] = (NotDegraded(),)
 
 
 class ContextFits:

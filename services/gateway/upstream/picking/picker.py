@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable, Mapping, Sequence
 
-from llmesh.gateway.upstream.picking.filters import FILTERS, OPTIONAL_FILTERS, Filter
+from llmesh.gateway.upstream.picking.filters import FILTERS, OPTIONAL_FILTERS, PREFERENCES, Filter
 from llmesh.gateway.upstream.picking.kvview import KvView
 from llmesh.gateway.upstream.picking.scorers import (PRESETS, LeastLoad, LoraAffinity, PrefixAware, RoundRobin,
                                                      ScorerName, SessionAffinity, TokenAware)
@@ -19,6 +19,9 @@ class EndpointPicker:
     def __init__(self, rng: random.Random | None = None, down_for_s: float = 2.0,
                  filters: Sequence[Filter] = FILTERS, expect_for_s: float = 10.0):
         self._endpoints: dict[str, Endpoint] = {}
+        # endpoint id -> the table change at which it last became healthy (absent: gone or unhealthy)
+        self._appeared: dict[str, int] = {}
+        self._changes = 0
         self._seen_models: set[str] = set()
         self._contexts: dict[str, int] = {}
         self.kv = KvView()
@@ -32,10 +35,15 @@ class EndpointPicker:
 
     def replace_all(self, endpoints: Iterable[Endpoint]) -> None:
         old, self._endpoints = self._endpoints, {e.endpoint_id: e for e in endpoints}
+        self._changes += 1
+        appeared: dict[str, int] = {}
         for eid, e in self._endpoints.items():
             before = old.get(eid)
             if before is None or (before.running, before.waiting) != (e.running, e.waiting):
                 self.local.since_report.pop(eid, None)  # a fresh report already counts our work
+            if e.healthy:  # healthy before too: it keeps its number
+                appeared[eid] = self._appeared.get(eid, self._changes)
+        self._appeared = appeared
         contexts: dict[str, int] = {}
         for e in self._endpoints.values():
             self._seen_models |= e.models
@@ -44,6 +52,17 @@ class EndpointPicker:
                 contexts[model] = 0 if not reported or not known else max(known, reported)
         self._contexts = contexts
         self.kv.keep_only(set(self._endpoints))
+
+    def appeared(self, endpoint_id: str) -> int | None:
+        """When the endpoint last came into the table healthy (a number that only grows: an
+        engine that left, or turned unhealthy, and came back has a new one); None while it
+        is gone or unhealthy."""
+        return self._appeared.get(endpoint_id)
+
+    def routable(self, endpoint_id: str, req: PickInput) -> Endpoint | None:
+        """The endpoint, when every always-on filter keeps it for ``req``; else None."""
+        e = self._endpoints.get(endpoint_id)
+        return e if e is not None and all(f.keep(e, req, self.local) for f in self._filters) else None
 
     def context_length(self, model: str) -> int | None:
         """The largest context an endpoint serving ``model`` reported; None when none serves it
@@ -57,6 +76,11 @@ class EndpointPicker:
         """Models some endpoint serves now."""
         return {m for e in self._endpoints.values() for m in e.models}
 
+    def healthy_models(self) -> set[str]:
+        """Models some healthy endpoint serves now: what the model list may name (a degraded
+        node's count too: it answers when no other endpoint can)."""
+        return {m for e in self._endpoints.values() if e.healthy for m in e.models}
+
     def seen_models(self) -> set[str]:
         """Models any endpoint has served since start: asking for one whose engines are
         all gone is 'unavailable', not 'no such model'."""
@@ -64,8 +88,8 @@ class EndpointPicker:
 
     def candidates(self, req: PickInput) -> list[Endpoint]:
         cands = [e for e in self._endpoints.values() if all(f.keep(e, req, self.local) for f in self._filters)]
-        for name in req.filters:  # the policy's optional filters narrow the set, never empty it
-            f = OPTIONAL_FILTERS[name]
+        # not degraded, then the policy's optional filters: each narrows the set, never empties it
+        for f in (*PREFERENCES, *(OPTIONAL_FILTERS[name] for name in req.filters)):
             kept = [e for e in cands if f.keep(e, req, self.local)]
             if kept:
                 cands = kept

@@ -11,7 +11,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file llmesh/v1/common.proto.
  */
 export const file_llmesh_v1_common: GenFile = /*@__PURE__*/
-  fileDesc("ChZsbG1lc2gvdjEvY29tbW9uLnByb3RvEglsbG1lc2gudjEipgEKC0NoYXRNZXNzYWdlEjIKBHJvbGUYASABKAlCJLpIIXIfUgZzeXN0ZW1SBHVzZXJSCWFzc2lzdGFudFIEdG9vbBIPCgdjb250ZW50GAIgASgJEjIKCnRvb2xfY2FsbHMYAyADKAsyEy5sbG1lc2gudjEuVG9vbENhbGxCCbpIBpIBAxCAARIeCgx0b29sX2NhbGxfaWQYBCABKAlCCLpIBXIDGIACIskCCg5TYW1wbGluZ1BhcmFtcxIgCgptYXhfdG9rZW5zGAEgASgNQge6SAQqAigBSACIAQESKQoLdGVtcGVyYXR1cmUYAiABKAJCD7pIDAoKHQAAAEAtAAAAAEgBiAEBEiMKBXRvcF9wGAMgASgCQg+6SAwKCh0AAIA/JQAAAABIAogBARIfCgRzdG9wGAQgAygJQhG6SA6SAQsQBCIHcgUQARiAAhIRCgRzZWVkGAUgASgDSAOIAQESHgoIbG9ncHJvYnMYBiABKA1CB7pIBCoCGBRIBIgBARIyCg9yZXNwb25zZV9mb3JtYXQYByABKAsyGS5sbG1lc2gudjEuUmVzcG9uc2VGb3JtYXRCDQoLX21heF90b2tlbnNCDgoMX3RlbXBlcmF0dXJlQggKBl90b3BfcEIHCgVfc2VlZEILCglfbG9ncHJvYnMiXwoOUmVzcG9uc2VGb3JtYXQSLQoEdHlwZRgBIAEoCUIfukgcchpSC2pzb25fb2JqZWN0Ugtqc29uX3NjaGVtYRIeCgtqc29uX3NjaGVtYRgCIAEoCUIJukgGcgQogIAEIo8BCgxUb2tlbkxvZ3Byb2ISDQoFdG9rZW4YASABKAkSDwoHbG9ncHJvYhgCIAEoAhIwCgN0b3AYAyADKAsyIy5sbG1lc2gudjEuVG9rZW5Mb2dwcm9iLkFsdGVybmF0aXZlGi0KC0FsdGVybmF0aXZlEg0KBXRva2VuGAEgASgJEg8KB2xvZ3Byb2IYAiABKAIiOQoFVXNhZ2USFQoNcHJvbXB0X3Rva2VucxgBIAEoDRIZChFjb21wbGV0aW9uX3Rva2VucxgCIAEoDSJZCghUb29sQ2FsbBINCgVpbmRleBgBIAEoDRIUCgJpZBgCIAEoCUIIukgFcgMYgAISFQoEbmFtZRgDIAEoCUIHukgEcgIYQBIRCglhcmd1bWVudHMYBCABKAkigwEKCU1vZGVsSW5mbxIMCgRuYW1lGAEgASgJEg4KBmZvcm1hdBgCIAEoCRISCgpzaXplX2J5dGVzGAMgASgEEg4KBnNoYTI1NhgEIAEoCRIWCg5jb250ZXh0X2xlbmd0aBgFIAEoDRIMCgRwYXRoGAYgASgJEg4KBnNvdXJjZRgHIAEoCSpeCghQcmlvcml0eRIYChRQUklPUklUWV9VTlNQRUNJRklFRBAAEhAKDFBSSU9SSVRZX0xPVxABEhMKD1BSSU9SSVRZX05PUk1BTBACEhEKDVBSSU9SSVRZX0hJR0gQAyp9CgxGaW5pc2hSZWFzb24SHQoZRklOSVNIX1JFQVNPTl9VTlNQRUNJRklFRBAAEhYKEkZJTklTSF9SRUFTT05fU1RPUBABEhgKFEZJTklTSF9SRUFTT05fTEVOR1RIEAISHAoYRklOSVNIX1JFQVNPTl9UT09MX0NBTExTEANiBnByb3RvMw", [file_buf_validate_validate]);
+  fileDesc("ChZsbG1lc2gvdjEvY29tbW9uLnByb3RvEglsbG1lc2gudjEipgEKC0NoYXRNZXNzYWdlEjIKBHJvbGUYASABKAlCJLpIIXIfUgZzeXN0ZW1SBHVzZXJSCWFzc2lzdGFudFIEdG9vbBIPCgdjb250ZW50GAIgASgJEjIKCnRvb2xfY2FsbHMYAyADKAsyEy5sbG1lc2gudjEuVG9vbENhbGxCCbpIBpIBAxCAARIeCgx0b29sX2NhbGxfaWQYBCABKAlCCLpIBXIDGIACIoEFCg5TYW1wbGluZ1BhcmFtcxIgCgptYXhfdG9rZW5zGAEgASgNQge6SAQqAigBSACIAQESKQoLdGVtcGVyYXR1cmUYAiABKAJCD7pIDAoKHQAAAEAtAAAAAEgBiAEBEiMKBXRvcF9wGAMgASgCQg+6SAwKCh0AAIA/JQAAAABIAogBARIfCgRzdG9wGAQgAygJQhG6SA6SAQsQBCIHcgUQARiAAhIRCgRzZWVkGAUgASgDSAOIAQESHgoIbG9ncHJvYnMYBiABKA1CB7pIBCoCGBRIBIgBARIyCg9yZXNwb25zZV9mb3JtYXQYByABKAsyGS5sbG1lc2gudjEuUmVzcG9uc2VGb3JtYXQSKAoFdG9wX2sYCCABKAVCFLpIERoPGICAQCj///////////8BSAWIAQESIwoFbWluX3AYCSABKAJCD7pIDAoKHQAAgD8tAAAAAEgGiAEBEjAKEnJlcGV0aXRpb25fcGVuYWx0eRgKIAEoAkIPukgMCgodAAAgQSUAAAAASAeIAQESLgoQcHJlc2VuY2VfcGVuYWx0eRgLIAEoAkIPukgMCgodAAAAQC0AAADASAiIAQESLwoRZnJlcXVlbmN5X3BlbmFsdHkYDCABKAJCD7pIDAoKHQAAAEAtAAAAwEgJiAEBQg0KC19tYXhfdG9rZW5zQg4KDF90ZW1wZXJhdHVyZUIICgZfdG9wX3BCBwoFX3NlZWRCCwoJX2xvZ3Byb2JzQggKBl90b3Bfa0IICgZfbWluX3BCFQoTX3JlcGV0aXRpb25fcGVuYWx0eUITChFfcHJlc2VuY2VfcGVuYWx0eUIUChJfZnJlcXVlbmN5X3BlbmFsdHkiXwoOUmVzcG9uc2VGb3JtYXQSLQoEdHlwZRgBIAEoCUIfukgcchpSC2pzb25fb2JqZWN0Ugtqc29uX3NjaGVtYRIeCgtqc29uX3NjaGVtYRgCIAEoCUIJukgGcgQogIAEIo8BCgxUb2tlbkxvZ3Byb2ISDQoFdG9rZW4YASABKAkSDwoHbG9ncHJvYhgCIAEoAhIwCgN0b3AYAyADKAsyIy5sbG1lc2gudjEuVG9rZW5Mb2dwcm9iLkFsdGVybmF0aXZlGi0KC0FsdGVybmF0aXZlEg0KBXRva2VuGAEgASgJEg8KB2xvZ3Byb2IYAiABKAIiOQoFVXNhZ2USFQoNcHJvbXB0X3Rva2VucxgBIAEoDRIZChFjb21wbGV0aW9uX3Rva2VucxgCIAEoDSJZCghUb29sQ2FsbBINCgVpbmRleBgBIAEoDRIUCgJpZBgCIAEoCUIIukgFcgMYgAISFQoEbmFtZRgDIAEoCUIHukgEcgIYQBIRCglhcmd1bWVudHMYBCABKAkigwEKCU1vZGVsSW5mbxIMCgRuYW1lGAEgASgJEg4KBmZvcm1hdBgCIAEoCRISCgpzaXplX2J5dGVzGAMgASgEEg4KBnNoYTI1NhgEIAEoCRIWCg5jb250ZXh0X2xlbmd0aBgFIAEoDRIMCgRwYXRoGAYgASgJEg4KBnNvdXJjZRgHIAEoCSpeCghQcmlvcml0eRIYChRQUklPUklUWV9VTlNQRUNJRklFRBAAEhAKDFBSSU9SSVRZX0xPVxABEhMKD1BSSU9SSVRZX05PUk1BTBACEhEKDVBSSU9SSVRZX0hJR0gQAyp9CgxGaW5pc2hSZWFzb24SHQoZRklOSVNIX1JFQVNPTl9VTlNQRUNJRklFRBAAEhYKEkZJTklTSF9SRUFTT05fU1RPUBABEhgKFEZJTklTSF9SRUFTT05fTEVOR1RIEAISHAoYRklOSVNIX1JFQVNPTl9UT09MX0NBTExTEANiBnByb3RvMw", [file_buf_validate_validate]);
 
 /**
  * One message of a chat conversation.
@@ -118,6 +118,46 @@ export type SamplingParams = Message<"llmesh.v1.SamplingParams"> & {
    * @generated from field: llmesh.v1.ResponseFormat response_format = 7;
    */
   responseFormat?: ResponseFormat | undefined;
+
+  /**
+   * Sample from only the top_k most likely tokens, -1..1048576 (vLLM's extra; -1 or 0:
+   * off, as unset). A value above the model's vocabulary is the whole vocabulary.
+   *
+   * @generated from field: optional int32 top_k = 8;
+   */
+  topK?: number | undefined;
+
+  /**
+   * Drop tokens less likely than min_p times the most likely one's probability, 0..1
+   * (vLLM's extra; 0: off, as unset).
+   *
+   * @generated from field: optional float min_p = 9;
+   */
+  minP?: number | undefined;
+
+  /**
+   * Divides the positive logits (multiplies the negative ones) of tokens already in the
+   * prompt or the answer, greater than 0 and at most 10 (vLLM's extra; 1: off, as unset).
+   *
+   * @generated from field: optional float repetition_penalty = 10;
+   */
+  repetitionPenalty?: number | undefined;
+
+  /**
+   * Subtracted from the logit of each token already in the answer, -2..2 (OpenAI's;
+   * 0: off, as unset).
+   *
+   * @generated from field: optional float presence_penalty = 11;
+   */
+  presencePenalty?: number | undefined;
+
+  /**
+   * Subtracted from a token's logit once for every time it is already in the answer,
+   * -2..2 (OpenAI's; 0: off, as unset).
+   *
+   * @generated from field: optional float frequency_penalty = 12;
+   */
+  frequencyPenalty?: number | undefined;
 };
 
 /**

@@ -2,8 +2,8 @@
 // @generated from file llmesh/v1/gateway.proto (package llmesh.v1, syntax proto3)
 /* eslint-disable */
 
-import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
-import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
+import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
+import { enumDesc, fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
 import { file_buf_validate_validate } from "../../buf/validate/validate_pb.js";
 import type { ChatMessage, FinishReason, SamplingParams, TokenLogprob, ToolCall, Usage } from "./common_pb.js";
 import { file_llmesh_v1_common } from "./common_pb.js";
@@ -13,7 +13,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file llmesh/v1/gateway.proto.
  */
 export const file_llmesh_v1_gateway: GenFile = /*@__PURE__*/
-  fileDesc("ChdsbG1lc2gvdjEvZ2F0ZXdheS5wcm90bxIJbGxtZXNoLnYxItYCCgtDaGF0UmVxdWVzdBIZCgVtb2RlbBgBIAEoCUIKukgHcgUQARiAAhI1CghtZXNzYWdlcxgCIAMoCzIWLmxsbWVzaC52MS5DaGF0TWVzc2FnZUILukgIkgEFCAEQgBASKwoIc2FtcGxpbmcYAyABKAsyGS5sbG1lc2gudjEuU2FtcGxpbmdQYXJhbXMSFgoEdXNlchgEIAEoCUIIukgFcgMYgAISGQoBbhgFIAEoDUIJukgGKgQYECgBSACIAQESKQoFdG9vbHMYBiADKAsyDy5sbG1lc2gudjEuVG9vbEIJukgGkgEDEIABEioKC3Rvb2xfY2hvaWNlGAcgASgLMhUubGxtZXNoLnYxLlRvb2xDaG9pY2USIAoTcGFyYWxsZWxfdG9vbF9jYWxscxgIIAEoCEgBiAEBQgQKAl9uQhYKFF9wYXJhbGxlbF90b29sX2NhbGxzIpABCgRUb29sEioKBG5hbWUYASABKAlCHLpIGXIXMhVeW2EtekEtWjAtOV8tXXsxLDY0fSQSHQoLZGVzY3JpcHRpb24YAiABKAlCCLpIBXIDGIAgEh0KCnBhcmFtZXRlcnMYAyABKAlCCbpIBnIEKICABBITCgZzdHJpY3QYBCABKAhIAIgBAUIJCgdfc3RyaWN0IlwKClRvb2xDaG9pY2USMwoEbW9kZRgBIAEoCUIlukgiciBSBGF1dG9SBG5vbmVSCHJlcXVpcmVkUghmdW5jdGlvbhIZCghmdW5jdGlvbhgCIAEoCUIHukgEcgIYQCL5AQoMQ2hhdFJlc3BvbnNlEgoKAmlkGAEgASgJEgwKBHJvbGUYAiABKAkSDAoEdGV4dBgDIAEoCRIuCg1maW5pc2hfcmVhc29uGAQgASgOMhcubGxtZXNoLnYxLkZpbmlzaFJlYXNvbhIfCgV1c2FnZRgFIAEoCzIQLmxsbWVzaC52MS5Vc2FnZRINCgVtb2RlbBgGIAEoCRIpCghsb2dwcm9icxgHIAMoCzIXLmxsbWVzaC52MS5Ub2tlbkxvZ3Byb2ISDQoFaW5kZXgYCCABKA0SJwoKdG9vbF9jYWxscxgJIAMoCzITLmxsbWVzaC52MS5Ub29sQ2FsbCKiAQoPQ29tcGxldGVSZXF1ZXN0EhkKBW1vZGVsGAEgASgJQgq6SAdyBRABGIACEg4KBnByb21wdBgCIAEoCRIrCghzYW1wbGluZxgDIAEoCzIZLmxsbWVzaC52MS5TYW1wbGluZ1BhcmFtcxIWCgR1c2VyGAQgASgJQgi6SAVyAxiAAhIZCgFuGAUgASgNQgm6SAYqBBgQKAFIAIgBAUIECgJfbiLGAQoQQ29tcGxldGVSZXNwb25zZRIKCgJpZBgBIAEoCRIMCgR0ZXh0GAIgASgJEi4KDWZpbmlzaF9yZWFzb24YAyABKA4yFy5sbG1lc2gudjEuRmluaXNoUmVhc29uEh8KBXVzYWdlGAQgASgLMhAubGxtZXNoLnYxLlVzYWdlEg0KBW1vZGVsGAUgASgJEikKCGxvZ3Byb2JzGAYgAygLMhcubGxtZXNoLnYxLlRva2VuTG9ncHJvYhINCgVpbmRleBgHIAEoDSIaChhHYXRld2F5TGlzdE1vZGVsc1JlcXVlc3QiKwoZR2F0ZXdheUxpc3RNb2RlbHNSZXNwb25zZRIOCgZtb2RlbHMYASADKAky5AEKB0dhdGV3YXkSOQoEQ2hhdBIWLmxsbWVzaC52MS5DaGF0UmVxdWVzdBoXLmxsbWVzaC52MS5DaGF0UmVzcG9uc2UwARJFCghDb21wbGV0ZRIaLmxsbWVzaC52MS5Db21wbGV0ZVJlcXVlc3QaGy5sbG1lc2gudjEuQ29tcGxldGVSZXNwb25zZTABElcKCkxpc3RNb2RlbHMSIy5sbG1lc2gudjEuR2F0ZXdheUxpc3RNb2RlbHNSZXF1ZXN0GiQubGxtZXNoLnYxLkdhdGV3YXlMaXN0TW9kZWxzUmVzcG9uc2ViBnByb3RvMw", [file_buf_validate_validate, file_llmesh_v1_common]);
+  fileDesc("ChdsbG1lc2gvdjEvZ2F0ZXdheS5wcm90bxIJbGxtZXNoLnYxItYCCgtDaGF0UmVxdWVzdBIZCgVtb2RlbBgBIAEoCUIKukgHcgUQARiAAhI1CghtZXNzYWdlcxgCIAMoCzIWLmxsbWVzaC52MS5DaGF0TWVzc2FnZUILukgIkgEFCAEQgBASKwoIc2FtcGxpbmcYAyABKAsyGS5sbG1lc2gudjEuU2FtcGxpbmdQYXJhbXMSFgoEdXNlchgEIAEoCUIIukgFcgMYgAISGQoBbhgFIAEoDUIJukgGKgQYECgBSACIAQESKQoFdG9vbHMYBiADKAsyDy5sbG1lc2gudjEuVG9vbEIJukgGkgEDEIABEioKC3Rvb2xfY2hvaWNlGAcgASgLMhUubGxtZXNoLnYxLlRvb2xDaG9pY2USIAoTcGFyYWxsZWxfdG9vbF9jYWxscxgIIAEoCEgBiAEBQgQKAl9uQhYKFF9wYXJhbGxlbF90b29sX2NhbGxzIpABCgRUb29sEioKBG5hbWUYASABKAlCHLpIGXIXMhVeW2EtekEtWjAtOV8tXXsxLDY0fSQSHQoLZGVzY3JpcHRpb24YAiABKAlCCLpIBXIDGIAgEh0KCnBhcmFtZXRlcnMYAyABKAlCCbpIBnIEKICABBITCgZzdHJpY3QYBCABKAhIAIgBAUIJCgdfc3RyaWN0IlwKClRvb2xDaG9pY2USMwoEbW9kZRgBIAEoCUIlukgiciBSBGF1dG9SBG5vbmVSCHJlcXVpcmVkUghmdW5jdGlvbhIZCghmdW5jdGlvbhgCIAEoCUIHukgEcgIYQCL5AQoMQ2hhdFJlc3BvbnNlEgoKAmlkGAEgASgJEgwKBHJvbGUYAiABKAkSDAoEdGV4dBgDIAEoCRIuCg1maW5pc2hfcmVhc29uGAQgASgOMhcubGxtZXNoLnYxLkZpbmlzaFJlYXNvbhIfCgV1c2FnZRgFIAEoCzIQLmxsbWVzaC52MS5Vc2FnZRINCgVtb2RlbBgGIAEoCRIpCghsb2dwcm9icxgHIAMoCzIXLmxsbWVzaC52MS5Ub2tlbkxvZ3Byb2ISDQoFaW5kZXgYCCABKA0SJwoKdG9vbF9jYWxscxgJIAMoCzITLmxsbWVzaC52MS5Ub29sQ2FsbCKiAQoPQ29tcGxldGVSZXF1ZXN0EhkKBW1vZGVsGAEgASgJQgq6SAdyBRABGIACEg4KBnByb21wdBgCIAEoCRIrCghzYW1wbGluZxgDIAEoCzIZLmxsbWVzaC52MS5TYW1wbGluZ1BhcmFtcxIWCgR1c2VyGAQgASgJQgi6SAVyAxiAAhIZCgFuGAUgASgNQgm6SAYqBBgQKAFIAIgBAUIECgJfbiLGAQoQQ29tcGxldGVSZXNwb25zZRIKCgJpZBgBIAEoCRIMCgR0ZXh0GAIgASgJEi4KDWZpbmlzaF9yZWFzb24YAyABKA4yFy5sbG1lc2gudjEuRmluaXNoUmVhc29uEh8KBXVzYWdlGAQgASgLMhAubGxtZXNoLnYxLlVzYWdlEg0KBW1vZGVsGAUgASgJEikKCGxvZ3Byb2JzGAYgAygLMhcubGxtZXNoLnYxLlRva2VuTG9ncHJvYhINCgVpbmRleBgHIAEoDSIaChhHYXRld2F5TGlzdE1vZGVsc1JlcXVlc3QiVQoZR2F0ZXdheUxpc3RNb2RlbHNSZXNwb25zZRIOCgZtb2RlbHMYASADKAkSKAoHZGV0YWlscxgCIAMoCzIXLmxsbWVzaC52MS5HYXRld2F5TW9kZWwiUwoMR2F0ZXdheU1vZGVsEgwKBG5hbWUYASABKAkSIwoGc2VydmVzGAIgAygOMhMubGxtZXNoLnYxLk1vZGVsQXBpEhAKCG93bmVkX2J5GAMgASgJKlQKCE1vZGVsQXBpEhkKFU1PREVMX0FQSV9VTlNQRUNJRklFRBAAEhIKDk1PREVMX0FQSV9DSEFUEAESGQoVTU9ERUxfQVBJX0NPTVBMRVRJT05TEAIy5AEKB0dhdGV3YXkSOQoEQ2hhdBIWLmxsbWVzaC52MS5DaGF0UmVxdWVzdBoXLmxsbWVzaC52MS5DaGF0UmVzcG9uc2UwARJFCghDb21wbGV0ZRIaLmxsbWVzaC52MS5Db21wbGV0ZVJlcXVlc3QaGy5sbG1lc2gudjEuQ29tcGxldGVSZXNwb25zZTABElcKCkxpc3RNb2RlbHMSIy5sbG1lc2gudjEuR2F0ZXdheUxpc3RNb2RlbHNSZXF1ZXN0GiQubGxtZXNoLnYxLkdhdGV3YXlMaXN0TW9kZWxzUmVzcG9uc2ViBnByb3RvMw", [file_buf_validate_validate, file_llmesh_v1_common]);
 
 /**
  * A chat completion request (OpenAI's POST /v1/chat/completions).
@@ -373,7 +373,9 @@ export const GatewayListModelsRequestSchema: GenMessage<GatewayListModelsRequest
   messageDesc(file_llmesh_v1_gateway, 6);
 
 /**
- * The models the caller may use.
+ * The models the caller may use: only names a request can be answered for now (a
+ * healthy engine serves it, a provider maps it, or the autoscaler scales it; an alias
+ * or fallback whose models are listed), sorted by name.
  *
  * @generated from message llmesh.v1.GatewayListModelsResponse
  */
@@ -384,6 +386,13 @@ export type GatewayListModelsResponse = Message<"llmesh.v1.GatewayListModelsResp
    * @generated from field: repeated string models = 1;
    */
   models: string[];
+
+  /**
+   * The same models with what each serves, in the same order.
+   *
+   * @generated from field: repeated llmesh.v1.GatewayModel details = 2;
+   */
+  details: GatewayModel[];
 };
 
 /**
@@ -392,6 +401,75 @@ export type GatewayListModelsResponse = Message<"llmesh.v1.GatewayListModelsResp
  */
 export const GatewayListModelsResponseSchema: GenMessage<GatewayListModelsResponse> = /*@__PURE__*/
   messageDesc(file_llmesh_v1_gateway, 7);
+
+/**
+ * One listed model.
+ *
+ * @generated from message llmesh.v1.GatewayModel
+ */
+export type GatewayModel = Message<"llmesh.v1.GatewayModel"> & {
+  /**
+   * The name, as Chat and Complete take it.
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * The APIs it answers.
+   *
+   * @generated from field: repeated llmesh.v1.ModelApi serves = 2;
+   */
+  serves: ModelApi[];
+
+  /**
+   * Who answers it: "llmesh" for engines and aliases, else the provider's name in the config.
+   *
+   * @generated from field: string owned_by = 3;
+   */
+  ownedBy: string;
+};
+
+/**
+ * Describes the message llmesh.v1.GatewayModel.
+ * Use `create(GatewayModelSchema)` to create a new message.
+ */
+export const GatewayModelSchema: GenMessage<GatewayModel> = /*@__PURE__*/
+  messageDesc(file_llmesh_v1_gateway, 8);
+
+/**
+ * An API a listed model answers.
+ *
+ * @generated from enum llmesh.v1.ModelApi
+ */
+export enum ModelApi {
+  /**
+   * Not set.
+   *
+   * @generated from enum value: MODEL_API_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * Chat (OpenAI's POST /v1/chat/completions).
+   *
+   * @generated from enum value: MODEL_API_CHAT = 1;
+   */
+  CHAT = 1,
+
+  /**
+   * Text completion (OpenAI's POST /v1/completions).
+   *
+   * @generated from enum value: MODEL_API_COMPLETIONS = 2;
+   */
+  COMPLETIONS = 2,
+}
+
+/**
+ * Describes the enum llmesh.v1.ModelApi.
+ */
+export const ModelApiSchema: GenEnum<ModelApi> = /*@__PURE__*/
+  enumDesc(file_llmesh_v1_gateway, 0);
 
 /**
  * The front door for gRPC clients. The same pipeline serves the OpenAI-compatible

@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file llmesh/v1/modelmgr.proto.
  */
 export const file_llmesh_v1_modelmgr: GenFile = /*@__PURE__*/
-  fileDesc("ChhsbG1lc2gvdjEvbW9kZWxtZ3IucHJvdG8SCWxsbWVzaC52MSITChFMaXN0TW9kZWxzUmVxdWVzdCI6ChJMaXN0TW9kZWxzUmVzcG9uc2USJAoGbW9kZWxzGAEgAygLMhQubGxtZXNoLnYxLk1vZGVsSW5mbyIfCg9HZXRNb2RlbFJlcXVlc3QSDAoEbmFtZRgBIAEoCSJ7CghBcnRpZmFjdBIPCgd2YXJpYW50GAEgASgJEg4KBmZvcm1hdBgCIAEoCRIUCgxxdWFudGl6YXRpb24YAyABKAkSDgoGc2hhMjU2GAQgASgJEhIKCnNpemVfYnl0ZXMYBSABKAQSFAoMZGVyaXZlZF9mcm9tGAYgASgJInUKB1JlcGxpY2ESEwoLZW5kcG9pbnRfaWQYASABKAkSDwoHYWRkcmVzcxgCIAEoCRIPCgd2YXJpYW50GAMgASgJEg0KBXN0YXRlGAQgASgJEg4KBmRldGFpbBgFIAEoCRIUCgx1cGRhdGVkX3VuaXgYBiABKAEiiQMKDE1vZGVsVmVyc2lvbhIMCgRuYW1lGAEgASgJEg8KB3ZlcnNpb24YAiABKA0SDQoFc3RhdGUYAyABKAkSEwoLc2VydmVkX25hbWUYBCABKAkSDgoGc291cmNlGAUgASgJEhYKDnBhcmVudF92ZXJzaW9uGAYgASgNEjUKB2xpbmVhZ2UYByADKAsyJC5sbG1lc2gudjEuTW9kZWxWZXJzaW9uLkxpbmVhZ2VFbnRyeRIWCg5jb250ZXh0X2xlbmd0aBgIIAEoDRIRCgl0b2tlbml6ZXIYCSABKAkSGAoQZXZhbF9zY29yZXNfanNvbhgKIAEoCRIUCgxjcmVhdGVkX3VuaXgYCyABKAESJgoJYXJ0aWZhY3RzGAwgAygLMhMubGxtZXNoLnYxLkFydGlmYWN0EiQKCHJlcGxpY2FzGA0gAygLMhIubGxtZXNoLnYxLlJlcGxpY2EaLgoMTGluZWFnZUVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEixwEKEkltcG9ydE1vZGVsUmVxdWVzdBIMCgRuYW1lGAEgASgJEg4KBnNvdXJjZRgCIAEoCRIOCgZzaGEyNTYYAyABKAkSFgoOcGFyZW50X3ZlcnNpb24YBCABKA0SOwoHbGluZWFnZRgFIAMoCzIqLmxsbWVzaC52MS5JbXBvcnRNb2RlbFJlcXVlc3QuTGluZWFnZUVudHJ5Gi4KDExpbmVhZ2VFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBImMKDkltcG9ydFByb2dyZXNzEhIKCmJ5dGVzX2RvbmUYASABKAQSEwoLYnl0ZXNfdG90YWwYAiABKAQSKAoHdmVyc2lvbhgDIAEoCzIXLmxsbWVzaC52MS5Nb2RlbFZlcnNpb24iIwoTTGlzdFZlcnNpb25zUmVxdWVzdBIMCgRuYW1lGAEgASgJIkEKFExpc3RWZXJzaW9uc1Jlc3BvbnNlEikKCHZlcnNpb25zGAEgAygLMhcubGxtZXNoLnYxLk1vZGVsVmVyc2lvbiIyChFHZXRWZXJzaW9uUmVxdWVzdBIMCgRuYW1lGAEgASgJEg8KB3ZlcnNpb24YAiABKA0iNgoVQXJjaGl2ZVZlcnNpb25SZXF1ZXN0EgwKBG5hbWUYASABKAkSDwoHdmVyc2lvbhgCIAEoDSJjChZRdWFudGl6ZVZlcnNpb25SZXF1ZXN0EgwKBG5hbWUYASABKAkSDwoHdmVyc2lvbhgCIAEoDRIUCgxxdWFudGl6YXRpb24YAyABKAkSFAoMZnJvbV92YXJpYW50GAQgASgJIlEKDURlcGxveVJlcXVlc3QSDAoEbmFtZRgBIAEoCRIPCgd2ZXJzaW9uGAIgASgNEhAKCHJlcGxpY2FzGAMgASgNEg8KB3ZhcmlhbnQYBCABKAkipgEKDlByb21vdGVSZXF1ZXN0Eg0KBWFsaWFzGAEgASgJEgwKBG5hbWUYAiABKAkSDwoHdmVyc2lvbhgDIAEoDRIWCg5jYW5hcnlfcGVyY2VudBgEIAMoARIVCg1jYW5hcnlfc3RlcF9zGAUgASgBEhEKCXNraXBfZXZhbBgGIAEoCBIWCgl0aHJlc2hvbGQYByABKAFIAIgBAUIMCgpfdGhyZXNob2xkIlIKCUFsaWFzSW5mbxIMCgRuYW1lGAEgASgJEg8KB2N1cnJlbnQYAiABKAkSEAoIcHJldmlvdXMYAyABKAkSFAoMdXBkYXRlZF91bml4GAQgASgBIq8BCgpFdmFsUmVwb3J0EgoKAmlkGAEgASgEEg8KB2F0X3VuaXgYAiABKAESEQoJY2FuZGlkYXRlGAMgASgJEhAKCGJhc2VsaW5lGAQgASgJEg4KBnBhc3NlZBgFIAEoCBITCgtleGFjdF9tYXRjaBgGIAEoARISCgpzaW1pbGFyaXR5GAcgASgBEhEKCXRocmVzaG9sZBgIIAEoARITCgtyZXBvcnRfanNvbhgJIAEoCSJbCg9Qcm9tb3RlUmVzcG9uc2USIwoFYWxpYXMYASABKAsyFC5sbG1lc2gudjEuQWxpYXNJbmZvEiMKBGV2YWwYAiABKAsyFS5sbG1lc2gudjEuRXZhbFJlcG9ydCIgCg9Sb2xsYmFja1JlcXVlc3QSDQoFYWxpYXMYASABKAkiFAoSTGlzdEFsaWFzZXNSZXF1ZXN0IjwKE0xpc3RBbGlhc2VzUmVzcG9uc2USJQoHYWxpYXNlcxgBIAMoCzIULmxsbWVzaC52MS5BbGlhc0luZm8iLQoOSGlzdG9yeVJlcXVlc3QSDAoEbmFtZRgBIAEoCRINCgVhbGlhcxgCIAEoCSJ9CgxIaXN0b3J5RXZlbnQSCgoCaWQYASABKAQSDwoHYXRfdW5peBgCIAEoARINCgVtb2RlbBgDIAEoCRIPCgd2ZXJzaW9uGAQgASgNEgwKBGtpbmQYBSABKAkSDQoFYWxpYXMYBiABKAkSEwoLZGV0YWlsX2pzb24YByABKAkiOgoPSGlzdG9yeVJlc3BvbnNlEicKBmV2ZW50cxgBIAMoCzIXLmxsbWVzaC52MS5IaXN0b3J5RXZlbnQiaAoPRXZhbHVhdGVSZXF1ZXN0EgwKBG5hbWUYASABKAkSDwoHdmVyc2lvbhgCIAEoDRIQCghiYXNlbGluZRgDIAEoCRIWCgl0aHJlc2hvbGQYBCABKAFIAIgBAUIMCgpfdGhyZXNob2xkIjEKEExpc3RFdmFsc1JlcXVlc3QSDAoEbmFtZRgBIAEoCRIPCgd2ZXJzaW9uGAIgASgNIjsKEUxpc3RFdmFsc1Jlc3BvbnNlEiYKB3JlcG9ydHMYASADKAsyFS5sbG1lc2gudjEuRXZhbFJlcG9ydDLoBwoMTW9kZWxNYW5hZ2VyEkkKCkxpc3RNb2RlbHMSHC5sbG1lc2gudjEuTGlzdE1vZGVsc1JlcXVlc3QaHS5sbG1lc2gudjEuTGlzdE1vZGVsc1Jlc3BvbnNlEjwKCEdldE1vZGVsEhoubGxtZXNoLnYxLkdldE1vZGVsUmVxdWVzdBoULmxsbWVzaC52MS5Nb2RlbEluZm8SSQoLSW1wb3J0TW9kZWwSHS5sbG1lc2gudjEuSW1wb3J0TW9kZWxSZXF1ZXN0GhkubGxtZXNoLnYxLkltcG9ydFByb2dyZXNzMAESTwoMTGlzdFZlcnNpb25zEh4ubGxtZXNoLnYxLkxpc3RWZXJzaW9uc1JlcXVlc3QaHy5sbG1lc2gudjEuTGlzdFZlcnNpb25zUmVzcG9uc2USQwoKR2V0VmVyc2lvbhIcLmxsbWVzaC52MS5HZXRWZXJzaW9uUmVxdWVzdBoXLmxsbWVzaC52MS5Nb2RlbFZlcnNpb24STQoPUXVhbnRpemVWZXJzaW9uEiEubGxtZXNoLnYxLlF1YW50aXplVmVyc2lvblJlcXVlc3QaFy5sbG1lc2gudjEuTW9kZWxWZXJzaW9uEjsKBkRlcGxveRIYLmxsbWVzaC52MS5EZXBsb3lSZXF1ZXN0GhcubGxtZXNoLnYxLk1vZGVsVmVyc2lvbhJACgdQcm9tb3RlEhkubGxtZXNoLnYxLlByb21vdGVSZXF1ZXN0GhoubGxtZXNoLnYxLlByb21vdGVSZXNwb25zZRI8CghSb2xsYmFjaxIaLmxsbWVzaC52MS5Sb2xsYmFja1JlcXVlc3QaFC5sbG1lc2gudjEuQWxpYXNJbmZvEksKDkFyY2hpdmVWZXJzaW9uEiAubGxtZXNoLnYxLkFyY2hpdmVWZXJzaW9uUmVxdWVzdBoXLmxsbWVzaC52MS5Nb2RlbFZlcnNpb24STAoLTGlzdEFsaWFzZXMSHS5sbG1lc2gudjEuTGlzdEFsaWFzZXNSZXF1ZXN0Gh4ubGxtZXNoLnYxLkxpc3RBbGlhc2VzUmVzcG9uc2USQAoHSGlzdG9yeRIZLmxsbWVzaC52MS5IaXN0b3J5UmVxdWVzdBoaLmxsbWVzaC52MS5IaXN0b3J5UmVzcG9uc2USPQoIRXZhbHVhdGUSGi5sbG1lc2gudjEuRXZhbHVhdGVSZXF1ZXN0GhUubGxtZXNoLnYxLkV2YWxSZXBvcnQSRgoJTGlzdEV2YWxzEhsubGxtZXNoLnYxLkxpc3RFdmFsc1JlcXVlc3QaHC5sbG1lc2gudjEuTGlzdEV2YWxzUmVzcG9uc2ViBnByb3RvMw", [file_llmesh_v1_common]);
+  fileDesc("ChhsbG1lc2gvdjEvbW9kZWxtZ3IucHJvdG8SCWxsbWVzaC52MSITChFMaXN0TW9kZWxzUmVxdWVzdCI6ChJMaXN0TW9kZWxzUmVzcG9uc2USJAoGbW9kZWxzGAEgAygLMhQubGxtZXNoLnYxLk1vZGVsSW5mbyIfCg9HZXRNb2RlbFJlcXVlc3QSDAoEbmFtZRgBIAEoCSJ7CghBcnRpZmFjdBIPCgd2YXJpYW50GAEgASgJEg4KBmZvcm1hdBgCIAEoCRIUCgxxdWFudGl6YXRpb24YAyABKAkSDgoGc2hhMjU2GAQgASgJEhIKCnNpemVfYnl0ZXMYBSABKAQSFAoMZGVyaXZlZF9mcm9tGAYgASgJInUKB1JlcGxpY2ESEwoLZW5kcG9pbnRfaWQYASABKAkSDwoHYWRkcmVzcxgCIAEoCRIPCgd2YXJpYW50GAMgASgJEg0KBXN0YXRlGAQgASgJEg4KBmRldGFpbBgFIAEoCRIUCgx1cGRhdGVkX3VuaXgYBiABKAEiiQMKDE1vZGVsVmVyc2lvbhIMCgRuYW1lGAEgASgJEg8KB3ZlcnNpb24YAiABKA0SDQoFc3RhdGUYAyABKAkSEwoLc2VydmVkX25hbWUYBCABKAkSDgoGc291cmNlGAUgASgJEhYKDnBhcmVudF92ZXJzaW9uGAYgASgNEjUKB2xpbmVhZ2UYByADKAsyJC5sbG1lc2gudjEuTW9kZWxWZXJzaW9uLkxpbmVhZ2VFbnRyeRIWCg5jb250ZXh0X2xlbmd0aBgIIAEoDRIRCgl0b2tlbml6ZXIYCSABKAkSGAoQZXZhbF9zY29yZXNfanNvbhgKIAEoCRIUCgxjcmVhdGVkX3VuaXgYCyABKAESJgoJYXJ0aWZhY3RzGAwgAygLMhMubGxtZXNoLnYxLkFydGlmYWN0EiQKCHJlcGxpY2FzGA0gAygLMhIubGxtZXNoLnYxLlJlcGxpY2EaLgoMTGluZWFnZUVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEixwEKEkltcG9ydE1vZGVsUmVxdWVzdBIMCgRuYW1lGAEgASgJEg4KBnNvdXJjZRgCIAEoCRIOCgZzaGEyNTYYAyABKAkSFgoOcGFyZW50X3ZlcnNpb24YBCABKA0SOwoHbGluZWFnZRgFIAMoCzIqLmxsbWVzaC52MS5JbXBvcnRNb2RlbFJlcXVlc3QuTGluZWFnZUVudHJ5Gi4KDExpbmVhZ2VFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBImMKDkltcG9ydFByb2dyZXNzEhIKCmJ5dGVzX2RvbmUYASABKAQSEwoLYnl0ZXNfdG90YWwYAiABKAQSKAoHdmVyc2lvbhgDIAEoCzIXLmxsbWVzaC52MS5Nb2RlbFZlcnNpb24iIwoTTGlzdFZlcnNpb25zUmVxdWVzdBIMCgRuYW1lGAEgASgJIkEKFExpc3RWZXJzaW9uc1Jlc3BvbnNlEikKCHZlcnNpb25zGAEgAygLMhcubGxtZXNoLnYxLk1vZGVsVmVyc2lvbiIyChFHZXRWZXJzaW9uUmVxdWVzdBIMCgRuYW1lGAEgASgJEg8KB3ZlcnNpb24YAiABKA0iNgoVQXJjaGl2ZVZlcnNpb25SZXF1ZXN0EgwKBG5hbWUYASABKAkSDwoHdmVyc2lvbhgCIAEoDSJjChZRdWFudGl6ZVZlcnNpb25SZXF1ZXN0EgwKBG5hbWUYASABKAkSDwoHdmVyc2lvbhgCIAEoDRIUCgxxdWFudGl6YXRpb24YAyABKAkSFAoMZnJvbV92YXJpYW50GAQgASgJIlEKDURlcGxveVJlcXVlc3QSDAoEbmFtZRgBIAEoCRIPCgd2ZXJzaW9uGAIgASgNEhAKCHJlcGxpY2FzGAMgASgNEg8KB3ZhcmlhbnQYBCABKAkipgEKDlByb21vdGVSZXF1ZXN0Eg0KBWFsaWFzGAEgASgJEgwKBG5hbWUYAiABKAkSDwoHdmVyc2lvbhgDIAEoDRIWCg5jYW5hcnlfcGVyY2VudBgEIAMoARIVCg1jYW5hcnlfc3RlcF9zGAUgASgBEhEKCXNraXBfZXZhbBgGIAEoCBIWCgl0aHJlc2hvbGQYByABKAFIAIgBAUIMCgpfdGhyZXNob2xkIlIKCUFsaWFzSW5mbxIMCgRuYW1lGAEgASgJEg8KB2N1cnJlbnQYAiABKAkSEAoIcHJldmlvdXMYAyABKAkSFAoMdXBkYXRlZF91bml4GAQgASgBIq8BCgpFdmFsUmVwb3J0EgoKAmlkGAEgASgEEg8KB2F0X3VuaXgYAiABKAESEQoJY2FuZGlkYXRlGAMgASgJEhAKCGJhc2VsaW5lGAQgASgJEg4KBnBhc3NlZBgFIAEoCBITCgtleGFjdF9tYXRjaBgGIAEoARISCgpzaW1pbGFyaXR5GAcgASgBEhEKCXRocmVzaG9sZBgIIAEoARITCgtyZXBvcnRfanNvbhgJIAEoCSJbCg9Qcm9tb3RlUmVzcG9uc2USIwoFYWxpYXMYASABKAsyFC5sbG1lc2gudjEuQWxpYXNJbmZvEiMKBGV2YWwYAiABKAsyFS5sbG1lc2gudjEuRXZhbFJlcG9ydCIgCg9Sb2xsYmFja1JlcXVlc3QSDQoFYWxpYXMYASABKAkiFAoSTGlzdEFsaWFzZXNSZXF1ZXN0IjwKE0xpc3RBbGlhc2VzUmVzcG9uc2USJQoHYWxpYXNlcxgBIAMoCzIULmxsbWVzaC52MS5BbGlhc0luZm8iLQoOSGlzdG9yeVJlcXVlc3QSDAoEbmFtZRgBIAEoCRINCgVhbGlhcxgCIAEoCSJ9CgxIaXN0b3J5RXZlbnQSCgoCaWQYASABKAQSDwoHYXRfdW5peBgCIAEoARINCgVtb2RlbBgDIAEoCRIPCgd2ZXJzaW9uGAQgASgNEgwKBGtpbmQYBSABKAkSDQoFYWxpYXMYBiABKAkSEwoLZGV0YWlsX2pzb24YByABKAkiOgoPSGlzdG9yeVJlc3BvbnNlEicKBmV2ZW50cxgBIAMoCzIXLmxsbWVzaC52MS5IaXN0b3J5RXZlbnQiaAoPRXZhbHVhdGVSZXF1ZXN0EgwKBG5hbWUYASABKAkSDwoHdmVyc2lvbhgCIAEoDRIQCghiYXNlbGluZRgDIAEoCRIWCgl0aHJlc2hvbGQYBCABKAFIAIgBAUIMCgpfdGhyZXNob2xkIjEKEExpc3RFdmFsc1JlcXVlc3QSDAoEbmFtZRgBIAEoCRIPCgd2ZXJzaW9uGAIgASgNIjsKEUxpc3RFdmFsc1Jlc3BvbnNlEiYKB3JlcG9ydHMYASADKAsyFS5sbG1lc2gudjEuRXZhbFJlcG9ydCIxChpHZXRBcnRpZmFjdE1hbmlmZXN0UmVxdWVzdBITCgtzZXJ2ZWRfbmFtZRgBIAEoCSJACgxBcnRpZmFjdEZpbGUSDAoEcGF0aBgBIAEoCRIOCgZzaGEyNTYYAiABKAkSEgoKc2l6ZV9ieXRlcxgDIAEoBCJxChtHZXRBcnRpZmFjdE1hbmlmZXN0UmVzcG9uc2USEwoLc2VydmVkX25hbWUYASABKAkSJgoFZmlsZXMYAiADKAsyFy5sbG1lc2gudjEuQXJ0aWZhY3RGaWxlEhUKDW1ldGFkYXRhX2pzb24YAyABKAkiNgoURmV0Y2hBcnRpZmFjdFJlcXVlc3QSDgoGc2hhMjU2GAEgASgJEg4KBm9mZnNldBgCIAEoBCJJChVGZXRjaEFydGlmYWN0UmVzcG9uc2USDgoGb2Zmc2V0GAEgASgEEgwKBGRhdGEYAiABKAwSEgoKc2l6ZV9ieXRlcxgDIAEoBDKkCQoMTW9kZWxNYW5hZ2VyEkkKCkxpc3RNb2RlbHMSHC5sbG1lc2gudjEuTGlzdE1vZGVsc1JlcXVlc3QaHS5sbG1lc2gudjEuTGlzdE1vZGVsc1Jlc3BvbnNlEjwKCEdldE1vZGVsEhoubGxtZXNoLnYxLkdldE1vZGVsUmVxdWVzdBoULmxsbWVzaC52MS5Nb2RlbEluZm8SSQoLSW1wb3J0TW9kZWwSHS5sbG1lc2gudjEuSW1wb3J0TW9kZWxSZXF1ZXN0GhkubGxtZXNoLnYxLkltcG9ydFByb2dyZXNzMAESTwoMTGlzdFZlcnNpb25zEh4ubGxtZXNoLnYxLkxpc3RWZXJzaW9uc1JlcXVlc3QaHy5sbG1lc2gudjEuTGlzdFZlcnNpb25zUmVzcG9uc2USQwoKR2V0VmVyc2lvbhIcLmxsbWVzaC52MS5HZXRWZXJzaW9uUmVxdWVzdBoXLmxsbWVzaC52MS5Nb2RlbFZlcnNpb24STQoPUXVhbnRpemVWZXJzaW9uEiEubGxtZXNoLnYxLlF1YW50aXplVmVyc2lvblJlcXVlc3QaFy5sbG1lc2gudjEuTW9kZWxWZXJzaW9uEjsKBkRlcGxveRIYLmxsbWVzaC52MS5EZXBsb3lSZXF1ZXN0GhcubGxtZXNoLnYxLk1vZGVsVmVyc2lvbhJACgdQcm9tb3RlEhkubGxtZXNoLnYxLlByb21vdGVSZXF1ZXN0GhoubGxtZXNoLnYxLlByb21vdGVSZXNwb25zZRI8CghSb2xsYmFjaxIaLmxsbWVzaC52MS5Sb2xsYmFja1JlcXVlc3QaFC5sbG1lc2gudjEuQWxpYXNJbmZvEksKDkFyY2hpdmVWZXJzaW9uEiAubGxtZXNoLnYxLkFyY2hpdmVWZXJzaW9uUmVxdWVzdBoXLmxsbWVzaC52MS5Nb2RlbFZlcnNpb24STAoLTGlzdEFsaWFzZXMSHS5sbG1lc2gudjEuTGlzdEFsaWFzZXNSZXF1ZXN0Gh4ubGxtZXNoLnYxLkxpc3RBbGlhc2VzUmVzcG9uc2USQAoHSGlzdG9yeRIZLmxsbWVzaC52MS5IaXN0b3J5UmVxdWVzdBoaLmxsbWVzaC52MS5IaXN0b3J5UmVzcG9uc2USPQoIRXZhbHVhdGUSGi5sbG1lc2gudjEuRXZhbHVhdGVSZXF1ZXN0GhUubGxtZXNoLnYxLkV2YWxSZXBvcnQSRgoJTGlzdEV2YWxzEhsubGxtZXNoLnYxLkxpc3RFdmFsc1JlcXVlc3QaHC5sbG1lc2gudjEuTGlzdEV2YWxzUmVzcG9uc2USZAoTR2V0QXJ0aWZhY3RNYW5pZmVzdBIlLmxsbWVzaC52MS5HZXRBcnRpZmFjdE1hbmlmZXN0UmVxdWVzdBomLmxsbWVzaC52MS5HZXRBcnRpZmFjdE1hbmlmZXN0UmVzcG9uc2USVAoNRmV0Y2hBcnRpZmFjdBIfLmxsbWVzaC52MS5GZXRjaEFydGlmYWN0UmVxdWVzdBogLmxsbWVzaC52MS5GZXRjaEFydGlmYWN0UmVzcG9uc2UwAWIGcHJvdG8z", [file_llmesh_v1_common]);
 
 /**
  * @generated from message llmesh.v1.ListModelsRequest
@@ -835,6 +835,144 @@ export const ListEvalsResponseSchema: GenMessage<ListEvalsResponse> = /*@__PURE_
   messageDesc(file_llmesh_v1_modelmgr, 26);
 
 /**
+ * @generated from message llmesh.v1.GetArtifactManifestRequest
+ */
+export type GetArtifactManifestRequest = Message<"llmesh.v1.GetArtifactManifestRequest"> & {
+  /**
+   * NAME@VERSION, as Deploy published it
+   *
+   * @generated from field: string served_name = 1;
+   */
+  servedName: string;
+};
+
+/**
+ * Describes the message llmesh.v1.GetArtifactManifestRequest.
+ * Use `create(GetArtifactManifestRequestSchema)` to create a new message.
+ */
+export const GetArtifactManifestRequestSchema: GenMessage<GetArtifactManifestRequest> = /*@__PURE__*/
+  messageDesc(file_llmesh_v1_modelmgr, 27);
+
+/**
+ * One file of a served model: where it goes in the model's folder and what it must hold.
+ *
+ * @generated from message llmesh.v1.ArtifactFile
+ */
+export type ArtifactFile = Message<"llmesh.v1.ArtifactFile"> & {
+  /**
+   * relative, '/'-separated, never leaving the folder
+   *
+   * @generated from field: string path = 1;
+   */
+  path: string;
+
+  /**
+   * the blob to fetch (FetchArtifact) and the digest to check
+   *
+   * @generated from field: string sha256 = 2;
+   */
+  sha256: string;
+
+  /**
+   * @generated from field: uint64 size_bytes = 3;
+   */
+  sizeBytes: bigint;
+};
+
+/**
+ * Describes the message llmesh.v1.ArtifactFile.
+ * Use `create(ArtifactFileSchema)` to create a new message.
+ */
+export const ArtifactFileSchema: GenMessage<ArtifactFile> = /*@__PURE__*/
+  messageDesc(file_llmesh_v1_modelmgr, 28);
+
+/**
+ * @generated from message llmesh.v1.GetArtifactManifestResponse
+ */
+export type GetArtifactManifestResponse = Message<"llmesh.v1.GetArtifactManifestResponse"> & {
+  /**
+   * @generated from field: string served_name = 1;
+   */
+  servedName: string;
+
+  /**
+   * one GGUF, or a directory's files (safetensors, configs)
+   *
+   * @generated from field: repeated llmesh.v1.ArtifactFile files = 2;
+   */
+  files: ArtifactFile[];
+
+  /**
+   * the model folder's model.json (source, version, context length)
+   *
+   * @generated from field: string metadata_json = 3;
+   */
+  metadataJson: string;
+};
+
+/**
+ * Describes the message llmesh.v1.GetArtifactManifestResponse.
+ * Use `create(GetArtifactManifestResponseSchema)` to create a new message.
+ */
+export const GetArtifactManifestResponseSchema: GenMessage<GetArtifactManifestResponse> = /*@__PURE__*/
+  messageDesc(file_llmesh_v1_modelmgr, 29);
+
+/**
+ * @generated from message llmesh.v1.FetchArtifactRequest
+ */
+export type FetchArtifactRequest = Message<"llmesh.v1.FetchArtifactRequest"> & {
+  /**
+   * @generated from field: string sha256 = 1;
+   */
+  sha256: string;
+
+  /**
+   * the bytes the caller already holds
+   *
+   * @generated from field: uint64 offset = 2;
+   */
+  offset: bigint;
+};
+
+/**
+ * Describes the message llmesh.v1.FetchArtifactRequest.
+ * Use `create(FetchArtifactRequestSchema)` to create a new message.
+ */
+export const FetchArtifactRequestSchema: GenMessage<FetchArtifactRequest> = /*@__PURE__*/
+  messageDesc(file_llmesh_v1_modelmgr, 30);
+
+/**
+ * @generated from message llmesh.v1.FetchArtifactResponse
+ */
+export type FetchArtifactResponse = Message<"llmesh.v1.FetchArtifactResponse"> & {
+  /**
+   * where `data` starts in the blob
+   *
+   * @generated from field: uint64 offset = 1;
+   */
+  offset: bigint;
+
+  /**
+   * @generated from field: bytes data = 2;
+   */
+  data: Uint8Array;
+
+  /**
+   * the whole blob's size
+   *
+   * @generated from field: uint64 size_bytes = 3;
+   */
+  sizeBytes: bigint;
+};
+
+/**
+ * Describes the message llmesh.v1.FetchArtifactResponse.
+ * Use `create(FetchArtifactResponseSchema)` to create a new message.
+ */
+export const FetchArtifactResponseSchema: GenMessage<FetchArtifactResponse> = /*@__PURE__*/
+  messageDesc(file_llmesh_v1_modelmgr, 31);
+
+/**
  * The model registry: models, numbered versions with their artifacts (variants by
  * quantization, sha256-checked) and lineage, replicas on engines, aliases, eval
  * reports and the history of every change; and the rollout of a version to the mesh.
@@ -973,6 +1111,29 @@ export const ModelManager: GenService<{
     methodKind: "unary";
     input: typeof ListEvalsRequestSchema;
     output: typeof ListEvalsResponseSchema;
+  },
+  /**
+   * For engines (no filesystem shared with them): the files a deployed model is made of,
+   * and each file's bytes by its sha256. A model not deployed is NOT_FOUND.
+   *
+   * @generated from rpc llmesh.v1.ModelManager.GetArtifactManifest
+   */
+  getArtifactManifest: {
+    methodKind: "unary";
+    input: typeof GetArtifactManifestRequestSchema;
+    output: typeof GetArtifactManifestResponseSchema;
+  },
+  /**
+   * Streams one artifact blob from `offset` (a download resumes where it stopped) in
+   * chunks of at most 1 MiB, each with its offset; an unknown sha256 is NOT_FOUND, an
+   * offset past the end INVALID_ARGUMENT. Only engines may call these two.
+   *
+   * @generated from rpc llmesh.v1.ModelManager.FetchArtifact
+   */
+  fetchArtifact: {
+    methodKind: "server_streaming";
+    input: typeof FetchArtifactRequestSchema;
+    output: typeof FetchArtifactResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_llmesh_v1_modelmgr, 0);
