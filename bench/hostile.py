@@ -249,7 +249,7 @@ def run_niced(nice: int, fn: Callable[[], T]) -> T:
 
 
 def run(args: argparse.Namespace) -> dict:
-    with tempfile.TemporaryDirectory() as tmp, instant_openai.running(1) as provider:
+    with tempfile.TemporaryDirectory() as tmp, instant_openai.running(1, nice=args.attacker_nice) as provider:
         cfg = Path(tmp) / "llmesh.yaml"
         cfg.write_text(config(provider))
         mesh = Mesh(layout=free_layout(1), engines="sim", model_dir=Path(tmp) / "models", log_dir=Path(tmp) / "logs",
@@ -279,7 +279,8 @@ def run(args: argparse.Namespace) -> dict:
                 baseline = (base_start, time.monotonic())
                 # The attack client's own CPU (building and sending bodies of up to 16 MiB) stands in
                 # for attackers on other machines: on this one it runs niced, in its own thread, so
-                # the victims' p99 measures the gateway's share of the machine, not the client's.
+                # the victims' p99 measures the gateway's share of the machine, not the client's. The
+                # provider (an external service in production) runs niced for the same reason.
                 windows = run_niced(args.attacker_nice, lambda: asyncio.run(
                     attack(url, by_class(args.max_bytes, set(args.only)), args.attackers)))
             finally:
@@ -301,7 +302,8 @@ def main() -> int:
     p.add_argument("--attackers", type=int, default=2, help="attack requests in flight")
     p.add_argument("--victims", type=int, default=2, help="small requests in flight")
     p.add_argument("--attacker-nice", type=int, default=10,
-                   help="nice value of the attack client's thread (0: on an equal footing with the mesh)")
+                   help="nice value of the attack client's thread and of the provider's process, which stand "
+                        "for other machines (0: on an equal footing with the mesh)")
     p.add_argument("--only", action="append", default=[], metavar="CLASS", help="run only this class (repeatable)")
     args = p.parse_args()
     # SIGTERM (a timeout, Ctrl-C's cousin) unwinds like an exception, so the mesh and the victims are stopped.

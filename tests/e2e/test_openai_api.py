@@ -139,14 +139,14 @@ def test_greedy_answers_come_from_the_cache_the_second_time(client, mesh):
 
 
 def test_client_disconnect_frees_the_engine_slot(client, mesh):
-    stream = client.chat.completions.create(model=SMOL, messages=SKY, temperature=0.8, max_tokens=400,
+    stream = client.chat.completions.create(model=SMOL, messages=SKY, temperature=0.8, max_tokens=1500,
                                             stream=True)
     for i, _ in enumerate(stream):
         if i == 3:
             break
     stream.close()
     address = mesh.layout.engine_address(0)
-    assert wait_until(lambda: engine_load(address).running == 0, 3.0)
+    assert wait_until(lambda: engine_load(address).running == 0, 8.0)
 
 
 # ---- errors, each with OpenAI's error body and the right status ----
