@@ -16,7 +16,9 @@ class EngineSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="LLMESH_ENGINE_", extra="ignore", frozen=True)
 
     port: int = DEFAULT_PORTS["engine"]
-    backend: Literal["llamacpp", "sim", "vllm"] = "llamacpp"
+    backend: Literal["llamacpp", "sim", "vllm", "minilm"] = Field(
+        default="llamacpp", description="llamacpp | vllm | sim generate text; minilm serves embeddings (Embed) "
+        "from a sentence-transformers BERT folder in the model store, such as all-minilm-l6-v2")
     model: str = "smollm2-135m-instruct"
     model_dir: Path = Path("var/models")
     endpoint_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-engine")
