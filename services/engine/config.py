@@ -16,9 +16,7 @@ class EngineSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="LLMESH_ENGINE_", extra="ignore", frozen=True)
 
     port: int = DEFAULT_PORTS["engine"]
-    backend: Literal["llamacpp", "sim", "vllm", "minilm"] = Field(
-        default="llamacpp", description="llamacpp | vllm | sim generate text; minilm serves embeddings (Embed) "
-        "from a sentence-transformers BERT folder in the model store, such as all-minilm-l6-v2")
+    backend: Literal["llamacpp", "sim", "vllm", "minilm"] = "llamacpp"  # minilm: embeddings only
     model: str = "smollm2-135m-instruct"
     model_dir: Path = Path("var/models")
     endpoint_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-engine")
