@@ -53,7 +53,8 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
     async def Embed(self, request, context):
         check_message(request, lambda path: path.replace("inputs", "input"))  # the proto's bounds
         result = await self._core.embed(request.model, list(request.inputs),
-                                        request.dimensions if request.HasField("dimensions") else None)
+                                        request.dimensions if request.HasField("dimensions") else None,
+                                        priority_from_pb(request.priority))
         return engine_pb2.EmbedResponse(embeddings=[common_pb2.Embedding(values=v) for v in result.vectors],
                                         usage=common_pb2.Usage(prompt_tokens=result.prompt_tokens))
 

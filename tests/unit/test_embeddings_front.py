@@ -14,14 +14,18 @@ from llmesh.liveconfig.schema import MeshConfig
 from llmesh.types import FinishReason, Usage
 from llmesh.validation import check_embed
 from llmesh.gateway.context import Context, Vectors
-from llmesh.gateway.fronts.embeddings import embeddings_json, embeddings_request, read_embeddings
+from llmesh.gateway.fronts.embeddings import EmbeddingsBody, embeddings_json, embeddings_request, read_embeddings
 from llmesh.gateway.stages.guards import GuardStage
 
 
+def call(raw: bytes):
+    return read_embeddings(EmbeddingsBody, raw)
+
+
 def test_a_string_or_a_list_of_strings_and_nothing_else():
-    one = read_embeddings(b'{"model": "m", "input": "hello"}')
+    one = call(b'{"model": "m", "input": "hello"}')
     assert one.inputs == ("hello",) and one.encoding_format == "float" and one.dimensions is None
-    many = read_embeddings(b'{"model": "m", "input": ["a", "b"], "encoding_format": "base64", "user": "u"}')
+    many = call(b'{"model": "m", "input": ["a", "b"], "encoding_format": "base64", "user": "u"}')
     assert many.inputs == ("a", "b") and many.encoding_format == "base64" and many.user == "u"
     for body, param in ((b'{"model": "m", "input": [1, 2]}', "input"),
                         (b'{"model": "m", "input": [[1], [2]]}', "input"),
@@ -29,9 +33,9 @@ def test_a_string_or_a_list_of_strings_and_nothing_else():
                         (b'{"model": "m", "input": "x", "stream": true}', "stream"),
                         (b'{"input": "x"}', "model")):
         with pytest.raises(InvalidArgument) as caught:
-            read_embeddings(body)
+            call(body)
         assert caught.value.param == param, body
-    req = embeddings_request(read_embeddings(b'{"model": "m", "input": ["a"], "dimensions": 8}'), "rid", 5.0,
+    req = embeddings_request(call(b'{"model": "m", "input": ["a"], "dimensions": 8}'), "rid", 5.0,
                              credential="k")
     assert req.embeds and req.operation == "embeddings" and req.inputs == ("a",) and req.dimensions == 8
     assert req.credential == "k" and not req.stream
@@ -64,7 +68,7 @@ def test_float_and_base64_answers_carry_the_float32_values():
 
 async def test_inputs_are_pii_masked_and_get_no_output_filter():
     stage = GuardStage(MeshConfig)
-    req = embeddings_request(read_embeddings(b'{"model": "m", "input": ["mail me at jo@example.com", "plain"]}'),
+    req = embeddings_request(call(b'{"model": "m", "input": ["mail me at jo@example.com", "plain"]}'),
                              "rid", 5.0)
     ctx = Context.of(req)
     await stage.admit(ctx)

@@ -44,9 +44,10 @@ class EmbeddingsCall:
     user: str | None
 
 
-def read_embeddings(raw: bytes) -> EmbeddingsCall:
-    """The body's values; 400 for bad JSON, a wrong type, token ids or an unknown field."""
-    body = parse(EmbeddingsBody, raw)
+def read_embeddings(body_cls: type[EmbeddingsBody], raw: bytes) -> EmbeddingsCall:
+    """The body's values; 400 for bad JSON, a wrong type, token ids or an unknown field. Plain
+    values in and out: a large body is read in a worker process (``BodyReader.parse``)."""
+    body = parse(body_cls, raw)
     for name in body.model_extra or ():
         raise InvalidArgument(f"The parameter '{name}' is not supported by this gateway.", param=name)
     value = body.input

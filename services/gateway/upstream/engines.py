@@ -97,7 +97,7 @@ class EngineClients:
     async def embed(self, address: str, req: CompletionRequest, timeout_s: float, parent: Span) -> Items:
         """Engine.Embed (unary): one ``Vectors`` item, each vector as little-endian float32 bytes."""
         request = engine_pb2.EmbedRequest(request_id=req.request_id, model=req.model, inputs=req.inputs,
-                                          dimensions=req.dimensions)
+                                          dimensions=req.dimensions, priority=priority_to_pb(req.priority))
         span = self._tracer.start_span("llmesh.v1.Engine/Embed", context=child_context(parent),
                                        kind=SpanKind.CLIENT, attributes={"server.address": address})
         try:
