@@ -28,6 +28,7 @@ from safetensors.numpy import load_file
 from tokenizers import Tokenizer
 
 DIM = 384
+BATCH_TOKENS = 2048  # padded tokens in one forward pass: its attention scores take 12 x 4 bytes x n per token
 _INV_SQRT2 = 1.0 / math.sqrt(2.0)  # Python floats keep float32 arrays float32 (numpy scalars would not)
 
 
@@ -107,31 +108,54 @@ class MiniLM:
             ids = ids[:self.max_tokens - 1] + ids[-1:]  # keeps [SEP], as the tokenizer's truncation does
         return self.encode_ids(ids)
 
-    def encode_many(self, ids: list[list[int]]) -> np.ndarray:
-        """The embeddings of several token id lists (each within ``max_tokens``), one row each."""
+    def encode_many(self, ids: list[list[int]], batch_tokens: int = BATCH_TOKENS) -> np.ndarray:
+        """The embeddings of several token id lists (each within ``max_tokens``), one row each, in
+        order. Texts of similar length go through the model together, padded and masked (the
+        padding changes no real token's value), at most ``batch_tokens`` padded tokens a batch."""
+        for one in ids:
+            if not 0 < len(one) <= self.max_tokens:
+                raise ValueError(f"{len(one)} tokens: the model takes 1 to {self.max_tokens}")
         out = np.empty((len(ids), self.dim), dtype=np.float32)
-        for i, one in enumerate(ids):
-            out[i] = self.encode_ids(one)
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+        start = 0
+        while start < len(order):
+            end = start + 1  # the longest comes last: a batch's padded size is its last one's length
+            while end < len(order) and (end + 1 - start) * len(ids[order[end]]) <= batch_tokens:
+                end += 1
+            chunk = order[start:end]
+            out[chunk] = self._forward([ids[i] for i in chunk])
+            start = end
         return out
 
     def encode_ids(self, token_ids: list[int]) -> np.ndarray:
         """The unit-length float32 embedding of one text's token ids (``tokenize``'s)."""
-        if not 0 < len(token_ids) <= self.max_tokens:
-            raise ValueError(f"{len(token_ids)} tokens: the model takes 1 to {self.max_tokens}")
-        ids = np.asarray(token_ids)
-        n = len(ids)
-        x = self._words[ids] + self._positions[:n] + self._type0
+        row: np.ndarray = self.encode_many([token_ids])[0]
+        return row
+
+    def _forward(self, batch: list[list[int]]) -> np.ndarray:
+        """BERT over a batch of token id lists, mean-pooled over each one's own tokens and
+        L2-normalised: one float32 row per list."""
+        b, n = len(batch), max(len(one) for one in batch)
+        ids = np.zeros((b, n), dtype=np.int64)
+        mask = np.zeros((b, n), dtype=bool)
+        for i, one in enumerate(batch):
+            ids[i, :len(one)] = one
+            mask[i, :len(one)] = True
+        x = self._words[ids] + self._positions[:n] + self._type0  # b, n, hidden
         x = _layer_norm(x, *self._emb_norm, self._eps)
-        heads, size = self._heads, x.shape[1] // self._heads
+        heads, size = self._heads, x.shape[-1] // self._heads
+        padding = np.where(mask, 0.0, -1e9).astype(np.float32)[:, None, None, :]  # no attention to padding
         for (qkv_w, qkv_b, o_w, o_b, ln1_w, ln1_b, i_w, i_b, out_w, out_b, ln2_w, ln2_b) in self._layers:
-            qkv = (x @ qkv_w + qkv_b).reshape(n, 3, heads, size).transpose(1, 2, 0, 3)  # 3, heads, n, size
+            qkv = (x @ qkv_w + qkv_b).reshape(b, n, 3, heads, size).transpose(2, 0, 3, 1, 4)  # 3, b, heads, n, size
             q, k, v = qkv[0], qkv[1], qkv[2]
-            scores = q @ k.transpose(0, 2, 1) * (1.0 / math.sqrt(size))
+            scores = q @ k.transpose(0, 1, 3, 2) * (1.0 / math.sqrt(size)) + padding
             scores = np.exp(scores - scores.max(-1, keepdims=True))
             scores /= scores.sum(-1, keepdims=True)
-            context = (scores @ v).transpose(1, 0, 2).reshape(n, heads * size)
+            context = (scores @ v).transpose(0, 2, 1, 3).reshape(b, n, heads * size)
             x = _layer_norm(context @ o_w + o_b + x, ln1_w, ln1_b, self._eps)
             x = _layer_norm(_gelu(x @ i_w + i_b) @ out_w + out_b + x, ln2_w, ln2_b, self._eps)
-        pooled = x.mean(0)
-        out: np.ndarray = (pooled / max(float(np.linalg.norm(pooled)), 1e-12)).astype(np.float32)
+        weights = mask[..., None].astype(np.float32)
+        pooled = (x * weights).sum(1) / weights.sum(1)
+        norms = np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
+        out: np.ndarray = (pooled / norms).astype(np.float32)
         return out

@@ -66,6 +66,9 @@ class LastDelta(Delta):
     so a consumer may send the two together (one message fewer an answer)."""
 
 
+MAX_EMBED_TOKENS = 300_000  # an embeddings request's inputs together, as OpenAI's API limits them
+
+
 @dataclass(frozen=True, slots=True)
 class Embedded:
     """Embed's answer: one vector per input, in order, and the inputs' tokens."""
@@ -177,6 +180,9 @@ class EngineCore:
                 if len(one) > limit:
                     raise InputTooLong(i, len(one), limit)
             tokens = sum(len(one) for one in ids)
+            if tokens > MAX_EMBED_TOKENS:
+                raise InvalidArgument(f"The inputs have {tokens} tokens together; at most {MAX_EMBED_TOKENS} per "
+                                      "request: split them over several.", param="input")
             async with self.admission.slot(priority):
                 vectors = await asyncio.to_thread(backend.embed, ids)
             if self.metrics is not None:

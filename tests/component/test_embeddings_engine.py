@@ -78,6 +78,9 @@ async def test_embed_on_the_minilm_engine_and_picking_by_kind(real_model_dir):
             assert empty.code() == grpc.StatusCode.INVALID_ARGUMENT and "input" in empty.details()
             many = await _refused(stub.Embed(engine_pb2.EmbedRequest(model=EMBED, inputs=["x"] * 2049), timeout=30))
             assert many.code() == grpc.StatusCode.INVALID_ARGUMENT
+            total = await _refused(stub.Embed(engine_pb2.EmbedRequest(model=EMBED, inputs=["word " * 198] * 2048),
+                                              timeout=60))  # 200 tokens each, each within the limit
+            assert total.code() == grpc.StatusCode.INVALID_ARGUMENT and "409600 tokens together" in total.details()
             dims = await _refused(stub.Embed(engine_pb2.EmbedRequest(model=EMBED, inputs=["x"], dimensions=64),
                                              timeout=30))
             assert dims.code() == grpc.StatusCode.INVALID_ARGUMENT and "dimensions" in dims.details()
