@@ -184,7 +184,12 @@ class EngineCore:
                 raise InvalidArgument(f"The inputs have {tokens} tokens together; at most {MAX_EMBED_TOKENS} per "
                                       "request: split them over several.", param="input")
             async with self.admission.slot(priority):
-                vectors = await asyncio.to_thread(backend.embed, ids)
+                work = asyncio.ensure_future(asyncio.to_thread(backend.embed, ids))
+                try:
+                    vectors = await asyncio.shield(work)
+                except asyncio.CancelledError:  # a thread cannot be stopped: its slot stays taken until it ends
+                    await asyncio.wait([work])
+                    raise
             if self.metrics is not None:
                 self.metrics.prompt_tokens.inc(tokens)
                 self.metrics.request_prompt_tokens.observe(tokens)
