@@ -30,7 +30,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as the cache service runs 
 import httpx
 import numpy as np
 
-from llmesh.cache.embed import MiniLM
+from llmesh.embedding import MiniLM
 from llmesh.cache.failopen import FailOpen
 from llmesh.cache.guards import extract, refusal
 from llmesh.cache.keys import Request, semantic_query

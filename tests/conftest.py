@@ -85,5 +85,5 @@ def minilm_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def minilm(minilm_dir):
-    from llmesh.cache.embed import MiniLM
+    from llmesh.embedding import MiniLM
     return MiniLM(minilm_dir)

@@ -71,6 +71,31 @@ class ContextLengthExceeded(InvalidArgument):
         self.context_length = context_length
 
 
+class NotGenerative(InvalidArgument):
+    """A chat or text completion asked of an embedding model (vLLM's and llmesh's 400)."""
+
+    def __init__(self, model: str):
+        super().__init__(f"The model '{model}' is an embedding model: it serves /v1/embeddings, not chat or text "
+                         "completions.", reason="model_not_generative", param="model")
+
+
+class NotEmbedding(InvalidArgument):
+    """Embeddings asked of a generative model."""
+
+    def __init__(self, model: str):
+        super().__init__(f"The model '{model}' does not serve embeddings; list the models with GET /v1/models "
+                         "(an embedding model's capabilities are [\"embeddings\"]).", reason="model_not_embedding",
+                         param="model")
+
+
+class InputTooLong(InvalidArgument):
+    """An embeddings input over the model's token limit: refused (as OpenAI's API does), not truncated."""
+
+    def __init__(self, index: int, tokens: int, limit: int):
+        super().__init__(f"This model's maximum input length is {limit} tokens, but input[{index}] has {tokens} "
+                         "tokens; shorten or split it.", reason="context_length_exceeded", param=f"input[{index}]")
+
+
 class NotFound(LlmeshError):
     code = ErrorCode.NOT_FOUND
 

@@ -78,13 +78,15 @@ class Mesh:
     log_dir: Path
     env: dict[str, str] = field(default_factory=dict)
     args: list[str] = field(default_factory=list)  # more `llmesh up` flags
+    embeddings: bool = False  # False: --no-embeddings (a test mesh runs the engines it names, no more)
     proc: subprocess.Popen[str] | None = None
     output: list[str] = field(default_factory=list)
 
     def start(self, timeout_s: float = 180.0) -> None:
         cmd = [sys.executable, "-m", "llmesh", "up", "--base-port", str(self.layout.base_port),
                "--http-port", str(self.layout.http_port), "--engines", self.engines,
-               "--model-dir", str(self.model_dir), "--log-dir", str(self.log_dir), "--grace", "5", *self.args]
+               "--model-dir", str(self.model_dir), "--log-dir", str(self.log_dir), "--grace", "5", *self.args,
+               *(() if self.embeddings else ("--no-embeddings",))]
         # Keys, audit logs and snapshots of this mesh stay in its own folder, never the checkout's var/state.
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "LLMESH_STATE_DIR": str(self.log_dir / "state"), **self.env}
         self.proc = proc = subprocess.Popen(cmd, env=env,

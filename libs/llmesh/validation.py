@@ -136,6 +136,15 @@ def check_choices(n: int) -> None:
     check_message(gateway_pb2.CompleteRequest(model="n", n=n))
 
 
+def check_embed(model: str, inputs: tuple[str, ...], user: str | None = None, dimensions: int | None = None) -> None:
+    """An embeddings request against the gateway's GatewayEmbedRequest rules (errors name fields
+    as the OpenAI API does: ``input[3]``)."""
+    if dimensions is not None and not 0 <= dimensions <= UINT32_MAX:
+        raise InvalidArgument(f"dimensions is out of range, got {dimensions}.", param="dimensions")
+    pb = gateway_pb2.GatewayEmbedRequest(model=model, inputs=inputs, user=user or "", dimensions=dimensions)
+    check_message(pb, lambda path: path.replace("inputs", "input", 1))
+
+
 def check_request(model: str, prompt: Prompt, sampling: Sampling, *, user: str | None = None,
                   tools: Tools | None = None, tools_allowed: bool = False, rules_checked: bool = False) -> None:
     """Every rule of the request as the gateway's ChatRequest/CompleteRequest states

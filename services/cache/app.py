@@ -36,7 +36,7 @@ def build_semantic(settings: CacheSettings, metrics: CacheMetrics) -> SemanticIn
         log.warning("no embedding model; semantic mode falls back to exact matches",
                     extra={"model_dir": str(settings.embed_model_dir)})
         return None
-    from llmesh.cache.embed import MiniLM
+    from llmesh.embedding import MiniLM
     return SemanticIndex(MiniLM(settings.embed_model_dir), hnsw_min=settings.hnsw_min,
                          on_refusal=lambda guard: metrics.guard_refusals.labels(guard).inc())
 

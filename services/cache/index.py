@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 from usearch.index import Index
 
-from llmesh.cache.embed import DIM
+from llmesh.embedding import DIM
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,6 +51,9 @@ def build_backend(settings: EngineSettings) -> Backend:
                                   enable_lora=settings.vllm_enable_lora, max_loras=settings.vllm_max_loras,
                                   max_lora_rank=settings.vllm_max_lora_rank,
                                   kv_events_endpoint=vllm_kv_events_endpoint(settings), options=vllm_options(settings))
+    if settings.backend == "minilm":
+        from llmesh.engine.backends.minilm import MiniLMBackend
+        return MiniLMBackend.from_store(settings.model_dir, settings.model)
     from llmesh.engine.backends.llamacpp import LlamaCppBackend
     return LlamaCppBackend.from_store(settings.model_dir, settings.model, n_ctx=settings.n_ctx,
                                       n_threads=settings.n_threads, n_batch=settings.n_batch,
@@ -180,9 +183,12 @@ class EngineApp:
 
     def _served(self) -> list[scheduler_pb2.ServedModel]:
         """What requests may name here now (the model, then its LoRA adapters), each with its
-        context length and the requests naming it in flight."""
+        context length, the requests naming it in flight, and whether it is an embedding model."""
+        can = self.core.backend.capabilities
+        embeddings = can.embeddings and not can.generates
         return [scheduler_pb2.ServedModel(name=m.name, context_length=m.context_length, base_model=m.base_model,
-                                          in_flight=self.core.in_flight(m.name)) for m in self.lifecycle.list()]
+                                          in_flight=self.core.in_flight(m.name), embeddings=embeddings)
+                for m in self.lifecycle.list()]
 
     async def _check(self) -> None:
         self.hardware = hardware_to_pb(await asyncio.to_thread(probe))

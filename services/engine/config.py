@@ -16,7 +16,7 @@ class EngineSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="LLMESH_ENGINE_", extra="ignore", frozen=True)
 
     port: int = DEFAULT_PORTS["engine"]
-    backend: Literal["llamacpp", "sim", "vllm"] = "llamacpp"
+    backend: Literal["llamacpp", "sim", "vllm", "minilm"] = "llamacpp"  # minilm: embeddings only
     model: str = "smollm2-135m-instruct"
     model_dir: Path = Path("var/models")
     endpoint_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-engine")

@@ -3,17 +3,19 @@ the backend's token stream into final text deltas, a finish reason and usage."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import cast
 
-from llmesh.errors import ContextLengthExceeded, InvalidArgument, ModelNotFound
+from llmesh.errors import (ContextLengthExceeded, InputTooLong, InvalidArgument, ModelNotFound, NotEmbedding,
+                           NotGenerative)
 from llmesh.types import Delta, Finish, FinishReason, Priority, Prompt, Sampling, TokenLogprob, Usage
 from llmesh.validation import check_request
 from llmesh.engine.admission import Admission
-from llmesh.engine.backends.base import Backend, DecodeParams, Piece, Token, can_continue, steps_of
+from llmesh.engine.backends.base import Backend, DecodeParams, Piece, Token, can_continue, can_embed, steps_of
 from llmesh.engine.metrics import EngineMetrics
 from llmesh.engine.stops import StopMatcher
 
@@ -62,6 +64,16 @@ class _Timing:
 class LastDelta(Delta):
     """The answer's last Delta: only the Finish follows, with nothing awaited in between,
     so a consumer may send the two together (one message fewer an answer)."""
+
+
+MAX_EMBED_TOKENS = 300_000  # an embeddings request's inputs together, as OpenAI's API limits them
+
+
+@dataclass(frozen=True, slots=True)
+class Embedded:
+    """Embed's answer: one vector per input, in order, and the inputs' tokens."""
+    vectors: list[list[float]]
+    prompt_tokens: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,11 +159,53 @@ class EngineCore:
         finally:
             self._leave(backend, model)
 
+    async def embed(self, model: str, texts: list[str], dimensions: int | None = None,
+                    priority: Priority = Priority.NORMAL) -> Embedded:
+        """The embeddings of ``texts`` (bounded by the proto's rules) on a backend that serves
+        them: tokenized and embedded in a thread (numpy releases the GIL), in an admission
+        slot like any request. An input over the model's limit is refused, never truncated."""
+        backend = self.backend
+        self._check_model(backend, model)
+        if not can_embed(backend):
+            raise NotEmbedding(model)
+        if dimensions is not None:
+            raise InvalidArgument(f"The model '{model}' does not support 'dimensions': its vectors have a fixed "
+                                  "size.", param="dimensions")
+        arrived = time.monotonic()
+        self._enter(backend, model)
+        try:
+            ids = await asyncio.to_thread(backend.tokenize_inputs, texts)
+            limit = backend.max_input_tokens
+            for i, one in enumerate(ids):
+                if len(one) > limit:
+                    raise InputTooLong(i, len(one), limit)
+            tokens = sum(len(one) for one in ids)
+            if tokens > MAX_EMBED_TOKENS:
+                raise InvalidArgument(f"The inputs have {tokens} tokens together; at most {MAX_EMBED_TOKENS} per "
+                                      "request: split them over several.", param="input")
+            async with self.admission.slot(priority):
+                work = asyncio.ensure_future(asyncio.to_thread(backend.embed, ids))
+                try:
+                    vectors = await asyncio.shield(work)
+                except asyncio.CancelledError:  # a thread cannot be stopped: its slot stays taken until it ends
+                    await asyncio.wait([work])
+                    raise
+            if self.metrics is not None:
+                self.metrics.prompt_tokens.inc(tokens)
+                self.metrics.request_prompt_tokens.observe(tokens)
+                self.metrics.success("stop")
+                self.metrics.e2e.observe(time.monotonic() - arrived)
+            return Embedded(vectors, tokens)
+        finally:
+            self._leave(backend, model)
+
     def _prepare(self, backend: Backend, model: str, prompt: Prompt, sampling: Sampling, priority: Priority,
                  continuation: str) -> tuple[list[int], DecodeParams]:
         """The request checked against the backend and tokenized (a continued answer's text
         appended): its tokens and what the backend decodes them with."""
         self._check_model(backend, model)
+        if not backend.capabilities.generates:
+            raise NotGenerative(model)
         check_request(model, prompt, sampling)
         self._check_capabilities(backend, sampling)
         tokens = backend.tokenize(prompt)
@@ -212,6 +266,10 @@ class EngineCore:
         backend = backend or self.backend
         started = time.monotonic()
         try:
+            if can_embed(backend) and not backend.capabilities.generates:  # an embedder's test: one vector
+                vectors = await asyncio.to_thread(backend.embed, backend.tokenize_inputs(["ping"]))
+                ok = len(vectors) == 1 and len(vectors[0]) > 0
+                return ok, "" if ok else "the backend produced no vector", (time.monotonic() - started) * 1000
             tokens = backend.tokenize(Prompt(text="ping"))
             pieces = backend.stream(tokens, DecodeParams(max_new_tokens=1, temperature=0.0, top_p=1.0, seed=0))
             async with aclosing(pieces):

@@ -8,7 +8,8 @@ from opentelemetry import trace
 
 from llmesh.convert import finish_to_pb, logprobs_to_pb, priority_from_pb, prompt_from_pb, sampling_from_pb, usage_to_pb
 from llmesh.types import Delta
-from llmesh.v1 import engine_pb2, engine_pb2_grpc
+from llmesh.v1 import common_pb2, engine_pb2, engine_pb2_grpc
+from llmesh.validation import check_message
 from llmesh.engine.core import EngineCore, LastDelta
 from llmesh.engine.lifecycle import LoadedModel, ModelLifecycle
 
@@ -48,6 +49,14 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
                     yield response(text="".join(texts), token_count=tokens,
                                    logprobs=logprobs_to_pb(tuple(logprobs)) if logprobs else None,
                                    finish_reason=finish_to_pb(item.reason), usage=usage_to_pb(item.usage))
+
+    async def Embed(self, request, context):
+        check_message(request, lambda path: path.replace("inputs", "input"))  # the proto's bounds
+        result = await self._core.embed(request.model, list(request.inputs),
+                                        request.dimensions if request.HasField("dimensions") else None,
+                                        priority_from_pb(request.priority))
+        return engine_pb2.EmbedResponse(embeddings=[common_pb2.Embedding(values=v) for v in result.vectors],
+                                        usage=common_pb2.Usage(prompt_tokens=result.prompt_tokens))
 
     async def Tokenize(self, request, context):
         count = self._core.count_tokens(request.model, prompt_from_pb(request))

@@ -230,7 +230,9 @@ class GatewayApp:
 
     def _ready(self, model: str) -> bool:
         """Some replica could take a request for ``model`` now."""
-        return bool(self.picker.candidates(PickInput(model=model, now=time.monotonic())))
+        now = time.monotonic()  # a generative replica, or an embedding one
+        return bool(self.picker.candidates(PickInput(model=model, now=now))
+                    or self.picker.candidates(PickInput(model=model, now=now, embed=True)))
 
     def _known_model(self, model: str) -> bool:
         """A name the gateway knows (catalog, splits, cascades, providers): the only model
@@ -242,7 +244,7 @@ class GatewayApp:
     def model_names(self) -> list[ListedModel]:
         """What a request can be answered for now (domain/listing.py): healthy engines' models,
         provider-mapped and autoscaled models, and the aliases and fallbacks over them."""
-        return listed_models(self.config.current, self.picker.healthy_models())
+        return listed_models(self.config.current, self.picker.healthy_models(), self.picker.embedding_models())
 
     async def models_for(self, credential: str | None) -> list[ListedModel]:
         """The listed models this credential's tenant may use (401 for bad credentials)."""

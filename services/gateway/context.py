@@ -51,6 +51,14 @@ class CompletionRequest:
     checked: bool = False  # the front already checked it against the protos' rules (gRPC: as it arrived)
     stream: bool = True  # False: the client takes the answer at once (upstreams may send it whole)
     client_request_id: str | None = None  # the client's x-request-id when it was replaced (llmesh.request_id)
+    # Set: an embeddings request (operation "embeddings") of these texts, in order; the prompt is empty
+    # and the stages that concern generated text pass it by (``embeds``).
+    inputs: tuple[str, ...] | None = None
+    dimensions: int | None = None  # embeddings: the vector size asked for (a model that cannot refuses)
+
+    @property
+    def embeds(self) -> bool:
+        return self.inputs is not None
 
     @classmethod
     def unread(cls, request_id: str, operation: str, client_request_id: str | None = None) -> CompletionRequest:
@@ -58,6 +66,13 @@ class CompletionRequest:
         operation only, no model, prompt nor caller."""
         return cls(request_id=request_id, tenant="", model="", prompt=Prompt(), sampling=Sampling(), timeout_s=0.0,
                    operation=operation, client_request_id=client_request_id)
+
+
+@dataclass(frozen=True, slots=True)
+class Vectors(Finish):
+    """An embeddings request's answer, its only item: each input's vector as little-endian
+    float32 bytes, in the inputs' order; ``usage.prompt_tokens`` counts the inputs' tokens."""
+    vectors: tuple[bytes, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,7 @@ class Served:
     context_length: int = 0
     base_model: str = ""
     in_flight: int = 0
+    embeddings: bool = False  # an embedding model (Embed, not Generate)
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,13 +12,14 @@ import os
 import re
 from collections.abc import AsyncIterator, Iterator
 
+import numpy as np
 import orjson
 import pytest
 
 from llmesh.errors import Unavailable
 from llmesh.liveconfig.schema import MeshConfig
 from llmesh.types import Delta, Finish, FinishReason, Usage
-from llmesh.gateway.context import CompletionRequest
+from llmesh.gateway.context import CompletionRequest, Vectors
 from llmesh.gateway.fronts.body import OFFLOAD_BYTES, BodyReader, Offload, Reader
 from llmesh.gateway.fronts.http import HttpFront
 from llmesh.gateway.fronts.openai_api import Body
@@ -30,7 +31,8 @@ from llmesh.gateway.upstream.picking import Endpoint, EndpointPicker
 from tests.component.helpers import Catalog, asgi_post
 
 MODEL = "sim-echo"
-CHAT, TEXT = "/v1/chat/completions", "/v1/completions"
+EMBED = "embed-echo"
+CHAT, TEXT, EMBEDDINGS = "/v1/chat/completions", "/v1/completions", "/v1/embeddings"
 
 
 class EchoEngines:
@@ -41,13 +43,20 @@ class EchoEngines:
         yield Delta(prompt.text if prompt.messages is None else prompt.messages[-1].content, tokens=1)
         yield Finish(FinishReason.STOP, Usage(1, 1))
 
+    async def embed(self, address: str, req: CompletionRequest, timeout_s: float, parent) -> AsyncIterator:
+        """Each input's length and first character as its vector."""
+        inputs = req.inputs or ()
+        yield Vectors(FinishReason.STOP, Usage(len(inputs)),
+                      tuple(np.array([len(t), ord(t[0])], dtype="<f4").tobytes() for t in inputs))
+
 
 def front(bodies: BodyReader) -> HttpFront:
     config = MeshConfig()
     picker = EndpointPicker()
-    picker.replace_all([Endpoint("e1", "127.0.0.1:1", frozenset({MODEL}), max_running=64)])
-    stages = [ValidateStage(), RouteStage(Catalog(MODEL), lambda: config)]
-    pipeline = Pipeline(picker, EchoEngines(), Catalog(MODEL), config=lambda: config, stages=stages)
+    picker.replace_all([Endpoint("e1", "127.0.0.1:1", frozenset({MODEL}), max_running=64),
+                        Endpoint("e2", "127.0.0.1:2", frozenset({EMBED}), embeds=frozenset({EMBED}))])
+    stages = [ValidateStage(), RouteStage(Catalog(MODEL, EMBED), lambda: config)]
+    pipeline = Pipeline(picker, EchoEngines(), Catalog(MODEL, EMBED), config=lambda: config, stages=stages)
     return HttpFront(pipeline, lambda credential: asyncio.sleep(0, [MODEL]), lambda: True, 30.0, bodies=bodies)
 
 
@@ -96,6 +105,14 @@ CASES = [
     ("seed-huge", CHAT, b'{"model": "%s", "messages": [], "seed": %d}' % (MODEL.encode(), 2**80)),
     ("unknown-role", CHAT, orjson.dumps({"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]})),
     ("unknown-model", CHAT, orjson.dumps({"model": "nope", "messages": [{"role": "user", "content": "x"}]})),
+    ("embeddings", EMBEDDINGS, orjson.dumps({"model": EMBED, "input": ["one", "two"], "user": "u"})),
+    ("embeddings-base64", EMBEDDINGS, orjson.dumps({"model": EMBED, "input": "x", "encoding_format": "base64"})),
+    ("embeddings-token-ids", EMBEDDINGS, orjson.dumps({"model": EMBED, "input": [[1, 2]]})),
+    ("embeddings-unknown-field", EMBEDDINGS, orjson.dumps({"model": EMBED, "input": "x", "stream": True})),
+    ("embeddings-empty-input", EMBEDDINGS, orjson.dumps({"model": EMBED, "input": ["ok", ""]})),
+    ("embeddings-of-a-chat-model", EMBEDDINGS, orjson.dumps({"model": MODEL, "input": "x"})),
+    ("chat-with-an-embedding-model", CHAT, orjson.dumps({"model": EMBED, "messages": [{"role": "user",
+                                                                                       "content": "x"}]})),
     ("nested-deep", CHAT, b'{"model": "m", "messages": [], "metadata": ' + b"[" * DEEP + b"]" * DEEP + b"}"),
 ]
 
@@ -202,3 +219,17 @@ async def test_a_worker_that_dies_is_replaced_and_its_body_parsed_inline(workers
 
 async def test_the_workers_run_at_a_lower_priority_than_the_gateway(workers):
     assert await workers.call(os.nice, 0) == min(19, os.nice(0) + NICE)
+
+
+async def test_embeddings_through_the_front_and_the_wrong_kind_of_model(workers):
+    http = front(BodyReader(Recorded(workers.call), threshold=0))
+    status, body = await answer(http, EMBEDDINGS, orjson.dumps({"model": EMBED, "input": ["one", "three"]}))
+    assert status == 200
+    got = orjson.loads(body)
+    assert [d["embedding"] for d in got["data"]] == [[3.0, 111.0], [5.0, 116.0]]
+    assert got["usage"] == {"prompt_tokens": 2, "total_tokens": 2} and got["model"] == EMBED
+    for path, raw, code in ((EMBEDDINGS, orjson.dumps({"model": MODEL, "input": "x"}), "model_not_embedding"),
+                            (CHAT, orjson.dumps({"model": EMBED, "messages": [{"role": "user", "content": "x"}]}),
+                             "model_not_generative")):
+        status, body = await answer(http, path, raw)
+        assert status == 400 and orjson.loads(body)["error"]["code"] == code

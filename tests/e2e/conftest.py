@@ -17,7 +17,8 @@ from llmesh.testing import Mesh, Service, free_layout, wait_until, write_config_
 from llmesh.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 SMOL = "smollm2-135m-instruct"
-EMBEDDER = "all-minilm-l6-v2"  # the cache's; registered by the model manager, served by no engine
+EMBEDDER = "all-minilm-l6-v2"  # the cache's; registered by the model manager, served by no engine here (the test
+# meshes run `llmesh up --no-embeddings`; tests/e2e/test_embeddings.py starts one that serves it)
 N_CTX = 2048
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llmesh.gateway.domain.listing import GENERATIVE, listed_models
+from llmesh.gateway.domain.listing import EMBEDDING, GENERATIVE, listed_models
 from llmesh.gateway.upstream.picking import Endpoint, EndpointPicker
 from llmesh.liveconfig.schema import MeshConfig
 
@@ -20,7 +20,7 @@ def test_only_served_provider_and_autoscaled_models_are_listed():
     assert {m.name: m.owned_by for m in listed}["hosted"] == "openai"
     assert {m.name: m.owned_by for m in listed}["smol"] == "llmesh"
     assert all(m.serves == GENERATIVE for m in listed)
-    assert [s.value for s in GENERATIVE] == ["chat", "completions"]  # embeddings: not served yet
+    assert [s.value for s in GENERATIVE] == ["chat", "completions"]
 
 
 def test_an_alias_is_listed_when_its_models_can_answer():
@@ -43,3 +43,24 @@ def test_the_picker_offers_only_healthy_endpoints_models():
                         Endpoint("e3", "a:3", frozenset({"ecc"}), degraded="ecc errors rising")])
     assert picker.healthy_models() == {"smol", "ecc"}
     assert names(MeshConfig(), picker.healthy_models()) == ["ecc", "smol"]
+
+
+def test_embedding_models_say_so_and_come_after_the_generative_ones():
+    """A client that takes the first listed model can chat with it (issue 29)."""
+    config = MeshConfig.model_validate({
+        "splits": {"embed-ab": {"targets": [{"model": "all-minilm-l6-v2", "weight": 1}]},
+                   "chat-ab": {"targets": [{"model": "smol", "weight": 1}]}}})
+    listed = listed_models(config, {"all-minilm-l6-v2", "smol", "zeta"}, embedding={"all-minilm-l6-v2"})
+    assert [(m.name, m.serves) for m in listed] == [
+        ("chat-ab", GENERATIVE), ("smol", GENERATIVE), ("zeta", GENERATIVE),
+        ("all-minilm-l6-v2", EMBEDDING), ("embed-ab", EMBEDDING)]
+    assert [s.value for s in EMBEDDING] == ["embeddings"]
+
+
+def test_the_picker_tells_embedding_models_from_generative_ones():
+    picker = EndpointPicker()
+    picker.replace_all([Endpoint("g", "a:1", frozenset({"smol"})),
+                        Endpoint("e", "a:2", frozenset({"mini"}), embeds=frozenset({"mini"}))])
+    assert picker.embedding_models() == {"mini"} and picker.generative_models() == {"smol"}
+    assert [m.name for m in listed_models(MeshConfig(), picker.healthy_models(), picker.embedding_models())] == [
+        "smol", "mini"]

@@ -26,7 +26,7 @@ def hf_folder(tmp_path: Path, name: str) -> Path:
 
 def test_vllm_is_an_engine_backend():
     assert parse_engines("vllm:2,sim") == ["vllm", "vllm", "sim"]
-    with pytest.raises(ValueError, match=r"\(llamacpp, sim, vllm\)"):
+    with pytest.raises(ValueError, match=r"\(llamacpp, sim, vllm, minilm\)"):
         parse_engines("tgi")
 
 
@@ -76,3 +76,19 @@ def test_a_dead_childs_leftover_processes_are_killed(tmp_path):
     child.reap_group()
     assert wait_until(lambda: not pid_alive(core), 10)
     child.reap_group()  # nothing left: no error
+
+
+def test_up_serves_the_embedder_unless_told_not_to(tmp_path):
+    """`llmesh up` (`make run`) adds a minilm engine for all-minilm-l6-v2 when the model is in the
+    store, after the --engines ones; --no-embeddings, or no such model, starts none."""
+    (tmp_path / "models" / "all-minilm-l6-v2").mkdir(parents=True)
+    assert not _up_options(up_args(tmp_path, "--engines", "sim"))[0].embeddings  # no weights: nothing to serve
+    (tmp_path / "models" / "all-minilm-l6-v2" / "model.safetensors").write_bytes(b"")
+    spec, _, _ = _up_options(up_args(tmp_path, "--engines", "sim"))
+    engines = [c for c in plan(spec) if c.name.startswith("engine-")]
+    assert [(c.name, c.env["LLMESH_ENGINE_BACKEND"], c.env["LLMESH_ENGINE_MODEL"]) for c in engines] == [
+        ("engine-0", "sim", "sim-small"), ("engine-1", "minilm", "all-minilm-l6-v2")]
+    assert "/v1/embeddings" in _banner(spec.layout, spec)
+    off, _, _ = _up_options(up_args(tmp_path, "--engines", "sim", "--no-embeddings"))
+    assert [c.env["LLMESH_ENGINE_BACKEND"] for c in plan(off) if c.name.startswith("engine-")] == ["sim"]
+    assert "/v1/embeddings" not in _banner(off.layout, off)

@@ -48,8 +48,8 @@ def parse_engines(text: str) -> list[str]:
         if not item:
             continue
         backend, _, count = item.partition(":")
-        if backend not in ("llamacpp", "sim", "vllm"):
-            raise ValueError(f"unknown engine backend {backend!r} (llamacpp, sim, vllm)")
+        if backend not in ("llamacpp", "sim", "vllm", "minilm"):
+            raise ValueError(f"unknown engine backend {backend!r} (llamacpp, sim, vllm, minilm)")
         if count and not (count.isdigit() and int(count) >= 1):
             raise ValueError(f"bad engine count in {item!r}; write backend:N, N >= 1")
         engines += [backend] * int(count or 1)
@@ -72,7 +72,7 @@ def parse_autoscale(items: list[str]) -> dict[str, str]:
 def _up_options(args: argparse.Namespace) -> tuple[MeshSpec, dict[str, str], RestartPolicy]:
     """``llmesh up``'s arguments as (MeshSpec, autoscaled models, RestartPolicy); a ValueError
     says what is wrong with them."""
-    from llmesh.cli.up import MeshSpec
+    from llmesh.cli.up import EMBED_MODEL, MeshSpec
     from llmesh.restarts import RestartPolicy
 
     engines = parse_engines(args.engines)
@@ -80,7 +80,7 @@ def _up_options(args: argparse.Namespace) -> tuple[MeshSpec, dict[str, str], Res
         raise ValueError("--trust goes with --secure")
     spec = MeshSpec(layout=_layout(args), engines=engines, model_dir=args.model_dir.resolve(),
                     log_dir=args.log_dir.resolve(), grace_s=args.grace, cache=not args.no_cache,
-                    vllm_model=args.vllm_model,
+                    vllm_model=args.vllm_model, embeddings=not args.no_embeddings and "minilm" not in engines,
                     gateway_workers=args.gateway_workers, trust=(args.trust or "tls") if args.secure else "local")
     if args.secure:
         from llmesh.cli.secure import pki_dir, state_dir
@@ -92,6 +92,8 @@ def _up_options(args: argparse.Namespace) -> tuple[MeshSpec, dict[str, str], Res
     if "vllm" in engines and not (spec.model_dir / spec.vllm_model / "config.json").is_file():
         raise ValueError(f"no Hugging Face model directory '{spec.vllm_model}' in {spec.model_dir} for the vllm "
                          f"engines (--vllm-model; `make vllm-model` builds SmolLM2's)")
+    # the embedder is served where `make model` put it (without it: no /v1/embeddings, as the banner says)
+    spec.embeddings = spec.embeddings and (spec.model_dir / EMBED_MODEL / "model.safetensors").is_file()
     scaled = parse_autoscale(args.autoscale)
     if args.max_restarts < 0 or args.restart_window <= 0:
         raise ValueError("--max-restarts must be >= 0 and --restart-window > 0")
@@ -181,8 +183,18 @@ def _banner(layout: Layout, spec: MeshSpec) -> str:
   for ch in c.chat.completions.create(model="{model}", stream=True,
           messages=[{{"role": "user", "content": "Name three planets."}}]):
       print(ch.choices[0].delta.content or "", end="", flush=True)'
-
+{_embeddings_line(spec, url)}
 Ctrl-C stops every service."""
+
+
+def _embeddings_line(spec: MeshSpec, url: str) -> str:
+    from llmesh.cli.up import EMBED_MODEL
+    if spec.embeddings or "minilm" in spec.engines:
+        return f"""
+  curl {url}/v1/embeddings -H 'content-type: application/json' \\
+    -d '{{"model": "{EMBED_MODEL}", "input": ["Name three planets."]}}'
+"""
+    return ""
 
 
 def _secure_banner(layout: Layout, spec: MeshSpec, model: str) -> str:
@@ -256,6 +268,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--model-dir", type=Path, default=Path("var/models"))
     up.add_argument("--log-dir", type=Path, default=Path("var/log"))
     up.add_argument("--no-cache", action="store_true", help="the gateway skips the response cache")
+    up.add_argument("--no-embeddings", action="store_true",
+                    help="start no engine for all-minilm-l6-v2 (by default one serves /v1/embeddings)")
     up.add_argument("--grace", type=float, default=10.0, help="seconds in-flight work gets on stop")
     up.add_argument("--gateway-workers", type=int, default=1, metavar="N",
                     help="gateway worker processes sharing its ports (more than 1 needs LLMESH_REDIS_URL)")

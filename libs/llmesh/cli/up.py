@@ -88,7 +88,8 @@ class Child:
         return found
 
 
-EMBED_MODEL = "all-minilm-l6-v2"  # the cache's sentence embedder, extracted by `make model`
+EMBED_MODEL = "all-minilm-l6-v2"  # the cache's sentence embedder, extracted by `make model`; also served
+# for /v1/embeddings by a ``minilm`` engine (MeshSpec.embeddings)
 
 
 @dataclass
@@ -105,13 +106,14 @@ class MeshSpec:
     gateway_workers: int = 1       # worker processes under the gateway's supervisor (llmesh.workers)
     trust: Trust = "local"         # "tls" / "token": `llmesh up --secure` (llmesh.cli.secure)
     pki_dir: Path | None = None    # the mesh's certificates, when not local
+    embeddings: bool = False       # one more engine (backend minilm) serves EMBED_MODEL for /v1/embeddings
 
     def trust_env(self, instance: str) -> dict[str, str]:
         return child_env(self.trust, self.pki_dir, instance)
 
     def engine_model(self, backend: str) -> str:
         """The model an engine of ``backend`` serves unless told otherwise."""
-        return {"llamacpp": self.model, "vllm": self.vllm_model}.get(backend, self.sim_model)
+        return {"llamacpp": self.model, "vllm": self.vllm_model, "minilm": EMBED_MODEL}.get(backend, self.sim_model)
 
 
 def base_env() -> dict[str, str]:
@@ -164,6 +166,8 @@ def plan(spec: MeshSpec) -> list[Child]:
                                                  "LLMESH_CACHE_EMBED_MODEL_DIR": str(spec.model_dir / EMBED_MODEL),
                                                  **metrics("cache", "CACHE")})
     children += [engine_child(spec, i, backend) for i, backend in enumerate(spec.engines)]
+    if spec.embeddings:  # after the --engines ones (the local autoscaler's engines take free indexes after them)
+        children.append(engine_child(spec, len(spec.engines), "minilm"))
     add("gateway", "gateway", lay.address("gateway"), {
         "LLMESH_GATEWAY_PORT": str(lay.port("gateway")),
         "LLMESH_GATEWAY_HTTP_PORT": str(lay.http_port),

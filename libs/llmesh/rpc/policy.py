@@ -25,7 +25,7 @@ OPEN_SERVICES = frozenset({"grpc.health.v1.Health", "grpc.reflection.v1alpha.Ser
 
 # The client-facing API: applications call it with API keys or JWTs (the gateway's auth stage).
 PUBLIC_METHODS = frozenset({"/llmesh.v1.Gateway/Chat", "/llmesh.v1.Gateway/Complete",
-                            "/llmesh.v1.Gateway/ListModels"})
+                            "/llmesh.v1.Gateway/ListModels", "/llmesh.v1.Gateway/Embed"})
 
 
 def _service(name: str, methods: Mapping[str, frozenset[str]]) -> dict[str, frozenset[str]]:
@@ -39,6 +39,7 @@ def _only(*services: str) -> frozenset[str]:
 ALLOWED: Mapping[str, frozenset[str]] = {
     **_service("Engine", {
         "Generate": _only(GATEWAY, MODELMGR),  # the request path; the rollout's warm-up and evaluation
+        "Embed": _only(GATEWAY),  # the embeddings request path
         "Tokenize": _only(GATEWAY, CLI),
         "GetStatus": _only(MODELMGR, CLI),  # a rollout's drain waits on in-flight work
         "LoadModel": _only(MODELMGR),

@@ -57,6 +57,8 @@ class Capabilities:
     steps: bool = False             # has ``stream_steps``: every piece a decode step made, in one list
     adapters: bool = False          # has ``load_adapter(name, path)`` and ``unload_adapter(name)`` (LoRA)
     knobs: frozenset[str] = frozenset()  # the sampling knobs it honours (Sampling.knobs' names)
+    generates: bool = True          # answers Generate (False: an embedding-only backend, which refuses it)
+    embeddings: bool = False        # has ``tokenize_inputs``, ``embed`` and ``max_input_tokens`` (Embed)
 
 
 ALL_KNOBS = frozenset(KNOBS)  # llama.cpp's samplers and vLLM's SamplingParams have every one
@@ -137,6 +139,19 @@ class ContinuingBackend(Backend, Protocol):
     def tokenize_continuation(self, text: str) -> list[int]: ...
 
 
+class EmbeddingBackend(Backend, Protocol):
+    max_input_tokens: int  # an input over this many tokens is refused (never truncated)
+
+    def tokenize_inputs(self, texts: list[str]) -> list[list[int]]:
+        """Each text's token ids as ``embed`` takes them (not truncated)."""
+        ...
+
+    def embed(self, token_ids: list[list[int]]) -> list[list[float]]:
+        """One vector per input (each within ``max_input_tokens``), in order. CPU work: the
+        engine calls it in a thread."""
+        ...
+
+
 class AdapterBackend(Backend, Protocol):
     async def load_adapter(self, name: str, path: str) -> None: ...
     async def unload_adapter(self, name: str) -> None: ...
@@ -148,6 +163,10 @@ def has_steps(backend: Backend) -> TypeGuard[SteppingBackend]:
 
 def can_continue(backend: Backend) -> TypeGuard[ContinuingBackend]:
     return backend.capabilities.continuation
+
+
+def can_embed(backend: Backend) -> TypeGuard[EmbeddingBackend]:
+    return backend.capabilities.embeddings
 
 
 def has_adapters(backend: Backend) -> TypeGuard[AdapterBackend]:

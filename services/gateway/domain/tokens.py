@@ -19,6 +19,10 @@ class TokenCounter:
     def __init__(self, tokens: PromptTokens):
         self._tokens = tokens
 
+    def count_texts(self, model: str, texts: tuple[str, ...]) -> int:
+        """An embeddings request's inputs: each as a raw text (no chat template)."""
+        return sum(self.count(model, Prompt(text=t)) for t in texts)
+
     def count(self, model: str, prompt: Prompt) -> int:
         ids = self._tokens(model, prompt)
         if ids:

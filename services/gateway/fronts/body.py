@@ -18,6 +18,9 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
 
 from llmesh.errors import Unavailable
 from llmesh.types import Prompt, Sampling, Tools
@@ -54,7 +57,9 @@ def read(body_cls: type[Body], raw: bytes) -> Parsed:
 
 
 Reader = Callable[[type[Body], bytes], Parsed]
-Offload = Callable[[Reader, type[Body], bytes], Awaitable[Parsed]]  # GuardWorkers.call
+Offload = Callable[..., Awaitable[Any]]  # GuardWorkers.call: (reader, body class, raw) -> the reader's answer
+M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
 
 
 class BodyReader:
@@ -67,13 +72,19 @@ class BodyReader:
         self._turns = asyncio.Semaphore(max(1, concurrency))
 
     async def read(self, body_cls: type[Body], raw: bytes) -> Parsed:
+        return await self.parse(read, body_cls, raw)
+
+    async def parse(self, reader: Callable[[type[M], bytes], T], body_cls: type[M], raw: bytes) -> T:
+        """``reader(body_cls, raw)`` (a module-level function: it goes to a worker by name), the
+        same way: the embeddings body's reader too."""
         if self._offload is not None and len(raw) > self._threshold:
             async with self._turns:
                 try:
-                    return await self._offload(read, body_cls, raw)
+                    answer: T = await self._offload(reader, body_cls, raw)
+                    return answer
                 except Unavailable:  # the worker died under it (logged there): the old way, once
                     log.warning("a large body parsed on the event loop", extra={"bytes": len(raw)})
-        parsed = read(body_cls, raw)
+        parsed = reader(body_cls, raw)
         if len(raw) > _LARGE_BODY:
             await asyncio.sleep(0)
         return parsed

@@ -19,15 +19,17 @@ from typing import Any, cast
 
 import orjson
 
-from llmesh.errors import BodyTimeout, ErrorCode, InvalidArgument, LlmeshError, NestedTooDeep
+from llmesh.errors import BodyTimeout, ErrorCode, Internal, InvalidArgument, LlmeshError, NestedTooDeep
 from llmesh.logs import request_id_var
 from llmesh.request_id import accept
 from llmesh.types import Delta, Finish, TokenLogprob
 from llmesh.gateway.fronts.body import BodyReader, Parsed
 from llmesh.gateway.fronts.choices import ChoiceItems, UsageSum, choice_requests, merge
+from llmesh.gateway.fronts.embeddings import (EmbeddingsBody, EmbeddingsCall, embeddings_json, embeddings_request,
+                                              read_embeddings)
 from llmesh.gateway.fronts.openai_api import (CHAT, TEXT, Body, ChatBody, Choice, ChunkWriter, CompletionBody, Shape,
                                               ToolCalls, completion_json, error_json, sse)
-from llmesh.gateway.context import CompletionRequest, Context
+from llmesh.gateway.context import CompletionRequest, Context, Vectors
 from llmesh.gateway.domain.listing import ListedModel
 from llmesh.gateway.pipeline import Pipeline
 
@@ -141,6 +143,7 @@ class HttpFront:
                                      self._complete(scope, receive, send, ChatBody, CHAT)),
             "/v1/completions": ("POST", lambda scope, receive, send:
                                 self._complete(scope, receive, send, CompletionBody, TEXT)),
+            "/v1/embeddings": ("POST", self._embeddings),
             "/v1/models": ("GET", self.list_models),
             "/healthz": ("GET", self.healthz),
         }
@@ -171,11 +174,28 @@ class HttpFront:
 
     async def _complete(self, scope: dict, receive: Receive, send: Send, body_cls: type[Body], shape: Shape
                         ) -> None:
+        async def answer(rid: str, headers: dict[str, str], body: Parsed, client_rid: str | None) -> None:
+            await self._answer(send, rid, headers, body, shape, client_rid)
+        await self._handle(scope, receive, send, "chat" if shape.chat else "text_completion",
+                           lambda raw: self._bodies.read(body_cls, raw), answer)
+
+    async def _embeddings(self, scope: dict, receive: Receive, send: Send) -> None:
+        async def parse(raw: bytes) -> EmbeddingsCall:
+            return await self._bodies.parse(read_embeddings, EmbeddingsBody, raw)
+
+        async def answer(rid: str, headers: dict[str, str], call: EmbeddingsCall, client_rid: str | None) -> None:
+            await self._embed(send, rid, headers, call, client_rid)
+        await self._handle(scope, receive, send, "embeddings", parse, answer)
+
+    async def _handle(self, scope: dict, receive: Receive, send: Send, operation: str,
+                      parse: Callable[[bytes], Awaitable[Any]], answer: Callable[..., Awaitable[None]]) -> None:
+        """A POST's body read (within the body timeout) and parsed, then ``answer``ed; a body
+        refused before the pipeline gets its record (``Pipeline.refused``) and its error."""
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         rid, client_rid = accept(headers.get(REQUEST_ID))  # an unsafe or overlong id is replaced
         request_id_var.set(rid)
         started = time.monotonic()
-        unread = CompletionRequest.unread(rid, "chat" if shape.chat else "text_completion", client_rid)
+        unread = CompletionRequest.unread(rid, operation, client_rid)
         try:
             async with asyncio.timeout(self._body_timeout):
                 raw = await _read_body(receive)
@@ -189,12 +209,28 @@ class HttpFront:
             return await _error(send, exc, rid)
         async with _cancelled_on_disconnect(receive):
             try:
-                body = await self._bodies.read(body_cls, raw)
+                body = await parse(raw)
             except (LlmeshError, RecursionError) as caught:  # each refused request gets its record too
                 err = caught if isinstance(caught, LlmeshError) else _nested_too_deep()
                 self._pipeline.refused(unread, err, started)
                 return await _error(send, err, rid)
-            await self._answer(send, rid, headers, body, shape, client_rid)
+            await answer(rid, headers, body, client_rid)
+
+    async def _embed(self, send: Send, rid: str, headers: dict[str, str], call: EmbeddingsCall,
+                     client_rid: str | None) -> None:
+        """One embeddings request through the pipeline: its one item is the vectors."""
+        req = embeddings_request(call, rid, self._timeout(headers), trace_headers=headers,
+                                 credential=bearer(headers), client_request_id=client_rid)
+        ctx = Context.of(req)
+        try:
+            async with aclosing(self._pipeline.run(req, ctx)) as items:
+                async for item in items:
+                    if isinstance(item, Vectors):
+                        body = embeddings_json(item, call.model, call.encoding_format)
+                        return await _respond(send, 200, body, b"application/json", rid, ctx.headers)
+            raise Internal("The upstream answered an embeddings request without vectors.")
+        except LlmeshError as exc:
+            await _error(send, exc, rid)
 
     async def _answer(self, send: Send, rid: str, headers: dict[str, str], body: Parsed, shape: Shape,
                       client_rid: str | None = None) -> None:

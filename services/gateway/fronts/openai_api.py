@@ -25,7 +25,7 @@ OFF_VALUES: dict[str, tuple[Any, ...]] = {
     "logit_bias": ({}, None), "functions": ([], None), "function_call": ("none", None), "echo": (False, None),
     "best_of": (1, None), "suffix": (None, ""),
 }
-B = TypeVar("B", bound="Body")  # parse's body class
+B = TypeVar("B", bound=BaseModel)  # parse's body class
 
 
 class _JsonSchema(BaseModel):

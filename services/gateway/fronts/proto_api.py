@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from llmesh.convert import messages_from_pb, sampling_from_pb, tools_from_pb
-from llmesh.types import Prompt
+from llmesh.types import Prompt, Sampling
 from llmesh.v1 import gateway_pb2
 from llmesh.validation import check_message
 
@@ -42,3 +42,14 @@ def complete_request(pb: gateway_pb2.CompleteRequest, request_id: str, timeout_s
                             trace_headers=trace_headers, operation="text_completion", checked=True,
                             client_request_id=client_request_id)
     return req, pb.n if pb.HasField("n") else 1
+
+
+def embed_request(pb: gateway_pb2.GatewayEmbedRequest, request_id: str, timeout_s: float,
+                  credential: str | None,
+                  client_request_id: str | None = None) -> CompletionRequest:
+    check_message(pb)
+    return CompletionRequest(request_id=request_id, tenant="", model=pb.model, prompt=Prompt(), sampling=Sampling(),
+                             timeout_s=timeout_s, user=pb.user or None, credential=credential,
+                             operation="embeddings", checked=True, client_request_id=client_request_id,
+                             inputs=tuple(pb.inputs), dimensions=pb.dimensions if pb.HasField("dimensions") else None,
+                             stream=False)

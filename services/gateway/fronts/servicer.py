@@ -6,22 +6,25 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from typing import Any
 
+import numpy as np
+
 from llmesh.convert import finish_to_pb, logprobs_to_pb, tool_calls_to_pb, usage_to_pb
-from llmesh.errors import LlmeshError, domain_error
+from llmesh.errors import Internal, LlmeshError, domain_error
 from llmesh.logs import request_id_var
 from llmesh.request_id import kept, new_request_id
 from llmesh.rpc.interceptor import REQUEST_ID_KEY
 from llmesh.types import Delta, Finish
-from llmesh.v1 import gateway_pb2, gateway_pb2_grpc
+from llmesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 from llmesh.gateway.fronts.choices import choice_requests, merge
-from llmesh.gateway.context import CompletionRequest, Context
+from llmesh.gateway.context import CompletionRequest, Context, Vectors
 from llmesh.gateway.domain.listing import ListedModel, Serves
 from llmesh.gateway.pipeline import Pipeline
-from llmesh.gateway.fronts.proto_api import chat_request, complete_request
+from llmesh.gateway.fronts.proto_api import chat_request, complete_request, embed_request
 
-_API = {Serves.CHAT: gateway_pb2.MODEL_API_CHAT, Serves.COMPLETIONS: gateway_pb2.MODEL_API_COMPLETIONS}
-_OPERATIONS = {"Chat": "chat", "Complete": "text_completion"}  # the methods that run a request
+_API = {Serves.CHAT: gateway_pb2.MODEL_API_CHAT, Serves.COMPLETIONS: gateway_pb2.MODEL_API_COMPLETIONS,
+        Serves.EMBEDDINGS: gateway_pb2.MODEL_API_EMBEDDINGS}
+_OPERATIONS = {"Chat": "chat", "Complete": "text_completion", "Embed": "embeddings"}  # the methods that run one
 
 
 def credential(context) -> str | None:
@@ -144,6 +147,24 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                         await context.send_initial_metadata(tuple(ctxs[0].headers.items()))
                 yield msg
         context.set_trailing_metadata(((REQUEST_ID_KEY, req.request_id), *ctxs[0].headers.items()))
+
+    async def Embed(self, request, context) -> gateway_pb2.GatewayEmbedResponse:
+        rid, timeout, client_rid = self._call(context)
+        try:
+            req = embed_request(request, rid, timeout, credential(context), client_request_id=client_rid)
+        except (LlmeshError, RecursionError) as exc:
+            self._refused(rid, "embeddings", client_rid, exc)
+            raise
+        ctx = Context.of(req)
+        async with aclosing(self._pipeline.run(req, ctx)) as items:
+            async for item in items:
+                if isinstance(item, Vectors):
+                    context.set_trailing_metadata(((REQUEST_ID_KEY, rid), *ctx.headers.items()))
+                    return gateway_pb2.GatewayEmbedResponse(
+                        embeddings=[common_pb2.Embedding(values=np.frombuffer(v, dtype="<f4").tolist())
+                                    for v in item.vectors],
+                        model=request.model, usage=usage_to_pb(item.usage))
+        raise Internal("The upstream answered an embeddings request without vectors.")
 
     async def ListModels(self, request, context):
         models = await self._model_names(credential(context))

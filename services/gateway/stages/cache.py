@@ -34,7 +34,7 @@ class CacheStage(Stage):
 
     async def admit(self, ctx: Context) -> None:
         req = ctx.req
-        if req.sampling.logprobs is not None or req.tools is not None or not self._cache.applies(req):
+        if req.embeds or req.sampling.logprobs is not None or req.tools is not None or not self._cache.applies(req):
             return
         hit = await self._cache.lookup(req, ctx.span)
         if hit is None:

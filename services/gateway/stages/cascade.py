@@ -67,7 +67,7 @@ class CascadeStage(Stage):
     async def admit(self, ctx: Context) -> None:
         config = self._config()
         cascade = config.cascades.get(ctx.req.model)
-        if cascade is None:
+        if cascade is None or ctx.req.embeds:  # confidence is a generated answer's: no cascade of embeddings
             return
         req = ctx.req
         wanted = req.sampling.logprobs

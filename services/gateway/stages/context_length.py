@@ -30,6 +30,8 @@ class ContextLengthStage(Stage):
         """Refuses the request when its prompt cannot fit the model, nor any model of its fallback
         chain (each counted with its own tokenizer)."""
         req = ctx.req
+        if req.embeds:
+            return  # each input is checked against the model's limit by its engine, exactly
         config = self._config()
         completion = req.sampling.max_tokens or 1
         refusal = None

@@ -17,7 +17,7 @@ from dataclasses import replace
 
 from llmesh.errors import InvalidArgument
 from llmesh.liveconfig.schema import Guards, MeshConfig
-from llmesh.types import Prompt
+from llmesh.types import Message, Prompt
 from llmesh.gateway.context import Context
 from llmesh.gateway.domain.guards import screening
 from llmesh.gateway.domain.guards.injection import MAX_SCAN_CHARS, MAX_SCAN_TOTAL_CHARS, InjectionScreen
@@ -53,6 +53,8 @@ class GuardStage(Stage):
 
     async def admit(self, ctx: Context) -> None:
         guards = self._config().tenant(ctx.req.tenant).guards
+        if ctx.req.inputs is not None:
+            return await self._mask_inputs(ctx, guards)
         screened = guards.injection != "off"
         masking = guards.pii == "mask"
         job = GuardJob(ctx.req.prompt, guards.injection_threshold if screened else None,
@@ -76,6 +78,19 @@ class GuardStage(Stage):
             ctx.filters.append(StreamMasker(self._masker, placeholders or Placeholders()))
         if found:
             ctx.filters.append(StreamRestorer(found))
+
+    async def _mask_inputs(self, ctx: Context, guards: Guards) -> None:
+        """An embeddings request: its inputs' PII masked as a prompt's is (the engine never sees
+        it; the vectors are those of the masked texts). No injection screen: an embedding model
+        follows no instructions. No output filters: vectors carry no text."""
+        inputs = ctx.req.inputs
+        if guards.pii != "mask" or not inputs:
+            return
+        prompt = Prompt(messages=tuple(Message("user", text) for text in inputs))
+        result = await self._result(ctx, GuardJob(prompt, None, self._kinds, self._max_chars, self._max_total_chars))
+        if result.counts and result.prompt is not None and result.prompt.messages is not None:
+            ctx.record.pii = dict(result.counts)
+            ctx.req = replace(ctx.req, inputs=tuple(m.content for m in result.prompt.messages))
 
     @staticmethod
     def _judge(ctx: Context, guards: Guards, result: GuardResult) -> None:

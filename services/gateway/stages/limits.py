@@ -39,8 +39,13 @@ class LimitStage(Stage):
         now = self._wall()
         limited = rl is not None or budget is not None
         counted = limited and bool((rl and rl.tokens_per_minute) or budget)
-        input_tokens = self._counter.count(req.model, req.prompt) if counted else 0
-        output = req.sampling.max_tokens or self._reserve
+        if not counted:
+            input_tokens = 0
+        elif req.inputs is not None:
+            input_tokens = self._counter.count_texts(req.model, req.inputs)
+        else:
+            input_tokens = self._counter.count(req.model, req.prompt)
+        output = 0 if req.embeds else req.sampling.max_tokens or self._reserve  # embeddings: prompt tokens only
         ask = Ask(tenant=req.tenant, rid=req.request_id, tokens=input_tokens + output if counted else 0,
                   rpm=(rl.requests_per_minute or 0) if rl else 0, tpm=(rl.tokens_per_minute or 0) if rl else 0,
                   concurrency=(rl.max_concurrency or 0) if rl else 0, lease_ms=self._lease_ms,

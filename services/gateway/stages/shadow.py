@@ -84,8 +84,8 @@ class ShadowStage(Stage):
 
     async def admit(self, ctx: Context) -> None:
         rule = self._config().shadows.get(ctx.asked)
-        if rule is None or not sampled(ctx.req.request_id, rule.sample):
-            return
+        if rule is None or ctx.req.embeds or not sampled(ctx.req.request_id, rule.sample):
+            return  # shadows compare answers' texts: embeddings are not copied
         primary = _Primary(ctx.asked, rule, ctx.req, [])
         self._primary.put(ctx, primary)
         ctx.wrap(primary.watch)

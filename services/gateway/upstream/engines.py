@@ -4,6 +4,7 @@ engine address, the client's deadline and trace context on every call."""
 from __future__ import annotations
 
 import grpc
+import numpy as np
 from opentelemetry.trace import NoOpTracer, Span, SpanKind, Status, StatusCode, Tracer
 
 from llmesh.convert import (finish_from_pb, logprobs_from_pb, priority_to_pb, prompt_fields, sampling_to_pb,
@@ -14,9 +15,9 @@ from llmesh.rpc.identity import Identity
 from llmesh.rpc.interceptor import REQUEST_ID_KEY
 from llmesh.rpc.status import REASON_KEY, from_rpc_error
 from llmesh.telemetry import child_context, inject
-from llmesh.types import Delta, Finish
+from llmesh.types import Delta, Finish, FinishReason, Usage
 from llmesh.v1 import engine_pb2, engine_pb2_grpc
-from llmesh.gateway.context import CompletionRequest, Items
+from llmesh.gateway.context import CompletionRequest, Items, Vectors
 
 
 # What grpc-core says when a connection that carried the call reset or closed under it: the engine's
@@ -92,6 +93,25 @@ class EngineClients:
         finally:
             call.cancel()  # no-op once finished; frees the engine's slot if we stop early
             span.end()
+
+    async def embed(self, address: str, req: CompletionRequest, timeout_s: float, parent: Span) -> Items:
+        """Engine.Embed (unary): one ``Vectors`` item, each vector as little-endian float32 bytes."""
+        request = engine_pb2.EmbedRequest(request_id=req.request_id, model=req.model, inputs=req.inputs,
+                                          dimensions=req.dimensions, priority=priority_to_pb(req.priority))
+        span = self._tracer.start_span("llmesh.v1.Engine/Embed", context=child_context(parent),
+                                       kind=SpanKind.CLIENT, attributes={"server.address": address})
+        try:
+            resp = await self._stub(address).Embed(request, timeout=timeout_s,
+                                                   metadata=((REQUEST_ID_KEY, req.request_id), *inject(span)))
+        except grpc.aio.AioRpcError as exc:
+            span.set_status(Status(StatusCode.ERROR, exc.code().name))
+            if lost(exc):
+                raise EngineLost(f"The engine at {address} went away during the call ({exc.details()}).") from None
+            raise from_rpc_error(exc) from None
+        finally:
+            span.end()
+        vectors = tuple(np.asarray(e.values, dtype="<f4").tobytes() for e in resp.embeddings)
+        yield Vectors(FinishReason.STOP, Usage(prompt_tokens=resp.usage.prompt_tokens), vectors)
 
     async def close(self) -> None:
         for channel, _ in self._stubs.values():

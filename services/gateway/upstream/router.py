@@ -34,8 +34,8 @@ from typing import Protocol, cast
 
 from opentelemetry.trace import INVALID_SPAN, Span
 
-from llmesh.errors import (DeadlineExceeded, EngineLost, Internal, InvalidArgument, LlmeshError, Overloaded,
-                           PoisonRequest, QueueFull, Unavailable)
+from llmesh.errors import (DeadlineExceeded, EngineLost, Internal, InvalidArgument, LlmeshError, NotEmbedding,
+                           NotGenerative, Overloaded, PoisonRequest, QueueFull, Unavailable)
 from llmesh.liveconfig.schema import MeshConfig, ModelPolicy, Provider
 from llmesh.types import Delta, Finish, FinishReason, Prompt, Usage
 from llmesh.validation import uses_tools
@@ -58,6 +58,10 @@ Attempt = Callable[[CompletionRequest, float], Items]  # (request, seconds left)
 
 class EngineClient(Protocol):
     def generate(self, address: str, req: CompletionRequest, timeout_s: float, parent: Span) -> Items: ...
+
+    def embed(self, address: str, req: CompletionRequest, timeout_s: float, parent: Span) -> Items:
+        """An embeddings request's answer: one ``Vectors`` item."""
+        ...
 
     def connected(self, address: str) -> bool:
         """Whether a call to ``address`` would go out now (asks to connect when not)."""
@@ -135,7 +139,7 @@ class Router:
         try:
             (record := ctx.record).policy = ctx.policy.routing
             state, emitted = _Attempts(), []
-            work = work_tokens(req.prompt, req.sampling.max_tokens)  # what an engine's queue gains from it
+            work = work_tokens(req.prompt, req.sampling.max_tokens, inputs=req.inputs)  # what a queue gains from it
             chain = (req.model, *policy.fallbacks)
             needs_tools = uses_tools(req.prompt, req.tools)
             config = self._config()
@@ -144,8 +148,8 @@ class Router:
                     raise state.mid_stream  # an answer under way is finished by its own model only
                 target = req if model == req.model else replace(req, model=model)
                 provider = config.provider_for(model) if self._providers is not None else None
-                if provider is None and needs_tools is not None:
-                    state.last_error = _cannot_call_tools(model, needs_tools)  # a provider's fallback may
+                if (skip := _cannot_serve(model, provider is not None, needs_tools, req.embeds)) is not None:
+                    state.last_error = skip  # a fallback may
                     continue
                 tried: set[str] = set()
                 engines = 1 if provider is not None else policy.max_attempts
@@ -158,7 +162,7 @@ class Router:
                         break
                     key, call = chosen
                     remaining = self._begin(state, key, model, target, req, tried, deadline - now, ctx)
-                    state.can_continue = provider is None
+                    state.can_continue = provider is None and not req.embeds
                     async with aclosing(self._attempt(key, call(target, remaining), now, state, work)) as items:
                         async for item in items:
                             if isinstance(item, Delta):
@@ -181,7 +185,7 @@ class Router:
                         continue
                     if state.next_model:
                         break
-            raise self._failure(state, req.model)
+            raise self._failure(state, req)
         finally:
             if budget is not None:
                 budget.leave()
@@ -200,7 +204,7 @@ class Router:
             return key, lambda t, remaining: providers.generate(p, p.models[model], t, remaining)
         pick = PickInput(model=model, now=now, exclude=frozenset(tried) | refusing, session=target.user,
                          work_tokens=work, tokens=lambda: self._prompt_tokens(model, target.prompt),
-                         max_tokens=target.sampling.max_tokens, filters=tuple(policy.filters))
+                         max_tokens=target.sampling.max_tokens, filters=tuple(policy.filters), embed=target.embeds)
         if only is not None:
             pick.exclude = refusing
             endpoint = self._picker.routable(only, pick)
@@ -216,7 +220,8 @@ class Router:
         if endpoint is None:
             return None
         address, engines = endpoint.address, self._engines
-        return endpoint.endpoint_id, lambda t, remaining: engines.generate(address, t, remaining, ctx.span)
+        call = engines.embed if target.embeds else engines.generate
+        return endpoint.endpoint_id, lambda t, remaining: call(address, t, remaining, ctx.span)
 
     def _begin(self, state: _Attempts, key: str, model: str, target: CompletionRequest, req: CompletionRequest,
                tried: set[str], remaining: float, ctx: Context) -> float:
@@ -328,9 +333,15 @@ class Router:
             return None
         return replace(target, continuation="".join(emitted), sampling=replace(target.sampling, max_tokens=left))
 
-    def _failure(self, state: _Attempts, model: str) -> LlmeshError:
+    def _failure(self, state: _Attempts, req: CompletionRequest) -> LlmeshError:
         if state.mid_stream is not None:
             return state.mid_stream
+        model = req.model
+        if not state.count and state.last_error is None:  # no endpoint at all: one of the other kind?
+            if req.embeds and model in self._picker.generative_models():
+                return NotEmbedding(model)
+            if not req.embeds and model in self._picker.embedding_models():
+                return NotGenerative(model)
         return self._refusal(state, model) or Unavailable(
             f"No healthy endpoint serves the model '{model}' right now.", reason="no_healthy_endpoint")
 
@@ -343,6 +354,14 @@ class Router:
     def _outcome(self, endpoint: str, ok: bool, ttft_s: float | None) -> None:
         if self._breakers is not None:
             self._breakers.record(endpoint, ok, ttft_s, self._clock())
+
+
+def _cannot_serve(model: str, by_provider: bool, needs_tools: str | None, embeds: bool) -> LlmeshError | None:
+    """Why ``model`` cannot answer the request at all: tools need a provider, and providers
+    answer generation only here (no embeddings)."""
+    if not by_provider and needs_tools is not None:
+        return _cannot_call_tools(model, needs_tools)
+    return NotEmbedding(model) if by_provider and embeds else None
 
 
 def _cannot_call_tools(model: str, needs: str) -> InvalidArgument:

@@ -16,11 +16,13 @@ class Filter(Protocol):
 
 
 class ServesModel:
-    """The model (or LoRA adapter, which engines list among their models) is loaded there."""
+    """The model (or LoRA adapter, which engines list among their models) is loaded there, for
+    what the request asks: an embeddings request only where it is an embedding model, a
+    generative request only where it is not."""
     name = "serves_model"
 
     def keep(self, e: Endpoint, req: PickInput, local: LocalState) -> bool:
-        return req.model in e.models
+        return req.model in e.models and (req.model in e.embeds) == req.embed
 
 
 class Healthy:

@@ -81,6 +81,14 @@ class EndpointPicker:
         node's count too: it answers when no other endpoint can)."""
         return {m for e in self._endpoints.values() if e.healthy for m in e.models}
 
+    def embedding_models(self) -> set[str]:
+        """Models some endpoint serves as an embedding model (Embed, not Generate)."""
+        return {m for e in self._endpoints.values() for m in e.embeds}
+
+    def generative_models(self) -> set[str]:
+        """Models some endpoint serves for Generate."""
+        return {m for e in self._endpoints.values() for m in e.models - e.embeds}
+
     def seen_models(self) -> set[str]:
         """Models any endpoint has served since start: asking for one whose engines are
         all gone is 'unavailable', not 'no such model'."""

@@ -24,6 +24,7 @@ class Endpoint:
     # and each LoRA adapter loaded there with the requests naming it in flight.
     context: Mapping[str, int] = field(default_factory=dict)
     adapters: Mapping[str, int] = field(default_factory=dict)
+    embeds: frozenset[str] = frozenset()  # its models that are embedding models (Embed, not Generate)
 
 
 @dataclass(slots=True)
@@ -39,6 +40,7 @@ class PickInput:
     tokens: Callable[[], Sequence[int]] = lambda: ()
     max_tokens: int | None = None              # the completion tokens the request asks for; None: not set
     filters: tuple[str, ...] = ()              # the policy's optional filters (OPTIONAL_FILTERS), in order
+    embed: bool = False                        # an embeddings request: only embedding models' endpoints
     _tokens: Sequence[int] | None = field(default=None, repr=False)
     _hashes: dict[HashScheme, list[int]] = field(default_factory=dict, repr=False)
 
@@ -91,8 +93,11 @@ class LocalState:
 DEFAULT_OUTPUT_TOKENS = 256  # a request that sets no max_tokens is expected to ask for this many
 
 
-def work_tokens(prompt: Prompt, max_tokens: int | None, default_output: int = DEFAULT_OUTPUT_TOKENS) -> int:
+def work_tokens(prompt: Prompt, max_tokens: int | None, default_output: int = DEFAULT_OUTPUT_TOKENS,
+                inputs: tuple[str, ...] | None = None) -> int:
     """A request's work before it is tokenized: ~1 token per 3 bytes of prompt, plus
-    the answer it may ask for."""
+    the answer it may ask for; an embeddings request's ``inputs``: theirs, and no answer."""
+    if inputs is not None:
+        return sum(len(t.encode()) for t in inputs) // 3
     texts = [m.content for m in prompt.messages] if prompt.messages is not None else [prompt.text or ""]
     return sum(len(t.encode()) for t in texts) // 3 + (max_tokens or default_output)

@@ -4,7 +4,8 @@
 
 import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
-import type { ChatMessage, FinishReason, Priority, SamplingParams, TokenLogprob, Usage } from "./common_pb.js";
+import { file_buf_validate_validate } from "../../buf/validate/validate_pb.js";
+import type { ChatMessage, Embedding, FinishReason, Priority, SamplingParams, TokenLogprob, Usage } from "./common_pb.js";
 import { file_llmesh_v1_common } from "./common_pb.js";
 import type { Message } from "@bufbuild/protobuf";
 
@@ -12,7 +13,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file llmesh/v1/engine.proto.
  */
 export const file_llmesh_v1_engine: GenFile = /*@__PURE__*/
-  fileDesc("ChZsbG1lc2gvdjEvZW5naW5lLnByb3RvEglsbG1lc2gudjEiRgoQTG9hZE1vZGVsUmVxdWVzdBIMCgRuYW1lGAEgASgJEhQKDGFkYXB0ZXJfcGF0aBgCIAEoCRIOCgZ3YXJtdXAYAyABKAgifgoRTG9hZE1vZGVsUmVzcG9uc2USJQoFbW9kZWwYASABKAsyFi5sbG1lc2gudjEuTG9hZGVkTW9kZWwSDwoHbG9hZF9tcxgCIAEoARIRCgl3YXJtdXBfbXMYAyABKAESEAoIcmVwbGFjZWQYBCABKAkSDAoEc3dhcBgFIAEoCSIiChJVbmxvYWRNb2RlbFJlcXVlc3QSDAoEbmFtZRgBIAEoCSIVChNVbmxvYWRNb2RlbFJlc3BvbnNlIhkKF0xpc3RMb2FkZWRNb2RlbHNSZXF1ZXN0IkIKGExpc3RMb2FkZWRNb2RlbHNSZXNwb25zZRImCgZtb2RlbHMYASADKAsyFi5sbG1lc2gudjEuTG9hZGVkTW9kZWwiWAoLTG9hZGVkTW9kZWwSDAoEbmFtZRgBIAEoCRIPCgdiYWNrZW5kGAIgASgJEhYKDmNvbnRleHRfbGVuZ3RoGAMgASgNEhIKCmJhc2VfbW9kZWwYBCABKAki7gEKD0dlbmVyYXRlUmVxdWVzdBISCgpyZXF1ZXN0X2lkGAEgASgJEg0KBW1vZGVsGAIgASgJEiQKBGNoYXQYAyABKAsyFC5sbG1lc2gudjEuQ2hhdElucHV0SAASEAoGcHJvbXB0GAQgASgJSAASKwoIc2FtcGxpbmcYBSABKAsyGS5sbG1lc2gudjEuU2FtcGxpbmdQYXJhbXMSJQoIcHJpb3JpdHkYBiABKA4yEy5sbG1lc2gudjEuUHJpb3JpdHkSFAoMY29udGludWF0aW9uGAcgASgJEg0KBXdob2xlGAggASgIQgcKBWlucHV0IjUKCUNoYXRJbnB1dBIoCghtZXNzYWdlcxgBIAMoCzIWLmxsbWVzaC52MS5DaGF0TWVzc2FnZSKxAQoQR2VuZXJhdGVSZXNwb25zZRIMCgR0ZXh0GAEgASgJEhMKC3Rva2VuX2NvdW50GAIgASgNEi4KDWZpbmlzaF9yZWFzb24YAyABKA4yFy5sbG1lc2gudjEuRmluaXNoUmVhc29uEh8KBXVzYWdlGAQgASgLMhAubGxtZXNoLnYxLlVzYWdlEikKCGxvZ3Byb2JzGAUgAygLMhcubGxtZXNoLnYxLlRva2VuTG9ncHJvYiJhCg9Ub2tlbml6ZVJlcXVlc3QSDQoFbW9kZWwYASABKAkSJAoEY2hhdBgCIAEoCzIULmxsbWVzaC52MS5DaGF0SW5wdXRIABIQCgZwcm9tcHQYAyABKAlIAEIHCgVpbnB1dCI5ChBUb2tlbml6ZVJlc3BvbnNlEg0KBWNvdW50GAEgASgNEhYKDmNvbnRleHRfbGVuZ3RoGAIgASgNIhIKEEdldFN0YXR1c1JlcXVlc3QibgoRR2V0U3RhdHVzUmVzcG9uc2USEwoLZW5kcG9pbnRfaWQYASABKAkSDwoHYmFja2VuZBgCIAEoCRIOCgZtb2RlbHMYAyADKAkSIwoEbG9hZBgEIAEoCzIVLmxsbWVzaC52MS5FbmdpbmVMb2FkIlgKCkVuZ2luZUxvYWQSDwoHcnVubmluZxgBIAEoDRIPCgd3YWl0aW5nGAIgASgNEhMKC21heF9ydW5uaW5nGAMgASgNEhMKC21heF93YWl0aW5nGAQgASgNMs8DCgZFbmdpbmUSRQoIR2VuZXJhdGUSGi5sbG1lc2gudjEuR2VuZXJhdGVSZXF1ZXN0GhsubGxtZXNoLnYxLkdlbmVyYXRlUmVzcG9uc2UwARJDCghUb2tlbml6ZRIaLmxsbWVzaC52MS5Ub2tlbml6ZVJlcXVlc3QaGy5sbG1lc2gudjEuVG9rZW5pemVSZXNwb25zZRJGCglHZXRTdGF0dXMSGy5sbG1lc2gudjEuR2V0U3RhdHVzUmVxdWVzdBocLmxsbWVzaC52MS5HZXRTdGF0dXNSZXNwb25zZRJGCglMb2FkTW9kZWwSGy5sbG1lc2gudjEuTG9hZE1vZGVsUmVxdWVzdBocLmxsbWVzaC52MS5Mb2FkTW9kZWxSZXNwb25zZRJMCgtVbmxvYWRNb2RlbBIdLmxsbWVzaC52MS5VbmxvYWRNb2RlbFJlcXVlc3QaHi5sbG1lc2gudjEuVW5sb2FkTW9kZWxSZXNwb25zZRJbChBMaXN0TG9hZGVkTW9kZWxzEiIubGxtZXNoLnYxLkxpc3RMb2FkZWRNb2RlbHNSZXF1ZXN0GiMubGxtZXNoLnYxLkxpc3RMb2FkZWRNb2RlbHNSZXNwb25zZWIGcHJvdG8z", [file_llmesh_v1_common]);
+  fileDesc("ChZsbG1lc2gvdjEvZW5naW5lLnByb3RvEglsbG1lc2gudjEiRgoQTG9hZE1vZGVsUmVxdWVzdBIMCgRuYW1lGAEgASgJEhQKDGFkYXB0ZXJfcGF0aBgCIAEoCRIOCgZ3YXJtdXAYAyABKAgifgoRTG9hZE1vZGVsUmVzcG9uc2USJQoFbW9kZWwYASABKAsyFi5sbG1lc2gudjEuTG9hZGVkTW9kZWwSDwoHbG9hZF9tcxgCIAEoARIRCgl3YXJtdXBfbXMYAyABKAESEAoIcmVwbGFjZWQYBCABKAkSDAoEc3dhcBgFIAEoCSIiChJVbmxvYWRNb2RlbFJlcXVlc3QSDAoEbmFtZRgBIAEoCSIVChNVbmxvYWRNb2RlbFJlc3BvbnNlIhkKF0xpc3RMb2FkZWRNb2RlbHNSZXF1ZXN0IkIKGExpc3RMb2FkZWRNb2RlbHNSZXNwb25zZRImCgZtb2RlbHMYASADKAsyFi5sbG1lc2gudjEuTG9hZGVkTW9kZWwiWAoLTG9hZGVkTW9kZWwSDAoEbmFtZRgBIAEoCRIPCgdiYWNrZW5kGAIgASgJEhYKDmNvbnRleHRfbGVuZ3RoGAMgASgNEhIKCmJhc2VfbW9kZWwYBCABKAki7gEKD0dlbmVyYXRlUmVxdWVzdBISCgpyZXF1ZXN0X2lkGAEgASgJEg0KBW1vZGVsGAIgASgJEiQKBGNoYXQYAyABKAsyFC5sbG1lc2gudjEuQ2hhdElucHV0SAASEAoGcHJvbXB0GAQgASgJSAASKwoIc2FtcGxpbmcYBSABKAsyGS5sbG1lc2gudjEuU2FtcGxpbmdQYXJhbXMSJQoIcHJpb3JpdHkYBiABKA4yEy5sbG1lc2gudjEuUHJpb3JpdHkSFAoMY29udGludWF0aW9uGAcgASgJEg0KBXdob2xlGAggASgIQgcKBWlucHV0IjUKCUNoYXRJbnB1dBIoCghtZXNzYWdlcxgBIAMoCzIWLmxsbWVzaC52MS5DaGF0TWVzc2FnZSKxAQoQR2VuZXJhdGVSZXNwb25zZRIMCgR0ZXh0GAEgASgJEhMKC3Rva2VuX2NvdW50GAIgASgNEi4KDWZpbmlzaF9yZWFzb24YAyABKA4yFy5sbG1lc2gudjEuRmluaXNoUmVhc29uEh8KBXVzYWdlGAQgASgLMhAubGxtZXNoLnYxLlVzYWdlEikKCGxvZ3Byb2JzGAUgAygLMhcubGxtZXNoLnYxLlRva2VuTG9ncHJvYiKzAQoMRW1iZWRSZXF1ZXN0EhIKCnJlcXVlc3RfaWQYASABKAkSGQoFbW9kZWwYAiABKAlCCrpIB3IFEAEYgAISJQoGaW5wdXRzGAMgAygJQhW6SBKSAQ8IARCAECIIcgYQARiAgAISFwoKZGltZW5zaW9ucxgEIAEoDUgAiAEBEiUKCHByaW9yaXR5GAUgASgOMhMubGxtZXNoLnYxLlByaW9yaXR5Qg0KC19kaW1lbnNpb25zIloKDUVtYmVkUmVzcG9uc2USKAoKZW1iZWRkaW5ncxgBIAMoCzIULmxsbWVzaC52MS5FbWJlZGRpbmcSHwoFdXNhZ2UYAiABKAsyEC5sbG1lc2gudjEuVXNhZ2UiYQoPVG9rZW5pemVSZXF1ZXN0Eg0KBW1vZGVsGAEgASgJEiQKBGNoYXQYAiABKAsyFC5sbG1lc2gudjEuQ2hhdElucHV0SAASEAoGcHJvbXB0GAMgASgJSABCBwoFaW5wdXQiOQoQVG9rZW5pemVSZXNwb25zZRINCgVjb3VudBgBIAEoDRIWCg5jb250ZXh0X2xlbmd0aBgCIAEoDSISChBHZXRTdGF0dXNSZXF1ZXN0Im4KEUdldFN0YXR1c1Jlc3BvbnNlEhMKC2VuZHBvaW50X2lkGAEgASgJEg8KB2JhY2tlbmQYAiABKAkSDgoGbW9kZWxzGAMgAygJEiMKBGxvYWQYBCABKAsyFS5sbG1lc2gudjEuRW5naW5lTG9hZCJYCgpFbmdpbmVMb2FkEg8KB3J1bm5pbmcYASABKA0SDwoHd2FpdGluZxgCIAEoDRITCgttYXhfcnVubmluZxgDIAEoDRITCgttYXhfd2FpdGluZxgEIAEoDTKLBAoGRW5naW5lEkUKCEdlbmVyYXRlEhoubGxtZXNoLnYxLkdlbmVyYXRlUmVxdWVzdBobLmxsbWVzaC52MS5HZW5lcmF0ZVJlc3BvbnNlMAESOgoFRW1iZWQSFy5sbG1lc2gudjEuRW1iZWRSZXF1ZXN0GhgubGxtZXNoLnYxLkVtYmVkUmVzcG9uc2USQwoIVG9rZW5pemUSGi5sbG1lc2gudjEuVG9rZW5pemVSZXF1ZXN0GhsubGxtZXNoLnYxLlRva2VuaXplUmVzcG9uc2USRgoJR2V0U3RhdHVzEhsubGxtZXNoLnYxLkdldFN0YXR1c1JlcXVlc3QaHC5sbG1lc2gudjEuR2V0U3RhdHVzUmVzcG9uc2USRgoJTG9hZE1vZGVsEhsubGxtZXNoLnYxLkxvYWRNb2RlbFJlcXVlc3QaHC5sbG1lc2gudjEuTG9hZE1vZGVsUmVzcG9uc2USTAoLVW5sb2FkTW9kZWwSHS5sbG1lc2gudjEuVW5sb2FkTW9kZWxSZXF1ZXN0Gh4ubGxtZXNoLnYxLlVubG9hZE1vZGVsUmVzcG9uc2USWwoQTGlzdExvYWRlZE1vZGVscxIiLmxsbWVzaC52MS5MaXN0TG9hZGVkTW9kZWxzUmVxdWVzdBojLmxsbWVzaC52MS5MaXN0TG9hZGVkTW9kZWxzUmVzcG9uc2ViBnByb3RvMw", [file_buf_validate_validate, file_llmesh_v1_common]);
 
 /**
  * @generated from message llmesh.v1.LoadModelRequest
@@ -321,6 +322,75 @@ export const GenerateResponseSchema: GenMessage<GenerateResponse> = /*@__PURE__*
   messageDesc(file_llmesh_v1_engine, 9);
 
 /**
+ * @generated from message llmesh.v1.EmbedRequest
+ */
+export type EmbedRequest = Message<"llmesh.v1.EmbedRequest"> & {
+  /**
+   * @generated from field: string request_id = 1;
+   */
+  requestId: string;
+
+  /**
+   * @generated from field: string model = 2;
+   */
+  model: string;
+
+  /**
+   * The same bounds as the gateway's GatewayEmbedRequest.inputs.
+   *
+   * @generated from field: repeated string inputs = 3;
+   */
+  inputs: string[];
+
+  /**
+   * set: shorten the vectors (a backend that cannot refuses)
+   *
+   * @generated from field: optional uint32 dimensions = 4;
+   */
+  dimensions?: number | undefined;
+
+  /**
+   * the queue class, as on GenerateRequest
+   *
+   * @generated from field: llmesh.v1.Priority priority = 5;
+   */
+  priority: Priority;
+};
+
+/**
+ * Describes the message llmesh.v1.EmbedRequest.
+ * Use `create(EmbedRequestSchema)` to create a new message.
+ */
+export const EmbedRequestSchema: GenMessage<EmbedRequest> = /*@__PURE__*/
+  messageDesc(file_llmesh_v1_engine, 10);
+
+/**
+ * @generated from message llmesh.v1.EmbedResponse
+ */
+export type EmbedResponse = Message<"llmesh.v1.EmbedResponse"> & {
+  /**
+   * one per input, in order
+   *
+   * @generated from field: repeated llmesh.v1.Embedding embeddings = 1;
+   */
+  embeddings: Embedding[];
+
+  /**
+   * prompt_tokens: all the inputs' tokens
+   *
+   * @generated from field: llmesh.v1.Usage usage = 2;
+   */
+  usage?: Usage | undefined;
+};
+
+/**
+ * Describes the message llmesh.v1.EmbedResponse.
+ * Use `create(EmbedResponseSchema)` to create a new message.
+ */
+export const EmbedResponseSchema: GenMessage<EmbedResponse> = /*@__PURE__*/
+  messageDesc(file_llmesh_v1_engine, 11);
+
+/**
  * @generated from message llmesh.v1.TokenizeRequest
  */
 export type TokenizeRequest = Message<"llmesh.v1.TokenizeRequest"> & {
@@ -352,7 +422,7 @@ export type TokenizeRequest = Message<"llmesh.v1.TokenizeRequest"> & {
  * Use `create(TokenizeRequestSchema)` to create a new message.
  */
 export const TokenizeRequestSchema: GenMessage<TokenizeRequest> = /*@__PURE__*/
-  messageDesc(file_llmesh_v1_engine, 10);
+  messageDesc(file_llmesh_v1_engine, 12);
 
 /**
  * @generated from message llmesh.v1.TokenizeResponse
@@ -374,7 +444,7 @@ export type TokenizeResponse = Message<"llmesh.v1.TokenizeResponse"> & {
  * Use `create(TokenizeResponseSchema)` to create a new message.
  */
 export const TokenizeResponseSchema: GenMessage<TokenizeResponse> = /*@__PURE__*/
-  messageDesc(file_llmesh_v1_engine, 11);
+  messageDesc(file_llmesh_v1_engine, 13);
 
 /**
  * @generated from message llmesh.v1.GetStatusRequest
@@ -387,7 +457,7 @@ export type GetStatusRequest = Message<"llmesh.v1.GetStatusRequest"> & {
  * Use `create(GetStatusRequestSchema)` to create a new message.
  */
 export const GetStatusRequestSchema: GenMessage<GetStatusRequest> = /*@__PURE__*/
-  messageDesc(file_llmesh_v1_engine, 12);
+  messageDesc(file_llmesh_v1_engine, 14);
 
 /**
  * @generated from message llmesh.v1.GetStatusResponse
@@ -419,7 +489,7 @@ export type GetStatusResponse = Message<"llmesh.v1.GetStatusResponse"> & {
  * Use `create(GetStatusResponseSchema)` to create a new message.
  */
 export const GetStatusResponseSchema: GenMessage<GetStatusResponse> = /*@__PURE__*/
-  messageDesc(file_llmesh_v1_engine, 13);
+  messageDesc(file_llmesh_v1_engine, 15);
 
 /**
  * @generated from message llmesh.v1.EngineLoad
@@ -451,7 +521,7 @@ export type EngineLoad = Message<"llmesh.v1.EngineLoad"> & {
  * Use `create(EngineLoadSchema)` to create a new message.
  */
 export const EngineLoadSchema: GenMessage<EngineLoad> = /*@__PURE__*/
-  messageDesc(file_llmesh_v1_engine, 14);
+  messageDesc(file_llmesh_v1_engine, 16);
 
 /**
  * An inference engine: wraps one backend (llamacpp, sim, vllm) serving one model.
@@ -468,6 +538,19 @@ export const Engine: GenService<{
     methodKind: "server_streaming";
     input: typeof GenerateRequestSchema;
     output: typeof GenerateResponseSchema;
+  },
+  /**
+   * The embeddings of texts, on a backend that serves them (Capabilities.embeddings);
+   * any other refuses with INVALID_ARGUMENT, as an embedding-only backend refuses
+   * Generate. An input over the model's token limit is INVALID_ARGUMENT (the limit
+   * named), never truncated.
+   *
+   * @generated from rpc llmesh.v1.Engine.Embed
+   */
+  embed: {
+    methodKind: "unary";
+    input: typeof EmbedRequestSchema;
+    output: typeof EmbedResponseSchema;
   },
   /**
    * Counts tokens the way Generate would (chat template applied for messages).

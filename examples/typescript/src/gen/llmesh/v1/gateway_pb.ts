@@ -5,7 +5,7 @@
 import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import { enumDesc, fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
 import { file_buf_validate_validate } from "../../buf/validate/validate_pb.js";
-import type { ChatMessage, FinishReason, SamplingParams, TokenLogprob, ToolCall, Usage } from "./common_pb.js";
+import type { ChatMessage, Embedding, FinishReason, SamplingParams, TokenLogprob, ToolCall, Usage } from "./common_pb.js";
 import { file_llmesh_v1_common } from "./common_pb.js";
 import type { Message } from "@bufbuild/protobuf";
 
@@ -13,7 +13,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file llmesh/v1/gateway.proto.
  */
 export const file_llmesh_v1_gateway: GenFile = /*@__PURE__*/
-  fileDesc("ChdsbG1lc2gvdjEvZ2F0ZXdheS5wcm90bxIJbGxtZXNoLnYxItYCCgtDaGF0UmVxdWVzdBIZCgVtb2RlbBgBIAEoCUIKukgHcgUQARiAAhI1CghtZXNzYWdlcxgCIAMoCzIWLmxsbWVzaC52MS5DaGF0TWVzc2FnZUILukgIkgEFCAEQgBASKwoIc2FtcGxpbmcYAyABKAsyGS5sbG1lc2gudjEuU2FtcGxpbmdQYXJhbXMSFgoEdXNlchgEIAEoCUIIukgFcgMYgAISGQoBbhgFIAEoDUIJukgGKgQYECgBSACIAQESKQoFdG9vbHMYBiADKAsyDy5sbG1lc2gudjEuVG9vbEIJukgGkgEDEIABEioKC3Rvb2xfY2hvaWNlGAcgASgLMhUubGxtZXNoLnYxLlRvb2xDaG9pY2USIAoTcGFyYWxsZWxfdG9vbF9jYWxscxgIIAEoCEgBiAEBQgQKAl9uQhYKFF9wYXJhbGxlbF90b29sX2NhbGxzIpABCgRUb29sEioKBG5hbWUYASABKAlCHLpIGXIXMhVeW2EtekEtWjAtOV8tXXsxLDY0fSQSHQoLZGVzY3JpcHRpb24YAiABKAlCCLpIBXIDGIAgEh0KCnBhcmFtZXRlcnMYAyABKAlCCbpIBnIEKICABBITCgZzdHJpY3QYBCABKAhIAIgBAUIJCgdfc3RyaWN0IlwKClRvb2xDaG9pY2USMwoEbW9kZRgBIAEoCUIlukgiciBSBGF1dG9SBG5vbmVSCHJlcXVpcmVkUghmdW5jdGlvbhIZCghmdW5jdGlvbhgCIAEoCUIHukgEcgIYQCL5AQoMQ2hhdFJlc3BvbnNlEgoKAmlkGAEgASgJEgwKBHJvbGUYAiABKAkSDAoEdGV4dBgDIAEoCRIuCg1maW5pc2hfcmVhc29uGAQgASgOMhcubGxtZXNoLnYxLkZpbmlzaFJlYXNvbhIfCgV1c2FnZRgFIAEoCzIQLmxsbWVzaC52MS5Vc2FnZRINCgVtb2RlbBgGIAEoCRIpCghsb2dwcm9icxgHIAMoCzIXLmxsbWVzaC52MS5Ub2tlbkxvZ3Byb2ISDQoFaW5kZXgYCCABKA0SJwoKdG9vbF9jYWxscxgJIAMoCzITLmxsbWVzaC52MS5Ub29sQ2FsbCKiAQoPQ29tcGxldGVSZXF1ZXN0EhkKBW1vZGVsGAEgASgJQgq6SAdyBRABGIACEg4KBnByb21wdBgCIAEoCRIrCghzYW1wbGluZxgDIAEoCzIZLmxsbWVzaC52MS5TYW1wbGluZ1BhcmFtcxIWCgR1c2VyGAQgASgJQgi6SAVyAxiAAhIZCgFuGAUgASgNQgm6SAYqBBgQKAFIAIgBAUIECgJfbiLGAQoQQ29tcGxldGVSZXNwb25zZRIKCgJpZBgBIAEoCRIMCgR0ZXh0GAIgASgJEi4KDWZpbmlzaF9yZWFzb24YAyABKA4yFy5sbG1lc2gudjEuRmluaXNoUmVhc29uEh8KBXVzYWdlGAQgASgLMhAubGxtZXNoLnYxLlVzYWdlEg0KBW1vZGVsGAUgASgJEikKCGxvZ3Byb2JzGAYgAygLMhcubGxtZXNoLnYxLlRva2VuTG9ncHJvYhINCgVpbmRleBgHIAEoDSIaChhHYXRld2F5TGlzdE1vZGVsc1JlcXVlc3QiVQoZR2F0ZXdheUxpc3RNb2RlbHNSZXNwb25zZRIOCgZtb2RlbHMYASADKAkSKAoHZGV0YWlscxgCIAMoCzIXLmxsbWVzaC52MS5HYXRld2F5TW9kZWwiUwoMR2F0ZXdheU1vZGVsEgwKBG5hbWUYASABKAkSIwoGc2VydmVzGAIgAygOMhMubGxtZXNoLnYxLk1vZGVsQXBpEhAKCG93bmVkX2J5GAMgASgJKlQKCE1vZGVsQXBpEhkKFU1PREVMX0FQSV9VTlNQRUNJRklFRBAAEhIKDk1PREVMX0FQSV9DSEFUEAESGQoVTU9ERUxfQVBJX0NPTVBMRVRJT05TEAIy5AEKB0dhdGV3YXkSOQoEQ2hhdBIWLmxsbWVzaC52MS5DaGF0UmVxdWVzdBoXLmxsbWVzaC52MS5DaGF0UmVzcG9uc2UwARJFCghDb21wbGV0ZRIaLmxsbWVzaC52MS5Db21wbGV0ZVJlcXVlc3QaGy5sbG1lc2gudjEuQ29tcGxldGVSZXNwb25zZTABElcKCkxpc3RNb2RlbHMSIy5sbG1lc2gudjEuR2F0ZXdheUxpc3RNb2RlbHNSZXF1ZXN0GiQubGxtZXNoLnYxLkdhdGV3YXlMaXN0TW9kZWxzUmVzcG9uc2ViBnByb3RvMw", [file_buf_validate_validate, file_llmesh_v1_common]);
+  fileDesc("ChdsbG1lc2gvdjEvZ2F0ZXdheS5wcm90bxIJbGxtZXNoLnYxItYCCgtDaGF0UmVxdWVzdBIZCgVtb2RlbBgBIAEoCUIKukgHcgUQARiAAhI1CghtZXNzYWdlcxgCIAMoCzIWLmxsbWVzaC52MS5DaGF0TWVzc2FnZUILukgIkgEFCAEQgBASKwoIc2FtcGxpbmcYAyABKAsyGS5sbG1lc2gudjEuU2FtcGxpbmdQYXJhbXMSFgoEdXNlchgEIAEoCUIIukgFcgMYgAISGQoBbhgFIAEoDUIJukgGKgQYECgBSACIAQESKQoFdG9vbHMYBiADKAsyDy5sbG1lc2gudjEuVG9vbEIJukgGkgEDEIABEioKC3Rvb2xfY2hvaWNlGAcgASgLMhUubGxtZXNoLnYxLlRvb2xDaG9pY2USIAoTcGFyYWxsZWxfdG9vbF9jYWxscxgIIAEoCEgBiAEBQgQKAl9uQhYKFF9wYXJhbGxlbF90b29sX2NhbGxzIpABCgRUb29sEioKBG5hbWUYASABKAlCHLpIGXIXMhVeW2EtekEtWjAtOV8tXXsxLDY0fSQSHQoLZGVzY3JpcHRpb24YAiABKAlCCLpIBXIDGIAgEh0KCnBhcmFtZXRlcnMYAyABKAlCCbpIBnIEKICABBITCgZzdHJpY3QYBCABKAhIAIgBAUIJCgdfc3RyaWN0IlwKClRvb2xDaG9pY2USMwoEbW9kZRgBIAEoCUIlukgiciBSBGF1dG9SBG5vbmVSCHJlcXVpcmVkUghmdW5jdGlvbhIZCghmdW5jdGlvbhgCIAEoCUIHukgEcgIYQCL5AQoMQ2hhdFJlc3BvbnNlEgoKAmlkGAEgASgJEgwKBHJvbGUYAiABKAkSDAoEdGV4dBgDIAEoCRIuCg1maW5pc2hfcmVhc29uGAQgASgOMhcubGxtZXNoLnYxLkZpbmlzaFJlYXNvbhIfCgV1c2FnZRgFIAEoCzIQLmxsbWVzaC52MS5Vc2FnZRINCgVtb2RlbBgGIAEoCRIpCghsb2dwcm9icxgHIAMoCzIXLmxsbWVzaC52MS5Ub2tlbkxvZ3Byb2ISDQoFaW5kZXgYCCABKA0SJwoKdG9vbF9jYWxscxgJIAMoCzITLmxsbWVzaC52MS5Ub29sQ2FsbCKiAQoPQ29tcGxldGVSZXF1ZXN0EhkKBW1vZGVsGAEgASgJQgq6SAdyBRABGIACEg4KBnByb21wdBgCIAEoCRIrCghzYW1wbGluZxgDIAEoCzIZLmxsbWVzaC52MS5TYW1wbGluZ1BhcmFtcxIWCgR1c2VyGAQgASgJQgi6SAVyAxiAAhIZCgFuGAUgASgNQgm6SAYqBBgQKAFIAIgBAUIECgJfbiLGAQoQQ29tcGxldGVSZXNwb25zZRIKCgJpZBgBIAEoCRIMCgR0ZXh0GAIgASgJEi4KDWZpbmlzaF9yZWFzb24YAyABKA4yFy5sbG1lc2gudjEuRmluaXNoUmVhc29uEh8KBXVzYWdlGAQgASgLMhAubGxtZXNoLnYxLlVzYWdlEg0KBW1vZGVsGAUgASgJEikKCGxvZ3Byb2JzGAYgAygLMhcubGxtZXNoLnYxLlRva2VuTG9ncHJvYhINCgVpbmRleBgHIAEoDSIaChhHYXRld2F5TGlzdE1vZGVsc1JlcXVlc3QiVQoZR2F0ZXdheUxpc3RNb2RlbHNSZXNwb25zZRIOCgZtb2RlbHMYASADKAkSKAoHZGV0YWlscxgCIAMoCzIXLmxsbWVzaC52MS5HYXRld2F5TW9kZWwiUwoMR2F0ZXdheU1vZGVsEgwKBG5hbWUYASABKAkSIwoGc2VydmVzGAIgAygOMhMubGxtZXNoLnYxLk1vZGVsQXBpEhAKCG93bmVkX2J5GAMgASgJIqQBChNHYXRld2F5RW1iZWRSZXF1ZXN0EhkKBW1vZGVsGAEgASgJQgq6SAdyBRABGIACEiUKBmlucHV0cxgCIAMoCUIVukgSkgEPCAEQgBAiCHIGEAEYgIACEhYKBHVzZXIYAyABKAlCCLpIBXIDGIACEiQKCmRpbWVuc2lvbnMYBCABKA1CC7pICCoGGICABCgBSACIAQFCDQoLX2RpbWVuc2lvbnMicAoUR2F0ZXdheUVtYmVkUmVzcG9uc2USKAoKZW1iZWRkaW5ncxgBIAMoCzIULmxsbWVzaC52MS5FbWJlZGRpbmcSDQoFbW9kZWwYAiABKAkSHwoFdXNhZ2UYAyABKAsyEC5sbG1lc2gudjEuVXNhZ2UqbgoITW9kZWxBcGkSGQoVTU9ERUxfQVBJX1VOU1BFQ0lGSUVEEAASEgoOTU9ERUxfQVBJX0NIQVQQARIZChVNT0RFTF9BUElfQ09NUExFVElPTlMQAhIYChRNT0RFTF9BUElfRU1CRURESU5HUxADMq4CCgdHYXRld2F5EjkKBENoYXQSFi5sbG1lc2gudjEuQ2hhdFJlcXVlc3QaFy5sbG1lc2gudjEuQ2hhdFJlc3BvbnNlMAESRQoIQ29tcGxldGUSGi5sbG1lc2gudjEuQ29tcGxldGVSZXF1ZXN0GhsubGxtZXNoLnYxLkNvbXBsZXRlUmVzcG9uc2UwARJXCgpMaXN0TW9kZWxzEiMubGxtZXNoLnYxLkdhdGV3YXlMaXN0TW9kZWxzUmVxdWVzdBokLmxsbWVzaC52MS5HYXRld2F5TGlzdE1vZGVsc1Jlc3BvbnNlEkgKBUVtYmVkEh4ubGxtZXNoLnYxLkdhdGV3YXlFbWJlZFJlcXVlc3QaHy5sbG1lc2gudjEuR2F0ZXdheUVtYmVkUmVzcG9uc2ViBnByb3RvMw", [file_buf_validate_validate, file_llmesh_v1_common]);
 
 /**
  * A chat completion request (OpenAI's POST /v1/chat/completions).
@@ -375,7 +375,8 @@ export const GatewayListModelsRequestSchema: GenMessage<GatewayListModelsRequest
 /**
  * The models the caller may use: only names a request can be answered for now (a
  * healthy engine serves it, a provider maps it, or the autoscaler scales it; an alias
- * or fallback whose models are listed), sorted by name.
+ * or fallback whose models are listed): generative models first, then embedding
+ * models, each sorted by name.
  *
  * @generated from message llmesh.v1.GatewayListModelsResponse
  */
@@ -438,6 +439,86 @@ export const GatewayModelSchema: GenMessage<GatewayModel> = /*@__PURE__*/
   messageDesc(file_llmesh_v1_gateway, 8);
 
 /**
+ * An embeddings request (OpenAI's POST /v1/embeddings).
+ *
+ * @generated from message llmesh.v1.GatewayEmbedRequest
+ */
+export type GatewayEmbedRequest = Message<"llmesh.v1.GatewayEmbedRequest"> & {
+  /**
+   * The embedding model or alias (1..256 characters).
+   *
+   * @generated from field: string model = 1;
+   */
+  model: string;
+
+  /**
+   * The texts to embed, 1..2048 of them, each 1..32768 characters. An input longer
+   * than the model's own limit in tokens (256 for all-minilm-l6-v2) is refused with
+   * INVALID_ARGUMENT naming it, never truncated.
+   *
+   * @generated from field: repeated string inputs = 2;
+   */
+  inputs: string[];
+
+  /**
+   * The end user (at most 256 characters): keeps them on one arm of a traffic split.
+   *
+   * @generated from field: string user = 3;
+   */
+  user: string;
+
+  /**
+   * Shorten the vectors to this many dimensions, on a model trained for it; a model
+   * that cannot (all-minilm-l6-v2) refuses any value with INVALID_ARGUMENT.
+   *
+   * @generated from field: optional uint32 dimensions = 4;
+   */
+  dimensions?: number | undefined;
+};
+
+/**
+ * Describes the message llmesh.v1.GatewayEmbedRequest.
+ * Use `create(GatewayEmbedRequestSchema)` to create a new message.
+ */
+export const GatewayEmbedRequestSchema: GenMessage<GatewayEmbedRequest> = /*@__PURE__*/
+  messageDesc(file_llmesh_v1_gateway, 9);
+
+/**
+ * The embeddings of a GatewayEmbedRequest's inputs.
+ *
+ * @generated from message llmesh.v1.GatewayEmbedResponse
+ */
+export type GatewayEmbedResponse = Message<"llmesh.v1.GatewayEmbedResponse"> & {
+  /**
+   * One per input, in the inputs' order.
+   *
+   * @generated from field: repeated llmesh.v1.Embedding embeddings = 1;
+   */
+  embeddings: Embedding[];
+
+  /**
+   * The model asked for.
+   *
+   * @generated from field: string model = 2;
+   */
+  model: string;
+
+  /**
+   * prompt_tokens: the inputs' tokens together; completion_tokens is 0.
+   *
+   * @generated from field: llmesh.v1.Usage usage = 3;
+   */
+  usage?: Usage | undefined;
+};
+
+/**
+ * Describes the message llmesh.v1.GatewayEmbedResponse.
+ * Use `create(GatewayEmbedResponseSchema)` to create a new message.
+ */
+export const GatewayEmbedResponseSchema: GenMessage<GatewayEmbedResponse> = /*@__PURE__*/
+  messageDesc(file_llmesh_v1_gateway, 10);
+
+/**
  * An API a listed model answers.
  *
  * @generated from enum llmesh.v1.ModelApi
@@ -463,6 +544,13 @@ export enum ModelApi {
    * @generated from enum value: MODEL_API_COMPLETIONS = 2;
    */
   COMPLETIONS = 2,
+
+  /**
+   * Embeddings (OpenAI's POST /v1/embeddings, gRPC Embed).
+   *
+   * @generated from enum value: MODEL_API_EMBEDDINGS = 3;
+   */
+  EMBEDDINGS = 3,
 }
 
 /**
@@ -515,6 +603,19 @@ export const Gateway: GenService<{
     methodKind: "unary";
     input: typeof GatewayListModelsRequestSchema;
     output: typeof GatewayListModelsResponseSchema;
+  },
+  /**
+   * Embeddings of texts (OpenAI's POST /v1/embeddings), from a model whose engines
+   * serve embeddings (listed with MODEL_API_EMBEDDINGS). A generative model refuses
+   * with INVALID_ARGUMENT (reason "model_not_embedding"), as an embedding model
+   * refuses Chat and Complete (reason "model_not_generative").
+   *
+   * @generated from rpc llmesh.v1.Gateway.Embed
+   */
+  embed: {
+    methodKind: "unary";
+    input: typeof GatewayEmbedRequestSchema;
+    output: typeof GatewayEmbedResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_llmesh_v1_gateway, 0);
