@@ -37,6 +37,7 @@ from types import FrameType
 from typing import TypeVar
 
 from llmesh.errors import InvalidArgument, LlmeshError, Overloaded, Unavailable
+from llmesh.workers import die_with_parent
 from llmesh.gateway.domain.guards import screening
 from llmesh.gateway.domain.guards.screening import GuardJob, GuardResult
 
@@ -73,7 +74,12 @@ def _ready() -> int:
     return os.getpid()
 
 
-def _lower_priority() -> None:
+def _worker_init(gateway_pid: int) -> None:
+    """In each worker: it dies with the gateway (a killed gateway left its workers blocked on their
+    queue forever: they hold its pipe's other end, so no EOF comes), and runs at a lower priority."""
+    die_with_parent()
+    if os.getppid() != gateway_pid:  # the gateway died before the line above took effect
+        os._exit(0)
     os.nice(NICE)
 
 
@@ -96,7 +102,8 @@ class GuardWorkers:
         if self._pool is None:
             # spawn: the gateway has threads (gRPC), which fork does not copy safely
             self._pool = concurrent.futures.ProcessPoolExecutor(
-                self._workers, mp_context=multiprocessing.get_context("spawn"), initializer=_lower_priority)
+                self._workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init,
+                initargs=(os.getpid(),))
         return self._pool
 
     async def start(self) -> None:

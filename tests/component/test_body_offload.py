@@ -3,13 +3,15 @@ the pipeline with a stand-in engine: whatever the body, the answer through the w
 is the one the inline parse gives (status, message, param, result); the workers take exactly the
 bodies over the threshold, a few at a time; a small request is answered while a large one is
 being parsed; a worker that dies is replaced, and the body it held is parsed inline; the workers run
-at a lower priority than the gateway."""
+at a lower priority than the gateway and die with it."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import re
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 
 import numpy as np
@@ -18,6 +20,7 @@ import pytest
 
 from llmesh.errors import Unavailable
 from llmesh.liveconfig.schema import MeshConfig
+from llmesh.testing import wait_until
 from llmesh.types import Delta, Finish, FinishReason, Usage
 from llmesh.gateway.context import CompletionRequest, Vectors
 from llmesh.gateway.fronts.body import OFFLOAD_BYTES, BodyReader, Offload, Reader
@@ -219,6 +222,39 @@ async def test_a_worker_that_dies_is_replaced_and_its_body_parsed_inline(workers
 
 async def test_the_workers_run_at_a_lower_priority_than_the_gateway(workers):
     assert await workers.call(os.nice, 0) == min(19, os.nice(0) + NICE)
+
+
+_OWNER = """
+import asyncio, os
+from llmesh.gateway.guard_workers import GuardWorkers
+async def main():
+    workers = GuardWorkers(workers=2)
+    await workers.start()
+    print(" ".join(str(p) for p in workers._executor()._processes), flush=True)
+    await asyncio.sleep(600)
+asyncio.run(main())
+"""
+
+
+def test_the_workers_die_with_a_killed_gateway():
+    """A gateway killed with SIGKILL (OOM killer, kill -9) takes its workers with it: they used to
+    wait on their queue forever, holding memory, one pair per killed gateway."""
+    owner = subprocess.Popen([sys.executable, "-c", _OWNER], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in owner.stdout.readline().split()]
+        assert len(pids) == 2 and all(alive(p) for p in pids)
+    finally:
+        owner.kill()
+        owner.wait()
+    assert wait_until(lambda: not any(alive(p) for p in pids), 10.0), [p for p in pids if alive(p)]
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"  # a zombie has exited (its parent, init, reaps it)
+    except FileNotFoundError:
+        return False
 
 
 async def test_embeddings_through_the_front_and_the_wrong_kind_of_model(workers):
