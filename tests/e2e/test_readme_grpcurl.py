@@ -1,7 +1,8 @@
 """The README's grpcurl examples against the shared mesh's gateway. grpcurl is not in
 Debian, npm or PyPI, so each example is read from the README and made the way grpcurl
 makes it: the method and its message types from server reflection, the -d JSON parsed
-strictly into the request (an unknown field fails, as in grpcurl), -H as metadata."""
+strictly into the request (an unknown field fails, as in grpcurl), -H as metadata. The shared
+mesh serves no embedder, so the Embed example goes to a mesh of its own that does, as `make run`'s."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from google.protobuf import json_format
 from google.protobuf.descriptor_pool import DescriptorPool
 from google.protobuf.message_factory import GetMessageClass
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+
+from llmesh.testing import Mesh, free_layout
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 README_ADDRESS = "127.0.0.1:50051"
@@ -62,6 +65,19 @@ def reflected(mesh):
         yield channel, database, DescriptorPool(database)
 
 
+@pytest.fixture(scope="module")
+def embedder(real_model_dir: Path, tmp_path_factory):
+    """A gateway whose mesh serves all-minilm-l6-v2, as `make run`'s does: (channel, pool)."""
+    mesh = Mesh(layout=free_layout(n_engines=2), engines="sim", model_dir=real_model_dir, embeddings=True,
+                log_dir=tmp_path_factory.mktemp("embed-logs"), args=["--no-cache"])
+    mesh.start()
+    try:
+        with grpc.insecure_channel(mesh.layout.address("gateway")) as channel:
+            yield channel, DescriptorPool(ProtoReflectionDescriptorDatabase(channel))
+    finally:
+        assert mesh.stop() == 0, mesh.logs()
+
+
 def test_every_gateway_rpc_has_a_readme_example():
     calls = {parse(argv)[1][0] for argv in readme_commands()}
     from llmesh.v1 import gateway_pb2
@@ -71,9 +87,11 @@ def test_every_gateway_rpc_has_a_readme_example():
 
 
 @pytest.mark.parametrize("argv", readme_commands(), ids=lambda argv: " ".join(a for a in argv[1:] if len(a) < 40))
-def test_readme_grpcurl_example(reflected, argv):
+def test_readme_grpcurl_example(reflected, argv, request):
     channel, database, pool = reflected
     address, (verb, *rest), data, headers = parse(argv)
+    if verb.endswith("/Embed"):
+        channel, pool = request.getfixturevalue("embedder")
     assert address == README_ADDRESS
     if verb == "list":
         services = database.get_services()
@@ -87,3 +105,6 @@ def test_readme_grpcurl_example(reflected, argv):
         assert answers and all(a.ByteSize() > 0 for a in answers[-1:])
         if verb.endswith("/Chat"):
             assert "".join(a.text for a in answers) and answers[-1].usage.completion_tokens > 0
+        if verb.endswith("/Embed"):
+            (answer,) = answers
+            assert [len(e.values) for e in answer.embeddings] == [384] and answer.usage.prompt_tokens > 0
