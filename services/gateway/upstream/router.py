@@ -148,7 +148,7 @@ class Router:
                     raise state.mid_stream  # an answer under way is finished by its own model only
                 target = req if model == req.model else replace(req, model=model)
                 provider = config.provider_for(model) if self._providers is not None else None
-                if (skip := _cannot_serve(model, provider is not None, needs_tools, req.embeds)) is not None:
+                if (skip := self._cannot_serve(model, provider is not None, needs_tools, req.embeds)) is not None:
                     state.last_error = skip  # a fallback may
                     continue
                 tried: set[str] = set()
@@ -162,7 +162,7 @@ class Router:
                         break
                     key, call = chosen
                     remaining = self._begin(state, key, model, target, req, tried, deadline - now, ctx)
-                    state.can_continue = provider is None and not req.embeds
+                    state.can_continue = provider is None and not req.embeds and needs_tools is None
                     async with aclosing(self._attempt(key, call(target, remaining), now, state, work)) as items:
                         async for item in items:
                             if isinstance(item, Delta):
@@ -204,7 +204,8 @@ class Router:
             return key, lambda t, remaining: providers.generate(p, p.models[model], t, remaining)
         pick = PickInput(model=model, now=now, exclude=frozenset(tried) | refusing, session=target.user,
                          work_tokens=work, tokens=lambda: self._prompt_tokens(model, target.prompt),
-                         max_tokens=target.sampling.max_tokens, filters=tuple(policy.filters), embed=target.embeds)
+                         max_tokens=target.sampling.max_tokens, filters=tuple(policy.filters), embed=target.embeds,
+                         tools=uses_tools(target.prompt, target.tools) is not None)
         if only is not None:
             pick.exclude = refusing
             endpoint = self._picker.routable(only, pick)
@@ -351,22 +352,23 @@ class Router:
         Retry-After), not handed the last engine's refusal or a 503."""
         return QueueFull(model, self._retry_after_s) if state.busy else state.last_error
 
+    def _cannot_serve(self, model: str, by_provider: bool, needs_tools: str | None,
+                      embeds: bool) -> LlmeshError | None:
+        """Why ``model`` cannot answer the request at all: tools need a provider or an engine whose
+        backend calls them (as engines report it), and providers answer generation only here."""
+        if needs_tools is not None and not by_provider and model not in self._picker.tool_models():
+            return _cannot_call_tools(model, needs_tools)
+        return NotEmbedding(model) if by_provider and embeds else None
+
     def _outcome(self, endpoint: str, ok: bool, ttft_s: float | None) -> None:
         if self._breakers is not None:
             self._breakers.record(endpoint, ok, ttft_s, self._clock())
 
 
-def _cannot_serve(model: str, by_provider: bool, needs_tools: str | None, embeds: bool) -> LlmeshError | None:
-    """Why ``model`` cannot answer the request at all: tools need a provider, and providers
-    answer generation only here (no embeddings)."""
-    if not by_provider and needs_tools is not None:
-        return _cannot_call_tools(model, needs_tools)
-    return NotEmbedding(model) if by_provider and embeds else None
-
-
 def _cannot_call_tools(model: str, needs: str) -> InvalidArgument:
-    return InvalidArgument(f"The model '{model}' is served by an llmesh engine, which cannot call tools; "
-                           f"'{needs}' needs a model served by an OpenAI-compatible provider.", param=needs)
+    return InvalidArgument(f"The model '{model}' is served by llmesh engines whose backend cannot call tools; "
+                           f"'{needs}' needs an engine that can (llamacpp) or an OpenAI-compatible provider.",
+                           param=needs)
 
 
 class _Bound:

@@ -60,8 +60,9 @@ export type ChatRequest = Message<"llmesh.v1.ChatRequest"> & {
 
   /**
    * Functions the model may call, at most 128. Served by OpenAI-compatible
-   * providers only: a model served by an llmesh engine refuses a request with
-   * tools with INVALID_ARGUMENT naming "tools".
+   * providers and by llmesh engines whose backend calls tools (llamacpp); a model
+   * served only by other engines refuses a request with tools with
+   * INVALID_ARGUMENT naming "tools".
    *
    * @generated from field: repeated llmesh.v1.Tool tools = 6;
    */
