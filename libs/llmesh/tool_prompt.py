@@ -41,7 +41,7 @@ def call_text(name: str, arguments: str) -> str:
 def tools_text(tools: Tools) -> str:
     lines = []
     for t in tools.functions:
-        function: dict = {"name": t.name}
+        function: dict[str, object] = {"name": t.name}
         if t.description:
             function["description"] = t.description
         function["parameters"] = json.loads(t.parameters) if t.parameters else {"type": "object"}

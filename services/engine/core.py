@@ -154,8 +154,8 @@ class EngineCore:
                     await steps.aclose()
                 if not matcher.stopped and (rest := matcher.flush()):
                     last = Delta(text=rest, tokens=0)
-                    if (last := last if reader is None else reader.feed(last)) is not None:
-                        yield last
+                    if (out := last if reader is None else reader.feed(last)) is not None:
+                        yield out
                 reason = FinishReason.LENGTH if produced >= params.max_new_tokens and not matcher.stopped \
                     else FinishReason.STOP
                 finish = Finish(reader.reason(reason) if reader is not None else reason,

@@ -56,7 +56,8 @@ def test_named_and_required_calls_parse_and_match_streamed_and_not(client):
                                                  parallel_tool_calls=False, temperature=0, max_tokens=80,
                                                  stream=True))
     pieces = [tc for c in chunks if c.choices and c.choices[0].delta.tool_calls for tc in c.choices[0].delta.tool_calls]
-    assert pieces[0].id.startswith("call_") and pieces[0].function.name == "get_weather" and pieces[0].type == "function"
+    first = pieces[0]
+    assert first.id.startswith("call_") and first.function.name == "get_weather" and first.type == "function"
     assert json.loads("".join(p.function.arguments or "" for p in pieces)) == args  # greedy: the same call
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["tool_calls"]
 
