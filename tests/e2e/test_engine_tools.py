@@ -1,12 +1,15 @@
 """Tool calling on an llmesh engine: SmolLM2 on llama.cpp through the whole mesh, driven by the
 official openai client and the gRPC front. A required or named call always parses and matches
 its function's schema (streamed and not, both fronts, over generated schemas too); an agent loop
-runs to completion; tool_choice "none" gives text; a hostile schema is a 400; a backend that
-cannot call tools (the sim) refuses them by name."""
+runs to completion (examples/python/agent.py too); tool_choice "none" gives text; a hostile
+schema is a 400; a backend that cannot call tools (the sim) refuses them by name."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import grpc
 import jsonschema
@@ -193,3 +196,13 @@ def test_a_required_call_always_matches_a_generated_schema(client, schema, strea
         names = [c.function.name for c in calls]
     assert finish == ["tool_calls"] and names == ["act"], (schema, finish)
     jsonschema.validate(json.loads(arguments), schema)
+
+
+def test_the_agent_example_runs(mesh):
+    example = Path(__file__).resolve().parents[2] / "examples" / "python" / "agent.py"
+    out = subprocess.run([sys.executable, str(example), "--base-url", mesh.layout.http_url + "/v1",
+                          "What is the weather in Paris?"], capture_output=True, text=True, timeout=180,
+                         stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("[get_weather({") and lines[-1].strip() and not lines[-1].startswith("[")

@@ -38,6 +38,7 @@ from llmesh.errors import (DeadlineExceeded, EngineLost, Internal, InvalidArgume
                            NotGenerative, Overloaded, PoisonRequest, QueueFull, Unavailable)
 from llmesh.liveconfig.schema import MeshConfig, ModelPolicy, Provider
 from llmesh.types import Delta, Finish, FinishReason, Prompt, Usage
+from llmesh.tool_prompt import render  # tools as an engine shows them (its prompt tokens, for prefix affinity)
 from llmesh.validation import uses_tools
 from llmesh.gateway.context import CompletionRequest, Context, Items, Upstream, Wrap
 from llmesh.gateway.record import RequestRecord
@@ -203,7 +204,8 @@ class Router:
             p, providers = provider[1], cast(ProviderPort, self._providers)  # found only with a port
             return key, lambda t, remaining: providers.generate(p, p.models[model], t, remaining)
         pick = PickInput(model=model, now=now, exclude=frozenset(tried) | refusing, session=target.user,
-                         work_tokens=work, tokens=lambda: self._prompt_tokens(model, target.prompt),
+                         work_tokens=work,
+                         tokens=lambda: self._prompt_tokens(model, render(target.prompt, target.tools)),
                          max_tokens=target.sampling.max_tokens, filters=tuple(policy.filters), embed=target.embeds,
                          tools=uses_tools(target.prompt, target.tools) is not None)
         if only is not None:
@@ -352,8 +354,7 @@ class Router:
         Retry-After), not handed the last engine's refusal or a 503."""
         return QueueFull(model, self._retry_after_s) if state.busy else state.last_error
 
-    def _cannot_serve(self, model: str, by_provider: bool, needs_tools: str | None,
-                      embeds: bool) -> LlmeshError | None:
+    def _cannot_serve(self, model: str, by_provider: bool, needs_tools: str | None, embeds: bool) -> LlmeshError | None:
         """Why ``model`` cannot answer the request at all: tools need a provider or an engine whose
         backend calls them (as engines report it), and providers answer generation only here."""
         if needs_tools is not None and not by_provider and model not in self._picker.tool_models():
