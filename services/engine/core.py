@@ -113,14 +113,15 @@ class EngineCore:
         With tools offered, calls come out as Deltas' ``tool_calls`` (``CallReader``)."""
         backend = self.backend  # one request, one backend, even if a model load swaps it meanwhile
         tokens, params = self._prepare(backend, model, prompt, sampling, priority, continuation, tools)
-        reader = None if params.tools is None else CallReader(params.tools.choice != "auto")
+        # with tools, the reader applies the stop strings, to a text answer only (never inside a call)
+        reader = None if params.tools is None else CallReader(params.tools.choice != "auto", sampling.stop)
         arrived = time.monotonic()
         self._enter(backend, model)
         try:
             async with self.admission.slot(priority):
                 timing = _Timing(arrived, time.monotonic())
                 # Decoding is inline (no generator of its own): one generator a message fewer.
-                matcher = StopMatcher(sampling.stop)
+                matcher = StopMatcher(sampling.stop if reader is None else ())
                 plain = not matcher.active and params.logprobs is None and reader is None  # str pieces, final
                 produced = 0
                 steps = steps_of(backend, tokens, params)
@@ -148,16 +149,14 @@ class EngineCore:
                         if count:
                             timing.sent(delta.tokens)
                             yield delta
-                        if matcher.stopped or produced >= params.max_new_tokens:
+                        if matcher.stopped or (reader and reader.stopped) or produced >= params.max_new_tokens:
                             break  # the backend has nothing more for this answer
                 finally:
                     await steps.aclose()
-                if not matcher.stopped and (rest := matcher.flush()):
-                    last = Delta(text=rest, tokens=0)
-                    if (out := last if reader is None else reader.feed(last)) is not None:
-                        yield out
-                reason = FinishReason.LENGTH if produced >= params.max_new_tokens and not matcher.stopped \
-                    else FinishReason.STOP
+                if (rest := self._rest(matcher, reader)) is not None:
+                    yield rest
+                stopped = matcher.stopped or (reader is not None and reader.stopped)
+                reason = FinishReason.LENGTH if produced >= params.max_new_tokens and not stopped else FinishReason.STOP
                 finish = Finish(reader.reason(reason) if reader is not None else reason,
                                 Usage(prompt_tokens=len(tokens), completion_tokens=produced))
                 if self.metrics is not None:
@@ -245,6 +244,14 @@ class EngineCore:
         self._by_name[model] -= 1
         if not self._by_name[model]:
             del self._by_name[model]
+
+    @staticmethod
+    def _rest(matcher: StopMatcher, reader: CallReader | None) -> Delta | None:
+        """Text held back for a stop string that did not come, at the answer's end."""
+        if reader is not None:
+            return reader.flush()
+        rest = matcher.flush()
+        return Delta(text=rest, tokens=0) if rest else None
 
     @staticmethod
     def _delta(pieces: list[Piece], matcher: StopMatcher) -> tuple[Delta | None, int]:

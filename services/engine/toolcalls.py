@@ -16,6 +16,7 @@ import secrets
 from llmesh.errors import Internal
 from llmesh.tool_prompt import CALL_CLOSE, CALL_OPEN
 from llmesh.types import Delta, FinishReason, ToolCall
+from llmesh.engine.stops import StopMatcher
 
 
 def call_id() -> str:
@@ -26,10 +27,11 @@ def call_id() -> str:
 class CallReader:
     """One answer's items through the tool-call format; ``feed`` each Delta, then ``reason``."""
 
-    __slots__ = ("_mode", "_held", "_tokens", "_from", "calls")
+    __slots__ = ("_mode", "_held", "_tokens", "_from", "_stops", "calls")
 
-    def __init__(self, calls_only: bool):
+    def __init__(self, calls_only: bool, stops: tuple[str, ...] = ()):
         self._mode = "calls" if calls_only else ""  # "": not decided yet (auto), "text" or "calls"
+        self._stops = StopMatcher(stops)  # applied to a text answer only: a call is whole or none
         self._held = ""      # text not given out yet
         self._tokens = 0     # the tokens behind it
         self._from = 0       # where to look for the next CALL_CLOSE in _held
@@ -39,7 +41,7 @@ class CallReader:
         """What of ``delta`` goes out now: its text (auto's text answer), completed calls, or
         None while a call (or auto's first character) is still coming."""
         if self._mode == "text":
-            return delta
+            return self._text(delta.text, delta.tokens, delta)
         self._held += delta.text
         self._tokens += delta.tokens
         if not self._mode:
@@ -47,10 +49,28 @@ class CallReader:
                 return None
             self._mode = "calls" if self._held.startswith("<") else "text"
             if self._mode == "text":
-                out = Delta(self._held, self._tokens, delta.logprobs)
-                self._held, self._tokens = "", 0
-                return out
+                text, tokens, self._held, self._tokens = self._held, self._tokens, "", 0
+                return self._text(text, tokens, delta)
         return self._completed()
+
+    def _text(self, text: str, tokens: int, delta: Delta) -> Delta | None:
+        if self._stops.stopped:
+            return None  # the answer ended at its stop string
+        if self._stops.active:
+            text = self._stops.feed(text)
+        elif text is delta.text and tokens == delta.tokens:
+            return delta
+        return Delta(text, tokens, delta.logprobs) if text or tokens else None
+
+    @property
+    def stopped(self) -> bool:
+        """A text answer met a stop string: the answer ends here."""
+        return self._stops.stopped
+
+    def flush(self) -> Delta | None:
+        """A text answer's text held back for a stop string that did not come."""
+        rest = self._stops.flush()
+        return Delta(rest, 0) if rest else None
 
     def _completed(self) -> Delta | None:
         calls = []

@@ -111,6 +111,17 @@ def test_an_agent_loop_runs_to_completion(client):
     assert any(m["role"] == "tool" for m in messages if isinstance(m, dict))
 
 
+def test_stop_strings_end_text_but_never_cut_a_call(client):
+    """Every call holds a newline: stop ["\n"] applies to a text answer only."""
+    resp = client.chat.completions.create(model=SMOL, messages=ASK, tools=TOOLS, tool_choice=NAMED, stop=["\n"],
+                                          parallel_tool_calls=False, temperature=0, max_tokens=80)
+    assert resp.choices[0].finish_reason == "tool_calls"
+    valid(resp.choices[0].message.tool_calls[0], ("get_weather",))
+    text = client.chat.completions.create(model=SMOL, messages=ASK, tools=TOOLS, tool_choice="none", stop=[" "],
+                                          temperature=0, max_tokens=12)
+    assert text.choices[0].finish_reason == "stop" and " " not in text.choices[0].message.content
+
+
 def test_tool_choice_none_gives_text(client):
     resp = client.chat.completions.create(model=SMOL, messages=ASK, tools=TOOLS, tool_choice="none",
                                           temperature=0, max_tokens=12)

@@ -112,3 +112,15 @@ def test_hostile_tool_schemas_are_refused_naming_the_tool():
             continue
         assert len(grammar) <= LIMITS.max_grammar_bytes, name
     assert refused > 20
+
+
+def test_stop_strings_end_a_text_answer_but_never_cut_a_call():
+    text = CallReader(calls_only=False, stops=("\n",))
+    out = feed_all(text, ["Sunny", " today\nand", " more"])
+    assert "".join(d.text for d in out) == "Sunny today" and text.stopped and text.flush() is None
+    held = CallReader(calls_only=False, stops=("END",))
+    assert "".join(d.text for d in feed_all(held, ["Hi E"])) == "Hi " and not held.stopped
+    assert held.flush() == Delta("E", 0)  # a stop string that did not come: its start is text after all
+    calls = CallReader(calls_only=False, stops=("\n", "</tool_call>"))
+    out = feed_all(calls, [CALLS])
+    assert [c.name for d in out for c in d.tool_calls] == ["get_weather", "get_time"] and not calls.stopped
