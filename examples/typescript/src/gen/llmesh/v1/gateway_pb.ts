@@ -77,7 +77,7 @@ export type ChatRequest = Message<"llmesh.v1.ChatRequest"> & {
 
   /**
    * Whether the model may call several tools in one turn; unset: the provider's
-   * default.
+   * default (llmesh engines: true, at most 8 calls).
    *
    * @generated from field: optional bool parallel_tool_calls = 8;
    */
