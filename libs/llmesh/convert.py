@@ -152,7 +152,7 @@ def messages_from_pb(pbs: Iterable[common_pb2.ChatMessage]) -> tuple[Message, ..
 
 
 def tools_to_pb(tools: Tools) -> dict[str, Any]:
-    """The ``tools``, ``tool_choice`` and ``parallel_tool_calls`` fields of a ChatRequest."""
+    """The ``tools``, ``tool_choice`` and ``parallel_tool_calls`` fields of a ChatRequest (or a GenerateRequest)."""
     out: dict[str, Any] = {"tools": [gateway_pb2.Tool(name=t.name, description=t.description, parameters=t.parameters,
                                             strict=t.strict) for t in tools.functions],
                  "tool_choice": gateway_pb2.ToolChoice(mode=tools.choice, function=tools.function)}
@@ -161,8 +161,9 @@ def tools_to_pb(tools: Tools) -> dict[str, Any]:
     return out
 
 
-def tools_from_pb(pb: gateway_pb2.ChatRequest) -> Tools | None:
-    """None when the request neither offers tools nor says how to use them."""
+def tools_from_pb(pb: Any) -> Tools | None:
+    """A ChatRequest's or a GenerateRequest's tools (the same fields); None when the request
+    neither offers tools nor says how to use them."""
     if not pb.tools and not pb.HasField("tool_choice") and not pb.HasField("parallel_tool_calls"):
         return None
     return Tools(functions=tuple(Tool(t.name, t.description, t.parameters, t.strict if t.HasField("strict") else None)

@@ -183,11 +183,13 @@ class EngineApp:
 
     def _served(self) -> list[scheduler_pb2.ServedModel]:
         """What requests may name here now (the model, then its LoRA adapters), each with its
-        context length, the requests naming it in flight, and whether it is an embedding model."""
+        context length, the requests naming it in flight, whether it is an embedding model and
+        whether its backend calls tools."""
         can = self.core.backend.capabilities
         embeddings = can.embeddings and not can.generates
         return [scheduler_pb2.ServedModel(name=m.name, context_length=m.context_length, base_model=m.base_model,
-                                          in_flight=self.core.in_flight(m.name), embeddings=embeddings)
+                                          in_flight=self.core.in_flight(m.name), embeddings=embeddings,
+                                          tools=can.tools)
                 for m in self.lifecycle.list()]
 
     async def _check(self) -> None:

@@ -7,17 +7,19 @@ import asyncio
 import time
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import cast
 
 from llmesh.errors import (ContextLengthExceeded, InputTooLong, InvalidArgument, ModelNotFound, NotEmbedding,
                            NotGenerative)
-from llmesh.types import Delta, Finish, FinishReason, Priority, Prompt, Sampling, TokenLogprob, Usage
-from llmesh.validation import check_request
+from llmesh.tool_prompt import offered, render
+from llmesh.types import Delta, Finish, FinishReason, Priority, Prompt, Sampling, TokenLogprob, Tools, Usage
+from llmesh.validation import check_request, uses_tools
 from llmesh.engine.admission import Admission
 from llmesh.engine.backends.base import Backend, DecodeParams, Piece, Token, can_continue, can_embed, steps_of
 from llmesh.engine.metrics import EngineMetrics
 from llmesh.engine.stops import StopMatcher
+from llmesh.engine.toolcalls import CallReader
 
 
 class _Timing:
@@ -105,19 +107,22 @@ class EngineCore:
         return len(backend.tokenize(prompt))
 
     async def generate(self, model: str, prompt: Prompt, sampling: Sampling, priority: Priority = Priority.NORMAL,
-                       continuation: str = "") -> AsyncGenerator[Delta | Finish, None]:
+                       continuation: str = "", tools: Tools | None = None) -> AsyncGenerator[Delta | Finish, None]:
         """Yields Delta items, then exactly one Finish. Raises before the first
-        item for a bad request, a full queue, or when shed for a higher priority."""
+        item for a bad request, a full queue, or when shed for a higher priority.
+        With tools offered, calls come out as Deltas' ``tool_calls`` (``CallReader``)."""
         backend = self.backend  # one request, one backend, even if a model load swaps it meanwhile
-        tokens, params = self._prepare(backend, model, prompt, sampling, priority, continuation)
+        tokens, params = self._prepare(backend, model, prompt, sampling, priority, continuation, tools)
+        # with tools, the reader applies the stop strings, to a text answer only (never inside a call)
+        reader = None if params.tools is None else CallReader(params.tools.choice != "auto", sampling.stop)
         arrived = time.monotonic()
         self._enter(backend, model)
         try:
             async with self.admission.slot(priority):
                 timing = _Timing(arrived, time.monotonic())
                 # Decoding is inline (no generator of its own): one generator a message fewer.
-                matcher = StopMatcher(sampling.stop)
-                plain = not matcher.active and params.logprobs is None  # every piece is a str, final as it comes
+                matcher = StopMatcher(sampling.stop if reader is None else ())
+                plain = not matcher.active and params.logprobs is None and reader is None  # str pieces, final
                 produced = 0
                 steps = steps_of(backend, tokens, params)
                 try:
@@ -132,27 +137,28 @@ class EngineCore:
                                 delta = LastDelta(text, count) if ends else Delta(text, count)
                         else:
                             found, taken = self._delta(pieces, matcher)
+                            if found is not None and reader is not None:
+                                found = reader.feed(found)
                             produced += taken
                             count = found is not None
                             # with stop strings, a length end may still flush held-back text
                             ends = matcher.stopped or (produced >= params.max_new_tokens and not matcher.active)
                             if found is not None:
-                                delta = LastDelta(found.text, found.tokens, found.logprobs) if ends else found
+                                delta = LastDelta(found.text, found.tokens, found.logprobs, found.tool_calls) \
+                                    if ends else found
                         if count:
                             timing.sent(delta.tokens)
                             yield delta
-                        if matcher.stopped or produced >= params.max_new_tokens:
+                        if matcher.stopped or (reader and reader.stopped) or produced >= params.max_new_tokens:
                             break  # the backend has nothing more for this answer
                 finally:
                     await steps.aclose()
-                if matcher.stopped:
-                    reason = FinishReason.STOP
-                else:
-                    rest = matcher.flush()
-                    if rest:
-                        yield Delta(text=rest, tokens=0)
-                    reason = FinishReason.LENGTH if produced >= params.max_new_tokens else FinishReason.STOP
-                finish = Finish(reason=reason, usage=Usage(prompt_tokens=len(tokens), completion_tokens=produced))
+                if (rest := self._rest(matcher, reader)) is not None:
+                    yield rest
+                stopped = matcher.stopped or (reader is not None and reader.stopped)
+                reason = FinishReason.LENGTH if produced >= params.max_new_tokens and not stopped else FinishReason.STOP
+                finish = Finish(reader.reason(reason) if reader is not None else reason,
+                                Usage(prompt_tokens=len(tokens), completion_tokens=produced))
                 if self.metrics is not None:
                     timing.record(self.metrics, finish)
                 yield finish
@@ -200,24 +206,30 @@ class EngineCore:
             self._leave(backend, model)
 
     def _prepare(self, backend: Backend, model: str, prompt: Prompt, sampling: Sampling, priority: Priority,
-                 continuation: str) -> tuple[list[int], DecodeParams]:
-        """The request checked against the backend and tokenized (a continued answer's text
-        appended): its tokens and what the backend decodes them with."""
+                 continuation: str, tools: Tools | None = None) -> tuple[list[int], DecodeParams]:
+        """The request checked against the backend and tokenized (tools and tool messages
+        rendered, a continued answer's text appended): its tokens and what the backend decodes them with."""
         self._check_model(backend, model)
         if not backend.capabilities.generates:
             raise NotGenerative(model)
-        check_request(model, prompt, sampling)
+        self._check_tools(backend, prompt, sampling, tools)
+        check_request(model, prompt, sampling, tools=tools, tools_allowed=True)
         self._check_capabilities(backend, sampling)
+        if backend.capabilities.tools and prompt.is_chat:
+            prompt = render(prompt, tools)
         tokens = backend.tokenize(prompt)
         if not tokens:
             raise InvalidArgument("The prompt is empty.", param="messages" if prompt.is_chat else "prompt")
         answered: list[int] = []
         if continuation:
-            if not can_continue(backend):
-                raise InvalidArgument(f"The {backend.name} backend cannot continue an answer.", param="continuation")
+            if not can_continue(backend) or offered(tools) is not None:
+                raise InvalidArgument(f"The {backend.name} backend cannot continue an answer"
+                                      f"{' that may call tools' if tools else ''}.", param="continuation")
             answered = backend.tokenize_continuation(continuation)
             tokens = tokens + answered
-        return tokens, self._decode_params(backend, len(tokens), sampling, model, priority, len(answered))
+        params = self._decode_params(backend, len(tokens), sampling, model, priority, len(answered))
+        shown = offered(tools)
+        return tokens, params if shown is None else replace(params, tools=shown)
 
     def _enter(self, backend: Backend, model: str) -> None:
         key = id(backend)
@@ -232,6 +244,14 @@ class EngineCore:
         self._by_name[model] -= 1
         if not self._by_name[model]:
             del self._by_name[model]
+
+    @staticmethod
+    def _rest(matcher: StopMatcher, reader: CallReader | None) -> Delta | None:
+        """Text held back for a stop string that did not come, at the answer's end."""
+        if reader is not None:
+            return reader.flush()
+        rest = matcher.flush()
+        return Delta(text=rest, tokens=0) if rest else None
 
     @staticmethod
     def _delta(pieces: list[Piece], matcher: StopMatcher) -> tuple[Delta | None, int]:
@@ -288,6 +308,21 @@ class EngineCore:
     def _check_model(backend: Backend, model: str) -> None:
         if model not in backend.models:
             raise ModelNotFound(model)
+
+    @staticmethod
+    def _check_tools(backend: Backend, prompt: Prompt, sampling: Sampling, tools: Tools | None) -> None:
+        """Tools only on a backend that calls them, in a chat, not with response_format nor
+        continuing an answer (a call's text cannot be resumed elsewhere)."""
+        needs = uses_tools(prompt, tools)
+        if needs is None and tools is None:
+            return
+        if needs is not None and not backend.capabilities.tools:
+            raise InvalidArgument(f"The {backend.name} backend cannot call tools.", param=needs)
+        if not prompt.is_chat:
+            raise InvalidArgument("Tools need a chat (messages), not a prompt.", param="tools")
+        if offered(tools) is not None and sampling.response_format is not None:
+            raise InvalidArgument("response_format cannot be combined with tools an llmesh engine may call; "
+                                  "use tool_choice 'none' or leave response_format out.", param="response_format")
 
     @staticmethod
     def _check_capabilities(backend: Backend, sampling: Sampling) -> None:

@@ -6,7 +6,8 @@ from contextlib import aclosing
 
 from opentelemetry import trace
 
-from llmesh.convert import finish_to_pb, logprobs_to_pb, priority_from_pb, prompt_from_pb, sampling_from_pb, usage_to_pb
+from llmesh.convert import (finish_to_pb, logprobs_to_pb, priority_from_pb, prompt_from_pb, sampling_from_pb,
+                            tool_calls_to_pb, tools_from_pb, usage_to_pb)
 from llmesh.types import Delta
 from llmesh.v1 import common_pb2, engine_pb2, engine_pb2_grpc
 from llmesh.validation import check_message
@@ -22,10 +23,11 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
 
     async def Generate(self, request, context):
         items = self._core.generate(request.model, prompt_from_pb(request), sampling_from_pb(request.sampling),
-                                    priority_from_pb(request.priority), request.continuation)
+                                    priority_from_pb(request.priority), request.continuation, tools_from_pb(request))
         whole = request.whole
         texts: list[str] = []
         logprobs: list = []
+        calls: list = []
         tokens = 0
         response = engine_pb2.GenerateResponse
         async with aclosing(items):
@@ -34,7 +36,11 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
                     if whole or type(item) is LastDelta:  # goes out with the finish: a whole answer, a last Delta
                         texts.append(item.text)
                         logprobs.extend(item.logprobs)
+                        calls.extend(item.tool_calls)
                         tokens += item.tokens
+                    elif item.tool_calls:
+                        yield response(text=item.text, token_count=item.tokens,
+                                       tool_calls=tool_calls_to_pb(item.tool_calls))
                     elif item.logprobs:
                         yield response(text=item.text, token_count=item.tokens, logprobs=logprobs_to_pb(item.logprobs))
                     else:
@@ -48,6 +54,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
                         span.set_attribute("gen_ai.response.finish_reasons", [item.reason.value])
                     yield response(text="".join(texts), token_count=tokens,
                                    logprobs=logprobs_to_pb(tuple(logprobs)) if logprobs else None,
+                                   tool_calls=tool_calls_to_pb(tuple(calls)) if calls else None,
                                    finish_reason=finish_to_pb(item.reason), usage=usage_to_pb(item.usage))
 
     async def Embed(self, request, context):

@@ -47,7 +47,7 @@ class CompletionRequest:
     caller: Caller = Caller()
     priority: Priority = Priority.NORMAL
     continuation: str = ""  # answer text already sent, when a stream fails over to another engine
-    tools: Tools | None = None  # functions the model may call (OpenAI-compatible providers only)
+    tools: Tools | None = None  # functions the model may call (providers; engines whose backend calls tools)
     checked: bool = False  # the front already checked it against the protos' rules (gRPC: as it arrived)
     stream: bool = True  # False: the client takes the answer at once (upstreams may send it whole)
     client_request_id: str | None = None  # the client's x-request-id when it was replaced (llmesh.request_id)

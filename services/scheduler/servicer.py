@@ -63,12 +63,13 @@ def state_from_report(r: scheduler_pb2.EngineReport, now: float, hardware: Hardw
                             self_test_ok=tested_ok, self_test_detail=self_test.detail,
                             latency_ms=self_test.latency_ms),
         hardware=hardware, self_test=self_test,
-        served=tuple(Served(m.name, m.context_length, m.base_model, m.in_flight, m.embeddings) for m in r.served))
+        served=tuple(Served(m.name, m.context_length, m.base_model, m.in_flight, m.embeddings, m.tools)
+                     for m in r.served))
 
 
 def served_pb(s: Served) -> scheduler_pb2.ServedModel:
     return scheduler_pb2.ServedModel(name=s.name, context_length=s.context_length, base_model=s.base_model,
-                                     in_flight=s.in_flight, embeddings=s.embeddings)
+                                     in_flight=s.in_flight, embeddings=s.embeddings, tools=s.tools)
 
 
 def table_pb(table: EndpointTable, now: float, kv: KvIndex, forms: HardwareForms) -> scheduler_pb2.EndpointTable:

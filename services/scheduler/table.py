@@ -30,6 +30,7 @@ class Served:
     base_model: str = ""
     in_flight: int = 0
     embeddings: bool = False  # an embedding model (Embed, not Generate)
+    tools: bool = False  # its backend calls tools
 
 
 @dataclass(frozen=True, slots=True)

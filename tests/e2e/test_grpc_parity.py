@@ -287,11 +287,12 @@ def test_tool_calls_through_a_provider_on_both_fronts(stub, client, tool_provide
     assert choice_texts(replies) == [follow.choices[0].message.content]
 
 
-def test_an_engine_served_model_refuses_tools_naming_them(stub, client):
+def test_an_engine_that_cannot_call_tools_refuses_them_naming_them(stub, client):
+    """The sim backend has no tool calling (tests/e2e/test_engine_tools.py has the llama.cpp engine's)."""
     with pytest.raises(openai.BadRequestError) as info:
-        client.chat.completions.create(model=SMOL, messages=[{"role": "user", "content": "hi"}], tools=[TOOL])
+        client.chat.completions.create(model="sim-small", messages=[{"role": "user", "content": "hi"}], tools=[TOOL])
     assert info.value.body["param"] == "tools" and "tools" in info.value.body["message"]
     with pytest.raises(grpc.RpcError) as rpc:
-        chat(stub, tools=[gateway_pb2.Tool(name="get_weather")])
+        chat(stub, model="sim-small", tools=[gateway_pb2.Tool(name="get_weather")])
     assert rpc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert dict(rpc.value.trailing_metadata())["llmesh-error-param"] == "tools"

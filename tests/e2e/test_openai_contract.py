@@ -123,7 +123,6 @@ def test_n_gives_that_many_choices(client):
 
 
 @pytest.mark.parametrize("extra, param", [
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]}, "tools"),
     ({"logit_bias": {"1": 5}}, "logit_bias"),
     ({"presence_penalty": 2.5}, "presence_penalty"),  # out of range
     ({"extra_body": {"repetition_penalty": 0}}, "repetition_penalty"),

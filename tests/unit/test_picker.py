@@ -38,6 +38,9 @@ def test_filters_each_drop_what_they_name():
     r = req(now=1.0, exclude=frozenset({"tried"}))
     assert ServesModel().keep(ep("a"), r, local) and not ServesModel().keep(ep("a", models=("x",)), r, local)
     assert Healthy().keep(ep("a"), r, local) and not Healthy().keep(ep("a", healthy=False), r, local)
+    calls = req(tools=True)  # a request that needs tool calling: only where the engine's backend calls tools
+    assert not ServesModel().keep(ep("a"), calls, local) and ServesModel().keep(ep("a"), req(), local)
+    assert ServesModel().keep(Endpoint("t", "127.0.0.1:1", frozenset({"m"}), tools=frozenset({"m"})), calls, local)
     assert NotDegraded().keep(ep("a"), r, local) and not NotDegraded().keep(ep("a", degraded="ecc"), r, local)
     assert NotTried().keep(ep("a"), r, local) and not NotTried().keep(ep("tried"), r, local)
     assert BreakerClosed().keep(ep("a"), r, local) and not BreakerClosed().keep(ep("down"), r, local)

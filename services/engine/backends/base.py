@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Protocol, TypeGuard
 
 from llmesh.kvhash import HashScheme
-from llmesh.types import KNOBS, Priority, Prompt, ResponseFormat, TokenLogprob
+from llmesh.types import KNOBS, Priority, Prompt, ResponseFormat, TokenLogprob, Tools
 from llmesh.engine.kvblocks import KvEvent
 
 
@@ -31,6 +31,9 @@ class DecodeParams:
     priority: Priority = Priority.NORMAL  # a backend that queues internally serves higher classes first
     logprobs: int | None = None  # set: report log probabilities with this many alternatives
     response_format: ResponseFormat | None = None  # set: constrain decoding to this shape
+    # set: the tools offered (tool_choice auto, required or a named function): decoding is constrained
+    # to llmesh.tool_prompt's call format (auto: text or calls), the prompt already shows them
+    tools: Tools | None = None
     continued_tokens: int = 0  # the prompt's last N tokens are answer text produced elsewhere
     # The knobs (Capabilities.knobs), each at its "off" value unless the request set it: top_k 0
     # (else 1..vocab_size), min_p 0, repetition_penalty 1 (over the prompt's and the answer's
@@ -59,6 +62,7 @@ class Capabilities:
     knobs: frozenset[str] = frozenset()  # the sampling knobs it honours (Sampling.knobs' names)
     generates: bool = True          # answers Generate (False: an embedding-only backend, which refuses it)
     embeddings: bool = False        # has ``tokenize_inputs``, ``embed`` and ``max_input_tokens`` (Embed)
+    tools: bool = False             # honours DecodeParams.tools (a call always parses and matches its schema)
 
 
 ALL_KNOBS = frozenset(KNOBS)  # llama.cpp's samplers and vLLM's SamplingParams have every one

@@ -23,7 +23,8 @@ from llmesh.engine.kvblocks import BlockLedger
 
 class LlamaCppBackend:
     name = "llamacpp"
-    capabilities = Capabilities(logprobs=True, response_format=True, continuation=True, steps=True, knobs=ALL_KNOBS)
+    capabilities = Capabilities(logprobs=True, response_format=True, continuation=True, steps=True, knobs=ALL_KNOBS,
+                                tools=True)
     gpu_memory_share = 0.0
 
     def __init__(self, model_path: Path, model: str, *, n_ctx: int, n_threads: int, n_batch: int, n_slots: int,
@@ -97,7 +98,10 @@ class LlamaCppBackend:
         self._loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         fmt = params.response_format
-        grammar = await self._grammars.grammar(fmt) if fmt is not None else None
+        if params.tools is not None:
+            grammar: str | None = await self._grammars.tools_grammar(params.tools)
+        else:
+            grammar = await self._grammars.grammar(fmt) if fmt is not None else None
         answered = list(tokens[len(tokens) - params.continued_tokens:]) if params.continued_tokens else []
         seq = Sequence(prompt=list(tokens), params=params, sink=queue, grammar=grammar, answered=answered)
         self._runner.submit(seq)

@@ -12,17 +12,24 @@ thread with a deadline, its grammar held to a size and a nesting, and parsed onc
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from itertools import accumulate
+from collections.abc import Callable
 from typing import Any
 
 from llmesh.errors import InvalidArgument
 from llmesh.schema_bounds import LIMITS, check_schema
-from llmesh.types import ResponseFormat
+from llmesh.tool_prompt import ARGUMENTS_KEY, CALL_CLOSE, CALL_HEAD, CALL_OPEN
+from llmesh.types import ResponseFormat, Tools
 
 PARAM = "response_format.json_schema.schema"
+TOOLS_PARAM = "tools"
+MAX_PARALLEL_CALLS = 8  # calls in one answer with parallel_tool_calls (OpenAI sets no number; a bound keeps it finite)
+# auto's text answer: anything that does not start as a call does (tool_prompt.CALL_OPEN)
+TEXT_RULE = r'[^<\x00] [^\x00]*'
 # Nested groups in one rule: llama.cpp refuses over 1,000 nested `?` groups by itself, and
 # its parser's recursion crashed from 19,000 (18,000 parsed); plain groups are held to the same 1,000.
 MAX_NESTING = 1_000
@@ -51,17 +58,61 @@ def schema_grammar(schema: str, max_bytes: int = LIMITS.max_grammar_bytes) -> st
 
     check_schema(schema, PARAM)
     try:
-        grammar = json_schema_to_gbnf(schema).replace(_LAX_CHAR, _JSON_CHAR)
+        grammar = json_schema_to_gbnf(schema)
     except Exception as exc:  # noqa: BLE001 - the converter raises plain errors for schemas it cannot express
         raise InvalidArgument(f"The JSON schema cannot be enforced: {str(exc)[:300]}.", param=PARAM) from None
+    return _held(grammar, max_bytes, PARAM)
+
+
+def _held(grammar: str, max_bytes: int, param: str) -> str:
+    """The converter's grammar with JSON's string characters, within the size and nesting bounds."""
+    grammar = grammar.replace(_LAX_CHAR, _JSON_CHAR)
     if len(grammar) > max_bytes:
         raise InvalidArgument(f"The JSON schema expands to a grammar of {len(grammar)} bytes; at most {max_bytes} "
-                              "are allowed.", param=PARAM)
+                              "are allowed.", param=param)
     nesting = gbnf_nesting(grammar)
     if nesting > MAX_NESTING:
         raise InvalidArgument(f"The JSON schema expands to a grammar nested {nesting} groups deep; at most "
-                              f"{MAX_NESTING} are allowed.", param=PARAM)
+                              f"{MAX_NESTING} are allowed.", param=param)
     return grammar
+
+
+def tools_grammar(tools: Tools, max_bytes: int = LIMITS.max_grammar_bytes) -> str:
+    """The GBNF of an answer to a request that offers ``tools`` (tool_prompt's call format): one call, or
+    up to MAX_PARALLEL_CALLS with ``parallel`` (unset: true), of the named function or any offered one, its
+    arguments matching that function's parameters; with choice "auto", text as the other branch. Each
+    parameters schema is held to the schema bounds, all of them converted by one converter (their
+    ``$ref``s resolved within their own schema)."""
+    from llama_cpp.llama_grammar import SchemaConverter
+
+    converter = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    literal = converter._format_literal
+    branches = []
+    for i, tool in enumerate(tools.functions):
+        if tools.choice == "function" and tool.name != tools.function:
+            continue
+        param = f"tools[{i}].function.parameters"
+        text = tool.parameters or '{"type": "object"}'
+        check_schema(text, param)
+        try:
+            schema = json.loads(text)
+            if isinstance(schema, dict) and not schema.keys() & {"type", "$ref", "anyOf", "oneOf", "allOf", "enum",
+                                                                   "const"}:
+                schema = {**schema, "type": "object"}  # arguments are an object (OpenAI's parameters are one)
+            rule = converter.visit(converter.resolve_refs(schema, f"tool{i}"), f"tool{i}-arguments")
+        except Exception as exc:  # noqa: BLE001 - as in schema_grammar
+            raise InvalidArgument(f"The JSON schema cannot be enforced: {str(exc)[:300]}.", param=param) from None
+        branches.append(f"{literal(json.dumps(tool.name) + ARGUMENTS_KEY)} {rule}")
+    call = f"{literal(CALL_OPEN + CALL_HEAD)} ( {' | '.join(branches)} ) {literal('}' + CALL_CLOSE)}"
+    converter._add_rule("tool-call", call)
+    calls = f'tool-call ("\\n" tool-call){{0,{MAX_PARALLEL_CALLS - 1}}}' if tools.parallel is not False \
+        else "tool-call"
+    if tools.choice == "auto":
+        converter._add_rule("text", TEXT_RULE)
+        converter._add_rule("root", f"{calls} | text")
+    else:
+        converter._add_rule("root", calls)
+    return _held(converter.format_grammar(), max_bytes, TOOLS_PARAM)
 
 
 class GrammarCompiler:
@@ -75,7 +126,7 @@ class GrammarCompiler:
         self._timeout = timeout_s
         self._max_bytes = max_bytes
         self._entries = cache_entries
-        self._cache: OrderedDict[str, str | InvalidArgument] = OrderedDict()
+        self._cache: OrderedDict[str | Tools, str | InvalidArgument] = OrderedDict()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar")
 
     async def grammar(self, fmt: ResponseFormat) -> str:
@@ -84,37 +135,44 @@ class GrammarCompiler:
 
             return JSON_GBNF
         schema = fmt.schema or "{}"
-        known = self._cache.get(schema)
+        return await self._cached(schema, lambda: schema_grammar(schema, self._max_bytes), PARAM)
+
+    async def tools_grammar(self, tools: Tools) -> str:
+        """The grammar of an answer that may call ``tools`` (``tools_grammar``), made as a schema's."""
+        return await self._cached(tools, lambda: tools_grammar(tools, self._max_bytes), TOOLS_PARAM)
+
+    async def _cached(self, key: str | Tools, make: Callable[[], str], param: str) -> str:
+        known = self._cache.get(key)
         if known is None:
-            known = await self._make(schema)
-            self._cache[schema] = known
+            known = await self._make(make, param)
+            self._cache[key] = known
             while len(self._cache) > self._entries:
                 self._cache.popitem(last=False)
         else:
-            self._cache.move_to_end(schema)
+            self._cache.move_to_end(key)
         if isinstance(known, InvalidArgument):
             raise InvalidArgument(known.message, param=known.param)
         return known
 
-    async def _make(self, schema: str) -> str | InvalidArgument:
-        job = asyncio.get_running_loop().run_in_executor(self._pool, self._build, schema)
+    async def _make(self, make: Callable[[], str], param: str) -> str | InvalidArgument:
+        job = asyncio.get_running_loop().run_in_executor(self._pool, self._build, make, param)
         try:
             return await asyncio.wait_for(job, self._timeout)
         except InvalidArgument as exc:
             return exc
         except TimeoutError:  # the worker finishes it (bounded), a queued one is dropped
             return InvalidArgument(f"The JSON schema could not be turned into a grammar within {self._timeout:g} s.",
-                                   param=PARAM)
+                                   param=param)
 
-    def _build(self, schema: str) -> str:
-        grammar = schema_grammar(schema, self._max_bytes)
+    def _build(self, make: Callable[[], str], param: str) -> str:
+        grammar = make()
         if self._vocab is not None:
             import llama_cpp as lc
 
             sampler = lc.llama_sampler_init_grammar(self._vocab, grammar.encode(), b"root")
             if not sampler:
                 raise InvalidArgument("llama.cpp cannot use the grammar of this JSON schema (left recursion, or "
-                                      "more repetition than its parser allows).", param=PARAM)
+                                      "more repetition than its parser allows).", param=param)
             lc.llama_sampler_free(sampler)
         return grammar
 

@@ -8,7 +8,7 @@ import numpy as np
 from opentelemetry.trace import NoOpTracer, Span, SpanKind, Status, StatusCode, Tracer
 
 from llmesh.convert import (finish_from_pb, logprobs_from_pb, priority_to_pb, prompt_fields, sampling_to_pb,
-                            usage_from_pb)
+                            tool_calls_from_pb, tools_to_pb, usage_from_pb)
 from llmesh.errors import EngineLost, Unavailable
 from llmesh.rpc.channels import mesh_channel
 from llmesh.rpc.identity import Identity
@@ -69,16 +69,17 @@ class EngineClients:
         request = engine_pb2.GenerateRequest(
             request_id=req.request_id, model=req.model, sampling=sampling_to_pb(req.sampling),
             priority=priority_to_pb(req.priority), continuation=req.continuation, whole=not req.stream,
-            **prompt_fields(req.prompt, engine_pb2.ChatInput))
+            **prompt_fields(req.prompt, engine_pb2.ChatInput), **(tools_to_pb(req.tools) if req.tools else {}))
         span = self._tracer.start_span("llmesh.v1.Engine/Generate", context=child_context(parent),
                                        kind=SpanKind.CLIENT, attributes={"server.address": address})
         call = self._stub(address).Generate(request, timeout=timeout_s,
                                             metadata=((REQUEST_ID_KEY, req.request_id), *inject(span)))
         try:
             async for resp in call:
-                if resp.text or resp.token_count or resp.logprobs:  # the last may carry text too (whole)
+                if resp.text or resp.token_count or resp.logprobs or resp.tool_calls:  # the last may carry text (whole)
                     yield Delta(text=resp.text, tokens=resp.token_count,
-                                logprobs=logprobs_from_pb(resp.logprobs) if resp.logprobs else ())
+                                logprobs=logprobs_from_pb(resp.logprobs) if resp.logprobs else (),
+                                tool_calls=tool_calls_from_pb(resp.tool_calls) if resp.tool_calls else ())
                 if resp.finish_reason:
                     yield Finish(reason=finish_from_pb(resp.finish_reason), usage=usage_from_pb(resp.usage))
         except grpc.aio.AioRpcError as exc:

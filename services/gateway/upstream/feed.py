@@ -29,7 +29,8 @@ def endpoint_from_pb(e: scheduler_pb2.Endpoint) -> Endpoint:
                     kv_hash=kv_hash_from_pb(e.kv_hash) if e.HasField("kv_hash") else None,
                     context={s.name: s.context_length for s in e.served if s.context_length},
                     adapters={s.name: s.in_flight for s in e.served if s.base_model},
-                    embeds=frozenset(s.name for s in e.served if s.embeddings))
+                    embeds=frozenset(s.name for s in e.served if s.embeddings),
+                    tools=frozenset(s.name for s in e.served if s.tools))
 
 
 # A restarted scheduler knows no engine until each reports again (their reporters reconnect with

@@ -38,6 +38,7 @@ from llmesh.errors import (DeadlineExceeded, EngineLost, Internal, InvalidArgume
                            NotGenerative, Overloaded, PoisonRequest, QueueFull, Unavailable)
 from llmesh.liveconfig.schema import MeshConfig, ModelPolicy, Provider
 from llmesh.types import Delta, Finish, FinishReason, Prompt, Usage
+from llmesh.tool_prompt import render  # tools as an engine shows them (its prompt tokens, for prefix affinity)
 from llmesh.validation import uses_tools
 from llmesh.gateway.context import CompletionRequest, Context, Items, Upstream, Wrap
 from llmesh.gateway.record import RequestRecord
@@ -148,7 +149,7 @@ class Router:
                     raise state.mid_stream  # an answer under way is finished by its own model only
                 target = req if model == req.model else replace(req, model=model)
                 provider = config.provider_for(model) if self._providers is not None else None
-                if (skip := _cannot_serve(model, provider is not None, needs_tools, req.embeds)) is not None:
+                if (skip := self._cannot_serve(model, provider is not None, needs_tools, req.embeds)) is not None:
                     state.last_error = skip  # a fallback may
                     continue
                 tried: set[str] = set()
@@ -162,7 +163,7 @@ class Router:
                         break
                     key, call = chosen
                     remaining = self._begin(state, key, model, target, req, tried, deadline - now, ctx)
-                    state.can_continue = provider is None and not req.embeds
+                    state.can_continue = provider is None and not req.embeds and needs_tools is None
                     async with aclosing(self._attempt(key, call(target, remaining), now, state, work)) as items:
                         async for item in items:
                             if isinstance(item, Delta):
@@ -203,8 +204,10 @@ class Router:
             p, providers = provider[1], cast(ProviderPort, self._providers)  # found only with a port
             return key, lambda t, remaining: providers.generate(p, p.models[model], t, remaining)
         pick = PickInput(model=model, now=now, exclude=frozenset(tried) | refusing, session=target.user,
-                         work_tokens=work, tokens=lambda: self._prompt_tokens(model, target.prompt),
-                         max_tokens=target.sampling.max_tokens, filters=tuple(policy.filters), embed=target.embeds)
+                         work_tokens=work,
+                         tokens=lambda: self._prompt_tokens(model, render(target.prompt, target.tools)),
+                         max_tokens=target.sampling.max_tokens, filters=tuple(policy.filters), embed=target.embeds,
+                         tools=uses_tools(target.prompt, target.tools) is not None)
         if only is not None:
             pick.exclude = refusing
             endpoint = self._picker.routable(only, pick)
@@ -351,22 +354,22 @@ class Router:
         Retry-After), not handed the last engine's refusal or a 503."""
         return QueueFull(model, self._retry_after_s) if state.busy else state.last_error
 
+    def _cannot_serve(self, model: str, by_provider: bool, needs_tools: str | None, embeds: bool) -> LlmeshError | None:
+        """Why ``model`` cannot answer the request at all: tools need a provider or an engine whose
+        backend calls them (as engines report it), and providers answer generation only here."""
+        if needs_tools is not None and not by_provider and model not in self._picker.tool_models():
+            return _cannot_call_tools(model, needs_tools)
+        return NotEmbedding(model) if by_provider and embeds else None
+
     def _outcome(self, endpoint: str, ok: bool, ttft_s: float | None) -> None:
         if self._breakers is not None:
             self._breakers.record(endpoint, ok, ttft_s, self._clock())
 
 
-def _cannot_serve(model: str, by_provider: bool, needs_tools: str | None, embeds: bool) -> LlmeshError | None:
-    """Why ``model`` cannot answer the request at all: tools need a provider, and providers
-    answer generation only here (no embeddings)."""
-    if not by_provider and needs_tools is not None:
-        return _cannot_call_tools(model, needs_tools)
-    return NotEmbedding(model) if by_provider and embeds else None
-
-
 def _cannot_call_tools(model: str, needs: str) -> InvalidArgument:
-    return InvalidArgument(f"The model '{model}' is served by an llmesh engine, which cannot call tools; "
-                           f"'{needs}' needs a model served by an OpenAI-compatible provider.", param=needs)
+    return InvalidArgument(f"The model '{model}' is served by llmesh engines whose backend cannot call tools; "
+                           f"'{needs}' needs an engine that can (llamacpp) or an OpenAI-compatible provider.",
+                           param=needs)
 
 
 class _Bound:

@@ -18,11 +18,13 @@ class Filter(Protocol):
 class ServesModel:
     """The model (or LoRA adapter, which engines list among their models) is loaded there, for
     what the request asks: an embeddings request only where it is an embedding model, a
-    generative request only where it is not."""
+    generative request only where it is not, and one that needs tool calling only where the
+    engine's backend calls tools."""
     name = "serves_model"
 
     def keep(self, e: Endpoint, req: PickInput, local: LocalState) -> bool:
-        return req.model in e.models and (req.model in e.embeds) == req.embed
+        return req.model in e.models and (req.model in e.embeds) == req.embed and (not req.tools
+                                                                                     or req.model in e.tools)
 
 
 class Healthy:

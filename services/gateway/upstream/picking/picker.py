@@ -85,6 +85,10 @@ class EndpointPicker:
         """Models some endpoint serves as an embedding model (Embed, not Generate)."""
         return {m for e in self._endpoints.values() for m in e.embeds}
 
+    def tool_models(self) -> set[str]:
+        """Models some endpoint serves with a backend that calls tools."""
+        return {m for e in self._endpoints.values() for m in e.tools}
+
     def generative_models(self) -> set[str]:
         """Models some endpoint serves for Generate."""
         return {m for e in self._endpoints.values() for m in e.models - e.embeds}

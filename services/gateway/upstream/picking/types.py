@@ -25,6 +25,7 @@ class Endpoint:
     context: Mapping[str, int] = field(default_factory=dict)
     adapters: Mapping[str, int] = field(default_factory=dict)
     embeds: frozenset[str] = frozenset()  # its models that are embedding models (Embed, not Generate)
+    tools: frozenset[str] = frozenset()  # its models whose backend calls tools (Capabilities.tools)
 
 
 @dataclass(slots=True)
@@ -41,6 +42,7 @@ class PickInput:
     max_tokens: int | None = None              # the completion tokens the request asks for; None: not set
     filters: tuple[str, ...] = ()              # the policy's optional filters (OPTIONAL_FILTERS), in order
     embed: bool = False                        # an embeddings request: only embedding models' endpoints
+    tools: bool = False                        # the request needs tool calling: only endpoints that call tools
     _tokens: Sequence[int] | None = field(default=None, repr=False)
     _hashes: dict[HashScheme, list[int]] = field(default_factory=dict, repr=False)
 

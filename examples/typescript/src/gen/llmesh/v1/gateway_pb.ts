@@ -60,8 +60,9 @@ export type ChatRequest = Message<"llmesh.v1.ChatRequest"> & {
 
   /**
    * Functions the model may call, at most 128. Served by OpenAI-compatible
-   * providers only: a model served by an llmesh engine refuses a request with
-   * tools with INVALID_ARGUMENT naming "tools".
+   * providers and by llmesh engines whose backend calls tools (llamacpp); a model
+   * served only by other engines refuses a request with tools with
+   * INVALID_ARGUMENT naming "tools".
    *
    * @generated from field: repeated llmesh.v1.Tool tools = 6;
    */
@@ -76,7 +77,7 @@ export type ChatRequest = Message<"llmesh.v1.ChatRequest"> & {
 
   /**
    * Whether the model may call several tools in one turn; unset: the provider's
-   * default.
+   * default (llmesh engines: true, at most 8 calls).
    *
    * @generated from field: optional bool parallel_tool_calls = 8;
    */

@@ -1,0 +1,219 @@
+"""Tool calling on an llmesh engine: SmolLM2 on llama.cpp through the whole mesh, driven by the
+official openai client and the gRPC front. A required or named call always parses and matches
+its function's schema (streamed and not, both fronts, over generated schemas too); an agent loop
+runs to completion (examples/python/agent.py too); tool_choice "none" gives text; a hostile
+schema is a 400; a backend that cannot call tools (the sim) refuses them by name."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+import jsonschema
+import openai
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from llmesh.v1 import common_pb2, engine_pb2, engine_pb2_grpc, gateway_pb2, gateway_pb2_grpc
+from tests.e2e.conftest import SMOL
+
+WEATHER = {"type": "object", "required": ["city", "unit"], "additionalProperties": False,
+           "properties": {"city": {"type": "string", "maxLength": 20}, "unit": {"enum": ["celsius", "fahrenheit"]}}}
+TIME = {"type": "object", "required": ["zone"], "properties": {"zone": {"type": "string", "maxLength": 12}}}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                                           "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "get_time", "description": "The time in a time zone",
+                                           "parameters": TIME}}]
+SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+@pytest.fixture(scope="module")
+def stub(mesh):
+    with grpc.insecure_channel(mesh.layout.address("gateway")) as ch:
+        yield gateway_pb2_grpc.GatewayStub(ch)
+
+
+def valid(call, names=tuple(SCHEMAS)) -> dict:
+    """The call's arguments, checked against its function's schema."""
+    assert call.function.name in names and call.id.startswith("call_") and call.type == "function"
+    args = json.loads(call.function.arguments)
+    jsonschema.validate(args, SCHEMAS[call.function.name])
+    return args
+
+
+def test_named_and_required_calls_parse_and_match_streamed_and_not(client):
+    named = client.chat.completions.create(model=SMOL, messages=ASK, tools=TOOLS, tool_choice=NAMED,
+                                           parallel_tool_calls=False, temperature=0, max_tokens=80)
+    choice = named.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content in (None, "")
+    assert len(choice.message.tool_calls) == 1
+    args = valid(choice.message.tool_calls[0], ("get_weather",))
+
+    chunks = list(client.chat.completions.create(model=SMOL, messages=ASK, tools=TOOLS, tool_choice=NAMED,
+                                                 parallel_tool_calls=False, temperature=0, max_tokens=80,
+                                                 stream=True))
+    pieces = [tc for c in chunks if c.choices and c.choices[0].delta.tool_calls for tc in c.choices[0].delta.tool_calls]
+    first = pieces[0]
+    assert first.id.startswith("call_") and first.function.name == "get_weather" and first.type == "function"
+    assert json.loads("".join(p.function.arguments or "" for p in pieces)) == args  # greedy: the same call
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["tool_calls"]
+
+    # required with parallel calls (the default): one or more, each valid, each with its own id
+    required = client.chat.completions.create(model=SMOL, messages=ASK, tools=TOOLS, tool_choice="required",
+                                              temperature=0.7, seed=3, max_tokens=200)
+    calls = required.choices[0].message.tool_calls
+    assert required.choices[0].finish_reason == "tool_calls" and calls
+    for call in calls:
+        valid(call)
+    assert len({c.id for c in calls}) == len(calls)
+
+
+def test_named_call_on_the_grpc_front(stub):
+    request = gateway_pb2.ChatRequest(
+        model=SMOL, messages=[common_pb2.ChatMessage(role="user", content=ASK[0]["content"])],
+        sampling=common_pb2.SamplingParams(temperature=0.0, max_tokens=80),
+        tools=[gateway_pb2.Tool(name=t["function"]["name"], description=t["function"]["description"],
+                                parameters=json.dumps(t["function"]["parameters"])) for t in TOOLS],
+        tool_choice=gateway_pb2.ToolChoice(mode="function", function="get_time"), parallel_tool_calls=False)
+    replies = list(stub.Chat(request, timeout=120))
+    calls = [tc for r in replies for tc in r.tool_calls]
+    assert len(calls) == 1 and calls[0].id.startswith("call_") and calls[0].name == "get_time"
+    jsonschema.validate(json.loads(calls[0].arguments), TIME)
+    assert [r.finish_reason for r in replies if r.finish_reason] == [common_pb2.FINISH_REASON_TOOL_CALLS]
+    assert not "".join(r.text for r in replies)
+
+
+def test_an_agent_loop_runs_to_completion(client):
+    """Call, the tool's result, answer: the loop an agent framework runs, with tool_choice auto
+    after the first (required) turn, until the model answers in text."""
+    messages: list = [{"role": "user", "content": "What is the weather in Paris? Use the tool."}]
+    choice = "required"
+    for turn in range(4):
+        resp = client.chat.completions.create(model=SMOL, messages=messages, tools=TOOLS, tool_choice=choice,
+                                              parallel_tool_calls=False, temperature=0, max_tokens=60)
+        message = resp.choices[0].message
+        if resp.choices[0].finish_reason != "tool_calls":
+            break
+        messages.append(message.model_dump(exclude_none=True))
+        for call in message.tool_calls:
+            args = valid(call)
+            result = {"city": args.get("city"), "weather": "sunny, 21 C"} if call.function.name == "get_weather" \
+                else {"time": "12:00"}
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": json.dumps(result)})
+        choice = "auto" if turn < 2 else "none"  # as agent frameworks cap their iterations
+    assert resp.choices[0].finish_reason in ("stop", "length") and message.content and not message.tool_calls
+    assert any(m["role"] == "tool" for m in messages if isinstance(m, dict))
+
+
+def test_stop_strings_end_text_but_never_cut_a_call(client):
+    """Every call holds a newline: stop ["\n"] applies to a text answer only."""
+    resp = client.chat.completions.create(model=SMOL, messages=ASK, tools=TOOLS, tool_choice=NAMED, stop=["\n"],
+                                          parallel_tool_calls=False, temperature=0, max_tokens=80)
+    assert resp.choices[0].finish_reason == "tool_calls"
+    valid(resp.choices[0].message.tool_calls[0], ("get_weather",))
+    text = client.chat.completions.create(model=SMOL, messages=ASK, tools=TOOLS, tool_choice="none", stop=[" "],
+                                          temperature=0, max_tokens=12)
+    assert text.choices[0].finish_reason == "stop" and " " not in text.choices[0].message.content
+
+
+def test_tool_choice_none_gives_text(client):
+    resp = client.chat.completions.create(model=SMOL, messages=ASK, tools=TOOLS, tool_choice="none",
+                                          temperature=0, max_tokens=12)
+    assert resp.choices[0].message.content and not resp.choices[0].message.tool_calls
+    assert resp.choices[0].finish_reason in ("stop", "length")
+
+
+def test_a_hostile_tool_schema_is_a_400_on_both_fronts(mesh, client, stub):
+    hostile = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 100000}}}
+    tool = {"type": "function", "function": {"name": "f", "parameters": hostile}}
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=SMOL, messages=ASK, tools=[tool], tool_choice="required", max_tokens=8)
+    assert info.value.body["param"].startswith("tools[0].function.parameters")
+    assert "maxLength" in info.value.body["message"]
+    pb_tools = [gateway_pb2.Tool(name="f", parameters=json.dumps(hostile))]
+    hi = [common_pb2.ChatMessage(role="user", content="hi")]
+    with pytest.raises(grpc.RpcError) as rpc:
+        list(stub.Chat(gateway_pb2.ChatRequest(model=SMOL, messages=hi, tools=pb_tools), timeout=60))
+    assert rpc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with grpc.insecure_channel(mesh.layout.engine_address(0)) as ch:  # straight at the engine, too
+        with pytest.raises(grpc.RpcError) as rpc:
+            list(engine_pb2_grpc.EngineStub(ch).Generate(engine_pb2.GenerateRequest(
+                model=SMOL, chat=engine_pb2.ChatInput(messages=hi), tools=pb_tools,
+                tool_choice=gateway_pb2.ToolChoice(mode="required")), timeout=60))
+    assert rpc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert dict(rpc.value.trailing_metadata())["llmesh-error-param"].startswith("tools[0].function.parameters")
+    # the engine is still there
+    assert client.chat.completions.create(model=SMOL, messages=ASK, max_tokens=2).choices[0].message.content
+
+
+def test_a_backend_that_cannot_call_tools_refuses_them_by_name(client, stub):
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="sim-small", messages=ASK, tools=TOOLS, max_tokens=2)
+    assert info.value.body["param"] == "tools" and "cannot call tools" in info.value.body["message"]
+    with pytest.raises(grpc.RpcError) as rpc:
+        list(stub.Chat(gateway_pb2.ChatRequest(model="sim-small", messages=[common_pb2.ChatMessage(
+            role="user", content="hi")], tools=[gateway_pb2.Tool(name="get_weather")]), timeout=60))
+    assert rpc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert dict(rpc.value.trailing_metadata())["llmesh-error-param"] == "tools"
+
+
+# --- generated schemas within the bounds ----------------------------------------------------
+
+NAMES = st.from_regex(r"[a-z][a-z_]{0,10}", fullmatch=True)
+LEAVES = st.one_of(
+    st.builds(lambda n: {"type": "string", "maxLength": n}, st.integers(1, 24)),
+    st.just({"type": "integer"}), st.just({"type": "number"}), st.just({"type": "boolean"}),
+    st.builds(lambda vs: {"enum": vs}, st.lists(NAMES, min_size=1, max_size=4, unique=True)),
+    st.builds(lambda n: {"type": "array", "items": {"type": "integer"}, "maxItems": n}, st.integers(1, 4)))
+
+
+def objects(values):
+    """Objects of 1-4 properties, some required. No additional properties: a schema that allows
+    them lets the model add properties until max_tokens (valid, but a "length" answer with no call)."""
+    return st.dictionaries(NAMES, values, min_size=1, max_size=4).flatmap(
+        lambda props: st.builds(lambda req: {"type": "object", "properties": props, "required": req,
+                                             "additionalProperties": False},
+                                st.lists(st.sampled_from(sorted(props)), unique=True)))
+
+
+SCHEMA = objects(st.one_of(LEAVES, objects(LEAVES)))
+
+
+@settings(max_examples=6, deadline=None, derandomize=True, phases=[Phase.generate],  # a real model: no shrinking
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(schema=SCHEMA, stream=st.booleans())
+def test_a_required_call_always_matches_a_generated_schema(client, schema, stream):
+    tool = {"type": "function", "function": {"name": "act", "description": "Do it", "parameters": schema}}
+    kwargs = dict(model=SMOL, messages=[{"role": "user", "content": "Call the tool."}], tools=[tool],
+                  tool_choice="required", parallel_tool_calls=False, temperature=0.8, seed=1, max_tokens=1000)
+    if stream:
+        chunks = list(client.chat.completions.create(stream=True, **kwargs))
+        pieces = [tc for c in chunks if c.choices and c.choices[0].delta.tool_calls
+                  for tc in c.choices[0].delta.tool_calls]
+        finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+        arguments = "".join(p.function.arguments or "" for p in pieces)
+        names = [p.function.name for p in pieces if p.function.name]
+    else:
+        resp = client.chat.completions.create(**kwargs)
+        finish = [resp.choices[0].finish_reason]
+        calls = resp.choices[0].message.tool_calls or []
+        arguments = "".join(c.function.arguments for c in calls)
+        names = [c.function.name for c in calls]
+    assert finish == ["tool_calls"] and names == ["act"], (schema, finish)
+    jsonschema.validate(json.loads(arguments), schema)
+
+
+def test_the_agent_example_runs(mesh):
+    example = Path(__file__).resolve().parents[2] / "examples" / "python" / "agent.py"
+    out = subprocess.run([sys.executable, str(example), "--base-url", mesh.layout.http_url + "/v1",
+                          "What is the weather in Paris?"], capture_output=True, text=True, timeout=180,
+                         stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("[get_weather({") and lines[-1].strip() and not lines[-1].startswith("[")
