@@ -14,6 +14,7 @@ from typing import NamedTuple
 import orjson
 from aiohttp import web
 
+from llmesh.engine.core import EngineCore
 from llmesh.gateway.context import CompletionRequest, Context
 from llmesh.gateway.pipeline import Pipeline
 from llmesh.gateway.upstream.picking import Endpoint
@@ -60,6 +61,20 @@ class Answer(NamedTuple):
     finish: Finish | None
     first_at: float | None  # seconds from the call to the first item
     deltas: list[Delta]
+
+
+async def generated(core: EngineCore, model: str, prompt: Prompt, sampling: Sampling, continuation: str = ""
+                    ) -> tuple[str, list, Finish | None]:
+    """An engine core's answer: the text, its log probabilities and the finish (None: none came)."""
+    text, logprobs, finish = [], [], None
+    async with contextlib.aclosing(core.generate(model, prompt, sampling, continuation=continuation)) as items:
+        async for item in items:
+            if isinstance(item, Delta):
+                text.append(item.text)
+                logprobs.extend(item.logprobs)
+            else:
+                finish = item
+    return "".join(text), logprobs, finish
 
 
 async def collect(pipeline: Pipeline, req: CompletionRequest, ctx: Context | None = None) -> Answer:

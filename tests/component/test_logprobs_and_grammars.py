@@ -13,7 +13,8 @@ import pytest
 
 from llmesh.errors import Internal, InvalidArgument
 from llmesh.schema_bounds import LIMITS
-from llmesh.types import Delta, Finish, Message, Prompt, ResponseFormat, Sampling
+from tests.component.helpers import generated
+from llmesh.types import Delta, Message, Prompt, ResponseFormat, Sampling
 from llmesh.engine.admission import Admission
 from llmesh.engine.backends.base import DecodeParams
 from llmesh.engine.backends.llamacpp import LlamaCppBackend
@@ -36,16 +37,7 @@ def ask(text: str) -> Prompt:
     return Prompt(messages=(Message("user", text),))
 
 
-async def run(core: EngineCore, model: str, prompt: Prompt, sampling: Sampling) -> tuple[str, list, Finish]:
-    text, logprobs, finish = [], [], None
-    async with aclosing(core.generate(model, prompt, sampling)) as items:
-        async for item in items:
-            if isinstance(item, Delta):
-                text.append(item.text)
-                logprobs.extend(item.logprobs)
-            else:
-                finish = item
-    return "".join(text), logprobs, finish
+run = generated  # (text, logprobs, finish) of one request
 
 
 def core_for(backend) -> EngineCore:

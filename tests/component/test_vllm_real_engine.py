@@ -17,8 +17,9 @@ import grpc
 import pytest
 
 from llmesh.errors import InvalidArgument
+from tests.component.helpers import generated
 from llmesh.testing import free_ports, wait_until_async
-from llmesh.types import Delta, Finish, Message, Prompt, ResponseFormat, Sampling
+from llmesh.types import Finish, Message, Prompt, ResponseFormat, Sampling
 from llmesh.v1 import common_pb2, engine_pb2, engine_pb2_grpc
 from llmesh.engine.admission import Admission
 from llmesh.engine.backends.base import DecodeParams
@@ -37,16 +38,9 @@ def unfinished(backend) -> int:
 
 
 async def run(core: EngineCore, prompt: Prompt, sampling: Sampling, continuation: str = "") -> tuple[str, list, Finish]:
-    text, logprobs, finish = [], [], None
-    async with aclosing(core.generate(MODEL, prompt, sampling, continuation=continuation)) as items:
-        async for item in items:
-            if isinstance(item, Delta):
-                text.append(item.text)
-                logprobs.extend(item.logprobs)
-            else:
-                finish = item
+    text, logprobs, finish = await generated(core, MODEL, prompt, sampling, continuation)
     assert finish is not None
-    return "".join(text), logprobs, finish
+    return text, logprobs, finish
 
 
 @pytest.fixture

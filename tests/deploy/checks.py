@@ -399,6 +399,18 @@ def helm(*args: str | Path) -> subprocess.CompletedProcess:
     return subprocess.run([str(helm_binary()), *map(str, args)], capture_output=True, text=True, timeout=120)
 
 
+def values_files(tmp_path: Path, values: dict, name: str = "values.yaml") -> list[Path]:
+    """``values`` written as a values file in ``tmp_path``: render's ``values`` argument."""
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(values))
+    return [path]
+
+
+def by_kind(docs: list[dict], kind: str) -> dict[str, dict]:
+    """The rendered objects of one kind, by name."""
+    return {d["metadata"]["name"]: d for d in docs if d.get("kind") == kind}
+
+
 def render(chart: Path, values: list[Path], release: str = "llmesh") -> tuple[list[dict], list[str]]:
     flags = [a for v in values for a in ("-f", str(v))]
     lint = helm("lint", "--strict", chart, *flags)

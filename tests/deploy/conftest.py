@@ -38,6 +38,14 @@ def helm_dir(tmp_path_factory) -> Path:
     return _copy_charts(tmp_path_factory.mktemp("charts"))
 
 
+@pytest.fixture(scope="module")
+def umbrella(helm_dir) -> list[dict]:
+    """The umbrella chart rendered with its defaults (release "prod")."""
+    docs, problems = checks.render(helm_dir / "llmesh", [], release="prod")
+    assert problems == []
+    return docs
+
+
 @pytest.fixture
 def scratch_charts(tmp_path) -> Path:
     return _copy_charts(tmp_path)

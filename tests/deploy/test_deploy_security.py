@@ -11,7 +11,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import yaml
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
@@ -115,21 +114,7 @@ def test_each_compose_check_fails_on_a_broken_copy(compose_copy, break_it, expec
 
 # --- Helm ----------------------------------------------------------------------------------
 
-def _values(tmp_path: Path, values: dict, name: str = "values.yaml") -> list[Path]:
-    path = tmp_path / name
-    path.write_text(yaml.safe_dump(values))
-    return [path]
-
-
-@pytest.fixture(scope="module")
-def umbrella(helm_dir) -> list[dict]:
-    docs, problems = checks.render(helm_dir / "llmesh", [], release="prod")
-    assert problems == []
-    return docs
-
-
-def _by_kind(docs: list[dict], kind: str) -> dict[str, dict]:
-    return {d["metadata"]["name"]: d for d in docs if d.get("kind") == kind}
+_values, _by_kind = checks.values_files, checks.by_kind  # shared with the other Helm tests
 
 
 def _cert(secret: dict, key: str = "tls.crt") -> x509.Certificate:

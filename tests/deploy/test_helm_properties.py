@@ -10,7 +10,6 @@ import hashlib
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
@@ -20,21 +19,7 @@ from tests.deploy import checks, properties
 SERVICES = checks.SERVICE_CHARTS
 
 
-def _values(tmp_path: Path, values: dict, name: str = "values.yaml") -> list[Path]:
-    path = tmp_path / name
-    path.write_text(yaml.safe_dump(values))
-    return [path]
-
-
-@pytest.fixture(scope="module")
-def umbrella(helm_dir) -> list[dict]:
-    docs, problems = checks.render(helm_dir / "llmesh", [], release="prod")
-    assert problems == []
-    return docs
-
-
-def _by_kind(docs: list[dict], kind: str) -> dict[str, dict]:
-    return {d["metadata"]["name"]: d for d in docs if d.get("kind") == kind}
+_values, _by_kind = checks.values_files, checks.by_kind  # shared with the other Helm tests
 
 
 def _pod(docs: list[dict], name: str) -> dict:
