@@ -166,25 +166,27 @@ def by_class(max_bytes: int, only: set[str]) -> Iterator[tuple[str, Iterator[Cas
         yield current[0].cls, iter(current)
 
 
-def stalls(log_file: Path, offset: float) -> list[tuple[float, float, float, float]]:
+def stalls(log_file: Path, offset: float) -> list[tuple[float, float, float, float, list[str]]]:
     """The gateway's loop-watch warnings (``LLMESH_GATEWAY_LOOP_WATCH_MS``): (monotonic time, lag,
-    the loop thread's CPU, the process's CPU meanwhile), in ms."""
+    the loop thread's CPU, the process's CPU meanwhile, in ms; where the loop was)."""
     out = []
     for line in log_file.read_text().splitlines() if log_file.exists() else ():
         if '"event loop stalled"' in line:
             e = json.loads(line)
-            out.append((e["ts"] - offset, e["lag_ms"], e["loop_cpu_ms"], e["process_cpu_ms"]))
+            out.append((e["ts"] - offset, e["lag_ms"], e["loop_cpu_ms"], e["process_cpu_ms"], e.get("stacks", [])))
     return out
 
 
 def loop_figures(events: list, start: float, end: float) -> dict:
     """The loop watch's view of a window: stalls over 50 ms by wall clock, and the most CPU the
     loop's thread (a callback holding the loop) and the process (the GIL held elsewhere too)
-    spent in one stalled tick."""
+    spent in one stalled tick, and where the loop was in its longest stall (innermost frames)."""
     here = [e for e in events if start <= e[0] <= end + 0.1]
+    worst = max(here, key=lambda e: e[1], default=None)
     return {"stalls_over_50ms": sum(1 for e in here if e[1] > 50), "lag_max_ms": max((e[1] for e in here), default=0),
             "loop_cpu_max_ms": max((e[2] for e in here), default=0),
-            "process_cpu_max_ms": max((e[3] for e in here), default=0)}
+            "process_cpu_max_ms": max((e[3] for e in here), default=0),
+            "worst_stall_at": worst[4] if worst else []}
 
 
 def summarise(rows: list, windows: dict[str, dict], rss: list, baseline: tuple[float, float],

@@ -37,6 +37,7 @@ from types import FrameType
 from typing import TypeVar
 
 from llmesh.errors import InvalidArgument, LlmeshError, Overloaded, Unavailable
+from llmesh.malloc import keep_large_blocks
 from llmesh.workers import die_with_parent
 from llmesh.gateway.domain.guards import screening
 from llmesh.gateway.domain.guards.screening import GuardJob, GuardResult
@@ -81,6 +82,7 @@ def _worker_init(gateway_pid: int) -> None:
     if os.getppid() != gateway_pid:  # the gateway died before the line above took effect
         os._exit(0)
     os.nice(NICE)
+    keep_large_blocks()
 
 
 def _timeout(deadline_s: float) -> LlmeshError:

@@ -119,14 +119,16 @@ async def asgi_post(app: Callable[[dict, Callable, Callable], Awaitable[None]], 
 class RecordingProvider:
     """A stand-in for an external OpenAI-compatible API: an aiohttp server on loopback, in
     this process, that answers every chat call with one streamed word and keeps what each
-    call carried (its Authorization header and its raw body)."""
+    call carried (its Authorization header, its framing headers and its raw body)."""
 
     def __init__(self) -> None:
         self.authorizations: list[str | None] = []
+        self.framing: list[tuple[str | None, str | None]] = []  # (Content-Length, Transfer-Encoding)
         self.bodies: list[bytes] = []
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         self.authorizations.append(request.headers.get("authorization"))
+        self.framing.append((request.headers.get("content-length"), request.headers.get("transfer-encoding")))
         self.bodies.append(await request.read())
         resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await resp.prepare(request)

@@ -1,5 +1,6 @@
 """A prompt larger than one piece of ``json_pieces`` reaches an external provider as the JSON a
-small one would be: the provider client against a recording provider on loopback."""
+small one would be, sent as its pieces under their total Content-Length: the provider client
+against a recording provider on loopback."""
 
 from __future__ import annotations
 
@@ -14,13 +15,13 @@ from tests.component.helpers import completion_request, recording_provider
 
 async def test_a_large_prompt_reaches_the_provider_as_its_json(monkeypatch):
     pieces: list[int] = []
-    real = json_pieces.dumps
+    real = json_pieces.pieces
 
     async def counted(obj, piece=json_pieces.PIECE_CHARS):
         pieces.append(piece)
         return await real(obj, piece)
 
-    monkeypatch.setattr(json_pieces, "dumps", counted)
+    monkeypatch.setattr(json_pieces, "pieces", counted)
     unit = 'say "hi"\n\u2028中 '
     text = unit * (json_pieces.PIECE_CHARS // len(unit) + 1)  # over one piece (escapes, non-ASCII), under 1 MiB
     req = completion_request("hosted", prompt=Prompt(messages=(Message("system", "brief"), Message("user", text))),
@@ -34,5 +35,6 @@ async def test_a_large_prompt_reaches_the_provider_as_its_json(monkeypatch):
             await clients.close()
     assert items[0].text == "ok" and pieces == [json_pieces.PIECE_CHARS]
     [raw] = fake.bodies
+    assert fake.framing == [(str(len(raw)), None)]  # its length up front, not chunked
     assert raw == orjson.dumps(request_body(req, "their-model")[1])
     assert orjson.loads(raw)["messages"][1]["content"] == text

@@ -129,6 +129,16 @@ def test_huge_body_is_400(gateway):
     assert "larger than" in resp.json()["error"]["message"]
 
 
+def test_a_chunked_body_is_read_whole_and_a_huge_one_is_400(gateway):
+    raw = json.dumps(base_chat).encode()
+    resp = gateway.post("/v1/chat/completions", content=iter([raw[:7], raw[7:]]))  # no Content-Length
+    assert resp.status_code == 200, resp.text
+    huge = json.dumps({**base_chat, "user": "x" * (17 << 20)}).encode()
+    resp = gateway.post("/v1/chat/completions", content=(huge[i:i + (1 << 20)] for i in range(0, len(huge), 1 << 20)))
+    assert resp.status_code == 400, resp.text
+    assert "larger than" in resp.json()["error"]["message"]
+
+
 @pytest.mark.parametrize("extra", [{}, {"max_tokens": "many"}, {"logit_bias": {"1": 2}}, {"n": 17},
                                    {"messages": [{"role": "user", "content": [{"type": "image"}]}]}],
                          ids=["ok", "type", "unsupported", "n", "part"])

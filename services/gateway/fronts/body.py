@@ -44,7 +44,7 @@ class Parsed:
     include_usage: bool
 
 
-def read(body_cls: type[Body], raw: bytes) -> Parsed:
+def read(body_cls: type[Body], raw: bytes | bytearray) -> Parsed:
     """The body's values, checked in the order the front always checked them (JSON and types,
     the prompt, the sampling parameters, ``n``): the first error found is the one raised. Plain
     values in, plain values out, so it runs in a worker process as well."""
@@ -71,10 +71,11 @@ class BodyReader:
         self._threshold = threshold
         self._turns = asyncio.Semaphore(max(1, concurrency))
 
-    async def read(self, body_cls: type[Body], raw: bytes) -> Parsed:
+    async def read(self, body_cls: type[Body], raw: bytes | bytearray) -> Parsed:
         return await self.parse(read, body_cls, raw)
 
-    async def parse(self, reader: Callable[[type[M], bytes], T], body_cls: type[M], raw: bytes) -> T:
+    async def parse(self, reader: Callable[[type[M], bytes | bytearray], T], body_cls: type[M],
+                    raw: bytes | bytearray) -> T:
         """``reader(body_cls, raw)`` (a module-level function: it goes to a worker by name), the
         same way: the embeddings body's reader too."""
         if self._offload is not None and len(raw) > self._threshold:

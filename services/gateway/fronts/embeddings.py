@@ -44,7 +44,7 @@ class EmbeddingsCall:
     user: str | None
 
 
-def read_embeddings(body_cls: type[EmbeddingsBody], raw: bytes) -> EmbeddingsCall:
+def read_embeddings(body_cls: type[EmbeddingsBody], raw: bytes | bytearray) -> EmbeddingsCall:
     """The body's values; 400 for bad JSON, a wrong type, token ids or an unknown field. Plain
     values in and out: a large body is read in a worker process (``BodyReader.parse``)."""
     body = parse(body_cls, raw)

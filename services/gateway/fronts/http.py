@@ -84,19 +84,40 @@ def bearer(headers: dict[str, str]) -> str | None:
     return token.strip() or None if scheme.lower() == "bearer" else None
 
 
-async def _read_body(receive: Receive) -> bytes:
-    chunks, size = [], 0
+def _declared_length(headers: dict[str, str]) -> int | None:
+    """The body's Content-Length, or None (chunked, or not a number: the server frames the body)."""
+    value = headers.get("content-length", "")
+    return int(value) if value.isdigit() else None
+
+
+async def _read_body(receive: Receive, declared: int | None = None) -> bytearray:
+    """The whole body, copied piece by piece into one buffer sized by its Content-Length as it
+    arrives, so that no step on the event loop grows with the body: joining a list of pieces at the
+    end was one 20-80 ms copy for 16 MiB here. Without a length, the buffer grows as it goes."""
+    if declared is not None and declared > MAX_BODY:
+        raise InvalidArgument(f"The request body is larger than {MAX_BODY} bytes.")
+    body = bytearray(declared or 0)
+    view, size = memoryview(body), 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             raise asyncio.CancelledError
         chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > MAX_BODY:
+        end = size + len(chunk)
+        if end > MAX_BODY:
             raise InvalidArgument(f"The request body is larger than {MAX_BODY} bytes.")
-        chunks.append(chunk)
+        if end <= len(body):
+            view[size:end] = chunk
+        else:  # no length, or more than it said (the server ends such a body at its length)
+            view.release()
+            del body[size:]
+            body += chunk
+            view = memoryview(body)
+        size = end
         if not message.get("more_body"):
-            return b"".join(chunks)
+            view.release()
+            del body[size:]  # fewer bytes than declared: the client went quiet, the server ended it
+            return body
 
 
 @contextlib.asynccontextmanager
@@ -180,7 +201,7 @@ class HttpFront:
                            lambda raw: self._bodies.read(body_cls, raw), answer)
 
     async def _embeddings(self, scope: dict, receive: Receive, send: Send) -> None:
-        async def parse(raw: bytes) -> EmbeddingsCall:
+        async def parse(raw: bytearray) -> EmbeddingsCall:
             return await self._bodies.parse(read_embeddings, EmbeddingsBody, raw)
 
         async def answer(rid: str, headers: dict[str, str], call: EmbeddingsCall, client_rid: str | None) -> None:
@@ -188,7 +209,7 @@ class HttpFront:
         await self._handle(scope, receive, send, "embeddings", parse, answer)
 
     async def _handle(self, scope: dict, receive: Receive, send: Send, operation: str,
-                      parse: Callable[[bytes], Awaitable[Any]], answer: Callable[..., Awaitable[None]]) -> None:
+                      parse: Callable[[bytearray], Awaitable[Any]], answer: Callable[..., Awaitable[None]]) -> None:
         """A POST's body read (within the body timeout) and parsed, then ``answer``ed; a body
         refused before the pipeline gets its record (``Pipeline.refused``) and its error."""
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
@@ -198,7 +219,7 @@ class HttpFront:
         unread = CompletionRequest.unread(rid, operation, client_rid)
         try:
             async with asyncio.timeout(self._body_timeout):
-                raw = await _read_body(receive)
+                raw = await _read_body(receive, _declared_length(headers))
         except TimeoutError:
             message = f"The request body did not arrive within {self._body_timeout:g} s."
             self._pipeline.refused(unread, BodyTimeout(message), started)

@@ -214,7 +214,7 @@ class CompletionBody(Body):
         return self.sampling(self.max_tokens if self.max_tokens is not None else 16)
 
 
-def parse(body_cls: type[B], raw: bytes) -> B:
+def parse(body_cls: type[B], raw: bytes | bytearray) -> B:
     if not raw:
         raise InvalidArgument("The request body is empty; send a JSON object.")
     try:

@@ -1,0 +1,50 @@
+"""The HTTP front's body reader against the ASGI receive messages a server sends: with and without
+a Content-Length, a body shorter than declared, and bodies over the limit, declared or not."""
+
+import asyncio
+
+import pytest
+
+from llmesh.errors import InvalidArgument
+from llmesh.gateway.fronts.http import MAX_BODY, _declared_length, _read_body
+
+
+def _receive(pieces: list[bytes]):
+    messages = [{"type": "http.request", "body": p, "more_body": i < len(pieces) - 1} for i, p in enumerate(pieces)]
+    queue = iter(messages)
+
+    async def receive() -> dict:
+        return next(queue)
+    return receive
+
+
+def _read(pieces: list[bytes], declared: int | None) -> bytes:
+    return asyncio.run(_read_body(_receive(pieces), declared))
+
+
+@pytest.mark.parametrize("declared", [None, 11, 64], ids=["chunked", "exact", "shorter-than-declared"])
+def test_the_body_is_its_pieces_in_order(declared):
+    body = _read([b"hello", b" ", b"", b"world"], declared)
+    assert bytes(body) == b"hello world"
+
+
+def test_more_than_declared_is_kept_whole():
+    assert bytes(_read([b"abc", b"def"], 4)) == b"abcdef"
+
+
+def test_a_declared_length_over_the_limit_is_refused_before_reading():
+    async def never() -> dict:
+        raise AssertionError("read a body it had to refuse")
+    with pytest.raises(InvalidArgument, match="larger than"):
+        asyncio.run(_read_body(never, MAX_BODY + 1))
+
+
+def test_a_chunked_body_past_the_limit_is_refused():
+    piece = b"x" * (1 << 20)
+    with pytest.raises(InvalidArgument, match="larger than"):
+        _read([piece] * 17, None)
+
+
+@pytest.mark.parametrize("value,expected", [("12", 12), ("", None), ("-1", None), ("1e3", None), ("0", 0)])
+def test_declared_length(value, expected):
+    assert _declared_length({"content-length": value} if value else {}) == expected
