@@ -6,6 +6,7 @@ ones sentence-transformers itself produced (tests/data/minilm_reference.json).""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
@@ -19,6 +20,7 @@ import numpy as np
 import openai
 import pytest
 
+from llmesh.client import AsyncClient, Client, InvalidArgumentError
 from llmesh.testing import Mesh, free_layout, wait_until
 from llmesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
@@ -167,3 +169,18 @@ def test_grpc_embed(emesh):
         listed = stub.ListModels(gateway_pb2.GatewayListModelsRequest(), metadata=metadata, timeout=10)
         serves = {m.name: list(m.serves) for m in listed.details}
         assert serves[EMBED] == [gateway_pb2.MODEL_API_EMBEDDINGS] and listed.details[0].name != EMBED
+
+
+def test_llmesh_client_embeds_blocking_and_async(emesh):
+    address, key = emesh["layout"].address("gateway"), emesh["keys"]["acme"]
+    with Client(address, credential=key, timeout_s=30) as client:
+        resp = client.embed(model=EMBED, inputs=REFERENCE["texts"][:2])
+        with pytest.raises(InvalidArgumentError):
+            client.embed(model=SIM, inputs=["hi"])
+    assert [_close(list(e.values), want) < 1e-5 for e, want in zip(resp.embeddings, REFERENCE["vectors"])] == [True] * 2
+
+    async def embed_async() -> list:
+        async with AsyncClient(address, credential=key, timeout_s=30) as aclient:
+            return list((await aclient.embed(model=EMBED, inputs=REFERENCE["texts"][2:3])).embeddings)
+    [third] = asyncio.run(embed_async())
+    assert _close(list(third.values), REFERENCE["vectors"][2]) < 1e-5

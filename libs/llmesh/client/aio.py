@@ -10,7 +10,7 @@ import grpc
 from google.protobuf.message import Message
 
 from llmesh.client.core import (CallMetadata, Deadline, Response, Result, RetryPolicy, Timeout, as_dict,
-                                call_metadata, ClientBase)
+                                ClientBase)
 from llmesh.client.errors import from_rpc_error
 
 
@@ -104,15 +104,21 @@ class AsyncClient(ClientBase):
 
     async def list_models(self, *, timeout_s: Timeout = ...,
                           metadata: CallMetadata = None) -> list[str]:
-        deadline = self._deadline(timeout_s)
-        request = self._methods["ListModels"].request_type()
+        return list((await self._unary("ListModels", None, timeout_s, metadata, {})).models)
+
+    async def embed(self, request: Message | None = None, /, *, timeout_s: Timeout = ...,
+                    metadata: CallMetadata = None, **fields: Any) -> Any:
+        """Vectors for texts: a GatewayEmbedResponse; ``fields`` are GatewayEmbedRequest fields."""
+        return await self._unary("Embed", request, timeout_s, metadata, fields)
+
+    async def _unary(self, method: str, request: Message | None, timeout_s: Timeout, metadata: CallMetadata,
+                     fields: dict[str, Any]) -> Any:
+        rpc, message, call_md, deadline = self._unary_parts(method, request, timeout_s, metadata, fields)
         attempts = 0
         while True:
             attempts += 1
             try:
-                response = await self._models(request, timeout=deadline.remaining(),
-                                              metadata=call_metadata(self._credential, metadata))
-                return list(response.models)
+                return await rpc(message, timeout=deadline.remaining(), metadata=call_md)
             except grpc.aio.AioRpcError as exc:
                 delay = self._retry.delay(exc.code(), attempts, deadline)
                 if delay is None:

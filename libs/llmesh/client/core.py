@@ -264,14 +264,20 @@ class ClientBase:
             m.path, request_serializer=m.request_type.SerializeToString,
             response_deserializer=m.response_type.FromString)
             for name, m in self._methods.items() if name in ("Chat", "Complete")}
-        models = self._methods["ListModels"]
-        self._models: Any = self._channel.unary_unary(models.path,
-                                                 request_serializer=models.request_type.SerializeToString,
-                                                 response_deserializer=models.response_type.FromString)
+        self._unaries: dict[str, Any] = {name: self._channel.unary_unary(
+            m.path, request_serializer=m.request_type.SerializeToString,
+            response_deserializer=m.response_type.FromString)
+            for name, m in self._methods.items() if name in ("ListModels", "Embed")}
 
     def _deadline(self, timeout_s: Timeout) -> Deadline:
         """``...``: the client's default timeout; None: no deadline."""
         return Deadline(self._timeout_s if timeout_s is ... else timeout_s)
+
+    def _unary_parts(self, method: str, request: Message | None, timeout_s: Timeout, metadata: CallMetadata,
+                     fields: dict[str, Any]) -> tuple[Any, Message, tuple[tuple[str, str], ...], Deadline]:
+        """A unary call's callable, request, metadata and deadline."""
+        return (self._unaries[method], build_request(self._methods[method].request_type, request, fields),
+                call_metadata(self._credential, metadata), self._deadline(timeout_s))
 
     def _call_parts(self, method: str, request: Message | None, timeout_s: Timeout, metadata: CallMetadata,
                     fields: dict[str, Any]) -> tuple[Any, Message, tuple[tuple[str, str], ...], Deadline, RetryPolicy]:

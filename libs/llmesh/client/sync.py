@@ -1,5 +1,5 @@
 """The blocking client: ``Client(address).chat(...)``, ``.stream(...)``, ``.complete(...)``,
-``.stream_complete(...)``, ``.list_models()``."""
+``.stream_complete(...)``, ``.list_models()``, ``.embed(...)``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import grpc
 from google.protobuf.message import Message
 
 from llmesh.client.core import (CallMetadata, Deadline, Response, Result, RetryPolicy, Timeout, as_dict,
-                                call_metadata, ClientBase)
+                                ClientBase)
 from llmesh.client.errors import from_rpc_error
 
 
@@ -114,14 +114,23 @@ class Client(ClientBase):
 
     def list_models(self, *, timeout_s: Timeout = ..., metadata: CallMetadata = None) -> list[str]:
         """The models this caller may use."""
-        deadline = self._deadline(timeout_s)
-        request = self._methods["ListModels"].request_type()
+        return list(self._unary("ListModels", None, timeout_s, metadata, {}).models)
+
+    def embed(self, request: Message | None = None, /, *, timeout_s: Timeout = ..., metadata: CallMetadata = None,
+              **fields: Any) -> Any:
+        """Vectors for texts: a GatewayEmbedResponse (``embeddings[i].values``, ``usage``); ``fields``
+        are GatewayEmbedRequest fields (``model``, ``inputs``, ``dimensions``), merged onto ``request``."""
+        return self._unary("Embed", request, timeout_s, metadata, fields)
+
+    def _unary(self, method: str, request: Message | None, timeout_s: Timeout, metadata: CallMetadata,
+               fields: dict[str, Any]) -> Any:
+        """One unary call, tried again after UNAVAILABLE as the retry policy allows."""
+        rpc, message, call_md, deadline = self._unary_parts(method, request, timeout_s, metadata, fields)
         attempts = 0
         while True:
             attempts += 1
             try:
-                return list(self._models(request, timeout=deadline.remaining(),
-                                         metadata=call_metadata(self._credential, metadata)).models)
+                return rpc(message, timeout=deadline.remaining(), metadata=call_md)
             except grpc.RpcError as exc:
                 delay = self._retry.delay(exc.code(), attempts, deadline)
                 if delay is None:
