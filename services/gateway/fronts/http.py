@@ -22,14 +22,17 @@ import orjson
 from llmesh.errors import BodyTimeout, ErrorCode, Internal, InvalidArgument, LlmeshError, NestedTooDeep
 from llmesh.logs import request_id_var
 from llmesh.request_id import accept
-from llmesh.types import Delta, Finish, TokenLogprob
+from llmesh.types import Delta, Finish, Priority, TokenLogprob
+from llmesh.gateway.domain.batches.model import Batch
+from llmesh.gateway.domain.batches.queue import Work
+from llmesh.gateway.fronts.batches import BatchFront
 from llmesh.gateway.fronts.body import BodyReader, Parsed
 from llmesh.gateway.fronts.choices import ChoiceItems, UsageSum, choice_requests, merge
 from llmesh.gateway.fronts.embeddings import (EmbeddingsBody, EmbeddingsCall, embeddings_json, embeddings_request,
                                               read_embeddings)
 from llmesh.gateway.fronts.openai_api import (CHAT, TEXT, Body, ChatBody, Choice, ChunkWriter, CompletionBody, Shape,
                                               ToolCalls, completion_json, error_json, sse)
-from llmesh.gateway.context import CompletionRequest, Context, Vectors
+from llmesh.gateway.context import Caller, CompletionRequest, Context, Vectors
 from llmesh.gateway.domain.listing import ListedModel
 from llmesh.gateway.pipeline import Pipeline
 
@@ -151,8 +154,9 @@ async def _cancelled_on_disconnect(receive: Receive) -> AsyncIterator[None]:
 class HttpFront:
     def __init__(self, pipeline: Pipeline, models: Callable[[str | None], Awaitable[list[ListedModel]]],
                  ready: Callable[[], bool], default_timeout_s: float, body_timeout_s: float = 30.0,
-                 bodies: BodyReader | None = None):
+                 bodies: BodyReader | None = None, batches: BatchFront | None = None):
         self._pipeline = pipeline
+        self._batches = batches  # /v1/files and /v1/batches
         self._bodies = bodies or BodyReader()  # a large body is parsed off the event loop when it has workers
         self._models = models  # the models a credential may use
         self._ready = ready
@@ -173,6 +177,8 @@ class HttpFront:
         if scope["type"] != "http":
             return
         route = self._routes.get(scope["path"].rstrip("/") or "/")
+        if route is None and self._batches is not None and self._batches.serves(scope["path"]):
+            return await self._batch_api(scope, receive, send)
         if route is None:
             return await _json(send, error_json(404, f"No route {scope['path']}.", "not_found", None), 404)
         method, handler = route
@@ -254,7 +260,7 @@ class HttpFront:
             await _error(send, exc, rid)
 
     async def _answer(self, send: Send, rid: str, headers: dict[str, str], body: Parsed, shape: Shape,
-                      client_rid: str | None = None) -> None:
+                      client_rid: str | None = None, on_behalf: Caller | None = None) -> None:
         try:
             sampling = body.sampling
             n = body.n
@@ -263,7 +269,8 @@ class HttpFront:
                                     user=body.user, trace_headers=headers,
                                     operation="chat" if shape.chat else "text_completion",
                                     credential=bearer(headers), tools=body.tools,
-                                    stream=body.stream, client_request_id=client_rid)
+                                    stream=body.stream, client_request_id=client_rid, on_behalf=on_behalf,
+                                    priority=Priority.LOW if on_behalf is not None else Priority.NORMAL)
             shared: dict | None = {} if n > 1 else None  # the choices' common work (the guards')
             ctxs = [Context.of(r, shared) for r in choice_requests(req, n)]
             items = merge([self._pipeline.run(c.req, c) for c in ctxs])
@@ -353,6 +360,41 @@ class HttpFront:
                 exc = caught if isinstance(caught, LlmeshError) else NestedTooDeep()
                 tail += sse(error_json(HTTP_STATUS[exc.code], exc.message, exc.reason, exc.param))
             yield tail + b"data: [DONE]\n\n", False
+
+    async def _batch_api(self, scope: dict, receive: Receive, send: Send) -> None:
+        assert self._batches is not None  # routed here only with the Batch API on
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        try:
+            status, answer = await self._batches.handle(scope, receive, bearer(headers))
+        except LlmeshError as exc:
+            return await _error(send, exc, None)
+        if status == 404:
+            return await _json(send, error_json(404, f"No route {scope['method']} {scope['path']}.", "not_found",
+                                                None), 404)
+        if isinstance(answer, bytes):
+            return await _respond(send, status, answer, b"application/jsonl", None)
+        await _json(send, answer, status)
+
+    async def run_line(self, batch: Batch, work: Work, rid: str) -> tuple[int, Any]:
+        """A batch line answered as the same POST would be (parse, pipeline, encoding), never
+        streamed, as the batch's caller at the lowest priority: (HTTP status, JSON body)."""
+        chat = batch.endpoint == "/v1/chat/completions"
+        shape, body_cls = (CHAT, ChatBody) if chat else (TEXT, CompletionBody)
+        sent: list[dict] = []
+
+        async def capture(message: dict) -> None:
+            sent.append(message)
+        try:
+            raw = orjson.loads(work.body)
+            raw.pop("stream", None)
+            raw.pop("stream_options", None)
+            body = await self._bodies.read(body_cls, orjson.dumps(raw))
+        except (LlmeshError, RecursionError) as caught:
+            err = caught if isinstance(caught, LlmeshError) else _nested_too_deep()
+            self._pipeline.refused(CompletionRequest.unread(rid, "chat" if chat else "text_completion"), err)
+            return HTTP_STATUS[err.code], error_json(HTTP_STATUS[err.code], err.message, err.reason, err.param)
+        await self._answer(capture, rid, {}, body, shape, on_behalf=batch.caller)
+        return sent[0]["status"], orjson.loads(sent[1]["body"])
 
     async def list_models(self, scope: dict, receive: Receive, send: Send) -> None:
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}

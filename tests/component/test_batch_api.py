@@ -1,0 +1,165 @@
+"""The Batch API on one machine (a directory and the in-process queue), driven by the
+official openai client: files.create, batches.create/retrieve/list/cancel and
+files.content run a batch end to end through the gateway's pipeline onto a sim engine."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+
+import openai
+import orjson
+import pytest
+
+from llmesh.gateway.domain.batches.model import ENDED
+from tests.component.batch_gateway import batch_gateway
+
+MODEL = "sim-small"
+
+
+def jsonl(lines: list[dict]) -> bytes:
+    return b"".join(orjson.dumps(line) + b"\n" for line in lines)
+
+
+def chat_line(i: int, model: str = MODEL, **body) -> dict:
+    return {"custom_id": f"req-{i}", "method": "POST", "url": "/v1/chat/completions",
+            "body": {"model": model, "messages": [{"role": "user", "content": f"question {i}"}], "max_tokens": 4,
+                     **body}}
+
+
+def wait_ended(client: openai.OpenAI, batch_id: str, timeout_s: float = 60):
+    import time
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        batch = client.batches.retrieve(batch_id)
+        if batch.status in ENDED:
+            return batch
+        time.sleep(0.1)
+    raise AssertionError(f"batch {batch_id} did not end: {batch.status} {batch.request_counts}")
+
+
+def run_batch(client: openai.OpenAI, lines: list[dict], endpoint: str = "/v1/chat/completions"):
+    uploaded = client.files.create(file=("in.jsonl", io.BytesIO(jsonl(lines))), purpose="batch")
+    return client.batches.create(input_file_id=uploaded.id, endpoint=endpoint, completion_window="24h",
+                                 metadata={"job": "test"})
+
+
+def file_lines(client: openai.OpenAI, file_id: str | None) -> list[dict]:
+    return [] if file_id is None else [orjson.loads(x) for x in client.files.content(file_id).content.splitlines()]
+
+
+@pytest.fixture
+async def gateway(tmp_path, engines):
+    endpoint = await engines("e1", MODEL, sim_output_tokens=4)
+    async with batch_gateway(tmp_path / "state", [endpoint]) as gw:
+        yield gw
+
+
+async def test_a_batch_runs_end_to_end_and_its_files_follow_openais_format(gateway):
+    client = gateway.client("acme")
+    lines = [chat_line(i) for i in range(20)] + [chat_line(20, model="no-such-model")]
+
+    def scenario():
+        created = run_batch(client, lines)
+        assert created.status == "in_progress" and created.request_counts.total == 21
+        assert created.metadata == {"job": "test"}
+        done = wait_ended(client, created.id)
+        return created, done
+    created, done = await asyncio.to_thread(scenario)
+    assert done.status == "completed"
+    assert (done.request_counts.completed, done.request_counts.failed) == (20, 1)
+    out = await asyncio.to_thread(file_lines, client, done.output_file_id)
+    err = await asyncio.to_thread(file_lines, client, done.error_file_id)
+    assert sorted(line["custom_id"] for line in out) == sorted(f"req-{i}" for i in range(20))
+    for line in out:
+        assert set(line) == {"id", "custom_id", "response", "error"} and line["error"] is None
+        assert line["id"].startswith("batch_req_")
+        response = line["response"]
+        assert response["status_code"] == 200 and response["request_id"] == line["id"]
+        assert response["body"]["object"] == "chat.completion" and response["body"]["choices"][0]["message"]
+    (bad,) = err
+    assert bad["custom_id"] == "req-20" and bad["response"]["status_code"] == 404
+    assert bad["response"]["body"]["error"]["code"] == "model_not_found"
+    listed = await asyncio.to_thread(lambda: client.batches.list(limit=10))
+    assert [b.id for b in listed.data] == [created.id]
+    output_meta = await asyncio.to_thread(client.files.retrieve, done.output_file_id)
+    assert output_meta.purpose == "batch_output"
+
+
+async def test_another_tenant_gets_404_for_files_and_batches(gateway):
+    acme, globex = gateway.client("acme"), gateway.client("globex")
+
+    def scenario():
+        batch = run_batch(acme, [chat_line(0)])
+        outcomes = []
+        for call in (lambda: globex.batches.retrieve(batch.id), lambda: globex.batches.cancel(batch.id),
+                     lambda: globex.files.retrieve(batch.input_file_id),
+                     lambda: globex.files.content(batch.input_file_id),
+                     lambda: globex.files.delete(batch.input_file_id),
+                     lambda: globex.batches.create(input_file_id=batch.input_file_id,
+                                                   endpoint="/v1/chat/completions", completion_window="24h")):
+            with pytest.raises(openai.NotFoundError) as caught:
+                call()
+            outcomes.append(caught.value.status_code)
+        assert globex.batches.list().data == [] and globex.files.list().data == []
+        return outcomes
+    assert await asyncio.to_thread(scenario) == [404] * 6
+
+
+async def test_cancel_stops_the_rest(tmp_path, engines):
+    slow = await engines("slow", MODEL, sim_output_tokens=50, sim_decode_ms_per_token=20)
+    async with batch_gateway(tmp_path / "state", [slow], batch_in_flight=2) as gw:
+        client = gw.client("acme")
+
+        def scenario():
+            batch = run_batch(client, [chat_line(i, max_tokens=50) for i in range(40)])
+            import time
+            while client.batches.retrieve(batch.id).request_counts.completed < 2:
+                time.sleep(0.05)
+            cancelling = client.batches.cancel(batch.id)
+            assert cancelling.status == "cancelling"
+            done = wait_ended(client, batch.id)
+            return done, file_lines(client, done.output_file_id)
+        done, out = await asyncio.to_thread(scenario)
+    assert done.status == "cancelled" and done.cancelled_at is not None
+    counts = done.request_counts
+    assert counts.total == 40 and 2 <= counts.completed < 40 and counts.failed == 0
+    assert len(out) == counts.completed and done.error_file_id is None  # lines not run are in neither file
+
+
+BAD_FILES = {
+    b"not json\n": "not valid JSON",
+    jsonl([chat_line(0), chat_line(0)]): "not unique",
+    jsonl([{**chat_line(0), "method": "GET"}]): "'method'",
+    jsonl([{**chat_line(0), "url": "/v1/embeddings"}]): "'url'",
+    jsonl([{**chat_line(0), "body": "hi"}]): "'body'",
+    b"\n\n": "no requests",
+}
+
+
+async def test_bad_files_are_400s(tmp_path, engines):
+    endpoint = await engines("e1", MODEL)
+    async with batch_gateway(tmp_path / "state", [endpoint], batch_max_file_bytes=4096, batch_max_lines=3) as gw:
+        client = gw.client("acme")
+
+        def upload(content: bytes, purpose: str = "batch") -> str:
+            with pytest.raises(openai.BadRequestError) as caught:
+                client.files.create(file=("in.jsonl", io.BytesIO(content)), purpose=purpose)
+            assert caught.value.body["type"] == "invalid_request_error"
+            return caught.value.body["message"]
+
+        def scenario():
+            for content, says in BAD_FILES.items():
+                assert says in upload(content)
+            assert "at most 4096 bytes" in upload(b"x" * 10_000)  # within the form's slack: read, then refused
+            assert "larger than" in upload(b"x" * 100_000)  # past it: refused as it arrives
+            assert "at most 3" in upload(jsonl([chat_line(i) for i in range(4)]))
+            assert "purpose" in upload(jsonl([chat_line(0)]), purpose="fine-tune")
+            good = client.files.create(file=("in.jsonl", io.BytesIO(jsonl([chat_line(0)]))), purpose="batch")
+            with pytest.raises(openai.BadRequestError):
+                client.batches.create(input_file_id=good.id, endpoint="/v1/embeddings", completion_window="24h")
+            mismatched = client.batches.create(input_file_id=good.id, endpoint="/v1/completions",
+                                               completion_window="24h")
+            assert mismatched.status == "failed" and mismatched.errors.data[0].code == "mismatched_endpoint"
+            assert client.files.list().data[0].id == good.id
+        await asyncio.to_thread(scenario)

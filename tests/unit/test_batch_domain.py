@@ -1,0 +1,86 @@
+"""The Batch API's pure parts: input lines as OpenAI checks them, multipart bodies, the
+local store's once-per-line results and paging, the runner's pressure rule."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from llmesh.errors import InvalidArgument
+from llmesh.gateway.domain.batches.kv import DirKv
+from llmesh.gateway.domain.batches.lines import parse_lines
+from llmesh.gateway.domain.batches.runner import BatchRunner, RunnerSettings, line_id
+from llmesh.gateway.fronts.multipart import parts
+
+
+def line(custom_id: str, **over) -> bytes:
+    return orjson.dumps({"custom_id": custom_id, "method": "POST", "url": "/v1/completions",
+                         "body": {"model": "m", "prompt": "hi"}, **over})
+
+
+def test_lines_keep_order_and_skip_blank_ones():
+    parsed = parse_lines(line("a") + b"\n\n" + line("b") + b"\n", max_lines=10)
+    assert [(p.index, p.custom_id) for p in parsed] == [(0, "a"), (1, "b")]
+    assert orjson.loads(parsed[0].body) == {"model": "m", "prompt": "hi"}
+
+
+@pytest.mark.parametrize("content, says", [
+    (line("a") + b"\n" + line("a"), "Line 2 of the file: the custom_id 'a' is not unique"),
+    (line("a", extra=1), "unknown field 'extra'"),
+    (line("", ), "'custom_id'"),
+    (line("a" * 513), "'custom_id'"),
+    (b"[1]", "not a JSON object"),
+])
+def test_a_bad_line_is_named(content, says):
+    with pytest.raises(InvalidArgument) as caught:
+        parse_lines(content, max_lines=10)
+    assert says in caught.value.message and caught.value.param == "file"
+
+
+def test_the_line_cap_counts_requests():
+    with pytest.raises(InvalidArgument, match="at most 2"):
+        parse_lines(b"\n".join(line(str(i)) for i in range(3)), max_lines=2)
+
+
+def test_multipart_parts_by_name():
+    body = (b"--XyZ\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n"
+            b"--XyZ\r\nContent-Disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\n"
+            b"Content-Type: application/octet-stream\r\n\r\nline1\r\nline2\r\n--XyZ--\r\n")
+    found = parts(body, "multipart/form-data; boundary=XyZ")
+    assert found["purpose"].data == b"batch"
+    assert (found["file"].filename, found["file"].data) == ("in.jsonl", b"line1\r\nline2")
+    with pytest.raises(InvalidArgument):
+        parts(body[:-10], "multipart/form-data; boundary=XyZ")
+    with pytest.raises(InvalidArgument):
+        parts(body, "application/json")
+
+
+async def test_a_line_is_recorded_once_and_survives_a_restart(tmp_path):
+    kv = DirKv(tmp_path)
+    assert await kv.record("results:b", "0", "completed", b'{"first":1}')
+    assert not await kv.record("results:b", "0", "failed", b'{"second":1}')
+    assert await kv.record("results:b", "1", "failed", b'{"x":1}')
+    again = DirKv(tmp_path)  # a gateway started again reads what was written
+    assert await again.results("results:b") == {"0": ("completed", b'{"first":1}'), "1": ("failed", b'{"x":1}')}
+    assert await again.counts("results:b") == {"completed": 1, "failed": 1}
+
+
+async def test_swap_and_pages(tmp_path):
+    kv = DirKv(tmp_path)
+    await kv.put("k", b"1")
+    assert await kv.swap("k", b"1", b"2") and not await kv.swap("k", b"1", b"3")
+    assert await kv.get("k") == b"2"
+    for i in range(5):
+        await kv.index_add("ix", f"m{i}", i)
+    assert await kv.index_page("ix", None, 2) == (["m4", "m3"], True)
+    assert await kv.index_page("ix", "m3", 2) == (["m2", "m1"], True)
+    assert await kv.index_page("ix", "m1", 2) == (["m0"], False)
+
+
+def test_fewer_lines_in_flight_while_engines_report_waiting_requests():
+    waiting = [0]
+    runner = BatchRunner(None, None, None, lambda: waiting[0], RunnerSettings(in_flight=8, busy_in_flight=1))
+    assert runner.limit() == 8
+    waiting[0] = 3
+    assert runner.limit() == 1
+    assert line_id("batch_x", 3) == line_id("batch_x", 3) != line_id("batch_x", 4)
