@@ -163,3 +163,21 @@ async def test_bad_files_are_400s(tmp_path, engines):
             assert mismatched.status == "failed" and mismatched.errors.data[0].code == "mismatched_endpoint"
             assert client.files.list().data[0].id == good.id
         await asyncio.to_thread(scenario)
+
+
+async def test_the_batch_example_runs(gateway):
+    import os
+    import sys
+    from pathlib import Path
+    example = Path(__file__).resolve().parents[2] / "examples" / "python" / "batch.py"
+    client = gateway.client("acme")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(example), "--base-url", str(client.base_url).rstrip("/"), "--model", MODEL,
+        "What is 2+2?", "Name a colour.", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "OPENAI_API_KEY": gateway.keys["acme"]})
+    out, err = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode == 0, err.decode()
+    lines = out.decode().splitlines()
+    assert "completed, 2 of 2 completed, 0 failed" in lines[0]
+    assert lines[1].startswith("What is 2+2? -> ") and lines[2].startswith("Name a colour. -> ")
+    assert "(no result)" not in out.decode()
