@@ -182,7 +182,8 @@ class GatewayApp:
         self._draining = False
         self.batches = self._batch_service(settings, mesh)
         self.http = self._http_front(settings)
-        servicer = GatewayServicer(self.pipeline, self.models_for, settings.request_timeout_s)
+        servicer = GatewayServicer(self.pipeline, self.models_for, settings.request_timeout_s,
+                                   (self.batches, self.authenticator.authenticate))
         self.grpc = GrpcServer(settings.address, [ServiceBinding(
             "llmesh.v1.Gateway", servicer, gateway_pb2_grpc.add_GatewayServicer_to_server,
             unparsed=servicer.unparsed)], tracer=platform.tracing.tracer,

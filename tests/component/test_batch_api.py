@@ -181,3 +181,70 @@ async def test_the_batch_example_runs(gateway):
     assert "completed, 2 of 2 completed, 0 failed" in lines[0]
     assert lines[1].startswith("What is 2+2? -> ") and lines[2].startswith("Name a colour. -> ")
     assert "(no result)" not in out.decode()
+
+
+async def test_the_grpc_front_runs_the_same_operations(gateway):
+    import grpc
+
+    from llmesh.v1 import gateway_pb2 as pb
+    from llmesh.v1 import gateway_pb2_grpc
+
+    def auth(tenant: str) -> tuple:
+        return (("authorization", f"Bearer {gateway.keys[tenant]}"),)
+    async with grpc.aio.insecure_channel(gateway.app.grpc.bound_address) as channel:
+        stub = gateway_pb2_grpc.GatewayStub(channel)
+        made = await stub.CreateFile(pb.CreateFileRequest(content=jsonl([chat_line(i) for i in range(3)]),
+                                                          filename="in.jsonl", purpose="batch"), metadata=auth("acme"))
+        assert made.file.id.startswith("file-") and made.file.purpose == "batch"
+        batch = (await stub.CreateBatch(pb.CreateBatchRequest(
+            input_file_id=made.file.id, endpoint="/v1/chat/completions", completion_window="24h",
+            metadata={"via": "grpc"}), metadata=auth("acme"))).batch
+        assert batch.status == "in_progress" and batch.request_counts.total == 3 and batch.metadata == {"via": "grpc"}
+        for _ in range(600):
+            batch = (await stub.GetBatch(pb.GetBatchRequest(batch_id=batch.id), metadata=auth("acme"))).batch
+            if batch.status in ENDED:
+                break
+            await asyncio.sleep(0.05)
+        assert batch.status == "completed" and batch.request_counts.completed == 3
+        assert not batch.HasField("error_file_id") and batch.HasField("completed_at")
+        content = (await stub.GetFileContent(pb.GetFileContentRequest(file_id=batch.output_file_id),
+                                             metadata=auth("acme"))).content
+        assert sorted(orjson.loads(x)["custom_id"] for x in content.splitlines()) == ["req-0", "req-1", "req-2"]
+        page = await stub.ListBatches(pb.ListBatchesRequest(limit=5), metadata=auth("acme"))
+        assert [b.id for b in page.data] == [batch.id] and not page.has_more
+        files = await stub.ListFiles(pb.ListFilesRequest(), metadata=auth("acme"))
+        assert {f.purpose for f in files.data} == {"batch", "batch_output"}
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.GetBatch(pb.GetBatchRequest(batch_id=batch.id), metadata=auth("globex"))
+        assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.CreateFile(pb.CreateFileRequest(content=b"nope\n", purpose="batch"), metadata=auth("acme"))
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "Line 1" in caught.value.details()
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.ListBatches(pb.ListBatchesRequest(limit=101), metadata=auth("acme"))
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.CancelBatch(pb.CancelBatchRequest(batch_id=batch.id), metadata=auth("acme"))
+        assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION  # it completed
+        deleted = await stub.DeleteFile(pb.DeleteFileRequest(file_id=made.file.id), metadata=auth("acme"))
+        assert deleted.deleted and deleted.id == made.file.id
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.GetFile(pb.GetFileRequest(file_id=made.file.id), metadata=auth("acme"))
+        assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_llmesh_batches_lists_and_shows_the_tenants_batches(gateway, capsys):
+    from llmesh.cli.main import build_parser
+    from llmesh.cli.batches import run
+
+    client = gateway.client("acme")
+    done = await asyncio.to_thread(lambda: wait_ended(client, run_batch(client, [chat_line(0)]).id))
+    address = gateway.app.grpc.bound_address
+    assert await run(build_parser().parse_args(["batches", "list"]), address, gateway.keys["acme"]) == 0
+    (row,) = capsys.readouterr().out.splitlines()
+    assert row.startswith(f"{done.id}  completed") and "1/1 done, 0 failed" in row and done.output_file_id in row
+    assert await run(build_parser().parse_args(["batches", "show", done.id]), address, gateway.keys["acme"]) == 0
+    shown = orjson.loads(capsys.readouterr().out)
+    assert shown["id"] == done.id and shown["request_counts"] == {"total": 1, "completed": 1, "failed": 0}
+    assert await run(build_parser().parse_args(["batches", "show", done.id]), address, gateway.keys["globex"]) == 1
+    assert "NOT_FOUND" in capsys.readouterr().err
