@@ -225,7 +225,8 @@ class GatewayApp:
         # each line through the HTTP front's own parsing, pipeline and encoding (built after this)
         self.batch_runner = BatchRunner(store, self._batch_queue, lambda *line: self.http.run_line(*line),
                                         self._waiting,
-                                        RunnerSettings(settings.batch_in_flight, settings.batch_busy_in_flight))
+                                        RunnerSettings(settings.batch_in_flight, settings.batch_busy_in_flight,
+                                                       stale_finalizing_s=settings.batch_claim_idle_s / 2))
         self._batch_task: asyncio.Task[None] | None = None
         return BatchService(store, self._batch_queue, BatchLimits(
             settings.batch_max_file_bytes, settings.batch_max_lines, settings.batch_max_files))

@@ -84,6 +84,13 @@ async def test_a_batch_runs_end_to_end_and_its_files_follow_openais_format(gatew
     assert [b.id for b in listed.data] == [created.id]
     output_meta = await asyncio.to_thread(client.files.retrieve, done.output_file_id)
     assert output_meta.purpose == "batch_output"
+    await gateway.app.pipeline.drain()  # the audit stage's records of the lines, as for live requests
+    audit_path = gateway.app.settings.audit_file or gateway.app._platform.settings.state_dir / "audit.jsonl"
+    await asyncio.to_thread(gateway.app.audit.flush)
+    records = [orjson.loads(x)["fields"] for x in audit_path.read_bytes().splitlines()]
+    lines_audited = [r for r in records if r["request_id"].startswith("batch_req_")]
+    assert len(lines_audited) == 21
+    assert {(r["tenant"], r["priority"]) for r in lines_audited} == {("acme", "low")}
 
 
 async def test_another_tenant_gets_404_for_files_and_batches(gateway):
@@ -248,3 +255,56 @@ async def test_llmesh_batches_lists_and_shows_the_tenants_batches(gateway, capsy
     assert shown["id"] == done.id and shown["request_counts"] == {"total": 1, "completed": 1, "failed": 0}
     assert await run(build_parser().parse_args(["batches", "show", done.id]), address, gateway.keys["globex"]) == 1
     assert "NOT_FOUND" in capsys.readouterr().err
+
+
+async def test_a_revoked_key_stops_its_batchs_remaining_lines(tmp_path, engines):
+    from llmesh.keys import new_key, revoke
+
+    slow = await engines("slow", MODEL, sim_output_tokens=20, sim_decode_ms_per_token=20)
+    async with batch_gateway(tmp_path / "state", [slow], batch_in_flight=2) as gw:
+        plaintext, record = new_key("acme")  # a second key of the tenant, to read the batch after
+        await gw.app.keys.put(record)
+        client, reader = gw.client("acme"), gw.client("acme")
+        reader.api_key = plaintext
+
+        def start():
+            return run_batch(client, [chat_line(i, max_tokens=20) for i in range(30)])
+        batch = await asyncio.to_thread(start)
+        while (await asyncio.to_thread(reader.batches.retrieve, batch.id)).request_counts.completed < 2:
+            await asyncio.sleep(0.05)
+        await revoke(gw.app.keys, gw.keys["acme"].split("_")[1])
+        done = await asyncio.to_thread(wait_ended, reader, batch.id)
+        errors = await asyncio.to_thread(file_lines, reader, done.error_file_id)
+    assert done.status == "completed" and done.request_counts.failed > 0 and done.request_counts.completed < 30
+    assert {e["response"]["status_code"] for e in errors} == {401}
+    assert errors[0]["response"]["body"]["error"]["code"] == "key_revoked"
+
+
+async def test_a_completions_batch(gateway):
+    client = gateway.client("acme")
+    lines = [{"custom_id": f"c{i}", "method": "POST", "url": "/v1/completions",
+              "body": {"model": MODEL, "prompt": f"count to {i}", "max_tokens": 4, "stream": True}} for i in range(3)]
+
+    def scenario():
+        done = wait_ended(client, run_batch(client, lines, endpoint="/v1/completions").id)
+        return done, file_lines(client, done.output_file_id)
+    done, out = await asyncio.to_thread(scenario)
+    assert done.status == "completed" and done.request_counts.completed == 3
+    assert {line["response"]["body"]["object"] for line in out} == {"text_completion"}  # never streamed
+
+
+async def test_a_gateway_started_again_takes_its_open_batches_up(tmp_path, engines):
+    slow = await engines("slow", MODEL, sim_output_tokens=10, sim_decode_ms_per_token=20)
+    async with batch_gateway(tmp_path / "state", [slow], batch_in_flight=2) as first:
+        client = first.client("acme")
+        batch = await asyncio.to_thread(run_batch, client, [chat_line(i, max_tokens=10) for i in range(20)])
+        while (await asyncio.to_thread(client.batches.retrieve, batch.id)).request_counts.completed < 3:
+            await asyncio.sleep(0.05)
+        await first.app.batch_runner.stop(0)  # lines in flight cut short, as a process that dies
+    async with batch_gateway(tmp_path / "state", [slow], batch_in_flight=2) as second:
+        client = second.client("acme")
+        assert (await asyncio.to_thread(client.batches.retrieve, batch.id)).request_counts.completed < 20
+        done = await asyncio.to_thread(wait_ended, client, batch.id)
+        out = await asyncio.to_thread(file_lines, client, done.output_file_id)
+    assert done.status == "completed" and done.request_counts.completed == 20
+    assert sorted(line["custom_id"] for line in out) == sorted(f"req-{i}" for i in range(20))  # each once

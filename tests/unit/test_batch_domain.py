@@ -84,3 +84,28 @@ def test_fewer_lines_in_flight_while_engines_report_waiting_requests():
     waiting[0] = 3
     assert runner.limit() == 1
     assert line_id("batch_x", 3) == line_id("batch_x", 3) != line_id("batch_x", 4)
+
+
+async def test_a_batch_whose_finalizing_worker_died_is_finalized_by_another(tmp_path):
+    from llmesh.gateway.context import Caller
+    from llmesh.gateway.domain.batches.model import Batch
+    from llmesh.gateway.domain.batches.queue import LocalQueue
+    from llmesh.gateway.domain.batches.store import BatchStore
+
+    now = [1000.0]
+    store = BatchStore(DirKv(tmp_path), wall=lambda: now[0])
+    batch = Batch("batch_1", Caller("acme", "k", "api_key"), "/v1/completions", "file-x", "24h", 1000, 90000, 2)
+    await store.add_batch(batch)
+    batch = await store.move(await store.move(batch, "in_progress"), "finalizing")  # its worker died here
+    await store.record("batch_1", 0, "completed", b'{"custom_id":"a"}')
+    await store.record("batch_1", 1, "failed", b'{"custom_id":"b"}')
+    runner = BatchRunner(store, LocalQueue(), None, lambda: 0, RunnerSettings(stale_finalizing_s=60),
+                         clock=lambda: now[0])
+    await runner.finish("batch_1")
+    assert (await store.batch("batch_1")).status == "finalizing"  # not stale yet: its worker may be at it
+    now[0] += 61
+    await runner.finish("batch_1")
+    done = await store.batch("batch_1")
+    assert done.status == "completed" and done.counts == {"completed": 1, "failed": 1}
+    assert await store.content("acme", done.output_file_id) == b'{"custom_id":"a"}\n'
+    assert await store.content("acme", done.error_file_id) == b'{"custom_id":"b"}\n'

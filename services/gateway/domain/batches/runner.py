@@ -16,7 +16,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from llmesh.gateway.domain.batches.model import Batch, result_line
@@ -37,6 +37,7 @@ class RunnerSettings:
     retries: int = 3
     retry_pause_s: float = 1.0
     take_wait_s: float = 1.0
+    stale_finalizing_s: float = 150.0  # a batch finalizing this long lost its worker: another finalizes it
 
 
 def line_id(batch_id: str, index: int) -> str:
@@ -129,6 +130,12 @@ class BatchRunner:
         status, body = await self._attempts(batch, work, rid)
         return ("completed" if status == 200 else "failed"), result_line(rid, work.custom_id, status, rid, body, None)
 
+    def _stale(self, batch: Batch) -> bool:
+        """Finalizing for longer than a worker needs: its worker died (its last line, not
+        acknowledged, was claimed by another worker, which finishes the batch again)."""
+        return (batch.status == "finalizing" and batch.finalizing_at is not None
+                and self._clock() - batch.finalizing_at > self._settings.stale_finalizing_s)
+
     async def _attempts(self, batch: Batch, work: Work, rid: str) -> tuple[int, Any]:
         for attempt in range(self._settings.retries + 1):
             status, body = await self._run_line(batch, work, rid)
@@ -142,7 +149,7 @@ class BatchRunner:
         error files, then ``completed`` (``cancelled`` when it was cancelling, ``expired``
         when lines expired)."""
         batch = await self._store.batch(batch_id)
-        if batch is None or batch.status not in ("in_progress", "cancelling"):
+        if batch is None or not (batch.status in ("in_progress", "cancelling") or self._stale(batch)):
             return
         counts = await self._store.counts(batch_id)
         if sum(counts.values()) < batch.total:
@@ -150,6 +157,8 @@ class BatchRunner:
         moving = await self._store.move(batch, "finalizing")
         if moving is None:
             return
+        if batch.status == "finalizing":  # taken over: what it was before, from the line results
+            batch = replace(batch, status="cancelling" if batch.cancelling_at is not None else "in_progress")
         results = await self._store.results(batch_id)
         out = b"".join(line + b"\n" for kind, line in results if kind == "completed")
         err = b"".join(line + b"\n" for kind, line in results if kind in ("failed", "expired"))

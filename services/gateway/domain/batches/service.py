@@ -152,8 +152,13 @@ class BatchService:
         for batch_id in await self.store.open_batches():
             batch = await self.store.batch(batch_id)
             raw = await self.store.content(batch.tenant, batch.input_file_id) if batch is not None else None
-            if batch is None or raw is None or batch.status not in ("in_progress", "cancelling"):
+            if batch is None or raw is None or batch.status not in ("in_progress", "cancelling", "finalizing"):
                 continue
+            if batch.status == "finalizing":  # this process died finalizing it: its results are all there
+                was = "cancelling" if batch.cancelling_at is not None else "in_progress"
+                batch = await self.store.move(batch, was, **{f"{was}_at": getattr(batch, f"{was}_at")})
+                if batch is None:
+                    continue
             lines = await asyncio.to_thread(parse_lines, raw, self.limits.max_lines)
             todo = [line for line in lines if not await self.store.recorded(batch_id, line.index)]
             await self._queue.push(batch_id, todo or lines[-1:])  # all recorded: one line finishes it
