@@ -5,7 +5,7 @@
 - blobs: ``get``, ``put``, ``delete``, ``swap`` (compare and set);
 - results: ``record`` keeps one value per field, the first written (a line run twice is
   kept once), and counts the kinds recorded;
-- indexes: members ordered by a score, paged newest first."""
+- indexes: members ordered by a score (microseconds since the epoch), paged newest first."""
 
 from __future__ import annotations
 

@@ -65,7 +65,13 @@ class RedisKv:
         return out
 
     async def index_add(self, key: str, member: str, score: int) -> None:
-        await self._redis.zadd(PREFIX + key, {member: score})
+        """Scores are microseconds since the epoch: members older than the retention go (their
+        records expired), and the index itself expires with its last addition."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.zadd(PREFIX + key, {member: score})
+            pipe.zremrangebyscore(PREFIX + key, "-inf", score - self._ttl * 1_000_000)
+            pipe.expire(PREFIX + key, self._ttl)
+            await pipe.execute()
 
     async def index_remove(self, key: str, member: str) -> None:
         await self._redis.zrem(PREFIX + key, member)

@@ -56,7 +56,7 @@ class BatchStore:
     async def add_batch(self, batch: Batch) -> None:
         await self._kv.put(f"batch:{batch.id}", batch.dumps())
         await self._kv.index_add(f"batches:{batch.tenant}", batch.id, int(self._wall() * 1e6))
-        await self._kv.index_add(OPEN_INDEX, batch.id, batch.created_at)
+        await self._kv.index_add(OPEN_INDEX, batch.id, int(self._wall() * 1e6))
 
     async def batch(self, batch_id: str, tenant: str | None = None) -> Batch | None:
         """The batch; with ``tenant``, only when it is that tenant's."""
