@@ -3,6 +3,8 @@ local store's once-per-line results and paging, the runner's pressure rule."""
 
 from __future__ import annotations
 
+import asyncio
+
 import orjson
 import pytest
 
@@ -109,3 +111,31 @@ async def test_a_batch_whose_finalizing_worker_died_is_finalized_by_another(tmp_
     assert done.status == "completed" and done.counts == {"completed": 1, "failed": 1}
     assert await store.content("acme", done.output_file_id) == b'{"custom_id":"a"}\n'
     assert await store.content("acme", done.error_file_id) == b'{"custom_id":"b"}\n'
+
+
+async def test_a_line_whose_run_raises_is_recorded_as_a_500_once(tmp_path):
+    from llmesh.gateway.context import Caller
+    from llmesh.gateway.domain.batches.lines import parse_lines
+    from llmesh.gateway.domain.batches.model import Batch
+    from llmesh.gateway.domain.batches.queue import LocalQueue
+    from llmesh.gateway.domain.batches.store import BatchStore
+
+    store, queue = BatchStore(DirKv(tmp_path)), LocalQueue()
+    batch = Batch("batch_2", Caller("acme", "k", "api_key"), "/v1/completions", "file-x", "24h", 0, 2**40, 1)
+    await store.add_batch(batch)
+    await store.move(batch, "in_progress")
+    await queue.push("batch_2", parse_lines(line("a"), 10))
+
+    async def broken(*_):
+        raise RuntimeError("a bug")
+    runner = BatchRunner(store, queue, broken, lambda: 0, RunnerSettings())
+    task = asyncio.create_task(runner.run())
+    for _ in range(200):
+        done = await store.batch("batch_2")
+        if done.status == "completed":
+            break
+        await asyncio.sleep(0.01)
+    task.cancel()
+    assert done.status == "completed" and done.counts == {"completed": 0, "failed": 1}
+    (result,) = (await store.content("acme", done.error_file_id)).splitlines()
+    assert orjson.loads(result)["response"]["status_code"] == 500

@@ -138,7 +138,12 @@ class BatchRunner:
 
     async def _attempts(self, batch: Batch, work: Work, rid: str) -> tuple[int, Any]:
         for attempt in range(self._settings.retries + 1):
-            status, body = await self._run_line(batch, work, rid)
+            try:
+                status, body = await self._run_line(batch, work, rid)
+            except Exception:  # a bug, not the line's answer: recorded as a 500, never claimed again and again
+                log.exception("batch line raised", extra={"batch_id": batch.id, "line": work.index})
+                return 500, {"error": {"message": "The gateway failed to run this request.", "type": "server_error",
+                                       "param": None, "code": "internal_error"}}
             if status not in PASSING or attempt == self._settings.retries:
                 break
             await asyncio.sleep(self._settings.retry_pause_s * 2 ** attempt)
