@@ -11,13 +11,11 @@ from urllib.parse import parse_qs
 import orjson
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from llmesh.errors import BodyTimeout, InvalidArgument
+from llmesh.errors import BodyTimeout, InvalidArgument, LlmeshError, NotFound
 from llmesh.gateway.context import Caller
 from llmesh.gateway.domain.batches.service import BatchService
 from llmesh.gateway.fronts.multipart import parts
-
-Send = Callable[[dict], Awaitable[None]]
-Receive = Callable[[], Awaitable[dict]]
+from llmesh.gateway.fronts.responses import Receive, Send, respond, respond_error, respond_json
 MAX_JSON = 64 << 10  # POST /v1/batches
 MULTIPART_SLACK = 64 << 10  # the form's other parts and headers, past the file's cap
 
@@ -46,6 +44,14 @@ async def read_capped(receive: Receive, cap: int, what: str) -> bytes:
             return b"".join(chunks)
 
 
+def unstreamed(body: bytes) -> bytes:
+    """A line's request body, never streamed (a batch takes each answer whole)."""
+    obj = orjson.loads(body)
+    obj.pop("stream", None)
+    obj.pop("stream_options", None)
+    return orjson.dumps(obj)
+
+
 def _query(scope: dict) -> tuple[str | None, int | None]:
     q = parse_qs(scope.get("query_string", b"").decode("latin-1")[:2048])
     after = q.get("after", [None])[0]
@@ -69,6 +75,17 @@ class BatchFront:
     @staticmethod
     def serves(path: str) -> bool:
         return path in ("/v1/files", "/v1/batches") or path.startswith(("/v1/files/", "/v1/batches/"))
+
+    async def app(self, scope: dict, receive: Receive, send: Send,
+                  bearer: Callable[[dict[str, str]], str | None]) -> None:
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        try:
+            status, answer = await self.handle(scope, receive, bearer(headers))
+        except LlmeshError as exc:
+            return await respond_error(send, exc, None)
+        if isinstance(answer, bytes):
+            return await respond(send, status, answer, b"application/jsonl", None)
+        await respond_json(send, answer, status)
 
     async def handle(self, scope: dict, receive: Receive, credential: str | None) -> tuple[int, Any]:
         """(status, JSON object, or bytes for a file's content); raises LlmeshError."""
@@ -98,7 +115,7 @@ class BatchFront:
             return 200, await s.batch(caller, path[1])
         elif path[0] == "batches" and len(path) == 3 and path[2] == "cancel" and method == "POST":
             return 200, await s.cancel(caller, path[1])
-        return 404, None
+        raise NotFound(f"No route {scope['method']} {scope['path'][:256]}.", reason="not_found")
 
     async def _read(self, receive: Receive, cap: int, what: str) -> bytes:
         try:

@@ -19,60 +19,32 @@ from typing import Any, cast
 
 import orjson
 
-from llmesh.errors import BodyTimeout, ErrorCode, Internal, InvalidArgument, LlmeshError, NestedTooDeep
+from llmesh.errors import BodyTimeout, Internal, InvalidArgument, LlmeshError, NestedTooDeep
 from llmesh.logs import request_id_var
 from llmesh.request_id import accept
 from llmesh.types import Delta, Finish, Priority, TokenLogprob
 from llmesh.gateway.domain.batches.model import Batch
 from llmesh.gateway.domain.batches.queue import Work
-from llmesh.gateway.fronts.batches import BatchFront
+from llmesh.gateway.fronts.batches import BatchFront, unstreamed
 from llmesh.gateway.fronts.body import BodyReader, Parsed
 from llmesh.gateway.fronts.choices import ChoiceItems, UsageSum, choice_requests, merge
 from llmesh.gateway.fronts.embeddings import (EmbeddingsBody, EmbeddingsCall, embeddings_json, embeddings_request,
                                               read_embeddings)
 from llmesh.gateway.fronts.openai_api import (CHAT, TEXT, Body, ChatBody, Choice, ChunkWriter, CompletionBody, Shape,
                                               ToolCalls, completion_json, error_json, sse)
+from llmesh.gateway.fronts.responses import HTTP_STATUS, REQUEST_ID, Receive, Send
+from llmesh.gateway.fronts.responses import encode_headers as _encode
+from llmesh.gateway.fronts.responses import respond as _respond
+from llmesh.gateway.fronts.responses import respond_error as _error
+from llmesh.gateway.fronts.responses import respond_json as _json
 from llmesh.gateway.context import Caller, CompletionRequest, Context, Vectors
 from llmesh.gateway.domain.listing import ListedModel
 from llmesh.gateway.pipeline import Pipeline
 
 log = logging.getLogger("llmesh.gateway.http")
 
-HTTP_STATUS = {
-    ErrorCode.INVALID_ARGUMENT: 400, ErrorCode.NOT_FOUND: 404, ErrorCode.RESOURCE_EXHAUSTED: 429,
-    ErrorCode.UNAVAILABLE: 503, ErrorCode.DEADLINE_EXCEEDED: 504, ErrorCode.CANCELLED: 499,
-    ErrorCode.INTERNAL: 500, ErrorCode.UNAUTHENTICATED: 401, ErrorCode.PERMISSION_DENIED: 403,
-    ErrorCode.FAILED_PRECONDITION: 400,
-}
-REQUEST_ID = "x-request-id"
 TIMEOUT_HEADERS = ("x-request-timeout", "x-stainless-timeout")  # seconds; the OpenAI SDK sends the latter
 MAX_BODY = 16 << 20
-
-Send = Callable[[dict], Awaitable[None]]
-Receive = Callable[[], Awaitable[dict]]
-
-
-def _encode(extra: dict[str, str] | None) -> list[tuple[bytes, bytes]]:
-    return [(k.encode(), v.encode()) for k, v in extra.items()] if extra else []
-
-
-async def _respond(send: Send, status: int, body: bytes, content_type: bytes, rid: str | None,
-                   extra: dict[str, str] | None = None) -> None:
-    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode()), *_encode(extra)]
-    if rid:
-        headers.append((REQUEST_ID.encode(), rid.encode()))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
-async def _json(send: Send, obj: dict, status: int = 200, rid: str | None = None,
-                extra: dict[str, str] | None = None) -> None:
-    await _respond(send, status, orjson.dumps(obj), b"application/json", rid, extra)
-
-
-async def _error(send: Send, exc: LlmeshError, rid: str | None) -> None:
-    status = HTTP_STATUS[exc.code]
-    await _json(send, error_json(status, exc.message, exc.reason, exc.param), status, rid, exc.headers)
 
 
 def _nested_too_deep() -> NestedTooDeep:
@@ -178,7 +150,7 @@ class HttpFront:
             return
         route = self._routes.get(scope["path"].rstrip("/") or "/")
         if route is None and self._batches is not None and self._batches.serves(scope["path"]):
-            return await self._batch_api(scope, receive, send)
+            return await self._batches.app(scope, receive, send, bearer)
         if route is None:
             return await _json(send, error_json(404, f"No route {scope['path']}.", "not_found", None), 404)
         method, handler = route
@@ -361,20 +333,6 @@ class HttpFront:
                 tail += sse(error_json(HTTP_STATUS[exc.code], exc.message, exc.reason, exc.param))
             yield tail + b"data: [DONE]\n\n", False
 
-    async def _batch_api(self, scope: dict, receive: Receive, send: Send) -> None:
-        assert self._batches is not None  # routed here only with the Batch API on
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        try:
-            status, answer = await self._batches.handle(scope, receive, bearer(headers))
-        except LlmeshError as exc:
-            return await _error(send, exc, None)
-        if status == 404:
-            return await _json(send, error_json(404, f"No route {scope['method']} {scope['path']}.", "not_found",
-                                                None), 404)
-        if isinstance(answer, bytes):
-            return await _respond(send, status, answer, b"application/jsonl", None)
-        await _json(send, answer, status)
-
     async def run_line(self, batch: Batch, work: Work, rid: str) -> tuple[int, Any]:
         """A batch line answered as the same POST would be (parse, pipeline, encoding), never
         streamed, as the batch's caller at the lowest priority: (HTTP status, JSON body)."""
@@ -385,10 +343,7 @@ class HttpFront:
         async def capture(message: dict) -> None:
             sent.append(message)
         try:
-            raw = orjson.loads(work.body)
-            raw.pop("stream", None)
-            raw.pop("stream_options", None)
-            body = await self._bodies.read(body_cls, orjson.dumps(raw))
+            body = await self._bodies.read(body_cls, unstreamed(work.body))
         except (LlmeshError, RecursionError) as caught:
             err = caught if isinstance(caught, LlmeshError) else _nested_too_deep()
             self._pipeline.refused(CompletionRequest.unread(rid, "chat" if chat else "text_completion"), err)
