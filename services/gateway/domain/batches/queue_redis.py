@@ -7,6 +7,7 @@ client; imports no transport."""
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import secrets
@@ -16,6 +17,7 @@ from typing import Any
 from llmesh.gateway.domain.batches.lines import Line
 from llmesh.gateway.domain.batches.queue import Work
 
+log = logging.getLogger("llmesh.gateway.batches")
 STREAM = "llmesh:batch:queue"
 GROUP = "llmesh-batches"
 PUSH_CHUNK = 500
@@ -57,6 +59,7 @@ class StreamQueue:
                                              start_id="0-0", count=n)
         claimed = reply[1]  # [next start, claimed entries, deleted ids]
         if claimed:
+            log.info("batch lines claimed", extra={"lines": len(claimed), "idle_s": self._idle_ms / 1000})
             return [_work(entry_id, fields) for entry_id, fields in claimed if fields]
         answer = await self._redis.xreadgroup(GROUP, self._consumer, {self._stream: ">"}, count=n,
                                               block=max(1, int(wait_s * 1000)))
