@@ -57,6 +57,20 @@ def test_multipart_parts_by_name():
         parts(body, "application/json")
 
 
+def test_multipart_edges():
+    part = b"--XyZ\r\nContent-Disposition: form-data; name=\"p\"\r\n\r\n%s\r\n"
+    ct = "multipart/form-data; boundary=XyZ"
+    found = parts(bytearray(b"preamble\r\n" + part % b"one" + part % b"two" + b"--XyZ--"), ct)
+    assert found["p"].data == b"one"                                       # the first of a name wins
+    assert parts(part % b"" + b"--XyZ--", ct)["p"].data == b""             # an empty part
+    for bad in (b"--XyZ--", b"no delimiter at all", part % b"x",          # no part, none, not closed
+                part.replace(b"\r\n\r\n", b"\r\n") % b"x" + b"--XyZ--",  # no header block end
+                part % (b"x" * 10) * 17 + b"--XyZ--",                       # over MAX_PARTS
+                b"--XyZ\r\nContent-Type: text/plain\r\n\r\nx\r\n--XyZ--"):  # no name
+        with pytest.raises(InvalidArgument):
+            parts(bad, ct)
+
+
 async def test_a_line_is_recorded_once_and_survives_a_restart(tmp_path):
     kv = DirKv(tmp_path)
     assert await kv.record("results:b", "0", "completed", b'{"first":1}')

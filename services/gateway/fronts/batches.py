@@ -15,6 +15,7 @@ from llmesh.errors import BodyTimeout, InvalidArgument, LlmeshError, NotFound
 from llmesh.gateway.context import Caller
 from llmesh.gateway.domain.batches.service import BatchService
 from llmesh.gateway.fronts.multipart import parts
+from llmesh.gateway.fronts.reading import declared_length, read_body
 from llmesh.gateway.fronts.responses import Receive, Send, respond, respond_error, respond_json
 MAX_JSON = 64 << 10  # POST /v1/batches
 MULTIPART_SLACK = 64 << 10  # the form's other parts and headers, past the file's cap
@@ -26,22 +27,6 @@ class CreateBatch(BaseModel):
     endpoint: str
     completion_window: str
     metadata: dict[str, Any] | None = None
-
-
-async def read_capped(receive: Receive, cap: int, what: str) -> bytes:
-    """The body, refused (400) as soon as it passes ``cap`` bytes: never more held."""
-    chunks, size = [], 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise asyncio.CancelledError
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > cap:
-            raise InvalidArgument(f"{what} is larger than {cap} bytes.", reason="file_too_large", param="file")
-        chunks.append(chunk)
-        if not message.get("more_body"):
-            return b"".join(chunks)
 
 
 def unstreamed(body: bytes) -> bytes:
@@ -106,7 +91,7 @@ class BatchFront:
             return 200, await s.content(caller, path[1])
         elif path == ["batches"]:
             if method == "POST":
-                body = await self._json(receive)
+                body = await self._json(scope, receive)
                 return 200, await s.create_batch(caller, body.input_file_id, body.endpoint, body.completion_window,
                                                  body.metadata)
             if method == "GET":
@@ -117,17 +102,20 @@ class BatchFront:
             return 200, await s.cancel(caller, path[1])
         raise NotFound(f"No route {scope['method']} {scope['path'][:256]}.", reason="not_found")
 
-    async def _read(self, receive: Receive, cap: int, what: str) -> bytes:
+    async def _read(self, scope: dict, receive: Receive, cap: int, what: str) -> bytearray:
+        def too_large() -> InvalidArgument:
+            return InvalidArgument(f"{what} is larger than {cap} bytes.", reason="file_too_large", param="file")
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         try:
             async with asyncio.timeout(self._body_timeout):
-                return await read_capped(receive, cap, what)
+                return await read_body(receive, declared_length(headers), cap, too_large)
         except TimeoutError:
             raise BodyTimeout(f"The request body did not arrive within {self._body_timeout:g} s.") from None
 
     async def _upload(self, scope: dict, receive: Receive, caller: Caller) -> dict[str, Any]:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         cap = self._service.limits.max_file_bytes
-        form = parts(await self._read(receive, cap + MULTIPART_SLACK, "The upload"),
+        form = parts(await self._read(scope, receive, cap + MULTIPART_SLACK, "The upload"),
                      headers.get("content-type", ""))
         file, purpose = form.get("file"), form.get("purpose")
         if file is None or purpose is None:
@@ -135,8 +123,8 @@ class BatchFront:
         return await self._service.create_file(caller, file.filename or "batch.jsonl",
                                                purpose.data.decode("utf-8", "replace").strip(), file.data)
 
-    async def _json(self, receive: Receive) -> CreateBatch:
-        raw = await self._read(receive, MAX_JSON, "The request body")
+    async def _json(self, scope: dict, receive: Receive) -> CreateBatch:
+        raw = await self._read(scope, receive, MAX_JSON, "The request body")
         try:
             return CreateBatch.model_validate(orjson.loads(raw))
         except (orjson.JSONDecodeError, ValidationError) as exc:
