@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable
 from dataclasses import dataclass
 from typing import Protocol, TypeGuard
 
@@ -150,9 +150,10 @@ class EmbeddingBackend(Backend, Protocol):
         """Each text's token ids as ``embed`` takes them (not truncated)."""
         ...
 
-    def embed(self, token_ids: list[list[int]]) -> list[list[float]]:
-        """One vector per input (each within ``max_input_tokens``), in order. CPU work: the
-        engine calls it in a thread."""
+    def embed(self, token_ids: list[list[int]]) -> list[list[float]] | Awaitable[list[list[float]]]:
+        """One vector per input (each within ``max_input_tokens``), in order. A coroutine
+        function (``async def``: vLLM's engine) the engine awaits; else CPU work, which the
+        engine calls in a thread."""
         ...
 
 
