@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncGenerator
 from types import SimpleNamespace
 
 from llmesh.errors import InvalidArgument
-from llmesh.types import Prompt
-from llmesh.engine.backends.base import Capabilities, DecodeParams, Piece
+from llmesh.engine.backends.base import Capabilities, EmbeddingOnly
 from llmesh.engine.backends.vllm_args import VllmEngineOptions, async_engine_arg_fields, pooling_engine_args
 from llmesh.engine.kvblocks import KvEventLog
 
@@ -38,7 +36,7 @@ def serves_pooling(source: str, runner: str) -> bool:
     return get_pooling_config(source) is not None
 
 
-class VllmPoolingBackend:
+class VllmPoolingBackend(EmbeddingOnly):
     name = "vllm"
     capabilities = Capabilities(generates=False, embeddings=True)
     vocab_size = 0  # nothing is sampled
@@ -74,12 +72,6 @@ class VllmPoolingBackend:
                    SimpleNamespace(PoolingParams=PoolingParams, ClientError=VLLMClientError),
                    gpu_memory_share=gpu_memory_utilization)
 
-    def tokenize(self, prompt: Prompt) -> list[int]:
-        if prompt.messages is not None:
-            raise InvalidArgument(f"The model '{self.model}' is an embedding model: it takes texts, not messages.",
-                                  param="messages")
-        return list(self._tokenizer.encode(prompt.text or ""))
-
     def tokenize_inputs(self, texts: list[str]) -> list[list[int]]:
         """Each text's ids with the model's special tokens ([CLS] ... [SEP] for BERT), not truncated."""
         return [list(ids) for ids in self._tokenizer(texts)["input_ids"]]
@@ -108,17 +100,6 @@ class VllmPoolingBackend:
             raise RuntimeError("vLLM's engine answered an embedding request with nothing")
         vector: list[float] = out.outputs.data.tolist()
         return vector
-
-    async def stream(self, tokens: list[int], params: DecodeParams) -> AsyncGenerator[Piece, None]:
-        raise InvalidArgument(f"The model '{self.model}' is an embedding model: it generates no text.",
-                              reason="model_not_generative")
-        yield ""  # pragma: no cover - makes this an async generator
-
-    def kv_usage(self) -> float:
-        return 0.0
-
-    def prefix_cache_stats(self) -> tuple[int, int]:
-        return 0, 0
 
     async def close(self) -> None:
         self._engine.shutdown()
