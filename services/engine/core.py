@@ -4,8 +4,9 @@ the backend's token stream into final text deltas, a finish reason and usage."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable
 from contextlib import aclosing
 from dataclasses import dataclass, replace
 from typing import cast
@@ -16,7 +17,8 @@ from llmesh.tool_prompt import offered, render
 from llmesh.types import Delta, Finish, FinishReason, Priority, Prompt, Sampling, TokenLogprob, Tools, Usage
 from llmesh.validation import check_request, uses_tools
 from llmesh.engine.admission import Admission
-from llmesh.engine.backends.base import Backend, DecodeParams, Piece, Token, can_continue, can_embed, steps_of
+from llmesh.engine.backends.base import (Backend, DecodeParams, EmbeddingBackend, Piece, Token, can_continue, can_embed,
+                                         steps_of)
 from llmesh.engine.metrics import EngineMetrics
 from llmesh.engine.stops import StopMatcher
 from llmesh.engine.toolcalls import CallReader
@@ -168,8 +170,8 @@ class EngineCore:
     async def embed(self, model: str, texts: list[str], dimensions: int | None = None,
                     priority: Priority = Priority.NORMAL) -> Embedded:
         """The embeddings of ``texts`` (bounded by the proto's rules) on a backend that serves
-        them: tokenized and embedded in a thread (numpy releases the GIL), in an admission
-        slot like any request. An input over the model's limit is refused, never truncated."""
+        them: tokenized in a thread and embedded (``run_embed``) in an admission slot like any
+        request. An input over the model's limit is refused, never truncated."""
         backend = self.backend
         self._check_model(backend, model)
         if not can_embed(backend):
@@ -190,12 +192,7 @@ class EngineCore:
                 raise InvalidArgument(f"The inputs have {tokens} tokens together; at most {MAX_EMBED_TOKENS} per "
                                       "request: split them over several.", param="input")
             async with self.admission.slot(priority):
-                work = asyncio.ensure_future(asyncio.to_thread(backend.embed, ids))
-                try:
-                    vectors = await asyncio.shield(work)
-                except asyncio.CancelledError:  # a thread cannot be stopped: its slot stays taken until it ends
-                    await asyncio.wait([work])
-                    raise
+                vectors = await run_embed(backend, ids)
             if self.metrics is not None:
                 self.metrics.prompt_tokens.inc(tokens)
                 self.metrics.request_prompt_tokens.observe(tokens)
@@ -287,7 +284,7 @@ class EngineCore:
         started = time.monotonic()
         try:
             if can_embed(backend) and not backend.capabilities.generates:  # an embedder's test: one vector
-                vectors = await asyncio.to_thread(backend.embed, backend.tokenize_inputs(["ping"]))
+                vectors = await run_embed(backend, backend.tokenize_inputs(["ping"]))
                 ok = len(vectors) == 1 and len(vectors[0]) > 0
                 return ok, "" if ok else "the backend produced no vector", (time.monotonic() - started) * 1000
             tokens = backend.tokenize(Prompt(text="ping"))
@@ -357,3 +354,18 @@ class EngineCore:
                             repetition_penalty=knobs.get("repetition_penalty", 1.0),
                             presence_penalty=knobs.get("presence_penalty", 0.0),
                             frequency_penalty=knobs.get("frequency_penalty", 0.0))
+
+
+async def run_embed(backend: EmbeddingBackend, ids: list[list[int]]) -> list[list[float]]:
+    """``backend.embed(ids)``: awaited where it is a coroutine function (vLLM's engine embeds
+    asynchronously; cancelling it aborts its requests), else run in a thread (numpy releases
+    the GIL), which cannot be stopped: a cancelled caller waits for it, so its slot stays taken
+    until it ends."""
+    if inspect.iscoroutinefunction(backend.embed):
+        return await cast(Awaitable[list[list[float]]], backend.embed(ids))
+    work = asyncio.ensure_future(asyncio.to_thread(backend.embed, ids))
+    try:
+        return cast(list[list[float]], await asyncio.shield(work))
+    except asyncio.CancelledError:
+        await asyncio.wait([work])
+        raise

@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable
 from dataclasses import dataclass
 from typing import Protocol, TypeGuard
 
+from llmesh.errors import InvalidArgument
 from llmesh.kvhash import HashScheme
 from llmesh.types import KNOBS, Priority, Prompt, ResponseFormat, TokenLogprob, Tools
 from llmesh.engine.kvblocks import KvEvent
@@ -150,10 +151,40 @@ class EmbeddingBackend(Backend, Protocol):
         """Each text's token ids as ``embed`` takes them (not truncated)."""
         ...
 
-    def embed(self, token_ids: list[list[int]]) -> list[list[float]]:
-        """One vector per input (each within ``max_input_tokens``), in order. CPU work: the
-        engine calls it in a thread."""
+    def embed(self, token_ids: list[list[int]]) -> list[list[float]] | Awaitable[list[list[float]]]:
+        """One vector per input (each within ``max_input_tokens``), in order. A coroutine
+        function (``async def``: vLLM's engine) the engine awaits; else CPU work, which the
+        engine calls in a thread."""
         ...
+
+
+class EmbeddingOnly:
+    """The generative half of ``Backend`` for an embedding-only backend
+    (``Capabilities(generates=False, embeddings=True)``, whose Generate the core refuses before
+    it gets here): a prompt's tokens are its text's as ``tokenize_inputs`` gives them, no text is
+    generated, and there is no KV cache to report."""
+
+    model: str
+
+    def tokenize_inputs(self, texts: list[str]) -> list[list[int]]:
+        raise NotImplementedError
+
+    def tokenize(self, prompt: Prompt) -> list[int]:
+        if prompt.messages is not None:
+            raise InvalidArgument(f"The model '{self.model}' is an embedding model: it takes texts, not messages.",
+                                  param="messages")
+        return self.tokenize_inputs([prompt.text or ""])[0]
+
+    async def stream(self, tokens: list[int], params: DecodeParams) -> AsyncGenerator[Piece, None]:
+        raise InvalidArgument(f"The model '{self.model}' is an embedding model: it generates no text.",
+                              reason="model_not_generative")
+        yield ""  # pragma: no cover - makes this an async generator
+
+    def kv_usage(self) -> float:
+        return 0.0
+
+    def prefix_cache_stats(self) -> tuple[int, int]:
+        return 0, 0
 
 
 class AdapterBackend(Backend, Protocol):
