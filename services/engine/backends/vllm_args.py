@@ -10,6 +10,9 @@ typo: the error names it and the nearest field) or one an own setting sets."""
 from __future__ import annotations
 
 import difflib
+import os
+import tempfile
+import uuid
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -101,3 +104,11 @@ def engine_args(model: str, *, served_name: str | None, max_model_len: int, gpu_
     return dict(model=model, served_model_name=served_name or model, max_model_len=max_model_len,
                 gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=True,
                 kv_events_config=events, **lora, **(options or VllmEngineOptions()).args())
+
+
+def default_kv_events_endpoint(endpoint_id: str) -> str:
+    """A local IPC socket, one per model load (a swap may run two engines at once):
+    vLLM's publisher binds it (it binds ipc://, inproc:// and wildcard endpoints and
+    connects to any other), nothing off this host can reach it."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in endpoint_id)
+    return f"ipc://{tempfile.gettempdir()}/llmesh-kv-{safe}-{os.getpid()}-{uuid.uuid4().hex[:8]}.sock"
