@@ -8,7 +8,6 @@ template that takes tools renders them. Run with .venv-vllm's interpreter (`make
 from __future__ import annotations
 
 import json
-from contextlib import aclosing
 from types import SimpleNamespace
 
 import jsonschema
@@ -16,10 +15,11 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
 from llmesh.errors import InvalidArgument
-from llmesh.types import Delta, Finish, FinishReason, Message, Prompt, Sampling, Tool, ToolCall, Tools
+from llmesh.types import Finish, FinishReason, Message, Prompt, Sampling, Tool, ToolCall, Tools
 from llmesh.engine.admission import Admission
 from llmesh.engine.backends.vllm import VllmBackend
 from llmesh.engine.core import EngineCore
+from tests.component.helpers import answered
 from tests.e2e.tool_cases import ASK, SCHEMA, SCHEMAS, TOOLS
 
 MODEL = "smollm2-vllm"  # the real_vllm fixture's served name
@@ -35,16 +35,9 @@ def core(real_vllm) -> EngineCore:
 
 async def answer(core: EngineCore, tools: Tools, sampling: Sampling, prompt: Prompt = CHAT
                  ) -> tuple[str, list[ToolCall], Finish]:
-    text, calls, finish = [], [], None
-    async with aclosing(core.generate(MODEL, prompt, sampling, tools=tools)) as items:
-        async for item in items:
-            if isinstance(item, Delta):
-                text.append(item.text)
-                calls.extend(item.tool_calls)
-            else:
-                finish = item
+    deltas, finish = await answered(core, MODEL, prompt, sampling, tools=tools)
     assert finish is not None
-    return "".join(text), calls, finish
+    return "".join(d.text for d in deltas), [c for d in deltas for c in d.tool_calls], finish
 
 
 def valid(call: ToolCall, schemas: dict = SCHEMAS) -> dict:

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from llmesh.v1 import common_pb2, engine_pb2, engine_pb2_grpc, gateway_pb2, gateway_pb2_grpc
 from tests.e2e.conftest import SMOL
-from tests.e2e.tool_cases import ASK, NAMED, SCHEMA, TIME, TOOLS, valid
+from tests.e2e.tool_cases import ASK, NAMED, SCHEMA, TIME, TOOLS, agent_loop, valid
 
 
 @pytest.fixture(scope="module")
@@ -72,23 +72,9 @@ def test_named_call_on_the_grpc_front(stub):
 
 
 def test_an_agent_loop_runs_to_completion(client):
-    """Call, the tool's result, answer: the loop an agent framework runs, with tool_choice auto
-    after the first (required) turn, until the model answers in text."""
-    messages: list = [{"role": "user", "content": "What is the weather in Paris? Use the tool."}]
-    choice = "required"
-    for turn in range(4):
-        resp = client.chat.completions.create(model=SMOL, messages=messages, tools=TOOLS, tool_choice=choice,
-                                              parallel_tool_calls=False, temperature=0, max_tokens=60)
-        message = resp.choices[0].message
-        if resp.choices[0].finish_reason != "tool_calls":
-            break
-        messages.append(message.model_dump(exclude_none=True))
-        for call in message.tool_calls:
-            args = valid(call)
-            result = {"city": args.get("city"), "weather": "sunny, 21 C"} if call.function.name == "get_weather" \
-                else {"time": "12:00"}
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": json.dumps(result)})
-        choice = "auto" if turn < 2 else "none"  # as agent frameworks cap their iterations
+    """Call, the tool's result, answer: the loop an agent framework runs (tool_cases.agent_loop)."""
+    resp, messages = agent_loop(client, SMOL)
+    message = resp.choices[0].message
     assert resp.choices[0].finish_reason in ("stop", "length") and message.content and not message.tool_calls
     assert any(m["role"] == "tool" for m in messages if isinstance(m, dict))
 

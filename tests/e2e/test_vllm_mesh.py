@@ -35,7 +35,7 @@ from llmesh.types import Message, Prompt
 from llmesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from tests.component.vllm_faults import require_vllm
 from tests.e2e.conftest import endpoints, openai_client
-from tests.e2e.tool_cases import ASK, NAMED, TIME, TOOLS, valid
+from tests.e2e.tool_cases import ASK, NAMED, TIME, TOOLS, agent_loop, valid
 
 MODEL = "smollm2-135m-instruct-hf-fp32"  # `llmesh up --vllm-model`'s default: served under its folder's name
 BLOCK = 128  # vLLM's KV block on CPUs
@@ -207,19 +207,10 @@ def test_an_agent_loop_and_a_hostile_schema_on_vllm(vllm_mesh):
     """Call, the tool's result, answer, with the openai client (auto after the first turn, then none, as
     agent frameworks cap their iterations); a schema over the bounds is a 400 and the engines serve on."""
     client = openai_client(vllm_mesh, timeout=120)
-    messages: list = [{"role": "user", "content": "What is the weather in Paris? Use the tool."}]
-    for choice in ("required", "auto", "none"):
-        resp = client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, tool_choice=choice,
-                                              parallel_tool_calls=False, temperature=0, max_tokens=60)
-        message = resp.choices[0].message
-        if resp.choices[0].finish_reason != "tool_calls":
-            break
-        messages.append(message.model_dump(exclude_none=True))
-        for call in message.tool_calls:
-            valid(call)
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": '{"weather": "sunny, 21 C"}'})
+    resp, messages = agent_loop(client, MODEL, ("required", "auto", "none"))
+    message = resp.choices[0].message
     assert resp.choices[0].finish_reason in ("stop", "length") and message.content and not message.tool_calls
-    assert any(m["role"] == "tool" for m in messages)
+    assert any(m["role"] == "tool" for m in messages if isinstance(m, dict))
     hostile = {"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": {"a": {"type": "string", "maxLength": 100000}}}}}
     with pytest.raises(openai.BadRequestError) as info:

@@ -27,6 +27,26 @@ def valid(call, names=tuple(SCHEMAS)) -> dict:
     return args
 
 
+
+def agent_loop(client, model: str, choices: tuple[str, ...] = ("required", "auto", "auto", "none")) -> tuple:
+    """Call, the tool's result, answer: the loop an agent framework runs with the openai client, one turn a
+    tool_choice (auto after the first, required, turn; none last, as frameworks cap their iterations),
+    until the model answers in text. Every call is checked (``valid``). Returns (last response, messages)."""
+    messages: list = [{"role": "user", "content": "What is the weather in Paris? Use the tool."}]
+    for choice in choices:
+        resp = client.chat.completions.create(model=model, messages=messages, tools=TOOLS, tool_choice=choice,
+                                              parallel_tool_calls=False, temperature=0, max_tokens=60)
+        if resp.choices[0].finish_reason != "tool_calls":
+            break
+        messages.append(resp.choices[0].message.model_dump(exclude_none=True))
+        for call in resp.choices[0].message.tool_calls:
+            args = valid(call)
+            result = {"city": args.get("city"), "weather": "sunny, 21 C"} if call.function.name == "get_weather" \
+                else {"time": "12:00"}
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": json.dumps(result)})
+    return resp, messages
+
+
 # --- generated schemas within the bounds ----------------------------------------------------
 
 NAMES = st.from_regex(r"[a-z][a-z_]{0,10}", fullmatch=True)
