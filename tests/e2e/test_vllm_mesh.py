@@ -6,7 +6,7 @@ publisher -> the engine's relay -> the scheduler -> the gateway), sends each con
 follow-up turn to the engine that holds its prefix, and vLLM's prefix cache hits there; kill -9
 of one engine under a few concurrent streams: streams that had tokens fail over and finish,
 every request completes, the supervisor restarts the engine and it serves again. Tool calls (named,
-required, an agent loop, a hostile schema) on both fronts. Run with
+required, an agent loop, a hostile schema) on both fronts, and LangChain's structured output and agent. Run with
 .venv-vllm's interpreter (`make test` does):
 
     LLMESH_VLLM_TEST_MODEL=~/.cache/llmesh/models/smollm2-135m-instruct-hf-fp32 \\
@@ -35,6 +35,7 @@ from llmesh.types import Message, Prompt
 from llmesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from tests.component.vllm_faults import require_vllm
 from tests.e2e.conftest import endpoints, openai_client
+from tests.e2e.langchain_cases import structured_output, two_step_agent
 from tests.e2e.tool_cases import ASK, NAMED, TIME, TOOLS, agent_loop, valid
 
 MODEL = "smollm2-135m-instruct-hf-fp32"  # `llmesh up --vllm-model`'s default: served under its folder's name
@@ -218,6 +219,12 @@ def test_an_agent_loop_and_a_hostile_schema_on_vllm(vllm_mesh):
                                        max_tokens=8)
     assert info.value.body["param"].startswith("tools[0].function.parameters")
     assert client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=2).choices[0].message.content
+
+
+def test_langchain_structured_output_and_a_two_step_agent_on_vllm(vllm_mesh):
+    """LangChain's ChatOpenAI: structured output by function calling, and an agent's call, result, answer."""
+    structured_output(vllm_mesh, MODEL)
+    two_step_agent(vllm_mesh, MODEL)
 
 
 def turn(client, mesh: Mesh, messages: list[dict]) -> tuple[str, str]:
