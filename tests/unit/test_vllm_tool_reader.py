@@ -1,7 +1,7 @@
 """The vllm backend's tool-call reader (vllm_tools.HermesCallReader) over a stand-in for vLLM's hermes
 parser that reads blocks as it does (``<tool_call>`` JSON ``</tool_call>``): where text ends and calls
-begin, stop strings, the call bound, a cut call, a block that does not parse. The real parser and
-structural tag run on vLLM's engine in tests/component/test_vllm_tools.py."""
+begin, stop strings, the call bound, a cut call, a block that does not parse; and tools vLLM refuses.
+The real parser and structural tag run on vLLM's engine in tests/component/test_vllm_tools.py."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from llmesh.errors import Internal
+from llmesh.errors import Internal, InvalidArgument
 from llmesh.tool_prompt import MAX_PARALLEL_CALLS, call_text
-from llmesh.types import Delta, FinishReason
-from llmesh.engine.backends.vllm_tools import HermesCallReader
+from llmesh.types import Delta, FinishReason, Tool, Tools
+from llmesh.engine.backends.vllm_tools import HermesCallReader, VllmToolApi, VllmToolCalls
 
 
 def parse(block: str) -> SimpleNamespace:
@@ -76,3 +76,25 @@ def test_calls_end_at_the_bound_and_a_cut_call_is_dropped():
 def test_a_block_the_parser_cannot_read_fails_the_request():
     with pytest.raises(Internal, match="does not parse"):
         read(["<tool_call>\n{\"name\": \"f\", \"arguments\": {oops}\n</tool_call>"])
+
+
+def test_tools_vllm_refuses_are_invalid_argument_and_a_request_is_made_once_per_tools():
+    made = []
+
+    def request(**fields):
+        made.append(fields)
+        if fields["tools"][0]["function"]["name"] == "bad":
+            raise ValueError("1 validation error for ChatCompletionRequest")
+        return SimpleNamespace(**fields)
+
+    tag = SimpleNamespace(model_dump=lambda: {"type": "structural_tag"})
+    parser = SimpleNamespace(get_structural_tag=lambda request, **kw: tag, extract_tool_calls=lambda t, r: parse(t))
+    calls = VllmToolCalls(VllmToolApi(parser, request, "parameter", lambda t: None, overlap), "m")
+    with pytest.raises(InvalidArgument, match="vLLM refused the tools") as info:
+        calls.structural_tag(Tools((Tool("bad"),), "required"))
+    assert info.value.param == "tools"
+    tools = Tools((Tool("f", "", '{"properties": {"a": {"type": "integer"}}}'),), "function", "f", parallel=False)
+    assert calls.structural_tag(tools) == '{"type": "structural_tag"}'
+    calls.reader(tools)
+    assert len(made) == 2 and made[1]["tool_choice"] == {"type": "function", "function": {"name": "f"}}
+    assert made[1]["tools"][0]["function"]["parameters"]["type"] == "object"  # arguments are an object

@@ -31,7 +31,7 @@ from llmesh.engine.toolcalls import CallReader, call_id
 
 TAG = "<tool_call>"
 CLOSE = "</tool_call>"
-CACHE_ENTRIES = 32  # structural tags by Tools: a client sends the same tools turn after turn
+CACHE_ENTRIES = 32  # requests' tools remembered (VllmToolCalls)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,61 +42,64 @@ class VllmToolApi:
     strict: Any            # ToolStrictLevel.PARAMETER
     single_call: Callable  # limit_to_single_tool_call
     overlap: Callable[[str, str], int]  # partial_tag_overlap(text, tag)
+    refusals: tuple[type[Exception], ...] = (ValueError,)  # what vLLM raises for tools it cannot take
 
     @classmethod
     def load(cls, tokenizer) -> VllmToolApi:
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+        from vllm.exceptions import VLLMClientError
         from vllm.tool_parsers.abstract_tool_parser import ToolParserManager
         from vllm.tool_parsers.structural_tag_registry import limit_to_single_tool_call
         from vllm.tool_parsers.tool_strict_level import ToolStrictLevel
         from vllm.tool_parsers.utils import partial_tag_overlap
 
         return cls(ToolParserManager.get_tool_parser("hermes")(tokenizer), ChatCompletionRequest,
-                   ToolStrictLevel.PARAMETER, limit_to_single_tool_call, partial_tag_overlap)
+                   ToolStrictLevel.PARAMETER, limit_to_single_tool_call, partial_tag_overlap,
+                   (ValueError, VLLMClientError))
 
 
 class VllmToolCalls:
-    """One backend's tool calling: each request's structural tag (remembered by its Tools) and reader."""
+    """One backend's tool calling: each request's tools as vLLM takes them and their structural tag
+    (remembered by Tools: a client sends the same tools turn after turn), and its reader."""
 
     def __init__(self, api: VllmToolApi, model: str):
         self._api = api
         self._model = model
-        self._tags: OrderedDict[Tools, str] = OrderedDict()
+        self._known: OrderedDict[Tools, tuple[Any, str]] = OrderedDict()
 
-    def request(self, tools: Tools) -> Any:
-        """The tools as vLLM's ChatCompletionRequest takes them (what its parser reads)."""
+    def structural_tag(self, tools: Tools) -> str:
+        """The structural tag (JSON text) that constrains an answer to ``tools`` (module docstring)."""
+        return self._entry(tools)[1]
+
+    def reader(self, tools: Tools, stops: tuple[str, ...] = ()) -> HermesCallReader:
+        request = self._entry(tools)[0]
+        return HermesCallReader(lambda text: self._api.parser.extract_tool_calls(text, request), self._api.overlap,
+                                stops)
+
+    def _entry(self, tools: Tools) -> tuple[Any, str]:
+        known = self._known.get(tools)
+        if known is not None:
+            self._known.move_to_end(tools)
+            return known
         listed = [{"type": "function", "function": {
             "name": t.name, "description": t.description or None,
             "parameters": arguments_schema(t.parameters)}} for t in tools.functions]
         choice: Any = {"type": "function", "function": {"name": tools.function}} \
             if tools.choice == "function" else tools.choice
-        try:
-            return self._api.request(model=self._model, messages=[], tools=listed, tool_choice=choice,
-                                     parallel_tool_calls=tools.parallel)
-        except ValueError as exc:  # pydantic's ValidationError is one
+        try:  # vLLM's ChatCompletionRequest: what its parser reads
+            request = self._api.request(model=self._model, messages=[], tools=listed, tool_choice=choice,
+                                        parallel_tool_calls=tools.parallel)
+            tag = self._api.parser.get_structural_tag(request, reasoning=False, strict_level=self._api.strict)
+        except self._api.refusals as exc:  # pydantic's ValidationError is a ValueError
             raise InvalidArgument(f"vLLM refused the tools: {str(exc)[:300]}", param="tools") from None
-
-    def structural_tag(self, tools: Tools) -> str:
-        """The structural tag (JSON text) that constrains an answer to ``tools`` (module docstring)."""
-        known = self._tags.get(tools)
-        if known is not None:
-            self._tags.move_to_end(tools)
-            return known
-        tag = self._api.parser.get_structural_tag(self.request(tools), reasoning=False, strict_level=self._api.strict)
         if tag is None:
             raise Internal("vLLM's hermes parser made no structural tag for tools it was offered")
         if tools.parallel is False:
             self._api.single_call(tag)
-        text = json.dumps(tag.model_dump())
-        self._tags[tools] = text
-        while len(self._tags) > CACHE_ENTRIES:
-            self._tags.popitem(last=False)
-        return text
-
-    def reader(self, tools: Tools, stops: tuple[str, ...] = ()) -> HermesCallReader:
-        request = self.request(tools)
-        return HermesCallReader(lambda text: self._api.parser.extract_tool_calls(text, request), self._api.overlap,
-                                stops)
+        known = self._known[tools] = (request, json.dumps(tag.model_dump()))
+        while len(self._known) > CACHE_ENTRIES:
+            self._known.popitem(last=False)
+        return known
 
 
 class HermesCallReader(CallReader):
