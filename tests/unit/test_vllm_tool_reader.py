@@ -73,6 +73,16 @@ def test_calls_end_at_the_bound_and_a_cut_call_is_dropped():
     assert reader.reason(FinishReason.LENGTH) is FinishReason.LENGTH
 
 
+def test_what_might_have_begun_a_tag_is_text_at_the_end_or_the_next_call_when_it_is_one():
+    reader, out = read(["a <", "b <tool"])
+    assert "".join(d.text for d in out) == "a <b <tool" and not reader.calls
+    reader, out = read(["a <tool"], stops=("ol",))
+    assert "".join(d.text for d in out) == "a <to" and reader.stopped
+    call = call_text("f", "{}")
+    reader, out = read([call + "\n<tool", "_call>" + call.removeprefix("<tool_call>")])
+    assert [c.index for d in out for c in d.tool_calls] == [0, 1]
+
+
 def test_a_block_the_parser_cannot_read_fails_the_request():
     with pytest.raises(Internal, match="does not parse"):
         read(["<tool_call>\n{\"name\": \"f\", \"arguments\": {oops}\n</tool_call>"])

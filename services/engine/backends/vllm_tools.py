@@ -144,8 +144,8 @@ class HermesCallReader(CallReader):
             end += len(CLOSE)
             calls.extend(self._read(self._held[:end], len(calls)))
             rest = self._held[end:]
-            start = rest.find(TAG)  # what lies between calls is not content
-            self._held, self._from = (rest[start:], 0) if start >= 0 else ("", 0)
+            start = rest.find(TAG)  # what lies between calls is not content (but may begin the next call)
+            self._held, self._from = (rest[start:] if start >= 0 else rest[len(rest) - self._overlap(rest, TAG):]), 0
         if not calls:
             self._from = max(0, len(self._held) - len(CLOSE))
             return None
@@ -159,6 +159,12 @@ class HermesCallReader(CallReader):
             raise Internal("The model's tool call does not parse as vLLM's structural tag should have made it.")
         return [ToolCall(index=self.calls + before + i, id=call_id(), name=c.function.name,
                          arguments=_compact(c.function.arguments)) for i, c in enumerate(found.tool_calls)]
+
+    def flush(self) -> Delta | None:
+        """Text held back at the answer's end: what might have begun the tag, or a stop string."""
+        held, self._held = (self._held, "") if self._mode == "text" and not self._stops.stopped else ("", self._held)
+        rest = (self._stops.feed(held) if held else "") + self._stops.flush()
+        return Delta(rest, 0) if rest else None
 
     @property
     def stopped(self) -> bool:
