@@ -92,7 +92,7 @@ def vllm_kv_events_endpoint(settings: EngineSettings) -> str | None:
     """Where vLLM's KV-event publisher binds (our subscriber connects there)."""
     if not settings.vllm_kv_events:
         return None
-    from llmesh.engine.backends.vllm import default_kv_events_endpoint
+    from llmesh.engine.backends.vllm_args import default_kv_events_endpoint
     return settings.vllm_kv_events_endpoint or default_kv_events_endpoint(settings.endpoint_id)
 
 

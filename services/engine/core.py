@@ -13,15 +13,14 @@ from typing import cast
 
 from llmesh.errors import (ContextLengthExceeded, InputTooLong, InvalidArgument, ModelNotFound, NotEmbedding,
                            NotGenerative)
-from llmesh.tool_prompt import offered, render
+from llmesh.tool_prompt import offered
 from llmesh.types import Delta, Finish, FinishReason, Priority, Prompt, Sampling, TokenLogprob, Tools, Usage
 from llmesh.validation import check_request, uses_tools
 from llmesh.engine.admission import Admission
-from llmesh.engine.backends.base import (Backend, DecodeParams, EmbeddingBackend, Piece, Token, can_continue, can_embed,
-                                         steps_of)
+from llmesh.engine.backends.base import (Backend, CallReading, DecodeParams, EmbeddingBackend, Piece, Token,
+                                         calls_tools, can_continue, can_embed, steps_of)
 from llmesh.engine.metrics import EngineMetrics
 from llmesh.engine.stops import StopMatcher
-from llmesh.engine.toolcalls import CallReader
 
 
 class _Timing:
@@ -115,8 +114,9 @@ class EngineCore:
         With tools offered, calls come out as Deltas' ``tool_calls`` (``CallReader``)."""
         backend = self.backend  # one request, one backend, even if a model load swaps it meanwhile
         tokens, params = self._prepare(backend, model, prompt, sampling, priority, continuation, tools)
-        # with tools, the reader applies the stop strings, to a text answer only (never inside a call)
-        reader = None if params.tools is None else CallReader(params.tools.choice != "auto", sampling.stop)
+        # with tools, the backend's reader applies the stop strings, to text only (never inside a call)
+        reader = backend.call_reader(params.tools, sampling.stop) \
+            if params.tools is not None and calls_tools(backend) else None
         arrived = time.monotonic()
         self._enter(backend, model)
         try:
@@ -212,9 +212,8 @@ class EngineCore:
         self._check_tools(backend, prompt, sampling, tools)
         check_request(model, prompt, sampling, tools=tools, tools_allowed=True)
         self._check_capabilities(backend, sampling)
-        if backend.capabilities.tools and prompt.is_chat:
-            prompt = render(prompt, tools)
-        tokens = backend.tokenize(prompt)
+        tokens = backend.tokenize_chat(prompt, tools) if calls_tools(backend) and prompt.is_chat \
+            else backend.tokenize(prompt)
         if not tokens:
             raise InvalidArgument("The prompt is empty.", param="messages" if prompt.is_chat else "prompt")
         answered: list[int] = []
@@ -243,7 +242,7 @@ class EngineCore:
             del self._by_name[model]
 
     @staticmethod
-    def _rest(matcher: StopMatcher, reader: CallReader | None) -> Delta | None:
+    def _rest(matcher: StopMatcher, reader: CallReading | None) -> Delta | None:
         """Text held back for a stop string that did not come, at the answer's end."""
         if reader is not None:
             return reader.flush()

@@ -9,7 +9,7 @@ from typing import Protocol, TypeGuard
 
 from llmesh.errors import InvalidArgument
 from llmesh.kvhash import HashScheme
-from llmesh.types import KNOBS, Priority, Prompt, ResponseFormat, TokenLogprob, Tools
+from llmesh.types import KNOBS, Delta, FinishReason, Priority, Prompt, ResponseFormat, TokenLogprob, Tools
 from llmesh.engine.kvblocks import KvEvent
 
 
@@ -33,7 +33,8 @@ class DecodeParams:
     logprobs: int | None = None  # set: report log probabilities with this many alternatives
     response_format: ResponseFormat | None = None  # set: constrain decoding to this shape
     # set: the tools offered (tool_choice auto, required or a named function): decoding is constrained
-    # to llmesh.tool_prompt's call format (auto: text or calls), the prompt already shows them
+    # so that every call parses and matches its function's schema (the backend's call_reader reads
+    # them), the prompt already shows them (the backend's tokenize_chat)
     tools: Tools | None = None
     continued_tokens: int = 0  # the prompt's last N tokens are answer text produced elsewhere
     # The knobs (Capabilities.knobs), each at its "off" value unless the request set it: top_k 0
@@ -63,7 +64,8 @@ class Capabilities:
     knobs: frozenset[str] = frozenset()  # the sampling knobs it honours (Sampling.knobs' names)
     generates: bool = True          # answers Generate (False: an embedding-only backend, which refuses it)
     embeddings: bool = False        # has ``tokenize_inputs``, ``embed`` and ``max_input_tokens`` (Embed)
-    tools: bool = False             # honours DecodeParams.tools (a call always parses and matches its schema)
+    tools: bool = False             # honours DecodeParams.tools (a call always parses and matches its schema):
+                                    # has ``tokenize_chat(prompt, tools)`` and ``call_reader(tools, stops)``
 
 
 ALL_KNOBS = frozenset(KNOBS)  # llama.cpp's samplers and vLLM's SamplingParams have every one
@@ -134,8 +136,8 @@ class Backend(Protocol):
     async def close(self) -> None: ...
 
 
-# The optional methods, each behind its capability: narrow a Backend with has_steps, can_continue
-# or has_adapters before calling one.
+# The optional methods, each behind its capability: narrow a Backend with has_steps, can_continue,
+# calls_tools or has_adapters before calling one.
 class SteppingBackend(Backend, Protocol):
     def stream_steps(self, tokens: list[int], params: DecodeParams) -> AsyncGenerator[list[Piece], None]: ...
 
@@ -187,6 +189,29 @@ class EmbeddingOnly:
         return 0, 0
 
 
+class CallReading(Protocol):
+    """One answer's Deltas turned into text and ToolCalls (``llmesh.engine.toolcalls.CallReader``'s shape)."""
+    calls: int
+
+    @property
+    def stopped(self) -> bool: ...
+    def feed(self, delta: Delta) -> Delta | None: ...
+    def flush(self) -> Delta | None: ...
+    def reason(self, reason: FinishReason) -> FinishReason: ...
+
+
+class ToolBackend(Backend, Protocol):
+    def tokenize_chat(self, prompt: Prompt, tools: Tools | None) -> list[int]:
+        """The chat's tokens with the offered tools (``llmesh.tool_prompt.offered``) shown and the
+        history's calls and tool results rendered as this backend's calls are read."""
+        ...
+
+    def call_reader(self, tools: Tools, stops: tuple[str, ...]) -> CallReading:
+        """A reader for one answer to a request offering ``tools``, with the request's stop strings
+        (applied to text only, never inside a call)."""
+        ...
+
+
 class AdapterBackend(Backend, Protocol):
     async def load_adapter(self, name: str, path: str) -> None: ...
     async def unload_adapter(self, name: str) -> None: ...
@@ -202,6 +227,10 @@ def can_continue(backend: Backend) -> TypeGuard[ContinuingBackend]:
 
 def can_embed(backend: Backend) -> TypeGuard[EmbeddingBackend]:
     return backend.capabilities.embeddings
+
+
+def calls_tools(backend: Backend) -> TypeGuard[ToolBackend]:
+    return backend.capabilities.tools
 
 
 def has_adapters(backend: Backend) -> TypeGuard[AdapterBackend]:

@@ -10,6 +10,9 @@ typo: the error names it and the nearest field) or one an own setting sets."""
 from __future__ import annotations
 
 import difflib
+import os
+import tempfile
+import uuid
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -116,3 +119,11 @@ def pooling_engine_args(model: str, *, served_name: str | None, max_model_len: i
                        max_lora_rank=16, kv_events_endpoint=None, kv_events_config=None, options=options)
     del args["enable_prefix_caching"]
     return {**args, "runner": "pooling"}
+
+
+def default_kv_events_endpoint(endpoint_id: str) -> str:
+    """A local IPC socket, one per model load (a swap may run two engines at once):
+    vLLM's publisher binds it (it binds ipc://, inproc:// and wildcard endpoints and
+    connects to any other), nothing off this host can reach it."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in endpoint_id)
+    return f"ipc://{tempfile.gettempdir()}/llmesh-kv-{safe}-{os.getpid()}-{uuid.uuid4().hex[:8]}.sock"

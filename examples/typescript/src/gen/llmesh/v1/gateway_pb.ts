@@ -60,7 +60,7 @@ export type ChatRequest = Message<"llmesh.v1.ChatRequest"> & {
 
   /**
    * Functions the model may call, at most 128. Served by OpenAI-compatible
-   * providers and by llmesh engines whose backend calls tools (llamacpp); a model
+   * providers and by llmesh engines whose backend calls tools (llamacpp, vllm); a model
    * served only by other engines refuses a request with tools with
    * INVALID_ARGUMENT naming "tools".
    *
