@@ -24,8 +24,11 @@ OPEN_SERVICES = frozenset({"grpc.health.v1.Health", "grpc.reflection.v1alpha.Ser
                            "grpc.reflection.v1.ServerReflection"})
 
 # The client-facing API: applications call it with API keys or JWTs (the gateway's auth stage).
-PUBLIC_METHODS = frozenset({"/llmesh.v1.Gateway/Chat", "/llmesh.v1.Gateway/Complete",
-                            "/llmesh.v1.Gateway/ListModels", "/llmesh.v1.Gateway/Embed"})
+PUBLIC_METHODS = frozenset({f"/llmesh.v1.Gateway/{method}" for method in (
+    "Chat", "Complete", "ListModels", "Embed",
+    # the Batch API: a tenant's own files and batches
+    "CreateFile", "GetFile", "ListFiles", "GetFileContent", "DeleteFile",
+    "CreateBatch", "GetBatch", "ListBatches", "CancelBatch")})
 
 
 def _service(name: str, methods: Mapping[str, frozenset[str]]) -> dict[str, frozenset[str]]:
