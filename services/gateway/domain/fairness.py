@@ -97,6 +97,11 @@ class _Class:
         e.finish = e.start + e.cost / e.weight
         self.tags[e.tenant] = e.finish
 
+    def untag(self, e: Entry) -> None:
+        """A request that leaves unserved charges its tenant nothing (when it is the last one tagged)."""
+        if self.tags.get(e.tenant) == e.finish:
+            self.tags[e.tenant] = e.start
+
     def push(self, e: Entry) -> None:
         bisect.insort(self.tenants.setdefault(e.tenant, []), e, key=_order)
         self.arrivals[e] = None
@@ -171,6 +176,7 @@ class FairQueue:
         out: list[tuple[Entry, Refusal | None]] = []
         victim = self._room_for(e)
         if victim is None:
+            cls.untag(e)
             return [(e, self._refusal_full(e, rate, mean_cost))]
         if victim is not e:
             self._drop(victim)
@@ -303,7 +309,9 @@ class FairQueue:
         heapq.heappush(self._deadlines, (e.deadline, e.seq, e))
 
     def _drop(self, e: Entry) -> None:
-        self._classes[e.klass].remove(e)
+        cls = self._classes[e.klass]
+        cls.remove(e)
+        cls.untag(e)
         self._left(e)
 
     def _left(self, e: Entry) -> None:
