@@ -152,9 +152,6 @@ class GatewayApp:
         self.demand = DemandReporter(scheduler, self.holds, f"{socket.gethostname()}:{os.getpid()}",
                                      identity)
         self.metrics = GatewayMetrics(platform.metrics, known=self._known_model)
-        self.flow = FlowController(self._current, self._capacity, settings.queue_full_retry_after_s,
-                                   metrics=FlowMetrics(platform.metrics))
-        self.picker.on_table.append(self.flow.poke)
         mesh = platform.settings
         self.redis = _redis(mesh.redis_url) if mesh.redis_url else None
         self._authentication(settings, mesh)
@@ -217,6 +214,7 @@ class GatewayApp:
                                       on_fallback=self.metrics.limits_fallback.inc)
         audit = (AuditStage(self.audit, settings.audit_required, self.metrics.audit_failures.inc)
                  if self.audit else None)
+        self.flow = self._flow_control(settings, platform)
         return [*([audit] if audit else []),
                 AuthenticateStage(self.authenticator), ValidateStage(), AuthorizeStage(current),
                 CascadeStage(current, CascadeMetrics(platform.metrics)),  # a cascade alias -> its cheap model
@@ -238,6 +236,13 @@ class GatewayApp:
         now = time.monotonic()  # a generative replica, or an embedding one
         return bool(self.picker.candidates(PickInput(model=model, now=now))
                     or self.picker.candidates(PickInput(model=model, now=now, embed=True)))
+
+    def _flow_control(self, settings: GatewaySettings, platform: Platform) -> FlowController:
+        """Flow control's queues, told of every new endpoint table (capacity may have freed)."""
+        flow = FlowController(self._current, self._capacity, settings.queue_full_retry_after_s,
+                              metrics=FlowMetrics(platform.metrics))
+        self.picker.on_table.append(flow.poke)
+        return flow
 
     def _capacity(self, model: str, embed: bool, engine_queue: int) -> tuple[int, int, int]:
         """The model's endpoints' slots for flow control: (free, in all, ours in flight)."""

@@ -269,7 +269,10 @@ class FlowClass(_Strict):
                                           "class moves up one class; unset: never")
 
 
-def _flow_classes() -> dict[str, FlowClass]:
+ClassName = Literal["critical", "standard", "batch"]
+
+
+def _flow_classes() -> dict[ClassName, FlowClass]:
     return {"critical": FlowClass(reserved_share=0.2), "standard": FlowClass(promote_after_s=30),
             "batch": FlowClass(promote_after_s=120)}
 
@@ -287,7 +290,8 @@ class FlowControl(_Strict):
                               "running slots into its own queue (at most its max_waiting): its capacity")
     default_output_tokens: int = Field(default=256, ge=1, description="expected output tokens of a request that "
                                        "sets no max_tokens (its cost in the fair order)")
-    classes: dict[Literal["critical", "standard", "batch"], FlowClass] = Field(default_factory=_flow_classes)
+    classes: dict[ClassName, FlowClass] = Field(default_factory=_flow_classes, description="each class's reserved "
+                                                "share and promotion; a class left out has neither")
 
     @model_validator(mode="after")
     def _reservations_leave_room(self) -> FlowControl:

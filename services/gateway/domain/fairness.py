@@ -206,9 +206,8 @@ class FairQueue:
             if (v := self._classes[k].newest()) is not None:
                 return v
         v = self._classes[e.klass].newest()  # the same class: the longest queue gives way to a shorter one
-        if v is not None and v.tenant != e.tenant and self._per_tenant[v.tenant] > self._per_tenant.get(e.tenant, 0) + 1:
-            return v
-        return None
+        mine = self._per_tenant.get(e.tenant, 0)
+        return v if v is not None and v.tenant != e.tenant and self._per_tenant[v.tenant] > mine + 1 else None
 
     def _refusal_full(self, e: Entry, rate: float | None, mean_cost: float) -> Refusal:
         tenant_full = self._per_tenant.get(e.tenant, 0) >= self.rules.max_queued_per_tenant
