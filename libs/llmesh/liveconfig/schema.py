@@ -290,6 +290,12 @@ class FlowControl(_Strict):
                               "running slots into its own queue (at most its max_waiting): its capacity")
     default_output_tokens: int = Field(default=256, ge=1, description="expected output tokens of a request that "
                                        "sets no max_tokens (its cost in the fair order)")
+    burst_tokens: int = Field(default=2048, ge=0, le=10_000_000, description="tokens a tenant with nothing waiting "
+                              "may go ahead of the backlogged ones (per weight): a quiet tenant's burst is served "
+                              "first; 0: strict start-time fair queueing")
+    quiet_share: float = Field(default=0.0, ge=0, lt=1, description="share of a model's engine slots only a "
+                               "request whose tenant has nothing waiting may take: a light tenant's request finds "
+                               "a slot at once behind a flood (those slots idle otherwise)")
     classes: dict[ClassName, FlowClass] = Field(default_factory=_flow_classes, description="each class's reserved "
                                                 "share and promotion; a class left out has neither")
 

@@ -8,10 +8,15 @@ flow stage drives it and turns its verdicts into answers).
   the queued request with the smallest start goes first, and ``V`` (the class's virtual
   time) becomes its start. A tenant that sends ten times more only queues ten times deeper:
   under contention each tenant's served tokens follow its weight. An idle tenant earns no
-  credit (its next start is at least ``V``).
+  more credit than ``burst_tokens`` (its next start is at least ``V - burst_tokens / weight``):
+  a quiet tenant's short burst goes ahead of a backlogged one, and no tenant's lead grows
+  past that bound, so long-run shares still follow the weights.
 - **Classes** (``batch`` < ``standard`` < ``critical``) each have their own fair queue; a
   higher class goes first, except that a class's reserved share of the model's slots, while
   that class does not use it, is held back from the others.
+- **Quiet tenants**: a share of the slots (``quiet_share``) is left to requests whose tenant
+  had nothing queued in their class when they came, so a light tenant's request finds a slot
+  at once instead of waiting for the next one to free behind a flood.
 - **Bounds**: per tenant and overall. A full queue sheds the newest queued request of a lower
   class than the newcomer's (``preempted``), else, overall, of the tenant with the longest
   queue in the newcomer's class (``shed``), else refuses the newcomer. Only queued requests
@@ -29,6 +34,7 @@ import heapq
 import itertools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import cast
 
 CLASSES = ("batch", "standard", "critical")  # lowest first; an entry's ``klass`` is an index here
 TAGS_KEPT = 1024  # past this many tenants' finish tags, those no longer ahead of V are dropped
@@ -45,6 +51,8 @@ class Rules:
     max_queued_per_tenant: int = 256
     max_queued: int = 4096
     classes: Mapping[str, ClassRule] = field(default_factory=dict)  # by class name; absent: ClassRule()
+    burst_tokens: float = 0.0  # how far behind V a tenant's next start may be: a quiet tenant's burst goes first
+    quiet_share: float = 0.0  # of the model's slots, only for a request whose tenant had nothing queued
 
     def rule(self, klass: int) -> ClassRule:
         return self.classes.get(CLASSES[klass]) or ClassRule()
@@ -65,6 +73,7 @@ class Entry:
     class_since: float = 0.0  # when it joined its class (promotion counts from here)
     queued: bool = False
     released: bool = False
+    quiet: bool = False  # its tenant had nothing queued in its class when it came
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,8 +101,8 @@ class _Class:
         self.inflight = 0  # released here and not done
         self.size = 0
 
-    def tag(self, e: Entry) -> None:
-        e.start = max(self.vtime, self.tags.get(e.tenant, 0.0))
+    def tag(self, e: Entry, credit: float) -> None:
+        e.start = max(self.vtime - credit / e.weight, self.tags.get(e.tenant, 0.0))
         e.finish = e.start + e.cost / e.weight
         self.tags[e.tenant] = e.finish
 
@@ -172,7 +181,8 @@ class FairQueue:
         cost per second (None: not known yet), ``mean_cost``: a finished request's mean cost."""
         e.seq, e.class_since = next(self._seq), now
         cls = self._classes[e.klass]
-        cls.tag(e)
+        cls.tag(e, self.rules.burst_tokens)
+        e.quiet = e.tenant not in cls.tenants
         out: list[tuple[Entry, Refusal | None]] = []
         victim = self._room_for(e)
         if victim is None:
@@ -218,13 +228,14 @@ class FairQueue:
         use a slot first (a class's unused reservation of ``total`` is not for the others),
         in fair order within it."""
         released: list[Entry] = []
+        quiet = int(self.rules.quiet_share * total)
         while free > 0:
             unused = [max(0, int(self.rules.rule(k).reserved_share * total) - c.inflight)
                       for k, c in enumerate(self._classes)]
             held = sum(unused)
             for k in reversed(range(len(CLASSES))):
                 cls = self._classes[k]
-                if cls.size and free - (held - unused[k]) > 0:
+                if cls.size and free - (held - unused[k]) - (0 if cast(Entry, cls.head()).quiet else quiet) > 0:
                     e = cls.pop()
                     self._left(e)
                     e.released = True

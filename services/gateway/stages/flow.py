@@ -87,7 +87,8 @@ class FlowController:
         fc = self._config().flow_control
         if self._rules is None or self._rules[0] is not fc:
             self._rules = fc, Rules(fc.max_queued_per_tenant, fc.max_queued,
-                                    {k: ClassRule(c.reserved_share, c.promote_after_s) for k, c in fc.classes.items()})
+                                    {k: ClassRule(c.reserved_share, c.promote_after_s) for k, c in fc.classes.items()},
+                                    fc.burst_tokens, fc.quiet_share)
         return self._rules[1]
 
     def _free(self, model: str, m: _Model) -> tuple[int, int]:
