@@ -174,11 +174,12 @@ class FairQueue:
         return self._per_tenant.get(tenant, 0)
 
     def offer(self, e: Entry, now: float, free: int, total: int, rate: float | None = None,
-              mean_cost: float = 0.0) -> list[tuple[Entry, Refusal | None]]:
+              mean_cost: float = 0.0, tenant_rate: float | None = None) -> list[tuple[Entry, Refusal | None]]:
         """Queues ``e`` and releases what the ``free`` slots (of ``total``) allow. Returns each
         entry that left the queue: None for released, else why it was refused (``e`` among them
         when it was refused or released at once). ``rate``: the model's measured throughput in
-        cost per second (None: not known yet), ``mean_cost``: a finished request's mean cost."""
+        cost per second (None: not known yet), ``mean_cost``: a finished request's mean cost,
+        ``tenant_rate``: the throughput ``e``'s tenant got (a backlogged tenant gets its share)."""
         e.seq, e.class_since = next(self._seq), now
         cls = self._classes[e.klass]
         cls.tag(e, self.rules.burst_tokens)
@@ -195,7 +196,7 @@ class FairQueue:
         self._push(e)
         out += [(r, None) for r in self.release(free, total)]
         if e.queued and rate:
-            wait = self._estimate(e, rate, mean_cost)
+            wait = self._estimate(e, rate, mean_cost, tenant_rate)
             if now + wait > e.deadline:
                 self._drop(e)
                 out.append((e, Refusal("deadline", wait)))
@@ -298,17 +299,20 @@ class FairQueue:
                 return
             yield e
 
-    def estimate(self, e: Entry, rate: float | None, mean_cost: float) -> float:
+    def _estimate(self, e: Entry, rate: float | None, mean_cost: float, tenant_rate: float | None = None) -> float:
         """Seconds until a queued ``e`` gets a slot: the cost queued ahead of it (higher
-        classes, and its own class before it in fair order) plus one request's, over ``rate``."""
-        return self._estimate(e, rate, mean_cost)
-
-    def _estimate(self, e: Entry, rate: float | None, mean_cost: float) -> float:
+        classes, and its own class before it in fair order) plus one request's, over ``rate``;
+        at least its own tenant's cost ahead of it over what that tenant is being served at."""
         if not rate:
             return self._retry_after_s
         ahead = sum(x.cost for c in self._classes[e.klass + 1:] for x in c.arrivals)
-        ahead += sum(x.cost for x in self._classes[e.klass].arrivals if x is not e and _order(x) < _order(e))
-        return (ahead + (mean_cost or e.cost)) / rate
+        mine = 0.0
+        for x in self._classes[e.klass].arrivals:
+            if x is not e and _order(x) < _order(e):
+                ahead += x.cost
+                mine += x.cost if x.tenant == e.tenant else 0.0
+        wait = (ahead + (mean_cost or e.cost)) / rate
+        return max(wait, (mine + e.cost) / tenant_rate) if mine and tenant_rate else wait
 
     def _push(self, e: Entry) -> None:
         self._classes[e.klass].push(e)

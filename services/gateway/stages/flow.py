@@ -32,6 +32,7 @@ from llmesh.gateway.upstream.picking.types import work_tokens
 log = logging.getLogger("llmesh.gateway.flow")
 
 CLASS_OF = {Priority.LOW: 0, Priority.NORMAL: 1, Priority.HIGH: 2}  # batch, standard, critical
+MAX_METERED = 1024  # tenants whose own throughput a model's queue tracks at most
 TICK_S = 0.1  # while requests wait: expiry, promotion and capacity looked at again this often at least
 WHY = {"queue_full": "the model's queue is full", "tenant_queue_full": "this tenant's queue for the model is full",
        "preempted": "a request of a higher class took its place in the queue",
@@ -64,6 +65,7 @@ class _Model:
     queue: FairQueue
     embed: bool
     meter: Throughput = field(default_factory=Throughput)
+    tenants: dict[str, Throughput] = field(default_factory=dict)  # each tenant's share of it (bounded)
     waiters: dict[Entry, asyncio.Future[None]] = field(default_factory=dict)
     counted: dict[Entry, int] = field(default_factory=dict)  # queued entries, by the class they are counted in
     released: int = 0  # entries holding a slot
@@ -109,7 +111,9 @@ class FlowController:
         now = self._clock()
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         m.waiters[entry] = fut
-        self._settle(model, m, m.queue.offer(entry, now, free, total, m.meter.rate(now), m.meter.mean_cost()))
+        mine = m.tenants.get(entry.tenant)
+        self._settle(model, m, m.queue.offer(entry, now, free, total, m.meter.rate(now), m.meter.mean_cost(),
+                                             mine.rate(now) if mine is not None else None))
         if entry.queued:
             self._count(model, m, entry)
             self._wake.set()
@@ -132,7 +136,12 @@ class FlowController:
             m.released -= 1
         m.queue.done(entry)
         if served:
-            m.meter.record(self._clock(), entry.cost)
+            now = self._clock()
+            m.meter.record(now, entry.cost)
+            if entry.tenant not in m.tenants and len(m.tenants) >= MAX_METERED:
+                m.tenants = {t: x for t, x in m.tenants.items() if x.rate(now) is not None}  # the active ones
+            if entry.tenant in m.tenants or len(m.tenants) < MAX_METERED:
+                m.tenants.setdefault(entry.tenant, Throughput()).record(now, entry.cost)
         self._release(model, m)
 
     def poke(self) -> None:
