@@ -196,3 +196,43 @@ def test_throughput_is_unknown_until_enough_requests_finished():
     meter.record(3.0, 100)
     assert meter.rate(3.0) == 100.0 and meter.mean_cost() == 100
     assert meter.rate(100.0) is None  # the window moved past them
+
+
+def test_a_quiet_tenants_burst_goes_ahead_within_its_credit_only():
+    q = FairQueue(Rules(burst_tokens=200))
+    for _ in range(20):
+        q.offer(entry("heavy"), 0.0, free=0, total=10)
+    served_order(q, 10)
+    for _ in range(4):  # 400 tokens at once: the first 2 go ahead of the backlog, the rest take turns
+        q.offer(entry("light"), 0.0, free=0, total=10)
+    assert served_order(q, 4) == ["light", "light", "light", "heavy"]
+
+
+def test_quiet_slots_are_left_to_a_tenant_with_nothing_waiting():
+    q = FairQueue(Rules(quiet_share=0.2))
+    for _ in range(20):
+        q.offer(entry("heavy"), 0.0, free=0, total=10)
+    assert len(q.release(10, 10)) == 8  # the backlog leaves 2 of 10 slots free
+    q.offer(light := entry("light"), 0.0, free=0, total=10)
+    assert q.release(2, 10) == [light]  # it had nothing waiting: it takes one of them, the backlog none
+
+
+def test_a_backlogged_tenants_estimate_counts_its_own_share():
+    q = FairQueue(Rules())
+    for _ in range(10):
+        q.offer(entry("heavy"), 0.0, free=0, total=10)
+    # 1000 tokens of its own ahead; the model serves 1000 tokens/s but this tenant gets 100 of them
+    out = q.offer(entry("heavy", deadline=5.0), 0.0, free=0, total=10, rate=1000.0, mean_cost=100.0,
+                  tenant_rate=100.0)
+    [(_, why)] = out
+    assert why is not None and why.reason == "deadline" and why.retry_after_s == 11.0
+    out = q.offer(light := entry("light", deadline=5.0), 0.0, free=0, total=10, rate=1000.0, mean_cost=100.0)
+    assert out == [] and light.queued  # it has nothing ahead of its own: it goes at the model's rate
+
+
+def test_a_refused_request_charges_its_tenant_nothing():
+    q = FairQueue(Rules(max_queued_per_tenant=1))
+    q.offer(first := entry("a"), 0.0, free=0, total=10)
+    q.offer(entry("a"), 0.0, free=0, total=10)  # refused: tenant_queue_full
+    q.offer(second := entry("a"), 0.0, free=0, total=10)  # refused too
+    assert second.start == first.finish
