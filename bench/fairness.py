@@ -42,7 +42,8 @@ CLASS = {"heavy": "standard", "light": "standard", "vip": "critical"}
 QUIET = 0.1  # of the slots, left to tenants with nothing waiting (light)
 CONFIG = {
     "tenants": {"heavy": {"weight": 1}, "light": {"weight": 1}, "vip": {"priority": "high"}},
-    "flow_control": {"enabled": True, "max_queued_per_tenant": 256, "max_queued": 2048, "burst_tokens": 512, "quiet_share": QUIET,
+    "flow_control": {"enabled": True, "max_queued_per_tenant": 256, "max_queued": 2048, "burst_tokens": 512,
+                     "quiet_share": QUIET,
                      "classes": {"critical": {"reserved_share": 0.2}, "standard": {"promote_after_s": 30},
                                  "batch": {"promote_after_s": 60}}},
 }
