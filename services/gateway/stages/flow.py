@@ -184,10 +184,11 @@ class FlowController:
     def tick(self) -> float | None:
         """Deadlines, promotions and freed capacity, for every model; returns when to look again
         (None: nothing waits)."""
-        now, wake = self._clock(), None
+        now, wake, rules = self._clock(), None, self.rules()
         for model, m in self._models.items():
             if not m.queue.queued:
                 continue
+            m.queue.rules = rules  # a new live config applies to those waiting too
             self._settle(model, m, [(e, r) for e, r in m.queue.expire(now)])
             for e in m.queue.promote(now):
                 self._uncount(model, m, e)
@@ -233,9 +234,9 @@ class FlowStage(Stage):
             return
         req = ctx.req
         cost = work_tokens(req.prompt, req.sampling.max_tokens, fc.default_output_tokens, req.inputs)
+        now = self._clock()
         entry = Entry(tenant=req.tenant, klass=CLASS_OF.get(req.priority, 1), cost=float(max(cost, 1)),
-                      arrived=self._clock(), deadline=self._clock() + req.timeout_s,
-                      weight=config.tenant(req.tenant).weight)
+                      arrived=now, deadline=now + req.timeout_s, weight=config.tenant(req.tenant).weight)
         ctx.wrap(partial(self._held, entry))
 
     async def _held(self, entry: Entry, req: CompletionRequest, upstream: Upstream) -> Items:
