@@ -161,3 +161,38 @@ async def test_a_model_without_known_endpoints_passes_through():
     task, got = await start(stage, request("a"), up)
     await asyncio.wait_for(task, 5)
     assert [type(i) for i in got] == [Delta, Finish]
+
+
+class Recorder:
+    def __init__(self):
+        self.depth: dict[tuple[str, str], int] = {}
+        self.waits: list[tuple[str, str]] = []
+        self.refusals: list[tuple[str, str, str]] = []
+
+    def queued(self, model, tenant, klass, delta):
+        self.depth[(tenant, klass)] = self.depth.get((tenant, klass), 0) + delta
+
+    def waited(self, model, tenant, klass, seconds):
+        self.waits.append((tenant, klass))
+
+    def refused(self, model, tenant, klass, reason):
+        self.refusals.append((tenant, klass, reason))
+
+
+async def test_a_starved_batch_request_is_promoted_and_the_depth_follows_it():
+    slots, clock, seen = Slots(1), Clock(), Recorder()
+    cfg = MeshConfig(flow_control=FlowControl(enabled=True, classes={"batch": {"promote_after_s": 5}}))
+    flow = FlowController(lambda: cfg, slots.capacity, clock=clock, metrics=seen)
+    stage, up = FlowStage(flow, lambda: cfg, clock=clock), Upstream(slots)
+    holder, _ = await start(stage, request("a"), up)
+    await settle()
+    starved, got = await start(stage, request("b", Priority.LOW), up)
+    await settle()
+    assert seen.depth == {("b", "batch"): 1}
+    clock.now = 5.0
+    flow.tick()
+    assert seen.depth == {("b", "batch"): 0, ("b", "standard"): 1}  # waiting now as a standard request
+    up.go.set()
+    await asyncio.wait_for(asyncio.gather(holder, starved), 5)
+    assert seen.depth[("b", "standard")] == 0 and ("b", "standard") in seen.waits
+    assert [type(i) for i in got] == [Delta, Finish] and seen.refusals == []
