@@ -196,3 +196,20 @@ async def test_a_starved_batch_request_is_promoted_and_the_depth_follows_it():
     await asyncio.wait_for(asyncio.gather(holder, starved), 5)
     assert seen.depth[("b", "standard")] == 0 and ("b", "standard") in seen.waits
     assert [type(i) for i in got] == [Delta, Finish] and seen.refusals == []
+
+
+async def test_a_client_gone_while_waiting_leaves_the_queue():
+    slots, cfg, seen = Slots(1), config(), Recorder()
+    flow = FlowController(lambda: cfg, slots.capacity, metrics=seen)
+    stage, up = FlowStage(flow, lambda: cfg), Upstream(slots)
+    holder, _ = await start(stage, request("a"), up)
+    await settle()
+    waiting, _ = await start(stage, request("b"), up)
+    await settle()
+    assert seen.depth == {("b", "standard"): 1}
+    waiting.cancel()
+    await asyncio.gather(waiting, return_exceptions=True)
+    assert seen.depth == {("b", "standard"): 0}
+    up.go.set()
+    await asyncio.wait_for(holder, 5)
+    assert slots.used == 0 and seen.waits == [("a", "standard")]  # nothing was released for the one that left
