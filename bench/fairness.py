@@ -67,6 +67,15 @@ class Phase:
     rates: dict[str, float]
     seconds: float
     results: list[Result] = field(default_factory=list)
+    lag_ms: list[float] = field(default_factory=list)  # the bench client's own event-loop lag, sampled
+
+
+async def watch_lag(phase: Phase, every_s: float = 0.05) -> None:
+    """How late the client's loop wakes: past a few ms, its timings measure this machine, not the mesh."""
+    while True:
+        start = time.perf_counter()
+        await asyncio.sleep(every_s)
+        phase.lag_ms.append((time.perf_counter() - start - every_s) * 1000)
 
 
 async def one(client: httpx.AsyncClient, url: str, key: str, r: Result, t0: float, deadline_s: float,
@@ -111,7 +120,9 @@ async def run_phase(url: str, keys: dict[str, str], phase: Phase, deadline_s: fl
                 tasks.append(asyncio.create_task(one(client, url, keys[tenant], r, t0, deadline_s, max_tokens)))
                 t += rng.expovariate(rate)
 
+        lag = asyncio.create_task(watch_lag(phase))
         await asyncio.gather(*(arrivals(t, rate) for t, rate in phase.rates.items() if rate > 0))
+        lag.cancel()
         for task in tasks:  # the phase is over: what is still streaming or waiting is cut off
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -139,6 +150,9 @@ def summary(phase: Phase, warmup_s: float, deadline_s: float) -> dict:
             "ttft_ms": {"p50": round(pct(ttft, 50), 1), "p90": round(pct(ttft, 90), 1), "p99": round(pct(ttft, 99), 1)},
             "refusals": refusals, "answered_past_deadline": late}
     out["served_tokens_per_s"] = round(sum(served.values()), 1)
+    if phase.lag_ms:  # the mesh run's client: a lag of seconds means the figures are this machine's
+        out["client_loop_lag_ms"] = {"p50": round(pct(phase.lag_ms, 50), 1), "p99": round(pct(phase.lag_ms, 99), 1),
+                                     "max": round(max(phase.lag_ms), 1)}
     std = served.get("heavy", 0) + served.get("light", 0)
     if std:
         capacity = std  # the standard class's served tokens/s: split max-min fairly, weights 1:1
