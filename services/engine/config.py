@@ -58,7 +58,15 @@ class EngineSettings(ServiceSettings):
 
     # vllm (GPU; the optional `vllm` extra)
     vllm_model_path: str | None = Field(default=None, description="HF model directory or id; served as `model`")
-    vllm_max_model_len: int = Field(default=4096, ge=16)
+    vllm_runner: Literal["auto", "generate", "pooling"] = Field(
+        default="auto", description="what a vllm engine serves: generate (Generate: chat and completions) or "
+        "pooling (Embed: an embedding model on vLLM's pooling runner, with the pooling and normalization the "
+        "model's sentence-transformers files state); auto: pooling for a sentence-transformers model (its "
+        "modules.json names a Pooling module, as vLLM's own auto decides), else generate")
+    vllm_max_model_len: int | None = Field(default=None, ge=16, description="vLLM's max_model_len: the tokens "
+                                           "of a sequence; unset: 4096 when generating, the model's own limit "
+                                           "when pooling (all-MiniLM-L6-v2: 256); an embedding input over it "
+                                           "is refused")
     vllm_gpu_memory_utilization: float = Field(default=0.85, gt=0, le=1, description="the GPU memory share "
                                                "vLLM reserves; a model swap that cannot fit two unloads first")
     vllm_kv_events: bool = Field(default=True, description="relay vLLM's KV-cache events to the scheduler")

@@ -4,22 +4,23 @@ the backend's token stream into final text deltas, a finish reason and usage."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable
 from contextlib import aclosing
 from dataclasses import dataclass, replace
 from typing import cast
 
 from llmesh.errors import (ContextLengthExceeded, InputTooLong, InvalidArgument, ModelNotFound, NotEmbedding,
                            NotGenerative)
-from llmesh.tool_prompt import offered, render
+from llmesh.tool_prompt import offered
 from llmesh.types import Delta, Finish, FinishReason, Priority, Prompt, Sampling, TokenLogprob, Tools, Usage
 from llmesh.validation import check_request, uses_tools
 from llmesh.engine.admission import Admission
-from llmesh.engine.backends.base import Backend, DecodeParams, Piece, Token, can_continue, can_embed, steps_of
+from llmesh.engine.backends.base import (Backend, CallReading, DecodeParams, EmbeddingBackend, Piece, Token,
+                                         calls_tools, can_continue, can_embed, steps_of)
 from llmesh.engine.metrics import EngineMetrics
 from llmesh.engine.stops import StopMatcher
-from llmesh.engine.toolcalls import CallReader
 
 
 class _Timing:
@@ -113,8 +114,9 @@ class EngineCore:
         With tools offered, calls come out as Deltas' ``tool_calls`` (``CallReader``)."""
         backend = self.backend  # one request, one backend, even if a model load swaps it meanwhile
         tokens, params = self._prepare(backend, model, prompt, sampling, priority, continuation, tools)
-        # with tools, the reader applies the stop strings, to a text answer only (never inside a call)
-        reader = None if params.tools is None else CallReader(params.tools.choice != "auto", sampling.stop)
+        # with tools, the backend's reader applies the stop strings, to text only (never inside a call)
+        reader = backend.call_reader(params.tools, sampling.stop) \
+            if params.tools is not None and calls_tools(backend) else None
         arrived = time.monotonic()
         self._enter(backend, model)
         try:
@@ -168,8 +170,8 @@ class EngineCore:
     async def embed(self, model: str, texts: list[str], dimensions: int | None = None,
                     priority: Priority = Priority.NORMAL) -> Embedded:
         """The embeddings of ``texts`` (bounded by the proto's rules) on a backend that serves
-        them: tokenized and embedded in a thread (numpy releases the GIL), in an admission
-        slot like any request. An input over the model's limit is refused, never truncated."""
+        them: tokenized in a thread and embedded (``run_embed``) in an admission slot like any
+        request. An input over the model's limit is refused, never truncated."""
         backend = self.backend
         self._check_model(backend, model)
         if not can_embed(backend):
@@ -190,12 +192,7 @@ class EngineCore:
                 raise InvalidArgument(f"The inputs have {tokens} tokens together; at most {MAX_EMBED_TOKENS} per "
                                       "request: split them over several.", param="input")
             async with self.admission.slot(priority):
-                work = asyncio.ensure_future(asyncio.to_thread(backend.embed, ids))
-                try:
-                    vectors = await asyncio.shield(work)
-                except asyncio.CancelledError:  # a thread cannot be stopped: its slot stays taken until it ends
-                    await asyncio.wait([work])
-                    raise
+                vectors = await run_embed(backend, ids)
             if self.metrics is not None:
                 self.metrics.prompt_tokens.inc(tokens)
                 self.metrics.request_prompt_tokens.observe(tokens)
@@ -215,9 +212,8 @@ class EngineCore:
         self._check_tools(backend, prompt, sampling, tools)
         check_request(model, prompt, sampling, tools=tools, tools_allowed=True)
         self._check_capabilities(backend, sampling)
-        if backend.capabilities.tools and prompt.is_chat:
-            prompt = render(prompt, tools)
-        tokens = backend.tokenize(prompt)
+        tokens = backend.tokenize_chat(prompt, tools) if calls_tools(backend) and prompt.is_chat \
+            else backend.tokenize(prompt)
         if not tokens:
             raise InvalidArgument("The prompt is empty.", param="messages" if prompt.is_chat else "prompt")
         answered: list[int] = []
@@ -246,7 +242,7 @@ class EngineCore:
             del self._by_name[model]
 
     @staticmethod
-    def _rest(matcher: StopMatcher, reader: CallReader | None) -> Delta | None:
+    def _rest(matcher: StopMatcher, reader: CallReading | None) -> Delta | None:
         """Text held back for a stop string that did not come, at the answer's end."""
         if reader is not None:
             return reader.flush()
@@ -287,7 +283,7 @@ class EngineCore:
         started = time.monotonic()
         try:
             if can_embed(backend) and not backend.capabilities.generates:  # an embedder's test: one vector
-                vectors = await asyncio.to_thread(backend.embed, backend.tokenize_inputs(["ping"]))
+                vectors = await run_embed(backend, backend.tokenize_inputs(["ping"]))
                 ok = len(vectors) == 1 and len(vectors[0]) > 0
                 return ok, "" if ok else "the backend produced no vector", (time.monotonic() - started) * 1000
             tokens = backend.tokenize(Prompt(text="ping"))
@@ -357,3 +353,18 @@ class EngineCore:
                             repetition_penalty=knobs.get("repetition_penalty", 1.0),
                             presence_penalty=knobs.get("presence_penalty", 0.0),
                             frequency_penalty=knobs.get("frequency_penalty", 0.0))
+
+
+async def run_embed(backend: EmbeddingBackend, ids: list[list[int]]) -> list[list[float]]:
+    """``backend.embed(ids)``: awaited where it is a coroutine function (vLLM's engine embeds
+    asynchronously; cancelling it aborts its requests), else run in a thread (numpy releases
+    the GIL), which cannot be stopped: a cancelled caller waits for it, so its slot stays taken
+    until it ends."""
+    if inspect.iscoroutinefunction(backend.embed):
+        return await cast(Awaitable[list[list[float]]], backend.embed(ids))
+    work = asyncio.ensure_future(asyncio.to_thread(backend.embed, ids))
+    try:
+        return cast(list[list[float]], await asyncio.shield(work))
+    except asyncio.CancelledError:
+        await asyncio.wait([work])
+        raise

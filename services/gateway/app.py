@@ -35,6 +35,14 @@ from llmesh.gateway.domain.limits_redis import RedisLimiter
 from llmesh.gateway.domain.prompt_tokens import PromptTokens
 from llmesh.gateway.domain.holds import Holds
 from llmesh.gateway.domain.tokens import TokenCounter
+from llmesh.gateway.domain.batches.kv import DirKv, Kv
+from llmesh.gateway.domain.batches.kv_redis import RedisKv
+from llmesh.gateway.domain.batches.queue import LocalQueue, WorkQueue
+from llmesh.gateway.domain.batches.queue_redis import StreamQueue
+from llmesh.gateway.domain.batches.runner import BatchRunner, RunnerSettings
+from llmesh.gateway.domain.batches.service import BatchLimits, BatchService
+from llmesh.gateway.domain.batches.store import BatchStore
+from llmesh.gateway.fronts.batches import BatchFront
 from llmesh.gateway.fronts.body import BodyReader
 from llmesh.gateway.fronts.http import HttpFront
 from llmesh.gateway.fronts.servicer import GatewayServicer
@@ -173,11 +181,10 @@ class GatewayApp:
                                  retry_after_s=settings.queue_full_retry_after_s,
                                  lost_engine_hold_s=settings.lost_engine_hold_s)
         self._draining = False
-        bodies = BodyReader(self.guard_workers.call if self.guard_workers else None, settings.body_offload_bytes,
-                            settings.guard_workers)
-        self.http = HttpFront(self.pipeline, self.models_for, lambda: not self._draining,
-                              settings.request_timeout_s, settings.body_timeout_s, bodies)
-        servicer = GatewayServicer(self.pipeline, self.models_for, settings.request_timeout_s)
+        self.batches = self._batch_service(settings, mesh)
+        self.http = self._http_front(settings)
+        servicer = GatewayServicer(self.pipeline, self.models_for, settings.request_timeout_s,
+                                   (self.batches, self.authenticator.authenticate))
         self.grpc = GrpcServer(settings.address, [ServiceBinding(
             "llmesh.v1.Gateway", servicer, gateway_pb2_grpc.add_GatewayServicer_to_server,
             unparsed=servicer.unparsed)], tracer=platform.tracing.tracer,
@@ -197,6 +204,37 @@ class GatewayApp:
         self.authenticator = Authenticator(self.keys, _jwt_verifier(settings), local=self.auth_mode.local,
                                            store_errors=STORE_ERRORS,
                                            on_size=lambda kind, n: self.metrics.auth_cache.labels(kind).set(n))
+
+    def _http_front(self, settings: GatewaySettings) -> HttpFront:
+        bodies = BodyReader(self.guard_workers.call if self.guard_workers else None, settings.body_offload_bytes,
+                            settings.guard_workers)  # a large body parsed off the event loop
+        batch_front = BatchFront(self.batches, self.authenticator.authenticate, settings.body_timeout_s)
+        return HttpFront(self.pipeline, self.models_for, lambda: not self._draining, settings.request_timeout_s,
+                         settings.body_timeout_s, bodies, batch_front)
+
+    def _batch_service(self, settings: GatewaySettings, mesh: MeshSettings) -> BatchService:
+        """The Batch API's store and queue: Redis (a stream with a consumer group, shared by every
+        gateway worker) when there is one, else a directory and an in-process queue."""
+        kv: Kv
+        if self.redis is not None:
+            kv = RedisKv(self.redis, settings.batch_retention_s)
+            self._batch_queue: WorkQueue = StreamQueue(self.redis, settings.batch_claim_idle_s)
+        else:
+            kv = DirKv(settings.batch_dir or mesh.state_dir / "batches")
+            self._batch_queue = LocalQueue()
+        store = BatchStore(kv)
+        # each line through the HTTP front's own parsing, pipeline and encoding (built after this)
+        self.batch_runner = BatchRunner(store, self._batch_queue, lambda *line: self.http.run_line(*line),
+                                        self._waiting,
+                                        RunnerSettings(settings.batch_in_flight, settings.batch_busy_in_flight,
+                                                       stale_finalizing_s=settings.batch_claim_idle_s / 2))
+        self._batch_task: asyncio.Task[None] | None = None
+        return BatchService(store, self._batch_queue, BatchLimits(
+            settings.batch_max_file_bytes, settings.batch_max_lines, settings.batch_max_files))
+
+    def _waiting(self) -> int:
+        """Requests the engines report waiting: batch lines yield while there are any."""
+        return sum(e.waiting for e in self.picker.all() if e.healthy)
 
     def _current(self) -> MeshConfig:
         return self.config.current
@@ -296,6 +334,9 @@ class GatewayApp:
                 self._tasks[-1].result()  # re-raise the bind error
                 raise OSError(f"HTTP server did not start on {self.settings.http_host}:{self.settings.http_port}")
             await asyncio.sleep(0.01)
+        if self.redis is None:
+            await self.batches.resume()  # the in-process queue began empty: open batches' lines again
+        self._batch_task = asyncio.create_task(self.batch_runner.run(), name="batch-runner")
         # What start-up built (protos, models, settings, clients) lives as long as the process: the cyclic
         # collector stops walking it on every full collection (~20 us of a request's CPU).
         gc.collect()
@@ -306,7 +347,10 @@ class GatewayApp:
     async def stop(self, grace: float) -> None:
         self._draining = True
         self._uvicorn.should_exit = True  # stops accepting; in-flight responses finish
-        await asyncio.gather(self.grpc.stop(grace), self._tasks[-1], return_exceptions=True)
+        if self._batch_task is not None:
+            self._batch_task.cancel()  # no new lines; those in flight get the grace
+        await asyncio.gather(self.grpc.stop(grace), self._tasks[-1], self.batch_runner.stop(grace),
+                             return_exceptions=True)
         for task in self._tasks[:-1]:
             task.cancel()
         await asyncio.gather(*self._tasks[:-1], return_exceptions=True)

@@ -80,6 +80,21 @@ class GatewaySettings(ServiceSettings):
                                  "much late, with the CPU its thread and the process spent meanwhile (0: off)")
     injection_scan_total_chars: int = Field(default=512 * 1024, ge=1, description="characters of a request the "
                                             "prompt-injection screen reads")
+    # The Batch API (/v1/files, /v1/batches): kept in Redis with LLMESH_REDIS_URL, else in batch_dir.
+    batch_dir: Path | None = Field(default=None, description="batch files and state without Redis (one gateway "
+                                   "process); default <state_dir>/batches")
+    batch_max_file_bytes: int = Field(default=50 << 20, ge=1024, le=512 << 20, description="largest batch input "
+                                      "file; a larger upload is refused (400) once it passes this many bytes")
+    batch_max_lines: int = Field(default=50_000, ge=1, le=1_000_000, description="requests in one batch file")
+    batch_max_files: int = Field(default=1000, ge=1, description="files a tenant keeps (inputs and outputs)")
+    batch_in_flight: int = Field(default=8, ge=1, le=1024, description="batch lines one gateway process runs "
+                                 "at once while the engines report no waiting requests")
+    batch_busy_in_flight: int = Field(default=1, ge=1, le=1024, description="batch lines one gateway process "
+                                      "runs at once while some engine reports waiting requests")
+    batch_claim_idle_s: float = Field(default=300.0, gt=0, description="with Redis: a batch line taken by a "
+                                      "worker and not done this long (the worker died) is run by another")
+    batch_retention_s: int = Field(default=30 * 86400, ge=60, description="with Redis: batch files and state "
+                                   "expire this long after their last change")
 
     @model_validator(mode="after")
     def _workers_share_fixed_ports(self) -> GatewaySettings:

@@ -55,6 +55,9 @@ class CompletionRequest:
     # and the stages that concern generated text pass it by (``embeds``).
     inputs: tuple[str, ...] | None = None
     dimensions: int | None = None  # embeddings: the vector size asked for (a model that cannot refuses)
+    # Set: a batch line (never from a front's client): it runs as this caller, the batch's maker,
+    # whose key the auth stage checks again, at Priority.LOW whatever the tenant's grant says.
+    on_behalf: Caller | None = None
 
     @property
     def embeds(self) -> bool:

@@ -19,7 +19,7 @@ from llmesh.gateway.context import CompletionRequest, Context
 from llmesh.gateway.pipeline import Pipeline
 from llmesh.gateway.upstream.picking import Endpoint
 from llmesh.testing import free_ports
-from llmesh.types import Delta, Finish, Message, Prompt, Sampling
+from llmesh.types import Delta, Finish, Message, Prompt, Sampling, Tools
 
 
 def free_port() -> int:
@@ -66,15 +66,22 @@ class Answer(NamedTuple):
 async def generated(core: EngineCore, model: str, prompt: Prompt, sampling: Sampling, continuation: str = ""
                     ) -> tuple[str, list, Finish | None]:
     """An engine core's answer: the text, its log probabilities and the finish (None: none came)."""
-    text, logprobs, finish = [], [], None
-    async with contextlib.aclosing(core.generate(model, prompt, sampling, continuation=continuation)) as items:
+    deltas, finish = await answered(core, model, prompt, sampling, continuation)
+    return "".join(d.text for d in deltas), [lp for d in deltas for lp in d.logprobs], finish
+
+
+async def answered(core: EngineCore, model: str, prompt: Prompt, sampling: Sampling, continuation: str = "",
+                   tools: Tools | None = None) -> tuple[list[Delta], Finish | None]:
+    """An engine core's answer as it came: its Deltas and the finish (None: none came)."""
+    deltas, finish = [], None
+    async with contextlib.aclosing(core.generate(model, prompt, sampling, continuation=continuation,
+                                                 tools=tools)) as items:
         async for item in items:
             if isinstance(item, Delta):
-                text.append(item.text)
-                logprobs.extend(item.logprobs)
+                deltas.append(item)
             else:
                 finish = item
-    return "".join(text), logprobs, finish
+    return deltas, finish
 
 
 async def collect(pipeline: Pipeline, req: CompletionRequest, ctx: Context | None = None) -> Answer:

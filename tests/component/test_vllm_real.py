@@ -18,7 +18,7 @@ from contextlib import aclosing
 import pytest
 
 from llmesh.convert import kv_hash_from_pb, kv_hash_to_pb
-from llmesh.types import Message, Prompt, ResponseFormat
+from llmesh.types import Message, Prompt, ResponseFormat, Tool, Tools
 from llmesh.engine.backends.base import DecodeParams
 
 LONG = "Please summarise the following notes about the harbour, the boats and the tides. " * 20
@@ -162,8 +162,9 @@ async def test_n_samples_of_one_prompt_share_its_cached_prefix(vllm):
 
 async def test_no_schema_the_bounds_accept_crashes_or_stalls_vllm(vllm):
     """Issue 26 on vLLM: every hostile schema the bounds accept (bench.hostile_schemas, up to 64 KB:
-    keyword limits at and just under, the widest and deepest shapes, odd values) either constrains
-    a few tokens or is refused as INVALID_ARGUMENT, and the engine answers a plain request after."""
+    keyword limits at and just under, the widest and deepest shapes, odd values), as a response_format
+    and as a tool's parameters (a required call: vLLM's hermes structural tag), either constrains a few
+    tokens or is refused as INVALID_ARGUMENT, and the engine answers a plain request after."""
     from bench.hostile_schemas import cases
     from llmesh.errors import InvalidArgument
     from llmesh.schema_bounds import LIMITS, check_schema
@@ -171,15 +172,15 @@ async def test_no_schema_the_bounds_accept_crashes_or_stalls_vllm(vllm):
     tokens = vllm.tokenize(chat("Answer in JSON."))
     served = refused = 0
     for _, name, body in cases(LIMITS.max_bytes, "m"):
-        if "tools" in body:
-            continue
-        text = json.dumps(body["response_format"]["json_schema"]["schema"])
+        function = body["tools"][0]["function"] if "tools" in body else None
+        text = json.dumps(function["parameters"] if function else body["response_format"]["json_schema"]["schema"])
         try:
             check_schema(text, "response_format.json_schema.schema")
         except InvalidArgument:
             continue  # the engine's servicer refuses it before the backend (tests/unit/test_schema_bounds.py)
         try:
-            constrained = greedy(2, response_format=ResponseFormat("json_schema", text))
+            constrained = greedy(2, tools=Tools((Tool(function["name"], "", text),), "required")) if function \
+                else greedy(2, response_format=ResponseFormat("json_schema", text))
             await asyncio.wait_for(collect(vllm, tokens, constrained), timeout=60)
             served += 1
         except InvalidArgument:

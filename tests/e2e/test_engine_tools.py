@@ -20,31 +20,13 @@ from hypothesis import strategies as st
 
 from llmesh.v1 import common_pb2, engine_pb2, engine_pb2_grpc, gateway_pb2, gateway_pb2_grpc
 from tests.e2e.conftest import SMOL
-
-WEATHER = {"type": "object", "required": ["city", "unit"], "additionalProperties": False,
-           "properties": {"city": {"type": "string", "maxLength": 20}, "unit": {"enum": ["celsius", "fahrenheit"]}}}
-TIME = {"type": "object", "required": ["zone"], "properties": {"zone": {"type": "string", "maxLength": 12}}}
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
-                                           "parameters": WEATHER}},
-         {"type": "function", "function": {"name": "get_time", "description": "The time in a time zone",
-                                           "parameters": TIME}}]
-SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
-ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
-NAMED = {"type": "function", "function": {"name": "get_weather"}}
+from tests.e2e.tool_cases import ASK, NAMED, SCHEMA, TIME, TOOLS, agent_loop, valid
 
 
 @pytest.fixture(scope="module")
 def stub(mesh):
     with grpc.insecure_channel(mesh.layout.address("gateway")) as ch:
         yield gateway_pb2_grpc.GatewayStub(ch)
-
-
-def valid(call, names=tuple(SCHEMAS)) -> dict:
-    """The call's arguments, checked against its function's schema."""
-    assert call.function.name in names and call.id.startswith("call_") and call.type == "function"
-    args = json.loads(call.function.arguments)
-    jsonschema.validate(args, SCHEMAS[call.function.name])
-    return args
 
 
 def test_named_and_required_calls_parse_and_match_streamed_and_not(client):
@@ -90,23 +72,9 @@ def test_named_call_on_the_grpc_front(stub):
 
 
 def test_an_agent_loop_runs_to_completion(client):
-    """Call, the tool's result, answer: the loop an agent framework runs, with tool_choice auto
-    after the first (required) turn, until the model answers in text."""
-    messages: list = [{"role": "user", "content": "What is the weather in Paris? Use the tool."}]
-    choice = "required"
-    for turn in range(4):
-        resp = client.chat.completions.create(model=SMOL, messages=messages, tools=TOOLS, tool_choice=choice,
-                                              parallel_tool_calls=False, temperature=0, max_tokens=60)
-        message = resp.choices[0].message
-        if resp.choices[0].finish_reason != "tool_calls":
-            break
-        messages.append(message.model_dump(exclude_none=True))
-        for call in message.tool_calls:
-            args = valid(call)
-            result = {"city": args.get("city"), "weather": "sunny, 21 C"} if call.function.name == "get_weather" \
-                else {"time": "12:00"}
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": json.dumps(result)})
-        choice = "auto" if turn < 2 else "none"  # as agent frameworks cap their iterations
+    """Call, the tool's result, answer: the loop an agent framework runs (tool_cases.agent_loop)."""
+    resp, messages = agent_loop(client, SMOL)
+    message = resp.choices[0].message
     assert resp.choices[0].finish_reason in ("stop", "length") and message.content and not message.tool_calls
     assert any(m["role"] == "tool" for m in messages if isinstance(m, dict))
 
@@ -165,24 +133,6 @@ def test_a_backend_that_cannot_call_tools_refuses_them_by_name(client, stub):
 
 # --- generated schemas within the bounds ----------------------------------------------------
 
-NAMES = st.from_regex(r"[a-z][a-z_]{0,10}", fullmatch=True)
-LEAVES = st.one_of(
-    st.builds(lambda n: {"type": "string", "maxLength": n}, st.integers(1, 24)),
-    st.just({"type": "integer"}), st.just({"type": "number"}), st.just({"type": "boolean"}),
-    st.builds(lambda vs: {"enum": vs}, st.lists(NAMES, min_size=1, max_size=4, unique=True)),
-    st.builds(lambda n: {"type": "array", "items": {"type": "integer"}, "maxItems": n}, st.integers(1, 4)))
-
-
-def objects(values):
-    """Objects of 1-4 properties, some required. No additional properties: a schema that allows
-    them lets the model add properties until max_tokens (valid, but a "length" answer with no call)."""
-    return st.dictionaries(NAMES, values, min_size=1, max_size=4).flatmap(
-        lambda props: st.builds(lambda req: {"type": "object", "properties": props, "required": req,
-                                             "additionalProperties": False},
-                                st.lists(st.sampled_from(sorted(props)), unique=True)))
-
-
-SCHEMA = objects(st.one_of(LEAVES, objects(LEAVES)))
 
 
 @settings(max_examples=6, deadline=None, derandomize=True, phases=[Phase.generate],  # a real model: no shrinking

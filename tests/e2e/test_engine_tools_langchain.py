@@ -1,55 +1,16 @@
 """LangChain (langchain-openai's ChatOpenAI) on an llmesh engine: structured output by function
 calling, and a two-step agent (a tool call, the tool's result, the answer), on SmolLM2 served by
-the mesh's llama.cpp engine."""
+the mesh's llama.cpp engine (tests/e2e/langchain_cases.py; on vLLM: test_vllm_mesh.py)."""
 
 from __future__ import annotations
 
-from typing import Literal
-
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
-from langchain_core.tools import tool
-from langchain_openai import ChatOpenAI
-from pydantic import BaseModel, Field
-
 from tests.e2e.conftest import SMOL
-
-
-class Weather(BaseModel):
-    """The weather in a city."""
-    city: str = Field(max_length=20, description="The city")
-    unit: Literal["celsius", "fahrenheit"]
-
-
-@tool
-def get_weather(city: str) -> str:
-    """The weather in a city."""
-    return f"Sunny, 21 C in {city}"
-
-
-def chat_model(mesh, **kwargs) -> ChatOpenAI:
-    return ChatOpenAI(model=SMOL, base_url=mesh.layout.http_url + "/v1", api_key="unused", temperature=0,
-                      max_retries=0, timeout=120, **kwargs)
+from tests.e2e.langchain_cases import structured_output, two_step_agent
 
 
 def test_structured_output_by_function_calling(mesh):
-    structured = chat_model(mesh, max_tokens=80).with_structured_output(Weather, method="function_calling")
-    answer = structured.invoke("What is the weather in Paris, in celsius?")
-    assert isinstance(answer, Weather) and answer.city and len(answer.city) <= 20
+    structured_output(mesh, SMOL)
 
 
 def test_a_two_step_agent_runs_to_completion(mesh):
-    """Step one must call the tool (tool_choice "any", LangChain's "required"); step two, with the
-    tool still offered (auto), answers in text, else a last step without tools does, as agents cap
-    their iterations."""
-    llm = chat_model(mesh, max_tokens=60)
-    messages: list[BaseMessage] = [HumanMessage("What is the weather in Paris?")]
-    call = llm.bind_tools([get_weather], tool_choice="any").invoke(messages)
-    assert isinstance(call, AIMessage) and [c["name"] for c in call.tool_calls] == ["get_weather"]
-    assert isinstance(call.tool_calls[0]["args"]["city"], str)
-    messages.append(call)
-    messages += [ToolMessage(get_weather.invoke(c["args"]), tool_call_id=c["id"]) for c in call.tool_calls]
-    for choice in ("auto", "none"):
-        answer = llm.bind_tools([get_weather], tool_choice=choice).invoke(messages)
-        if not answer.tool_calls:
-            break
-    assert isinstance(answer, AIMessage) and answer.content and not answer.tool_calls
+    two_step_agent(mesh, SMOL)

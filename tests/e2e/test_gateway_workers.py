@@ -16,6 +16,7 @@ from pathlib import Path
 
 import grpc
 import httpx
+import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -52,7 +53,8 @@ class Gateway:
             "LLMESH_GATEWAY_METRICS_PORT": str(self.metrics_port), "LLMESH_GATEWAY_GRACE_S": "10",
             "LLMESH_GATEWAY_SCHEDULER_ADDRESS": lay.address("scheduler"),
             "LLMESH_GATEWAY_MODELMGR_ADDRESS": lay.address("modelmgr"), "LLMESH_GATEWAY_CACHE_ADDRESS": "",
-            "LLMESH_CONFIG_BACKEND": "file", "LLMESH_CONFIG_FILE": str(config)}, log_path)
+            "LLMESH_CONFIG_BACKEND": "file", "LLMESH_CONFIG_FILE": str(config),
+            "LLMESH_GATEWAY_BATCH_CLAIM_IDLE_S": "2"}, log_path)
         self.sent = 0
 
     @property
@@ -173,6 +175,30 @@ def test_a_killed_worker_is_restarted_and_the_gateway_keeps_serving(gateway):
     assert gateway.metric("llmesh_worker_restarts_total") == 1
     # the restarted worker continues its own chain
     assert verify(gateway.state_dir / "audit.worker1.jsonl").ok
+
+
+def test_a_batch_completes_once_per_line_when_a_worker_process_is_killed_mid_batch(gateway):
+    """Both workers take lines from the batch's Redis stream; SIGKILL one while lines run: the
+    supervisor starts it again, the lines it held are claimed after the idle time, and the output
+    holds every custom_id exactly once."""
+    client = openai.OpenAI(base_url=gateway.url + "/v1", api_key=gateway.headers["authorization"][7:],
+                           max_retries=2)
+    lines = [{"custom_id": f"line-{i}", "method": "POST", "url": "/v1/chat/completions",
+              "body": {"model": MODEL, "max_tokens": 60, "messages": [{"role": "user", "content": f"q{i}"}]}}
+             for i in range(96)]
+    upload = client.files.create(file=("in.jsonl", "\n".join(json.dumps(x) for x in lines).encode()), purpose="batch")
+    batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")
+    assert wait_until(lambda: client.batches.retrieve(batch.id).request_counts.completed >= 8, 30)
+    victim = gateway.ready_pids()[0]
+    os.kill(victim, signal.SIGKILL)
+    assert wait_until(lambda: gateway.ready_pids().get(0) not in (None, victim), 30)
+    assert wait_until(lambda: client.batches.retrieve(batch.id).status in ("completed", "failed"), 90)
+    done = client.batches.retrieve(batch.id)
+    assert done.status == "completed" and done.request_counts.completed == 96 and done.request_counts.failed == 0
+    out = [json.loads(x) for x in client.files.content(done.output_file_id).text.splitlines()]
+    assert sorted(x["custom_id"] for x in out) == sorted(x["custom_id"] for x in lines)  # each exactly once
+    assert {x["response"]["status_code"] for x in out} == {200} and done.error_file_id is None
+    assert any(r.get("msg") == "batch lines claimed" for r in gateway.log())  # the dead worker's lines ran again
 
 
 def test_sigterm_drains_every_worker_and_stops(gateway):

@@ -5,7 +5,8 @@ and a gRPC client completes; prefix-aware routing, fed by vLLM's own KV events (
 publisher -> the engine's relay -> the scheduler -> the gateway), sends each conversation's
 follow-up turn to the engine that holds its prefix, and vLLM's prefix cache hits there; kill -9
 of one engine under a few concurrent streams: streams that had tokens fail over and finish,
-every request completes, the supervisor restarts the engine and it serves again. Run with
+every request completes, the supervisor restarts the engine and it serves again. Tool calls (named,
+required, an agent loop, a hostile schema) on both fronts, and LangChain's structured output and agent. Run with
 .venv-vllm's interpreter (`make test` does):
 
     LLMESH_VLLM_TEST_MODEL=~/.cache/llmesh/models/smollm2-135m-instruct-hf-fp32 \\
@@ -23,6 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
+import jsonschema
+import openai
 import pytest
 
 from llmesh.convert import kv_hash_from_pb
@@ -32,6 +35,8 @@ from llmesh.types import Message, Prompt
 from llmesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from tests.component.vllm_faults import require_vllm
 from tests.e2e.conftest import endpoints, openai_client
+from tests.e2e.langchain_cases import structured_output, two_step_agent
+from tests.e2e.tool_cases import ASK, NAMED, TIME, TOOLS, agent_loop, valid
 
 MODEL = "smollm2-135m-instruct-hf-fp32"  # `llmesh up --vllm-model`'s default: served under its folder's name
 BLOCK = 128  # vLLM's KV block on CPUs
@@ -163,6 +168,63 @@ def test_the_openai_client_chats_and_streams_and_a_grpc_client_completes(vllm_me
     assert "Paris" in "".join(r.text for r in replies)
     assert replies[-1].finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED
     assert 1 <= replies[-1].usage.completion_tokens <= 8
+
+
+def test_tool_calls_through_the_mesh_on_both_fronts(vllm_mesh):
+    """A named and a required call on vLLM engines (vLLM's hermes structural tag and parser), streamed
+    and not with the openai client and on the gRPC front: each parses and matches its schema."""
+    client = openai_client(vllm_mesh, timeout=120)
+    named = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice=NAMED,
+                                           parallel_tool_calls=False, temperature=0, max_tokens=80)
+    assert named.choices[0].finish_reason == "tool_calls" and len(named.choices[0].message.tool_calls) == 1
+    args = valid(named.choices[0].message.tool_calls[0], ("get_weather",))
+    chunks = list(client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice=NAMED,
+                                                 parallel_tool_calls=False, temperature=0, max_tokens=80,
+                                                 stream=True))
+    pieces = [tc for c in chunks if c.choices and c.choices[0].delta.tool_calls for tc in c.choices[0].delta.tool_calls]
+    assert pieces[0].id.startswith("call_") and pieces[0].function.name == "get_weather"
+    assert json.loads("".join(p.function.arguments or "" for p in pieces)) == args  # greedy: the same call
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["tool_calls"]
+    required = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required",
+                                              temperature=0.7, seed=3, max_tokens=200)
+    assert required.choices[0].finish_reason == "tool_calls" and required.choices[0].message.tool_calls
+    for call in required.choices[0].message.tool_calls:
+        valid(call)
+    with grpc.insecure_channel(vllm_mesh.layout.address("gateway")) as ch:
+        replies = list(gateway_pb2_grpc.GatewayStub(ch).Chat(gateway_pb2.ChatRequest(
+            model=MODEL, messages=[common_pb2.ChatMessage(role="user", content=ASK[0]["content"])],
+            sampling=common_pb2.SamplingParams(temperature=0.0, max_tokens=80),
+            tools=[gateway_pb2.Tool(name=t["function"]["name"], parameters=json.dumps(t["function"]["parameters"]))
+                   for t in TOOLS],
+            tool_choice=gateway_pb2.ToolChoice(mode="function", function="get_time"), parallel_tool_calls=False),
+            timeout=120))
+    calls = [tc for r in replies for tc in r.tool_calls]
+    assert [c.name for c in calls] == ["get_time"] and not "".join(r.text for r in replies)
+    jsonschema.validate(json.loads(calls[0].arguments), TIME)
+    assert [r.finish_reason for r in replies if r.finish_reason] == [common_pb2.FINISH_REASON_TOOL_CALLS]
+
+
+def test_an_agent_loop_and_a_hostile_schema_on_vllm(vllm_mesh):
+    """Call, the tool's result, answer, with the openai client (auto after the first turn, then none, as
+    agent frameworks cap their iterations); a schema over the bounds is a 400 and the engines serve on."""
+    client = openai_client(vllm_mesh, timeout=120)
+    resp, messages = agent_loop(client, MODEL, ("required", "auto", "none"))
+    message = resp.choices[0].message
+    assert resp.choices[0].finish_reason in ("stop", "length") and message.content and not message.tool_calls
+    assert any(m["role"] == "tool" for m in messages if isinstance(m, dict))
+    hostile = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"type": "string", "maxLength": 100000}}}}}
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=MODEL, messages=ASK, tools=[hostile], tool_choice="required",
+                                       max_tokens=8)
+    assert info.value.body["param"].startswith("tools[0].function.parameters")
+    assert client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=2).choices[0].message.content
+
+
+def test_langchain_structured_output_and_a_two_step_agent_on_vllm(vllm_mesh):
+    """LangChain's ChatOpenAI: structured output by function calling, and an agent's call, result, answer."""
+    structured_output(vllm_mesh, MODEL)
+    two_step_agent(vllm_mesh, MODEL)
 
 
 def turn(client, mesh: Mesh, messages: list[dict]) -> tuple[str, str]:

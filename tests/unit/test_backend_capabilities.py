@@ -27,7 +27,7 @@ def test_every_backend_declares_its_capabilities():
                                                         steps=True, knobs=knobs, tools=True)
     assert SimBackend.capabilities == Capabilities(logprobs=True, continuation=True, steps=True)
     assert VllmBackend.capabilities == Capabilities(logprobs=True, response_format=True, continuation=True,
-                                                     adapters=True, knobs=knobs)
+                                                     adapters=True, knobs=knobs, tools=True)
     assert NoModel.capabilities == Capabilities() and NoModel.gpu_memory_share == 0.0
 
 

@@ -87,3 +87,12 @@ def test_the_scheduler_table_entry_becomes_context_lengths_and_adapters():
     assert e.context == {"base": 4096, "sql": 4096} and e.adapters == {"sql": 2}
     bare = endpoint_from_pb(scheduler_pb2.Endpoint(endpoint_id="old", models=["m"]))  # an engine that says nothing
     assert bare.context == {} and bare.adapters == {}
+
+
+def test_work_tokens_count_utf8_bytes_and_estimate_long_non_ascii_text_without_encoding_it():
+    from llmesh.gateway.domain.tokens import utf8_size
+    assert utf8_size("abc") == 3 and utf8_size("é中") == 5              # exact while short
+    long_zh = "中" * (1 << 17)
+    assert utf8_size(long_zh) == 3 * len(long_zh) == len(long_zh.encode())  # CJK: the estimate is exact
+    assert utf8_size("a" * (1 << 20)) == 1 << 20                          # ASCII: exact at any size
+    assert work_tokens(Prompt(text="x" * 300), 10) == 110

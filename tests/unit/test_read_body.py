@@ -1,4 +1,4 @@
-"""The HTTP front's body reader against the ASGI receive messages a server sends: with and without
+"""The HTTP fronts' body reader against the ASGI receive messages a server sends: with and without
 a Content-Length, a body shorter than declared, and bodies over the limit, declared or not."""
 
 import asyncio
@@ -6,7 +6,8 @@ import asyncio
 import pytest
 
 from llmesh.errors import InvalidArgument
-from llmesh.gateway.fronts.http import MAX_BODY, _declared_length, _read_body
+from llmesh.gateway.fronts.http import MAX_BODY, _too_large
+from llmesh.gateway.fronts.reading import declared_length, read_body
 
 
 def _receive(pieces: list[bytes]):
@@ -19,7 +20,7 @@ def _receive(pieces: list[bytes]):
 
 
 def _read(pieces: list[bytes], declared: int | None) -> bytes:
-    return asyncio.run(_read_body(_receive(pieces), declared))
+    return asyncio.run(read_body(_receive(pieces), declared, MAX_BODY, _too_large))
 
 
 @pytest.mark.parametrize("declared", [None, 11, 64], ids=["chunked", "exact", "shorter-than-declared"])
@@ -36,7 +37,7 @@ def test_a_declared_length_over_the_limit_is_refused_before_reading():
     async def never() -> dict:
         raise AssertionError("read a body it had to refuse")
     with pytest.raises(InvalidArgument, match="larger than"):
-        asyncio.run(_read_body(never, MAX_BODY + 1))
+        asyncio.run(read_body(never, MAX_BODY + 1, MAX_BODY, _too_large))
 
 
 def test_a_chunked_body_past_the_limit_is_refused():
@@ -47,4 +48,4 @@ def test_a_chunked_body_past_the_limit_is_refused():
 
 @pytest.mark.parametrize("value,expected", [("12", 12), ("", None), ("-1", None), ("1e3", None), ("0", 0)])
 def test_declared_length(value, expected):
-    assert _declared_length({"content-length": value} if value else {}) == expected
+    assert declared_length({"content-length": value} if value else {}) == expected

@@ -63,3 +63,12 @@ def test_only_the_knobs_turned_on_reach_sampling_params():
                                              presence_penalty=-1.0, frequency_penalty=0.5))
     assert (made["top_k"], made["min_p"], made["repetition_penalty"], made["presence_penalty"],
             made["frequency_penalty"]) == (5, 0.1, 1.3, -1.0, 0.5)
+
+
+def test_tools_are_constrained_by_their_structural_tag_with_special_tokens_kept():
+    api = SimpleNamespace(SamplingParams=dict, RequestOutputKind=SimpleNamespace(DELTA="delta"),
+                          StructuredOutputsParams=dict)
+    made = sampling_params(api, DecodeParams(8, 0.0, 1.0, 0), tool_tag='{"type": "structural_tag"}')
+    assert made["structured_outputs"] == {"structural_tag": '{"type": "structural_tag"}'}
+    assert made["skip_special_tokens"] is False
+    assert sampling_params(api, DecodeParams(8, 0.0, 1.0, 0))["skip_special_tokens"] is True

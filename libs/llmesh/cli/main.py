@@ -10,6 +10,7 @@
     llmesh models   model registry: import, deploy, promote, rollback, history, eval
     llmesh cache    response cache: stats, invalidate
     llmesh shadow   shadow traffic: report how a shadow version compared
+    llmesh batches  the Batch API's batches: list, show
     llmesh certs    make the mesh's CA and service certificates (for compose's init service)
     llmesh bench    run a benchmark of a checkout's bench/ (python -m bench lists them)
 """
@@ -250,6 +251,12 @@ def cmd_cache(args: argparse.Namespace) -> int:
     return asyncio.run(run(args, _layout(args).address("cache")))
 
 
+def cmd_batches(args: argparse.Namespace) -> int:
+    from llmesh.cli.batches import run
+
+    return asyncio.run(run(args, args.address or _layout(args).address("gateway"), os.environ.get("LLMESH_API_KEY")))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llmesh", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -317,6 +324,8 @@ def build_parser() -> argparse.ArgumentParser:
     from llmesh.cli import cache
     cache.add_parser(sub, _add_layout_args)
     sub.choices["cache"].set_defaults(func=cmd_cache)
+    from llmesh.cli.batches import add_parser as add_batches
+    add_batches(sub, _add_layout_args).set_defaults(func=cmd_batches)
 
     certs = sub.add_parser("certs", help="make the mesh's CA and service certificates (kept if they exist)")
     certs.add_argument("--dir", type=Path, required=True, help="where ca.pem, <instance>.pem and <instance>-key.pem go")

@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable
 from dataclasses import dataclass
 from typing import Protocol, TypeGuard
 
+from llmesh.errors import InvalidArgument
 from llmesh.kvhash import HashScheme
-from llmesh.types import KNOBS, Priority, Prompt, ResponseFormat, TokenLogprob, Tools
+from llmesh.types import KNOBS, Delta, FinishReason, Priority, Prompt, ResponseFormat, TokenLogprob, Tools
 from llmesh.engine.kvblocks import KvEvent
 
 
@@ -32,7 +33,8 @@ class DecodeParams:
     logprobs: int | None = None  # set: report log probabilities with this many alternatives
     response_format: ResponseFormat | None = None  # set: constrain decoding to this shape
     # set: the tools offered (tool_choice auto, required or a named function): decoding is constrained
-    # to llmesh.tool_prompt's call format (auto: text or calls), the prompt already shows them
+    # so that every call parses and matches its function's schema (the backend's call_reader reads
+    # them), the prompt already shows them (the backend's tokenize_chat)
     tools: Tools | None = None
     continued_tokens: int = 0  # the prompt's last N tokens are answer text produced elsewhere
     # The knobs (Capabilities.knobs), each at its "off" value unless the request set it: top_k 0
@@ -62,7 +64,8 @@ class Capabilities:
     knobs: frozenset[str] = frozenset()  # the sampling knobs it honours (Sampling.knobs' names)
     generates: bool = True          # answers Generate (False: an embedding-only backend, which refuses it)
     embeddings: bool = False        # has ``tokenize_inputs``, ``embed`` and ``max_input_tokens`` (Embed)
-    tools: bool = False             # honours DecodeParams.tools (a call always parses and matches its schema)
+    tools: bool = False             # honours DecodeParams.tools (a call always parses and matches its schema):
+                                    # has ``tokenize_chat(prompt, tools)`` and ``call_reader(tools, stops)``
 
 
 ALL_KNOBS = frozenset(KNOBS)  # llama.cpp's samplers and vLLM's SamplingParams have every one
@@ -133,8 +136,8 @@ class Backend(Protocol):
     async def close(self) -> None: ...
 
 
-# The optional methods, each behind its capability: narrow a Backend with has_steps, can_continue
-# or has_adapters before calling one.
+# The optional methods, each behind its capability: narrow a Backend with has_steps, can_continue,
+# calls_tools or has_adapters before calling one.
 class SteppingBackend(Backend, Protocol):
     def stream_steps(self, tokens: list[int], params: DecodeParams) -> AsyncGenerator[list[Piece], None]: ...
 
@@ -150,9 +153,62 @@ class EmbeddingBackend(Backend, Protocol):
         """Each text's token ids as ``embed`` takes them (not truncated)."""
         ...
 
-    def embed(self, token_ids: list[list[int]]) -> list[list[float]]:
-        """One vector per input (each within ``max_input_tokens``), in order. CPU work: the
-        engine calls it in a thread."""
+    def embed(self, token_ids: list[list[int]]) -> list[list[float]] | Awaitable[list[list[float]]]:
+        """One vector per input (each within ``max_input_tokens``), in order. A coroutine
+        function (``async def``: vLLM's engine) the engine awaits; else CPU work, which the
+        engine calls in a thread."""
+        ...
+
+
+class EmbeddingOnly:
+    """The generative half of ``Backend`` for an embedding-only backend
+    (``Capabilities(generates=False, embeddings=True)``, whose Generate the core refuses before
+    it gets here): a prompt's tokens are its text's as ``tokenize_inputs`` gives them, no text is
+    generated, and there is no KV cache to report."""
+
+    model: str
+
+    def tokenize_inputs(self, texts: list[str]) -> list[list[int]]:
+        raise NotImplementedError
+
+    def tokenize(self, prompt: Prompt) -> list[int]:
+        if prompt.messages is not None:
+            raise InvalidArgument(f"The model '{self.model}' is an embedding model: it takes texts, not messages.",
+                                  param="messages")
+        return self.tokenize_inputs([prompt.text or ""])[0]
+
+    async def stream(self, tokens: list[int], params: DecodeParams) -> AsyncGenerator[Piece, None]:
+        raise InvalidArgument(f"The model '{self.model}' is an embedding model: it generates no text.",
+                              reason="model_not_generative")
+        yield ""  # pragma: no cover - makes this an async generator
+
+    def kv_usage(self) -> float:
+        return 0.0
+
+    def prefix_cache_stats(self) -> tuple[int, int]:
+        return 0, 0
+
+
+class CallReading(Protocol):
+    """One answer's Deltas turned into text and ToolCalls (``llmesh.engine.toolcalls.CallReader``'s shape)."""
+    calls: int
+
+    @property
+    def stopped(self) -> bool: ...
+    def feed(self, delta: Delta) -> Delta | None: ...
+    def flush(self) -> Delta | None: ...
+    def reason(self, reason: FinishReason) -> FinishReason: ...
+
+
+class ToolBackend(Backend, Protocol):
+    def tokenize_chat(self, prompt: Prompt, tools: Tools | None) -> list[int]:
+        """The chat's tokens with the offered tools (``llmesh.tool_prompt.offered``) shown and the
+        history's calls and tool results rendered as this backend's calls are read."""
+        ...
+
+    def call_reader(self, tools: Tools, stops: tuple[str, ...]) -> CallReading:
+        """A reader for one answer to a request offering ``tools``, with the request's stop strings
+        (applied to text only, never inside a call)."""
         ...
 
 
@@ -171,6 +227,10 @@ def can_continue(backend: Backend) -> TypeGuard[ContinuingBackend]:
 
 def can_embed(backend: Backend) -> TypeGuard[EmbeddingBackend]:
     return backend.capabilities.embeddings
+
+
+def calls_tools(backend: Backend) -> TypeGuard[ToolBackend]:
+    return backend.capabilities.tools
 
 
 def has_adapters(backend: Backend) -> TypeGuard[AdapterBackend]:

@@ -14,11 +14,13 @@ from pathlib import Path
 from llmesh.errors import Internal, ModelNotFound, NotFound
 from llmesh.modelstore import ModelStore, quiet_native_stderr
 from llmesh.prompt_tokens import GgufChatTokenizer
-from llmesh.types import Prompt
+from llmesh.tool_prompt import render
+from llmesh.types import Prompt, Tools
 from llmesh.engine.backends.base import ALL_KNOBS, Capabilities, DecodeParams, Piece
 from llmesh.engine.backends.llamacpp_batch import BatchRunner, Sequence
 from llmesh.engine.backends.llamacpp_grammar import GrammarCompiler
 from llmesh.engine.kvblocks import BlockLedger
+from llmesh.engine.toolcalls import CallReader
 
 
 class LlamaCppBackend:
@@ -74,6 +76,13 @@ class LlamaCppBackend:
 
     def tokenize(self, prompt: Prompt) -> list[int]:
         return self._tokenizer(prompt)
+
+    def tokenize_chat(self, prompt: Prompt, tools: Tools | None) -> list[int]:
+        """Tools shown in llmesh.tool_prompt's Hermes format, which its grammar enforces, for any chat template."""
+        return self._tokenizer(render(prompt, tools))
+
+    def call_reader(self, tools: Tools, stops: tuple[str, ...]) -> CallReader:
+        return CallReader(tools.choice != "auto", stops)
 
     def tokenize_continuation(self, text: str) -> list[int]:
         """Tokens of answer text already produced elsewhere (no BOS, no special tokens)."""

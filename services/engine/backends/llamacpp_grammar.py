@@ -22,12 +22,11 @@ from typing import Any
 
 from llmesh.errors import InvalidArgument
 from llmesh.schema_bounds import LIMITS, check_schema
-from llmesh.tool_prompt import ARGUMENTS_KEY, CALL_CLOSE, CALL_HEAD, CALL_OPEN
+from llmesh.tool_prompt import ARGUMENTS_KEY, CALL_CLOSE, CALL_HEAD, CALL_OPEN, MAX_PARALLEL_CALLS, arguments_schema
 from llmesh.types import ResponseFormat, Tools
 
 PARAM = "response_format.json_schema.schema"
 TOOLS_PARAM = "tools"
-MAX_PARALLEL_CALLS = 8  # calls in one answer with parallel_tool_calls (OpenAI sets no number; a bound keeps it finite)
 # auto's text answer: anything that does not start as a call does (tool_prompt.CALL_OPEN)
 TEXT_RULE = r'[^<\x00] [^\x00]*'
 # Nested groups in one rule: llama.cpp refuses over 1,000 nested `?` groups by itself, and
@@ -92,13 +91,9 @@ def tools_grammar(tools: Tools, max_bytes: int = LIMITS.max_grammar_bytes) -> st
         if tools.choice == "function" and tool.name != tools.function:
             continue
         param = f"tools[{i}].function.parameters"
-        text = tool.parameters or '{"type": "object"}'
-        check_schema(text, param)
+        check_schema(tool.parameters or '{"type": "object"}', param)
         try:
-            schema = json.loads(text)
-            if isinstance(schema, dict) and not schema.keys() & {"type", "$ref", "anyOf", "oneOf", "allOf", "enum",
-                                                                   "const"}:
-                schema = {**schema, "type": "object"}  # arguments are an object (OpenAI's parameters are one)
+            schema = arguments_schema(tool.parameters)
             rule = converter.visit(converter.resolve_refs(schema, f"tool{i}"), f"tool{i}-arguments")
         except Exception as exc:  # noqa: BLE001 - as in schema_grammar
             raise InvalidArgument(f"The JSON schema cannot be enforced: {str(exc)[:300]}.", param=param) from None

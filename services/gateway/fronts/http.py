@@ -19,57 +19,33 @@ from typing import Any, cast
 
 import orjson
 
-from llmesh.errors import BodyTimeout, ErrorCode, Internal, InvalidArgument, LlmeshError, NestedTooDeep
+from llmesh.errors import BodyTimeout, Internal, InvalidArgument, LlmeshError, NestedTooDeep
 from llmesh.logs import request_id_var
 from llmesh.request_id import accept
-from llmesh.types import Delta, Finish, TokenLogprob
+from llmesh.types import Delta, Finish, Priority, TokenLogprob
+from llmesh.gateway.domain.batches.model import Batch
+from llmesh.gateway.domain.batches.queue import Work
+from llmesh.gateway.fronts.batches import BatchFront, unstreamed
 from llmesh.gateway.fronts.body import BodyReader, Parsed
 from llmesh.gateway.fronts.choices import ChoiceItems, UsageSum, choice_requests, merge
 from llmesh.gateway.fronts.embeddings import (EmbeddingsBody, EmbeddingsCall, embeddings_json, embeddings_request,
                                               read_embeddings)
+from llmesh.gateway.fronts.reading import declared_length, read_body
 from llmesh.gateway.fronts.openai_api import (CHAT, TEXT, Body, ChatBody, Choice, ChunkWriter, CompletionBody, Shape,
                                               ToolCalls, completion_json, error_json, sse)
-from llmesh.gateway.context import CompletionRequest, Context, Vectors
+from llmesh.gateway.fronts.responses import HTTP_STATUS, REQUEST_ID, Receive, Send
+from llmesh.gateway.fronts.responses import encode_headers as _encode
+from llmesh.gateway.fronts.responses import respond as _respond
+from llmesh.gateway.fronts.responses import respond_error as _error
+from llmesh.gateway.fronts.responses import respond_json as _json
+from llmesh.gateway.context import Caller, CompletionRequest, Context, Vectors
 from llmesh.gateway.domain.listing import ListedModel
 from llmesh.gateway.pipeline import Pipeline
 
 log = logging.getLogger("llmesh.gateway.http")
 
-HTTP_STATUS = {
-    ErrorCode.INVALID_ARGUMENT: 400, ErrorCode.NOT_FOUND: 404, ErrorCode.RESOURCE_EXHAUSTED: 429,
-    ErrorCode.UNAVAILABLE: 503, ErrorCode.DEADLINE_EXCEEDED: 504, ErrorCode.CANCELLED: 499,
-    ErrorCode.INTERNAL: 500, ErrorCode.UNAUTHENTICATED: 401, ErrorCode.PERMISSION_DENIED: 403,
-    ErrorCode.FAILED_PRECONDITION: 400,
-}
-REQUEST_ID = "x-request-id"
 TIMEOUT_HEADERS = ("x-request-timeout", "x-stainless-timeout")  # seconds; the OpenAI SDK sends the latter
 MAX_BODY = 16 << 20
-
-Send = Callable[[dict], Awaitable[None]]
-Receive = Callable[[], Awaitable[dict]]
-
-
-def _encode(extra: dict[str, str] | None) -> list[tuple[bytes, bytes]]:
-    return [(k.encode(), v.encode()) for k, v in extra.items()] if extra else []
-
-
-async def _respond(send: Send, status: int, body: bytes, content_type: bytes, rid: str | None,
-                   extra: dict[str, str] | None = None) -> None:
-    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode()), *_encode(extra)]
-    if rid:
-        headers.append((REQUEST_ID.encode(), rid.encode()))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
-async def _json(send: Send, obj: dict, status: int = 200, rid: str | None = None,
-                extra: dict[str, str] | None = None) -> None:
-    await _respond(send, status, orjson.dumps(obj), b"application/json", rid, extra)
-
-
-async def _error(send: Send, exc: LlmeshError, rid: str | None) -> None:
-    status = HTTP_STATUS[exc.code]
-    await _json(send, error_json(status, exc.message, exc.reason, exc.param), status, rid, exc.headers)
 
 
 def _nested_too_deep() -> NestedTooDeep:
@@ -84,40 +60,8 @@ def bearer(headers: dict[str, str]) -> str | None:
     return token.strip() or None if scheme.lower() == "bearer" else None
 
 
-def _declared_length(headers: dict[str, str]) -> int | None:
-    """The body's Content-Length, or None (chunked, or not a number: the server frames the body)."""
-    value = headers.get("content-length", "")
-    return int(value) if value.isdigit() else None
-
-
-async def _read_body(receive: Receive, declared: int | None = None) -> bytearray:
-    """The whole body, copied piece by piece into one buffer sized by its Content-Length as it
-    arrives, so that no step on the event loop grows with the body: joining a list of pieces at the
-    end was one 20-80 ms copy for 16 MiB here. Without a length, the buffer grows as it goes."""
-    if declared is not None and declared > MAX_BODY:
-        raise InvalidArgument(f"The request body is larger than {MAX_BODY} bytes.")
-    body = bytearray(declared or 0)
-    view, size = memoryview(body), 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise asyncio.CancelledError
-        chunk = message.get("body", b"")
-        end = size + len(chunk)
-        if end > MAX_BODY:
-            raise InvalidArgument(f"The request body is larger than {MAX_BODY} bytes.")
-        if end <= len(body):
-            view[size:end] = chunk
-        else:  # no length, or more than it said (the server ends such a body at its length)
-            view.release()
-            del body[size:]
-            body += chunk
-            view = memoryview(body)
-        size = end
-        if not message.get("more_body"):
-            view.release()
-            del body[size:]  # fewer bytes than declared: the client went quiet, the server ended it
-            return body
+def _too_large() -> InvalidArgument:
+    return InvalidArgument(f"The request body is larger than {MAX_BODY} bytes.")
 
 
 @contextlib.asynccontextmanager
@@ -151,8 +95,9 @@ async def _cancelled_on_disconnect(receive: Receive) -> AsyncIterator[None]:
 class HttpFront:
     def __init__(self, pipeline: Pipeline, models: Callable[[str | None], Awaitable[list[ListedModel]]],
                  ready: Callable[[], bool], default_timeout_s: float, body_timeout_s: float = 30.0,
-                 bodies: BodyReader | None = None):
+                 bodies: BodyReader | None = None, batches: BatchFront | None = None):
         self._pipeline = pipeline
+        self._batches = batches  # /v1/files and /v1/batches
         self._bodies = bodies or BodyReader()  # a large body is parsed off the event loop when it has workers
         self._models = models  # the models a credential may use
         self._ready = ready
@@ -173,6 +118,8 @@ class HttpFront:
         if scope["type"] != "http":
             return
         route = self._routes.get(scope["path"].rstrip("/") or "/")
+        if route is None and self._batches is not None and self._batches.serves(scope["path"]):
+            return await self._batches.app(scope, receive, send, bearer)
         if route is None:
             return await _json(send, error_json(404, f"No route {scope['path']}.", "not_found", None), 404)
         method, handler = route
@@ -219,7 +166,7 @@ class HttpFront:
         unread = CompletionRequest.unread(rid, operation, client_rid)
         try:
             async with asyncio.timeout(self._body_timeout):
-                raw = await _read_body(receive, _declared_length(headers))
+                raw = await read_body(receive, declared_length(headers), MAX_BODY, _too_large)
         except TimeoutError:
             message = f"The request body did not arrive within {self._body_timeout:g} s."
             self._pipeline.refused(unread, BodyTimeout(message), started)
@@ -254,7 +201,7 @@ class HttpFront:
             await _error(send, exc, rid)
 
     async def _answer(self, send: Send, rid: str, headers: dict[str, str], body: Parsed, shape: Shape,
-                      client_rid: str | None = None) -> None:
+                      client_rid: str | None = None, on_behalf: Caller | None = None) -> None:
         try:
             sampling = body.sampling
             n = body.n
@@ -263,7 +210,8 @@ class HttpFront:
                                     user=body.user, trace_headers=headers,
                                     operation="chat" if shape.chat else "text_completion",
                                     credential=bearer(headers), tools=body.tools,
-                                    stream=body.stream, client_request_id=client_rid)
+                                    stream=body.stream, client_request_id=client_rid, on_behalf=on_behalf,
+                                    priority=Priority.LOW if on_behalf is not None else Priority.NORMAL)
             shared: dict | None = {} if n > 1 else None  # the choices' common work (the guards')
             ctxs = [Context.of(r, shared) for r in choice_requests(req, n)]
             items = merge([self._pipeline.run(c.req, c) for c in ctxs])
@@ -353,6 +301,24 @@ class HttpFront:
                 exc = caught if isinstance(caught, LlmeshError) else NestedTooDeep()
                 tail += sse(error_json(HTTP_STATUS[exc.code], exc.message, exc.reason, exc.param))
             yield tail + b"data: [DONE]\n\n", False
+
+    async def run_line(self, batch: Batch, work: Work, rid: str) -> tuple[int, Any]:
+        """A batch line answered as the same POST would be (parse, pipeline, encoding), never
+        streamed, as the batch's caller at the lowest priority: (HTTP status, JSON body)."""
+        chat = batch.endpoint == "/v1/chat/completions"
+        shape, body_cls = (CHAT, ChatBody) if chat else (TEXT, CompletionBody)
+        sent: list[dict] = []
+
+        async def capture(message: dict) -> None:
+            sent.append(message)
+        try:
+            body = await self._bodies.read(body_cls, unstreamed(work.body))
+        except (LlmeshError, RecursionError) as caught:
+            err = caught if isinstance(caught, LlmeshError) else _nested_too_deep()
+            self._pipeline.refused(CompletionRequest.unread(rid, "chat" if chat else "text_completion"), err)
+            return HTTP_STATUS[err.code], error_json(HTTP_STATUS[err.code], err.message, err.reason, err.param)
+        await self._answer(capture, rid, {}, body, shape, on_behalf=batch.caller)
+        return sent[0]["status"], orjson.loads(sent[1]["body"])
 
     async def list_models(self, scope: dict, receive: Receive, send: Send) -> None:
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}

@@ -16,8 +16,10 @@ from llmesh.rpc.interceptor import REQUEST_ID_KEY
 from llmesh.types import Delta, Finish
 from llmesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
+from llmesh.gateway.fronts.batch_servicer import BatchRpcs
 from llmesh.gateway.fronts.choices import choice_requests, merge
-from llmesh.gateway.context import CompletionRequest, Context, Vectors
+from llmesh.gateway.context import Caller, CompletionRequest, Context, Vectors
+from llmesh.gateway.domain.batches.service import BatchService
 from llmesh.gateway.domain.listing import ListedModel, Serves
 from llmesh.gateway.pipeline import Pipeline
 from llmesh.gateway.fronts.proto_api import chat_request, complete_request, embed_request
@@ -46,10 +48,13 @@ def request_ids(context) -> tuple[str, str | None]:
     return rid, None
 
 
-class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
+class GatewayServicer(BatchRpcs, gateway_pb2_grpc.GatewayServicer):
     def __init__(self, pipeline: Pipeline, model_names: Callable[[str | None], Awaitable[list[ListedModel]]],
-                 default_timeout_s: float):
+                 default_timeout_s: float,
+                 batch_api: tuple[BatchService, Callable[[str | None], Awaitable[Caller]]] | None = None):
         self._pipeline = pipeline
+        self._batch_api = batch_api  # the Batch API's service and the authenticator (BatchRpcs)
+        self._credential = credential
         self._model_names = model_names
         self._default_timeout = default_timeout_s
 

@@ -138,6 +138,17 @@ class Authenticator:
         await self._refusing()
         raise Unauthenticated("Incorrect API key provided.")
 
+    async def recheck(self, caller: Caller) -> Caller:
+        """A batch line's caller (who made the batch): its API key must still be usable, so a
+        revoked key stops its batches' remaining lines. A JWT or local caller stands as found."""
+        if caller.method != "api_key" or self._keys is None:
+            return caller
+        record = await self._record(self._keys, caller.subject)
+        if record is None or not record.usable(self._wall()):
+            raise Unauthenticated("The API key that created this batch has been revoked or has expired.",
+                                  reason="key_revoked")
+        return caller
+
     async def _refusing(self) -> None:
         """Before a 401: at most once per EMPTY_STORE_LOG_S, say in the log when the key
         store holds no key at all (flushed, evicted, a fresh store), so an operator sees why
@@ -188,7 +199,9 @@ class AuthenticateStage(Stage):
         self._auth = authenticator
 
     async def admit(self, ctx: Context) -> None:
-        caller = await self._auth.authenticate(ctx.req.credential)
+        on_behalf = ctx.req.on_behalf
+        caller = (await self._auth.authenticate(ctx.req.credential) if on_behalf is None
+                  else await self._auth.recheck(on_behalf))
         ctx.req = replace(ctx.req, caller=caller, tenant=caller.tenant, credential=None)
         ctx.record.tenant = caller.tenant
         ctx.record.caller = caller.subject

@@ -75,5 +75,6 @@ class AuthorizeStage(Stage):
                     reason="max_tokens_not_allowed", param="max_tokens")
             if sampling.max_tokens is None:
                 sampling = replace(sampling, max_tokens=grant.max_tokens)
-        if sampling is not req.sampling or grant.priority != req.priority:  # a copy only for a change
-            ctx.req = replace(req, sampling=sampling, priority=grant.priority)
+        priority = Priority.LOW if req.on_behalf is not None else grant.priority  # a batch line: the lowest
+        if sampling is not req.sampling or priority != req.priority:  # a copy only for a change
+            ctx.req = replace(req, sampling=sampling, priority=priority)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from llmesh.kvhash import HashScheme
 from llmesh.types import Prompt
+from llmesh.gateway.domain.tokens import utf8_size
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +102,7 @@ def work_tokens(prompt: Prompt, max_tokens: int | None, default_output: int = DE
     """A request's work before it is tokenized: ~1 token per 3 bytes of prompt, plus
     the answer it may ask for; an embeddings request's ``inputs``: theirs, and no answer."""
     if inputs is not None:
-        return sum(len(t.encode()) for t in inputs) // 3
+        return sum(utf8_size(t) for t in inputs) // 3
     texts = [m.content for m in prompt.messages] if prompt.messages is not None else [prompt.text or ""]
-    return sum(len(t.encode()) for t in texts) // 3 + (max_tokens or default_output)
+    return sum(utf8_size(t) for t in texts) // 3 + (max_tokens or default_output)
+

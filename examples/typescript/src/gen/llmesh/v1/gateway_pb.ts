@@ -13,7 +13,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file llmesh/v1/gateway.proto.
  */
 export const file_llmesh_v1_gateway: GenFile = /*@__PURE__*/
-  fileDesc("ChdsbG1lc2gvdjEvZ2F0ZXdheS5wcm90bxIJbGxtZXNoLnYxItYCCgtDaGF0UmVxdWVzdBIZCgVtb2RlbBgBIAEoCUIKukgHcgUQARiAAhI1CghtZXNzYWdlcxgCIAMoCzIWLmxsbWVzaC52MS5DaGF0TWVzc2FnZUILukgIkgEFCAEQgBASKwoIc2FtcGxpbmcYAyABKAsyGS5sbG1lc2gudjEuU2FtcGxpbmdQYXJhbXMSFgoEdXNlchgEIAEoCUIIukgFcgMYgAISGQoBbhgFIAEoDUIJukgGKgQYECgBSACIAQESKQoFdG9vbHMYBiADKAsyDy5sbG1lc2gudjEuVG9vbEIJukgGkgEDEIABEioKC3Rvb2xfY2hvaWNlGAcgASgLMhUubGxtZXNoLnYxLlRvb2xDaG9pY2USIAoTcGFyYWxsZWxfdG9vbF9jYWxscxgIIAEoCEgBiAEBQgQKAl9uQhYKFF9wYXJhbGxlbF90b29sX2NhbGxzIpABCgRUb29sEioKBG5hbWUYASABKAlCHLpIGXIXMhVeW2EtekEtWjAtOV8tXXsxLDY0fSQSHQoLZGVzY3JpcHRpb24YAiABKAlCCLpIBXIDGIAgEh0KCnBhcmFtZXRlcnMYAyABKAlCCbpIBnIEKICABBITCgZzdHJpY3QYBCABKAhIAIgBAUIJCgdfc3RyaWN0IlwKClRvb2xDaG9pY2USMwoEbW9kZRgBIAEoCUIlukgiciBSBGF1dG9SBG5vbmVSCHJlcXVpcmVkUghmdW5jdGlvbhIZCghmdW5jdGlvbhgCIAEoCUIHukgEcgIYQCL5AQoMQ2hhdFJlc3BvbnNlEgoKAmlkGAEgASgJEgwKBHJvbGUYAiABKAkSDAoEdGV4dBgDIAEoCRIuCg1maW5pc2hfcmVhc29uGAQgASgOMhcubGxtZXNoLnYxLkZpbmlzaFJlYXNvbhIfCgV1c2FnZRgFIAEoCzIQLmxsbWVzaC52MS5Vc2FnZRINCgVtb2RlbBgGIAEoCRIpCghsb2dwcm9icxgHIAMoCzIXLmxsbWVzaC52MS5Ub2tlbkxvZ3Byb2ISDQoFaW5kZXgYCCABKA0SJwoKdG9vbF9jYWxscxgJIAMoCzITLmxsbWVzaC52MS5Ub29sQ2FsbCKiAQoPQ29tcGxldGVSZXF1ZXN0EhkKBW1vZGVsGAEgASgJQgq6SAdyBRABGIACEg4KBnByb21wdBgCIAEoCRIrCghzYW1wbGluZxgDIAEoCzIZLmxsbWVzaC52MS5TYW1wbGluZ1BhcmFtcxIWCgR1c2VyGAQgASgJQgi6SAVyAxiAAhIZCgFuGAUgASgNQgm6SAYqBBgQKAFIAIgBAUIECgJfbiLGAQoQQ29tcGxldGVSZXNwb25zZRIKCgJpZBgBIAEoCRIMCgR0ZXh0GAIgASgJEi4KDWZpbmlzaF9yZWFzb24YAyABKA4yFy5sbG1lc2gudjEuRmluaXNoUmVhc29uEh8KBXVzYWdlGAQgASgLMhAubGxtZXNoLnYxLlVzYWdlEg0KBW1vZGVsGAUgASgJEikKCGxvZ3Byb2JzGAYgAygLMhcubGxtZXNoLnYxLlRva2VuTG9ncHJvYhINCgVpbmRleBgHIAEoDSIaChhHYXRld2F5TGlzdE1vZGVsc1JlcXVlc3QiVQoZR2F0ZXdheUxpc3RNb2RlbHNSZXNwb25zZRIOCgZtb2RlbHMYASADKAkSKAoHZGV0YWlscxgCIAMoCzIXLmxsbWVzaC52MS5HYXRld2F5TW9kZWwiUwoMR2F0ZXdheU1vZGVsEgwKBG5hbWUYASABKAkSIwoGc2VydmVzGAIgAygOMhMubGxtZXNoLnYxLk1vZGVsQXBpEhAKCG93bmVkX2J5GAMgASgJIqQBChNHYXRld2F5RW1iZWRSZXF1ZXN0EhkKBW1vZGVsGAEgASgJQgq6SAdyBRABGIACEiUKBmlucHV0cxgCIAMoCUIVukgSkgEPCAEQgBAiCHIGEAEYgIACEhYKBHVzZXIYAyABKAlCCLpIBXIDGIACEiQKCmRpbWVuc2lvbnMYBCABKA1CC7pICCoGGICABCgBSACIAQFCDQoLX2RpbWVuc2lvbnMicAoUR2F0ZXdheUVtYmVkUmVzcG9uc2USKAoKZW1iZWRkaW5ncxgBIAMoCzIULmxsbWVzaC52MS5FbWJlZGRpbmcSDQoFbW9kZWwYAiABKAkSHwoFdXNhZ2UYAyABKAsyEC5sbG1lc2gudjEuVXNhZ2UqbgoITW9kZWxBcGkSGQoVTU9ERUxfQVBJX1VOU1BFQ0lGSUVEEAASEgoOTU9ERUxfQVBJX0NIQVQQARIZChVNT0RFTF9BUElfQ09NUExFVElPTlMQAhIYChRNT0RFTF9BUElfRU1CRURESU5HUxADMq4CCgdHYXRld2F5EjkKBENoYXQSFi5sbG1lc2gudjEuQ2hhdFJlcXVlc3QaFy5sbG1lc2gudjEuQ2hhdFJlc3BvbnNlMAESRQoIQ29tcGxldGUSGi5sbG1lc2gudjEuQ29tcGxldGVSZXF1ZXN0GhsubGxtZXNoLnYxLkNvbXBsZXRlUmVzcG9uc2UwARJXCgpMaXN0TW9kZWxzEiMubGxtZXNoLnYxLkdhdGV3YXlMaXN0TW9kZWxzUmVxdWVzdBokLmxsbWVzaC52MS5HYXRld2F5TGlzdE1vZGVsc1Jlc3BvbnNlEkgKBUVtYmVkEh4ubGxtZXNoLnYxLkdhdGV3YXlFbWJlZFJlcXVlc3QaHy5sbG1lc2gudjEuR2F0ZXdheUVtYmVkUmVzcG9uc2ViBnByb3RvMw", [file_buf_validate_validate, file_llmesh_v1_common]);
+  fileDesc("ChdsbG1lc2gvdjEvZ2F0ZXdheS5wcm90bxIJbGxtZXNoLnYxItYCCgtDaGF0UmVxdWVzdBIZCgVtb2RlbBgBIAEoCUIKukgHcgUQARiAAhI1CghtZXNzYWdlcxgCIAMoCzIWLmxsbWVzaC52MS5DaGF0TWVzc2FnZUILukgIkgEFCAEQgBASKwoIc2FtcGxpbmcYAyABKAsyGS5sbG1lc2gudjEuU2FtcGxpbmdQYXJhbXMSFgoEdXNlchgEIAEoCUIIukgFcgMYgAISGQoBbhgFIAEoDUIJukgGKgQYECgBSACIAQESKQoFdG9vbHMYBiADKAsyDy5sbG1lc2gudjEuVG9vbEIJukgGkgEDEIABEioKC3Rvb2xfY2hvaWNlGAcgASgLMhUubGxtZXNoLnYxLlRvb2xDaG9pY2USIAoTcGFyYWxsZWxfdG9vbF9jYWxscxgIIAEoCEgBiAEBQgQKAl9uQhYKFF9wYXJhbGxlbF90b29sX2NhbGxzIpABCgRUb29sEioKBG5hbWUYASABKAlCHLpIGXIXMhVeW2EtekEtWjAtOV8tXXsxLDY0fSQSHQoLZGVzY3JpcHRpb24YAiABKAlCCLpIBXIDGIAgEh0KCnBhcmFtZXRlcnMYAyABKAlCCbpIBnIEKICABBITCgZzdHJpY3QYBCABKAhIAIgBAUIJCgdfc3RyaWN0IlwKClRvb2xDaG9pY2USMwoEbW9kZRgBIAEoCUIlukgiciBSBGF1dG9SBG5vbmVSCHJlcXVpcmVkUghmdW5jdGlvbhIZCghmdW5jdGlvbhgCIAEoCUIHukgEcgIYQCL5AQoMQ2hhdFJlc3BvbnNlEgoKAmlkGAEgASgJEgwKBHJvbGUYAiABKAkSDAoEdGV4dBgDIAEoCRIuCg1maW5pc2hfcmVhc29uGAQgASgOMhcubGxtZXNoLnYxLkZpbmlzaFJlYXNvbhIfCgV1c2FnZRgFIAEoCzIQLmxsbWVzaC52MS5Vc2FnZRINCgVtb2RlbBgGIAEoCRIpCghsb2dwcm9icxgHIAMoCzIXLmxsbWVzaC52MS5Ub2tlbkxvZ3Byb2ISDQoFaW5kZXgYCCABKA0SJwoKdG9vbF9jYWxscxgJIAMoCzITLmxsbWVzaC52MS5Ub29sQ2FsbCKiAQoPQ29tcGxldGVSZXF1ZXN0EhkKBW1vZGVsGAEgASgJQgq6SAdyBRABGIACEg4KBnByb21wdBgCIAEoCRIrCghzYW1wbGluZxgDIAEoCzIZLmxsbWVzaC52MS5TYW1wbGluZ1BhcmFtcxIWCgR1c2VyGAQgASgJQgi6SAVyAxiAAhIZCgFuGAUgASgNQgm6SAYqBBgQKAFIAIgBAUIECgJfbiLGAQoQQ29tcGxldGVSZXNwb25zZRIKCgJpZBgBIAEoCRIMCgR0ZXh0GAIgASgJEi4KDWZpbmlzaF9yZWFzb24YAyABKA4yFy5sbG1lc2gudjEuRmluaXNoUmVhc29uEh8KBXVzYWdlGAQgASgLMhAubGxtZXNoLnYxLlVzYWdlEg0KBW1vZGVsGAUgASgJEikKCGxvZ3Byb2JzGAYgAygLMhcubGxtZXNoLnYxLlRva2VuTG9ncHJvYhINCgVpbmRleBgHIAEoDSIaChhHYXRld2F5TGlzdE1vZGVsc1JlcXVlc3QiVQoZR2F0ZXdheUxpc3RNb2RlbHNSZXNwb25zZRIOCgZtb2RlbHMYASADKAkSKAoHZGV0YWlscxgCIAMoCzIXLmxsbWVzaC52MS5HYXRld2F5TW9kZWwiUwoMR2F0ZXdheU1vZGVsEgwKBG5hbWUYASABKAkSIwoGc2VydmVzGAIgAygOMhMubGxtZXNoLnYxLk1vZGVsQXBpEhAKCG93bmVkX2J5GAMgASgJIqQBChNHYXRld2F5RW1iZWRSZXF1ZXN0EhkKBW1vZGVsGAEgASgJQgq6SAdyBRABGIACEiUKBmlucHV0cxgCIAMoCUIVukgSkgEPCAEQgBAiCHIGEAEYgIACEhYKBHVzZXIYAyABKAlCCLpIBXIDGIACEiQKCmRpbWVuc2lvbnMYBCABKA1CC7pICCoGGICABCgBSACIAQFCDQoLX2RpbWVuc2lvbnMicAoUR2F0ZXdheUVtYmVkUmVzcG9uc2USKAoKZW1iZWRkaW5ncxgBIAMoCzIULmxsbWVzaC52MS5FbWJlZGRpbmcSDQoFbW9kZWwYAiABKAkSHwoFdXNhZ2UYAyABKAsyEC5sbG1lc2gudjEuVXNhZ2UiXQoJQmF0Y2hGaWxlEgoKAmlkGAEgASgJEg0KBWJ5dGVzGAIgASgDEhIKCmNyZWF0ZWRfYXQYAyABKAMSEAoIZmlsZW5hbWUYBCABKAkSDwoHcHVycG9zZRgFIAEoCSJjChFDcmVhdGVGaWxlUmVxdWVzdBIYCgdjb250ZW50GAEgASgMQge6SAR6AhABEhoKCGZpbGVuYW1lGAIgASgJQgi6SAVyAxj/ARIYCgdwdXJwb3NlGAMgASgJQge6SARyAhhAIjgKEkNyZWF0ZUZpbGVSZXNwb25zZRIiCgRmaWxlGAEgASgLMhQubGxtZXNoLnYxLkJhdGNoRmlsZSItCg5HZXRGaWxlUmVxdWVzdBIbCgdmaWxlX2lkGAEgASgJQgq6SAdyBRABGIACIjUKD0dldEZpbGVSZXNwb25zZRIiCgRmaWxlGAEgASgLMhQubGxtZXNoLnYxLkJhdGNoRmlsZSJDChBMaXN0RmlsZXNSZXF1ZXN0EhYKBWxpbWl0GAEgASgNQge6SAQqAhhkEhcKBWFmdGVyGAIgASgJQgi6SAVyAxiAAiJJChFMaXN0RmlsZXNSZXNwb25zZRIiCgRkYXRhGAEgAygLMhQubGxtZXNoLnYxLkJhdGNoRmlsZRIQCghoYXNfbW9yZRgCIAEoCCI0ChVHZXRGaWxlQ29udGVudFJlcXVlc3QSGwoHZmlsZV9pZBgBIAEoCUIKukgHcgUQARiAAiIpChZHZXRGaWxlQ29udGVudFJlc3BvbnNlEg8KB2NvbnRlbnQYASABKAwiMAoRRGVsZXRlRmlsZVJlcXVlc3QSGwoHZmlsZV9pZBgBIAEoCUIKukgHcgUQARiAAiIxChJEZWxldGVGaWxlUmVzcG9uc2USCgoCaWQYASABKAkSDwoHZGVsZXRlZBgCIAEoCCJGChJCYXRjaFJlcXVlc3RDb3VudHMSDQoFdG90YWwYASABKAMSEQoJY29tcGxldGVkGAIgASgDEg4KBmZhaWxlZBgDIAEoAyJICgpCYXRjaEVycm9yEgwKBGNvZGUYASABKAkSDwoHbWVzc2FnZRgCIAEoCRIMCgRsaW5lGAMgASgDEg0KBXBhcmFtGAQgASgJIjIKC0JhdGNoRXJyb3JzEiMKBGRhdGEYASADKAsyFS5sbG1lc2gudjEuQmF0Y2hFcnJvciLhBQoFQmF0Y2gSCgoCaWQYASABKAkSEAoIZW5kcG9pbnQYAiABKAkSFQoNaW5wdXRfZmlsZV9pZBgDIAEoCRIZChFjb21wbGV0aW9uX3dpbmRvdxgEIAEoCRIOCgZzdGF0dXMYBSABKAkSGwoOb3V0cHV0X2ZpbGVfaWQYBiABKAlIAIgBARIaCg1lcnJvcl9maWxlX2lkGAcgASgJSAGIAQESEgoKY3JlYXRlZF9hdBgIIAEoAxIbCg5pbl9wcm9ncmVzc19hdBgJIAEoA0gCiAEBEhIKCmV4cGlyZXNfYXQYCiABKAMSGgoNZmluYWxpemluZ19hdBgLIAEoA0gDiAEBEhkKDGNvbXBsZXRlZF9hdBgMIAEoA0gEiAEBEhYKCWZhaWxlZF9hdBgNIAEoA0gFiAEBEhcKCmV4cGlyZWRfYXQYDiABKANIBogBARIaCg1jYW5jZWxsaW5nX2F0GA8gASgDSAeIAQESGQoMY2FuY2VsbGVkX2F0GBAgASgDSAiIAQESNQoOcmVxdWVzdF9jb3VudHMYESABKAsyHS5sbG1lc2gudjEuQmF0Y2hSZXF1ZXN0Q291bnRzEjAKCG1ldGFkYXRhGBIgAygLMh4ubGxtZXNoLnYxLkJhdGNoLk1ldGFkYXRhRW50cnkSJgoGZXJyb3JzGBMgASgLMhYubGxtZXNoLnYxLkJhdGNoRXJyb3JzGi8KDU1ldGFkYXRhRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4AUIRCg9fb3V0cHV0X2ZpbGVfaWRCEAoOX2Vycm9yX2ZpbGVfaWRCEQoPX2luX3Byb2dyZXNzX2F0QhAKDl9maW5hbGl6aW5nX2F0Qg8KDV9jb21wbGV0ZWRfYXRCDAoKX2ZhaWxlZF9hdEINCgtfZXhwaXJlZF9hdEIQCg5fY2FuY2VsbGluZ19hdEIPCg1fY2FuY2VsbGVkX2F0IvABChJDcmVhdGVCYXRjaFJlcXVlc3QSIQoNaW5wdXRfZmlsZV9pZBgBIAEoCUIKukgHcgUQARiAAhIZCghlbmRwb2ludBgCIAEoCUIHukgEcgIYQBIiChFjb21wbGV0aW9uX3dpbmRvdxgDIAEoCUIHukgEcgIYEBJHCghtZXRhZGF0YRgEIAMoCzIrLmxsbWVzaC52MS5DcmVhdGVCYXRjaFJlcXVlc3QuTWV0YWRhdGFFbnRyeUIIukgFmgECEBAaLwoNTWV0YWRhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIjYKE0NyZWF0ZUJhdGNoUmVzcG9uc2USHwoFYmF0Y2gYASABKAsyEC5sbG1lc2gudjEuQmF0Y2giLwoPR2V0QmF0Y2hSZXF1ZXN0EhwKCGJhdGNoX2lkGAEgASgJQgq6SAdyBRABGIACIjMKEEdldEJhdGNoUmVzcG9uc2USHwoFYmF0Y2gYASABKAsyEC5sbG1lc2gudjEuQmF0Y2giRQoSTGlzdEJhdGNoZXNSZXF1ZXN0EhYKBWxpbWl0GAEgASgNQge6SAQqAhhkEhcKBWFmdGVyGAIgASgJQgi6SAVyAxiAAiJHChNMaXN0QmF0Y2hlc1Jlc3BvbnNlEh4KBGRhdGEYASADKAsyEC5sbG1lc2gudjEuQmF0Y2gSEAoIaGFzX21vcmUYAiABKAgiMgoSQ2FuY2VsQmF0Y2hSZXF1ZXN0EhwKCGJhdGNoX2lkGAEgASgJQgq6SAdyBRABGIACIjYKE0NhbmNlbEJhdGNoUmVzcG9uc2USHwoFYmF0Y2gYASABKAsyEC5sbG1lc2gudjEuQmF0Y2gqbgoITW9kZWxBcGkSGQoVTU9ERUxfQVBJX1VOU1BFQ0lGSUVEEAASEgoOTU9ERUxfQVBJX0NIQVQQARIZChVNT0RFTF9BUElfQ09NUExFVElPTlMQAhIYChRNT0RFTF9BUElfRU1CRURESU5HUxADMtQHCgdHYXRld2F5EjkKBENoYXQSFi5sbG1lc2gudjEuQ2hhdFJlcXVlc3QaFy5sbG1lc2gudjEuQ2hhdFJlc3BvbnNlMAESRQoIQ29tcGxldGUSGi5sbG1lc2gudjEuQ29tcGxldGVSZXF1ZXN0GhsubGxtZXNoLnYxLkNvbXBsZXRlUmVzcG9uc2UwARJXCgpMaXN0TW9kZWxzEiMubGxtZXNoLnYxLkdhdGV3YXlMaXN0TW9kZWxzUmVxdWVzdBokLmxsbWVzaC52MS5HYXRld2F5TGlzdE1vZGVsc1Jlc3BvbnNlEkgKBUVtYmVkEh4ubGxtZXNoLnYxLkdhdGV3YXlFbWJlZFJlcXVlc3QaHy5sbG1lc2gudjEuR2F0ZXdheUVtYmVkUmVzcG9uc2USSQoKQ3JlYXRlRmlsZRIcLmxsbWVzaC52MS5DcmVhdGVGaWxlUmVxdWVzdBodLmxsbWVzaC52MS5DcmVhdGVGaWxlUmVzcG9uc2USQAoHR2V0RmlsZRIZLmxsbWVzaC52MS5HZXRGaWxlUmVxdWVzdBoaLmxsbWVzaC52MS5HZXRGaWxlUmVzcG9uc2USRgoJTGlzdEZpbGVzEhsubGxtZXNoLnYxLkxpc3RGaWxlc1JlcXVlc3QaHC5sbG1lc2gudjEuTGlzdEZpbGVzUmVzcG9uc2USVQoOR2V0RmlsZUNvbnRlbnQSIC5sbG1lc2gudjEuR2V0RmlsZUNvbnRlbnRSZXF1ZXN0GiEubGxtZXNoLnYxLkdldEZpbGVDb250ZW50UmVzcG9uc2USSQoKRGVsZXRlRmlsZRIcLmxsbWVzaC52MS5EZWxldGVGaWxlUmVxdWVzdBodLmxsbWVzaC52MS5EZWxldGVGaWxlUmVzcG9uc2USTAoLQ3JlYXRlQmF0Y2gSHS5sbG1lc2gudjEuQ3JlYXRlQmF0Y2hSZXF1ZXN0Gh4ubGxtZXNoLnYxLkNyZWF0ZUJhdGNoUmVzcG9uc2USQwoIR2V0QmF0Y2gSGi5sbG1lc2gudjEuR2V0QmF0Y2hSZXF1ZXN0GhsubGxtZXNoLnYxLkdldEJhdGNoUmVzcG9uc2USTAoLTGlzdEJhdGNoZXMSHS5sbG1lc2gudjEuTGlzdEJhdGNoZXNSZXF1ZXN0Gh4ubGxtZXNoLnYxLkxpc3RCYXRjaGVzUmVzcG9uc2USTAoLQ2FuY2VsQmF0Y2gSHS5sbG1lc2gudjEuQ2FuY2VsQmF0Y2hSZXF1ZXN0Gh4ubGxtZXNoLnYxLkNhbmNlbEJhdGNoUmVzcG9uc2ViBnByb3RvMw", [file_buf_validate_validate, file_llmesh_v1_common]);
 
 /**
  * A chat completion request (OpenAI's POST /v1/chat/completions).
@@ -60,7 +60,7 @@ export type ChatRequest = Message<"llmesh.v1.ChatRequest"> & {
 
   /**
    * Functions the model may call, at most 128. Served by OpenAI-compatible
-   * providers and by llmesh engines whose backend calls tools (llamacpp); a model
+   * providers and by llmesh engines whose backend calls tools (llamacpp, vllm); a model
    * served only by other engines refuses a request with tools with
    * INVALID_ARGUMENT naming "tools".
    *
@@ -520,6 +520,748 @@ export const GatewayEmbedResponseSchema: GenMessage<GatewayEmbedResponse> = /*@_
   messageDesc(file_llmesh_v1_gateway, 10);
 
 /**
+ * A file of the Batch API (OpenAI's file object).
+ *
+ * @generated from message llmesh.v1.BatchFile
+ */
+export type BatchFile = Message<"llmesh.v1.BatchFile"> & {
+  /**
+   * "file-" and 24 hex digits.
+   *
+   * @generated from field: string id = 1;
+   */
+  id: string;
+
+  /**
+   * Its size.
+   *
+   * @generated from field: int64 bytes = 2;
+   */
+  bytes: bigint;
+
+  /**
+   * Unix seconds.
+   *
+   * @generated from field: int64 created_at = 3;
+   */
+  createdAt: bigint;
+
+  /**
+   * As uploaded (an output file: "<batch id>_output.jsonl" or "_error.jsonl").
+   *
+   * @generated from field: string filename = 4;
+   */
+  filename: string;
+
+  /**
+   * "batch" (an input) or "batch_output" (a batch's output or error file).
+   *
+   * @generated from field: string purpose = 5;
+   */
+  purpose: string;
+};
+
+/**
+ * Describes the message llmesh.v1.BatchFile.
+ * Use `create(BatchFileSchema)` to create a new message.
+ */
+export const BatchFileSchema: GenMessage<BatchFile> = /*@__PURE__*/
+  messageDesc(file_llmesh_v1_gateway, 11);
+
+/**
+ * Uploads a batch input file.
+ *
+ * @generated from message llmesh.v1.CreateFileRequest
+ */
+export type CreateFileRequest = Message<"llmesh.v1.CreateFileRequest"> & {
+  /**
+   * The JSONL content.
+   *
+   * @generated from field: bytes content = 1;
+   */
+  content: Uint8Array;
+
+  /**
+   * The file's name (at most 255 characters).
+   *
+   * @generated from field: string filename = 2;
+   */
+  filename: string;
+
+  /**
+   * "batch", the only purpose served.
+   *
+   * @generated from field: string purpose = 3;
+   */
+  purpose: string;
+};
+
+/**
+ * Describes the message llmesh.v1.CreateFileRequest.
+ * Use `create(CreateFileRequestSchema)` to create a new message.
+ */
+export const CreateFileRequestSchema: GenMessage<CreateFileRequest> = /*@__PURE__*/
+  messageDesc(file_llmesh_v1_gateway, 12);
+
+/**
+ * The uploaded file.
+ *
+ * @generated from message llmesh.v1.CreateFileResponse
+ */
+export type CreateFileResponse = Message<"llmesh.v1.CreateFileResponse"> & {
+  /**
+   * Its object.
+   *
+   * @generated from field: llmesh.v1.BatchFile file = 1;
+   */
+  file?: BatchFile | undefined;
+};
+
+/**
+ * Describes the message llmesh.v1.CreateFileResponse.
+ * Use `create(CreateFileResponseSchema)` to create a new message.
+ */
+export const CreateFileResponseSchema: GenMessage<CreateFileResponse> = /*@__PURE__*/
+  messageDesc(file_llmesh_v1_gateway, 13);
+
+/**
+ * Asks for one file.
+ *
+ * @generated from message llmesh.v1.GetFileRequest
+ */
+export type GetFileRequest = Message<"llmesh.v1.GetFileRequest"> & {
+  /**
+   * The file's id.
+   *
+   * @generated from field: string file_id = 1;
+   */
+  fileId: string;
+};
+
+/**
+ * Describes the message llmesh.v1.GetFileRequest.
+ * Use `create(GetFileRequestSchema)` to create a new message.
+ */
+export const GetFileRequestSchema: GenMessage<GetFileRequest> = /*@__PURE__*/
+  messageDesc(file_llmesh_v1_gateway, 14);
+
+/**
+ * One file.
+ *
+ * @generated from message llmesh.v1.GetFileResponse
+ */
+export type GetFileResponse = Message<"llmesh.v1.GetFileResponse"> & {
+  /**
+   * Its object.
+   *
+   * @generated from field: llmesh.v1.BatchFile file = 1;
+   */
+  file?: BatchFile | undefined;
+};
+
+/**
+ * Describes the message llmesh.v1.GetFileResponse.
+ * Use `create(GetFileResponseSchema)` to create a new message.
+ */
+export const GetFileResponseSchema: GenMessage<GetFileResponse> = /*@__PURE__*/
+  messageDesc(file_llmesh_v1_gateway, 15);
+
+/**
+ * Asks for a page of the caller's files.
+ *
+ * @generated from message llmesh.v1.ListFilesRequest
+ */
+export type ListFilesRequest = Message<"llmesh.v1.ListFilesRequest"> & {
+  /**
+   * The page's size, 1..100 (0: 20).
+   *
+   * @generated from field: uint32 limit = 1;
+   */
+  limit: number;
+
+  /**
+   * The page starts after this file id (empty: at the newest).
+   *
+   * @generated from field: string after = 2;
+   */
+  after: string;
+};
+
+/**
+ * Describes the message llmesh.v1.ListFilesRequest.
+ * Use `create(ListFilesRequestSchema)` to create a new message.
+ */
+export const ListFilesRequestSchema: GenMessage<ListFilesRequest> = /*@__PURE__*/
+  messageDesc(file_llmesh_v1_gateway, 16);
+
+/**
+ * A page of files.
+ *
+ * @generated from message llmesh.v1.ListFilesResponse
+ */
+export type ListFilesResponse = Message<"llmesh.v1.ListFilesResponse"> & {
+  /**
+   * Newest first.
+   *
+   * @generated from field: repeated llmesh.v1.BatchFile data = 1;
+   */
+  data: BatchFile[];
+
+  /**
+   * Whether more follow the last.
+   *
+   * @generated from field: bool has_more = 2;
+   */
+  hasMore: boolean;
+};
+
+/**
+ * Describes the message llmesh.v1.ListFilesResponse.
+ * Use `create(ListFilesResponseSchema)` to create a new message.
+ */
+export const ListFilesResponseSchema: GenMessage<ListFilesResponse> = /*@__PURE__*/
+  messageDesc(file_llmesh_v1_gateway, 17);
+
+/**
+ * Asks for a file's content.
+ *
+ * @generated from message llmesh.v1.GetFileContentRequest
+ */
+export type GetFileContentRequest = Message<"llmesh.v1.GetFileContentRequest"> & {
+  /**
+   * The file's id.
+   *
+   * @generated from field: string file_id = 1;
+   */
+  fileId: string;
+};
+
+/**
+ * Describes the message llmesh.v1.GetFileContentRequest.
+ * Use `create(GetFileContentRequestSchema)` to create a new message.
+ */
+export const GetFileContentRequestSchema: GenMessage<GetFileContentRequest> = /*@__PURE__*/
+  messageDesc(file_llmesh_v1_gateway, 18);
+
+/**
+ * A file's content.
+ *
+ * @generated from message llmesh.v1.GetFileContentResponse
+ */
+export type GetFileContentResponse = Message<"llmesh.v1.GetFileContentResponse"> & {
+  /**
+   * The bytes (JSONL).
+   *
+   * @generated from field: bytes content = 1;
+   */
+  content: Uint8Array;
+};
+
+/**
+ * Describes the message llmesh.v1.GetFileContentResponse.
+ * Use `create(GetFileContentResponseSchema)` to create a new message.
+ */
+export const GetFileContentResponseSchema: GenMessage<GetFileContentResponse> = /*@__PURE__*/
+  messageDesc(file_llmesh_v1_gateway, 19);
+
+/**
+ * Deletes a file.
+ *
+ * @generated from message llmesh.v1.DeleteFileRequest
+ */
+export type DeleteFileRequest = Message<"llmesh.v1.DeleteFileRequest"> & {
+  /**
+   * The file's id.
+   *
+   * @generated from field: string file_id = 1;
+   */
+  fileId: string;
+};
+
+/**
+ * Describes the message llmesh.v1.DeleteFileRequest.
+ * Use `create(DeleteFileRequestSchema)` to create a new message.
+ */
+export const DeleteFileRequestSchema: GenMessage<DeleteFileRequest> = /*@__PURE__*/
+  messageDesc(file_llmesh_v1_gateway, 20);
+
+/**
+ * A deleted file.
+ *
+ * @generated from message llmesh.v1.DeleteFileResponse
+ */
+export type DeleteFileResponse = Message<"llmesh.v1.DeleteFileResponse"> & {
+  /**
+   * Its id.
+   *
+   * @generated from field: string id = 1;
+   */
+  id: string;
+
+  /**
+   * True.
+   *
+   * @generated from field: bool deleted = 2;
+   */
+  deleted: boolean;
+};
+
+/**
+ * Describes the message llmesh.v1.DeleteFileResponse.
+ * Use `create(DeleteFileResponseSchema)` to create a new message.
+ */
+export const DeleteFileResponseSchema: GenMessage<DeleteFileResponse> = /*@__PURE__*/
+  messageDesc(file_llmesh_v1_gateway, 21);
+
+/**
+ * A batch's request counts.
+ *
+ * @generated from message llmesh.v1.BatchRequestCounts
+ */
+export type BatchRequestCounts = Message<"llmesh.v1.BatchRequestCounts"> & {
+  /**
+   * Lines in the input file.
+   *
+   * @generated from field: int64 total = 1;
+   */
+  total: bigint;
+
+  /**
+   * Lines answered with status 200 (in the output file).
+   *
+   * @generated from field: int64 completed = 2;
+   */
+  completed: bigint;
+
+  /**
+   * Lines answered otherwise, or expired (in the error file).
+   *
+   * @generated from field: int64 failed = 3;
+   */
+  failed: bigint;
+};
+
+/**
+ * Describes the message llmesh.v1.BatchRequestCounts.
+ * Use `create(BatchRequestCountsSchema)` to create a new message.
+ */
+export const BatchRequestCountsSchema: GenMessage<BatchRequestCounts> = /*@__PURE__*/
+  messageDesc(file_llmesh_v1_gateway, 22);
+
+/**
+ * Why a batch failed, line by line.
+ *
+ * @generated from message llmesh.v1.BatchError
+ */
+export type BatchError = Message<"llmesh.v1.BatchError"> & {
+  /**
+   * E.g. "mismatched_endpoint".
+   *
+   * @generated from field: string code = 1;
+   */
+  code: string;
+
+  /**
+   * What is wrong.
+   *
+   * @generated from field: string message = 2;
+   */
+  message: string;
+
+  /**
+   * The line (1-based).
+   *
+   * @generated from field: int64 line = 3;
+   */
+  line: bigint;
+
+  /**
+   * The field.
+   *
+   * @generated from field: string param = 4;
+   */
+  param: string;
+};
+
+/**
+ * Describes the message llmesh.v1.BatchError.
+ * Use `create(BatchErrorSchema)` to create a new message.
+ */
+export const BatchErrorSchema: GenMessage<BatchError> = /*@__PURE__*/
+  messageDesc(file_llmesh_v1_gateway, 23);
+
+/**
+ * A batch's errors.
+ *
+ * @generated from message llmesh.v1.BatchErrors
+ */
+export type BatchErrors = Message<"llmesh.v1.BatchErrors"> & {
+  /**
+   * At most 100.
+   *
+   * @generated from field: repeated llmesh.v1.BatchError data = 1;
+   */
+  data: BatchError[];
+};
+
+/**
+ * Describes the message llmesh.v1.BatchErrors.
+ * Use `create(BatchErrorsSchema)` to create a new message.
+ */
+export const BatchErrorsSchema: GenMessage<BatchErrors> = /*@__PURE__*/
+  messageDesc(file_llmesh_v1_gateway, 24);
+
+/**
+ * A batch (OpenAI's batch object).
+ *
+ * @generated from message llmesh.v1.Batch
+ */
+export type Batch = Message<"llmesh.v1.Batch"> & {
+  /**
+   * "batch_" and 24 hex digits.
+   *
+   * @generated from field: string id = 1;
+   */
+  id: string;
+
+  /**
+   * "/v1/chat/completions" or "/v1/completions".
+   *
+   * @generated from field: string endpoint = 2;
+   */
+  endpoint: string;
+
+  /**
+   * The input file.
+   *
+   * @generated from field: string input_file_id = 3;
+   */
+  inputFileId: string;
+
+  /**
+   * "24h".
+   *
+   * @generated from field: string completion_window = 4;
+   */
+  completionWindow: string;
+
+  /**
+   * validating, in_progress, finalizing, completed, failed, cancelling, cancelled, expired.
+   *
+   * @generated from field: string status = 5;
+   */
+  status: string;
+
+  /**
+   * Answers with status 200; unset until the batch ends, or when there are none.
+   *
+   * @generated from field: optional string output_file_id = 6;
+   */
+  outputFileId?: string | undefined;
+
+  /**
+   * Other answers and expired lines; unset until the batch ends, or when there are none.
+   *
+   * @generated from field: optional string error_file_id = 7;
+   */
+  errorFileId?: string | undefined;
+
+  /**
+   * Unix seconds, as every time below (unset: not yet).
+   *
+   * @generated from field: int64 created_at = 8;
+   */
+  createdAt: bigint;
+
+  /**
+   * When the lines began to run.
+   *
+   * @generated from field: optional int64 in_progress_at = 9;
+   */
+  inProgressAt?: bigint | undefined;
+
+  /**
+   * When the completion window ends.
+   *
+   * @generated from field: int64 expires_at = 10;
+   */
+  expiresAt: bigint;
+
+  /**
+   * When the output files began to be written.
+   *
+   * @generated from field: optional int64 finalizing_at = 11;
+   */
+  finalizingAt?: bigint | undefined;
+
+  /**
+   * When it completed.
+   *
+   * @generated from field: optional int64 completed_at = 12;
+   */
+  completedAt?: bigint | undefined;
+
+  /**
+   * When it failed.
+   *
+   * @generated from field: optional int64 failed_at = 13;
+   */
+  failedAt?: bigint | undefined;
+
+  /**
+   * When it expired.
+   *
+   * @generated from field: optional int64 expired_at = 14;
+   */
+  expiredAt?: bigint | undefined;
+
+  /**
+   * When a cancel was asked.
+   *
+   * @generated from field: optional int64 cancelling_at = 15;
+   */
+  cancellingAt?: bigint | undefined;
+
+  /**
+   * When the cancel was done.
+   *
+   * @generated from field: optional int64 cancelled_at = 16;
+   */
+  cancelledAt?: bigint | undefined;
+
+  /**
+   * The counts so far.
+   *
+   * @generated from field: llmesh.v1.BatchRequestCounts request_counts = 17;
+   */
+  requestCounts?: BatchRequestCounts | undefined;
+
+  /**
+   * As given when it was created.
+   *
+   * @generated from field: map<string, string> metadata = 18;
+   */
+  metadata: { [key: string]: string };
+
+  /**
+   * Set when it failed validation.
+   *
+   * @generated from field: llmesh.v1.BatchErrors errors = 19;
+   */
+  errors?: BatchErrors | undefined;
+};
+
+/**
+ * Describes the message llmesh.v1.Batch.
+ * Use `create(BatchSchema)` to create a new message.
+ */
+export const BatchSchema: GenMessage<Batch> = /*@__PURE__*/
+  messageDesc(file_llmesh_v1_gateway, 25);
+
+/**
+ * Starts a batch.
+ *
+ * @generated from message llmesh.v1.CreateBatchRequest
+ */
+export type CreateBatchRequest = Message<"llmesh.v1.CreateBatchRequest"> & {
+  /**
+   * An uploaded file of purpose "batch".
+   *
+   * @generated from field: string input_file_id = 1;
+   */
+  inputFileId: string;
+
+  /**
+   * "/v1/chat/completions" or "/v1/completions": every line's url.
+   *
+   * @generated from field: string endpoint = 2;
+   */
+  endpoint: string;
+
+  /**
+   * "24h".
+   *
+   * @generated from field: string completion_window = 3;
+   */
+  completionWindow: string;
+
+  /**
+   * Up to 16 pairs (keys up to 64 characters, values up to 512).
+   *
+   * @generated from field: map<string, string> metadata = 4;
+   */
+  metadata: { [key: string]: string };
+};
+
+/**
+ * Describes the message llmesh.v1.CreateBatchRequest.
+ * Use `create(CreateBatchRequestSchema)` to create a new message.
+ */
+export const CreateBatchRequestSchema: GenMessage<CreateBatchRequest> = /*@__PURE__*/
+  messageDesc(file_llmesh_v1_gateway, 26);
+
+/**
+ * The batch started.
+ *
+ * @generated from message llmesh.v1.CreateBatchResponse
+ */
+export type CreateBatchResponse = Message<"llmesh.v1.CreateBatchResponse"> & {
+  /**
+   * Its object.
+   *
+   * @generated from field: llmesh.v1.Batch batch = 1;
+   */
+  batch?: Batch | undefined;
+};
+
+/**
+ * Describes the message llmesh.v1.CreateBatchResponse.
+ * Use `create(CreateBatchResponseSchema)` to create a new message.
+ */
+export const CreateBatchResponseSchema: GenMessage<CreateBatchResponse> = /*@__PURE__*/
+  messageDesc(file_llmesh_v1_gateway, 27);
+
+/**
+ * Asks for one batch.
+ *
+ * @generated from message llmesh.v1.GetBatchRequest
+ */
+export type GetBatchRequest = Message<"llmesh.v1.GetBatchRequest"> & {
+  /**
+   * The batch's id.
+   *
+   * @generated from field: string batch_id = 1;
+   */
+  batchId: string;
+};
+
+/**
+ * Describes the message llmesh.v1.GetBatchRequest.
+ * Use `create(GetBatchRequestSchema)` to create a new message.
+ */
+export const GetBatchRequestSchema: GenMessage<GetBatchRequest> = /*@__PURE__*/
+  messageDesc(file_llmesh_v1_gateway, 28);
+
+/**
+ * One batch.
+ *
+ * @generated from message llmesh.v1.GetBatchResponse
+ */
+export type GetBatchResponse = Message<"llmesh.v1.GetBatchResponse"> & {
+  /**
+   * Its object.
+   *
+   * @generated from field: llmesh.v1.Batch batch = 1;
+   */
+  batch?: Batch | undefined;
+};
+
+/**
+ * Describes the message llmesh.v1.GetBatchResponse.
+ * Use `create(GetBatchResponseSchema)` to create a new message.
+ */
+export const GetBatchResponseSchema: GenMessage<GetBatchResponse> = /*@__PURE__*/
+  messageDesc(file_llmesh_v1_gateway, 29);
+
+/**
+ * Asks for a page of the caller's batches.
+ *
+ * @generated from message llmesh.v1.ListBatchesRequest
+ */
+export type ListBatchesRequest = Message<"llmesh.v1.ListBatchesRequest"> & {
+  /**
+   * The page's size, 1..100 (0: 20).
+   *
+   * @generated from field: uint32 limit = 1;
+   */
+  limit: number;
+
+  /**
+   * The page starts after this batch id (empty: at the newest).
+   *
+   * @generated from field: string after = 2;
+   */
+  after: string;
+};
+
+/**
+ * Describes the message llmesh.v1.ListBatchesRequest.
+ * Use `create(ListBatchesRequestSchema)` to create a new message.
+ */
+export const ListBatchesRequestSchema: GenMessage<ListBatchesRequest> = /*@__PURE__*/
+  messageDesc(file_llmesh_v1_gateway, 30);
+
+/**
+ * A page of batches.
+ *
+ * @generated from message llmesh.v1.ListBatchesResponse
+ */
+export type ListBatchesResponse = Message<"llmesh.v1.ListBatchesResponse"> & {
+  /**
+   * Newest first.
+   *
+   * @generated from field: repeated llmesh.v1.Batch data = 1;
+   */
+  data: Batch[];
+
+  /**
+   * Whether more follow the last.
+   *
+   * @generated from field: bool has_more = 2;
+   */
+  hasMore: boolean;
+};
+
+/**
+ * Describes the message llmesh.v1.ListBatchesResponse.
+ * Use `create(ListBatchesResponseSchema)` to create a new message.
+ */
+export const ListBatchesResponseSchema: GenMessage<ListBatchesResponse> = /*@__PURE__*/
+  messageDesc(file_llmesh_v1_gateway, 31);
+
+/**
+ * Cancels a batch.
+ *
+ * @generated from message llmesh.v1.CancelBatchRequest
+ */
+export type CancelBatchRequest = Message<"llmesh.v1.CancelBatchRequest"> & {
+  /**
+   * The batch's id.
+   *
+   * @generated from field: string batch_id = 1;
+   */
+  batchId: string;
+};
+
+/**
+ * Describes the message llmesh.v1.CancelBatchRequest.
+ * Use `create(CancelBatchRequestSchema)` to create a new message.
+ */
+export const CancelBatchRequestSchema: GenMessage<CancelBatchRequest> = /*@__PURE__*/
+  messageDesc(file_llmesh_v1_gateway, 32);
+
+/**
+ * The batch, cancelling (or already ended).
+ *
+ * @generated from message llmesh.v1.CancelBatchResponse
+ */
+export type CancelBatchResponse = Message<"llmesh.v1.CancelBatchResponse"> & {
+  /**
+   * Its object.
+   *
+   * @generated from field: llmesh.v1.Batch batch = 1;
+   */
+  batch?: Batch | undefined;
+};
+
+/**
+ * Describes the message llmesh.v1.CancelBatchResponse.
+ * Use `create(CancelBatchResponseSchema)` to create a new message.
+ */
+export const CancelBatchResponseSchema: GenMessage<CancelBatchResponse> = /*@__PURE__*/
+  messageDesc(file_llmesh_v1_gateway, 33);
+
+/**
  * An API a listed model answers.
  *
  * @generated from enum llmesh.v1.ModelApi
@@ -617,6 +1359,100 @@ export const Gateway: GenService<{
     methodKind: "unary";
     input: typeof GatewayEmbedRequestSchema;
     output: typeof GatewayEmbedResponseSchema;
+  },
+  /**
+   * The Batch API (OpenAI's /v1/files and /v1/batches; docs/api.md "Batch API"): the same
+   * operations and rules as the HTTP front's. A file or batch of another tenant is
+   * NOT_FOUND, as one that does not exist.
+   * Uploads a batch input file (JSONL, purpose "batch"), checked whole; INVALID_ARGUMENT
+   * names the first bad line. gRPC's message limit (4 MiB) caps a file sent this way.
+   *
+   * @generated from rpc llmesh.v1.Gateway.CreateFile
+   */
+  createFile: {
+    methodKind: "unary";
+    input: typeof CreateFileRequestSchema;
+    output: typeof CreateFileResponseSchema;
+  },
+  /**
+   * One file's object.
+   *
+   * @generated from rpc llmesh.v1.Gateway.GetFile
+   */
+  getFile: {
+    methodKind: "unary";
+    input: typeof GetFileRequestSchema;
+    output: typeof GetFileResponseSchema;
+  },
+  /**
+   * The caller's files, newest first.
+   *
+   * @generated from rpc llmesh.v1.Gateway.ListFiles
+   */
+  listFiles: {
+    methodKind: "unary";
+    input: typeof ListFilesRequestSchema;
+    output: typeof ListFilesResponseSchema;
+  },
+  /**
+   * A file's content (an input, or a batch's output or error file).
+   *
+   * @generated from rpc llmesh.v1.Gateway.GetFileContent
+   */
+  getFileContent: {
+    methodKind: "unary";
+    input: typeof GetFileContentRequestSchema;
+    output: typeof GetFileContentResponseSchema;
+  },
+  /**
+   * Deletes a file.
+   *
+   * @generated from rpc llmesh.v1.Gateway.DeleteFile
+   */
+  deleteFile: {
+    methodKind: "unary";
+    input: typeof DeleteFileRequestSchema;
+    output: typeof DeleteFileResponseSchema;
+  },
+  /**
+   * Starts a batch over an uploaded file; its lines run at the lowest priority.
+   *
+   * @generated from rpc llmesh.v1.Gateway.CreateBatch
+   */
+  createBatch: {
+    methodKind: "unary";
+    input: typeof CreateBatchRequestSchema;
+    output: typeof CreateBatchResponseSchema;
+  },
+  /**
+   * One batch, with its request counts.
+   *
+   * @generated from rpc llmesh.v1.Gateway.GetBatch
+   */
+  getBatch: {
+    methodKind: "unary";
+    input: typeof GetBatchRequestSchema;
+    output: typeof GetBatchResponseSchema;
+  },
+  /**
+   * The caller's batches, newest first.
+   *
+   * @generated from rpc llmesh.v1.Gateway.ListBatches
+   */
+  listBatches: {
+    methodKind: "unary";
+    input: typeof ListBatchesRequestSchema;
+    output: typeof ListBatchesResponseSchema;
+  },
+  /**
+   * Cancels a batch: lines not started are not run (status "cancelling", then "cancelled").
+   *
+   * @generated from rpc llmesh.v1.Gateway.CancelBatch
+   */
+  cancelBatch: {
+    methodKind: "unary";
+    input: typeof CancelBatchRequestSchema;
+    output: typeof CancelBatchResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_llmesh_v1_gateway, 0);
