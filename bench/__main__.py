@@ -29,6 +29,7 @@ BENCHES = (
     Bench("guards", "PII masking, the injection screen and audit appends, in process"),
     Bench("cache", "response cache: hit latency, semantic lookup at scale, quality on labelled pairs"),
     Bench("routing", "routing policies compared on one fleet of sim engines"),
+    Bench("fairness", "flow control under 1.5x and 3x overload: tenants' token shares, TTFT, refusals"),
     Bench("provider", "the gateway in front of an instant OpenAI-compatible server"),
     Bench("shadow", "shadow traffic's cost on the hot path"),
     Bench("batch", "interactive streams' TTFT p99 with and without a 500-request batch (Batch API), sim engine"),

@@ -128,6 +128,16 @@ class QueueFull(Overloaded):
             reason="queue_full", headers={"retry-after": str(math.ceil(ms / 1000)), "retry-after-ms": str(ms)})
 
 
+class FlowRefused(Overloaded):
+    """The gateway's flow control turned a waiting (or arriving) request away: ``reason`` says
+    why (queue_full, tenant_queue_full, preempted, shed, deadline), Retry-After when to come back."""
+
+    def __init__(self, message: str, reason: str, retry_after_s: float):
+        ms = max(1, round(retry_after_s * 1000))
+        LlmeshError.__init__(self, message, reason=reason,
+                             headers={"retry-after": str(math.ceil(ms / 1000)), "retry-after-ms": str(ms)})
+
+
 class Unavailable(LlmeshError):
     code = ErrorCode.UNAVAILABLE
 

@@ -48,7 +48,7 @@ from llmesh.gateway.fronts.http import HttpFront
 from llmesh.gateway.fronts.servicer import GatewayServicer
 from llmesh.gateway.guard_workers import GuardWorkers
 from llmesh.gateway.loop_watch import watch_loop
-from llmesh.gateway.metrics import GatewayMetrics
+from llmesh.gateway.metrics import FlowMetrics, GatewayMetrics
 from llmesh.gateway.pipeline import Pipeline
 from llmesh.gateway.stages.audit import AuditStage
 from llmesh.gateway.stages.auth import AuthenticateStage, Authenticator, JwtSettings, JwtVerifier
@@ -57,6 +57,7 @@ from llmesh.gateway.stages.cache import CacheStage
 from llmesh.gateway.stages.cascade import CascadeMetrics, CascadeStage
 from llmesh.gateway.stages.coldstart import ColdStartStage
 from llmesh.gateway.stages.context_length import ContextLengthStage
+from llmesh.gateway.stages.flow import FlowController, FlowStage
 from llmesh.gateway.stages.grants import AuthorizeStage, access
 from llmesh.gateway.stages.guards import GuardStage
 from llmesh.gateway.stages.limits import LimitStage
@@ -251,6 +252,7 @@ class GatewayApp:
                                       on_fallback=self.metrics.limits_fallback.inc)
         audit = (AuditStage(self.audit, settings.audit_required, self.metrics.audit_failures.inc)
                  if self.audit else None)
+        self.flow = self._flow_control(settings, platform)
         return [*([audit] if audit else []),
                 AuthenticateStage(self.authenticator), ValidateStage(), AuthorizeStage(current),
                 CascadeStage(current, CascadeMetrics(platform.metrics)),  # a cascade alias -> its cheap model
@@ -263,6 +265,7 @@ class GatewayApp:
                            max_chars=settings.injection_scan_chars,
                            max_total_chars=settings.injection_scan_total_chars),
                 ColdStartStage(self._ready, self.holds, current),
+                FlowStage(self.flow, current),  # its wrap inside the cache's: a hit never waits
                 *([CacheStage(self.cache)] if self.cache else []),
                 self.shadow]
 
@@ -271,6 +274,17 @@ class GatewayApp:
         now = time.monotonic()  # a generative replica, or an embedding one
         return bool(self.picker.candidates(PickInput(model=model, now=now))
                     or self.picker.candidates(PickInput(model=model, now=now, embed=True)))
+
+    def _flow_control(self, settings: GatewaySettings, platform: Platform) -> FlowController:
+        """Flow control's queues, told of every new endpoint table (capacity may have freed)."""
+        flow = FlowController(self._current, self._capacity, settings.queue_full_retry_after_s,
+                              metrics=FlowMetrics(platform.metrics))
+        self.picker.on_table.append(flow.poke)
+        return flow
+
+    def _capacity(self, model: str, embed: bool, engine_queue: int) -> tuple[int, int, int]:
+        """The model's endpoints' slots for flow control: (free, in all, ours in flight)."""
+        return self.picker.capacity(PickInput(model=model, now=time.monotonic(), embed=embed), engine_queue)
 
     def _known_model(self, model: str) -> bool:
         """A name the gateway knows (catalog, splits, cascades, providers): the only model
@@ -304,7 +318,8 @@ class GatewayApp:
                                                    "why": self.auth_mode.describe()})
         self._tasks = [asyncio.create_task(self.feed.run(), name="scheduler-feed"),
                        asyncio.create_task(self.model_catalog.run(), name="model-catalog"),
-                       asyncio.create_task(self.demand.run(), name="demand-reporter")]
+                       asyncio.create_task(self.demand.run(), name="demand-reporter"),
+                       asyncio.create_task(self.flow.run(), name="flow-control")]
         if self.settings.loop_watch_ms:
             self._tasks.append(asyncio.create_task(watch_loop(self.settings.loop_watch_ms / 1000), name="loop-watch"))
         if self.guard_workers is not None:

@@ -108,3 +108,28 @@ class GatewayMetrics:
             of(self.ttft, model).observe(r.ttft_ms / 1000)
             if r.completion_tokens > 1:
                 of(self.tpot, model).observe((r.duration_ms - r.ttft_ms) / 1000 / (r.completion_tokens - 1))
+
+
+class FlowMetrics:
+    """Flow control's queues (stages/flow.py): depth and wait per model, tenant and class, and the
+    requests it turned away by reason. Served tokens per tenant are ``llmesh_prompt_tokens`` and
+    ``llmesh_generation_tokens``."""
+
+    def __init__(self, registry: CollectorRegistry):
+        self.depth = Gauge("llmesh_flow_queued", "Requests waiting in the gateway for capacity.",
+                           ("model", "tenant", "class"), registry=registry, multiprocess_mode="livesum")
+        self.wait = Histogram("llmesh_flow_wait_seconds", "How long a request waited in the gateway for capacity "
+                              "before it was sent on.", ("model", "tenant", "class"), buckets=LATENCY_BUCKETS,
+                              registry=registry)
+        self.refusals = Counter("llmesh_flow_refusals", "Requests flow control turned away, by reason (queue_full, "
+                                "tenant_queue_full, preempted, shed, deadline, expired).",
+                                ("model", "tenant", "class", "reason"), registry=registry)
+
+    def queued(self, model: str, tenant: str, klass: str, delta: int) -> None:
+        self.depth.labels(model, tenant, klass).inc(delta)
+
+    def waited(self, model: str, tenant: str, klass: str, seconds: float) -> None:
+        self.wait.labels(model, tenant, klass).observe(seconds)
+
+    def refused(self, model: str, tenant: str, klass: str, reason: str) -> None:
+        self.refusals.labels(model, tenant, klass, reason).inc()

@@ -90,6 +90,8 @@ class Grant(_Strict):
 class TenantPolicy(Grant):
     budget: Budget | None = None
     guards: Guards = Guards()
+    weight: float = Field(default=1.0, gt=0, le=1000, description="share of a model's served tokens under "
+                          "contention (flow_control), relative to the other tenants waiting")
 
 
 class Price(_Strict):
@@ -258,6 +260,52 @@ class Cascade(_Strict):
         return self
 
 
+class FlowClass(_Strict):
+    """A priority class under flow control (grants' priority: high = critical, normal =
+    standard, low = batch, the Batch API's and shadow copies' class)."""
+    reserved_share: float = Field(default=0.0, ge=0, lt=1, description="share of a model's engine slots held for "
+                                  "this class while it does not use them")
+    promote_after_s: float | None = Field(default=None, gt=0, description="a request queued this long in the "
+                                          "class moves up one class; unset: never")
+
+
+ClassName = Literal["critical", "standard", "batch"]
+
+
+def _flow_classes() -> dict[ClassName, FlowClass]:
+    return {"critical": FlowClass(reserved_share=0.2), "standard": FlowClass(promote_after_s=30),
+            "batch": FlowClass(promote_after_s=120)}
+
+
+class FlowControl(_Strict):
+    """Requests wait in the gateway, per tenant, when every engine that could serve them is
+    saturated (running + waiting at its capacity), and are released in token-weighted fair
+    order as capacity frees, instead of a 429 at once."""
+    enabled: bool = Field(default=False, description="off: a saturated model's requests get 429 queue_full at once")
+    max_queued_per_tenant: int = Field(default=256, ge=1, le=100_000, description="requests of one tenant waiting "
+                                       "per model; more get 429 (tenant_queue_full)")
+    max_queued: int = Field(default=4096, ge=1, le=1_000_000, description="requests waiting per model; more shed "
+                            "a lower class's newest, or the longest queue's, or get 429 (queue_full)")
+    engine_queue: int = Field(default=0, ge=0, le=10_000, description="requests per endpoint sent on past its "
+                              "running slots into its own queue (at most its max_waiting): its capacity")
+    default_output_tokens: int = Field(default=256, ge=1, description="expected output tokens of a request that "
+                                       "sets no max_tokens (its cost in the fair order)")
+    burst_tokens: int = Field(default=2048, ge=0, le=10_000_000, description="tokens a tenant with nothing waiting "
+                              "may go ahead of the backlogged ones (per weight): a quiet tenant's burst is served "
+                              "first; 0: strict start-time fair queueing")
+    quiet_share: float = Field(default=0.0, ge=0, lt=1, description="share of a model's engine slots only a "
+                               "request whose tenant has nothing waiting may take: a light tenant's request finds "
+                               "a slot at once behind a flood (those slots idle otherwise)")
+    classes: dict[ClassName, FlowClass] = Field(default_factory=_flow_classes, description="each class's reserved "
+                                                "share and promotion; a class left out has neither")
+
+    @model_validator(mode="after")
+    def _reservations_leave_room(self) -> FlowControl:
+        if sum(c.reserved_share for c in self.classes.values()) >= 1:
+            raise ValueError("flow_control classes' reserved_share must add up to less than 1")
+        return self
+
+
 class MeshConfig(_Strict):
     default: ModelPolicy = ModelPolicy()
     models: dict[str, ModelPolicy] = {}
@@ -274,6 +322,7 @@ class MeshConfig(_Strict):
     autoscaling: Autoscaling = Autoscaling()
     shadows: dict[str, Shadow] = Field(default={}, description="per name clients call (alias or model)")
     cascades: dict[str, Cascade] = Field(default={}, description="aliases answered cheap-first")
+    flow_control: FlowControl = FlowControl()
 
     @model_validator(mode="after")
     def _aliases_are_not_models(self) -> MeshConfig:

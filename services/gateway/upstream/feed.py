@@ -25,6 +25,7 @@ log = logging.getLogger("llmesh.gateway.upstreams")
 def endpoint_from_pb(e: scheduler_pb2.Endpoint) -> Endpoint:
     return Endpoint(endpoint_id=e.endpoint_id, address=e.address, models=frozenset(e.models),
                     running=e.load.running, waiting=e.load.waiting, max_running=e.load.max_running,
+                    max_waiting=e.load.max_waiting,
                     healthy=e.healthy, degraded=e.degraded,
                     kv_hash=kv_hash_from_pb(e.kv_hash) if e.HasField("kv_hash") else None,
                     context={s.name: s.context_length for s in e.served if s.context_length},

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from llmesh.gateway.upstream.picking.filters import FILTERS, OPTIONAL_FILTERS, PREFERENCES, Filter
 from llmesh.gateway.upstream.picking.kvview import KvView
@@ -30,6 +30,7 @@ class EndpointPicker:
         self._expect_for = expect_for_s
         self._rng = rng or random.Random()
         self._filters = filters
+        self.on_table: list[Callable[[], None]] = []  # told after each new endpoint table
         self._scorers = {s.name: s for s in (LeastLoad(), TokenAware(), PrefixAware(self.kv), SessionAffinity(),
                                              RoundRobin(), LoraAffinity())}
 
@@ -52,6 +53,8 @@ class EndpointPicker:
                 contexts[model] = 0 if not reported or not known else max(known, reported)
         self._contexts = contexts
         self.kv.keep_only(set(self._endpoints))
+        for listener in self.on_table:
+            listener()
 
     def appeared(self, endpoint_id: str) -> int | None:
         """When the endpoint last came into the table healthy (a number that only grows: an
@@ -125,6 +128,17 @@ class EndpointPicker:
             # Its engine will hold the prompt's blocks before its KV events can say so.
             self.kv.expect(chosen.endpoint_id, req.block_hashes(chosen.kv_hash), req.now + self._expect_for)
         return chosen
+
+    def capacity(self, req: PickInput, engine_queue: int = 0) -> tuple[int, int, int]:
+        """The request's eligible endpoints' slots (running slots, plus up to ``engine_queue`` of
+        each one's own queue): (free now, in all, this gateway's requests in flight there)."""
+        free = total = ours = 0
+        for e in self.candidates(req):
+            cap = e.max_running + min(engine_queue, e.max_waiting)
+            total += cap
+            free += max(0, cap - self.local.requests(e))
+            ours += self.local.inflight.get(e.endpoint_id, 0)
+        return free, total, ours
 
     def acquire(self, endpoint_id: str, tokens: int = 0) -> None:
         loc = self.local

@@ -18,6 +18,7 @@ class Endpoint:
     running: int = 0
     waiting: int = 0
     max_running: int = 1
+    max_waiting: int = 0  # its own queue's bound (0: unknown or none)
     healthy: bool = True
     degraded: str = ""  # why the scheduler took the node out of routing; empty: it is fine
     kv_hash: HashScheme | None = None  # how the engine names its KV blocks; None: unknown
