@@ -78,3 +78,12 @@ async def test_a_large_prompt_is_encoded_in_pieces_a_small_one_at_once(monkeypat
     calls.clear()
     assert joined(await encoded(request_body(text, "theirs")[1], text)) == orjson.dumps(request_body(text, "theirs")[1])
     assert len(calls) == 1
+
+
+async def test_pieces_are_posted_in_writes_of_about_write_bytes_joined_to_the_body():
+    from llmesh.gateway.upstream.providers import WRITE_BYTES, posted
+    pieces = [b"x" * 10] * 60_000 + [b"y" * (WRITE_BYTES * 2)] + [b"z"]
+    stream, headers = posted(pieces, {"content-type": "application/json"})
+    writes = [w async for w in stream]
+    assert b"".join(writes) == b"".join(pieces) and headers["content-length"] == str(len(b"".join(pieces)))
+    assert len(writes) <= len(b"".join(pieces)) // WRITE_BYTES + 2 and all(writes)

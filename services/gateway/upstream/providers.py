@@ -74,10 +74,25 @@ def posted(data: bytes | list[bytes], headers: dict[str, str]) -> tuple[Any, dic
     if isinstance(data, bytes):
         return data, headers
 
-    async def stream() -> AsyncIterator[bytes]:
-        for piece in data:
-            yield piece
-    return stream(), {**headers, "content-length": str(sum(len(piece) for piece in data))}
+    return _coalesced(data), {**headers, "content-length": str(sum(len(piece) for piece in data))}
+
+
+WRITE_BYTES = 256 << 10
+
+
+async def _coalesced(pieces: list[bytes]) -> AsyncIterator[bytes]:
+    """The pieces in writes of about ``WRITE_BYTES``: 2,048 short messages are ~20,000 pieces,
+    and a socket write each held the event loop 80 ms."""
+    held: list[bytes] = []
+    size = 0
+    for piece in pieces:
+        held.append(piece)
+        size += len(piece)
+        if size >= WRITE_BYTES:
+            yield b"".join(held) if len(held) > 1 else held[0]
+            held, size = [], 0
+    if held:
+        yield b"".join(held)
 
 
 def message_json(m: Message) -> dict:
