@@ -23,10 +23,31 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 README_ADDRESS = "127.0.0.1:50051"
 
 
-def readme_commands() -> list[list[str]]:
+CAPTURE = re.compile(r"(\w+)=\$\((grpcurl .*) \| jq -r \.([\w.]+)\)$")  # VAR=$(grpcurl ... | jq -r .path)
+
+
+def readme_steps() -> list[tuple[list[str], tuple[str, str] | None]]:
+    """Each grpcurl command of the README's gRPC section, in order, with the shell variable and the
+    answer's JSON path a ``VAR=$(grpcurl ... | jq -r .path)`` line keeps (later lines use ``$VAR``)."""
     section = README.read_text().split("## gRPC clients\n", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"^```sh\n(.*?)^```", section, flags=re.M | re.S)
-    return [shlex.split(line) for block in blocks for line in block.splitlines() if line.startswith("grpcurl ")]
+    steps: list[tuple[list[str], tuple[str, str] | None]] = []
+    for line in (line for block in blocks for line in block.splitlines()):
+        if (kept := CAPTURE.match(line)) is not None:
+            steps.append((shlex.split(kept.group(2), comments=True), (kept.group(1), kept.group(3))))
+        elif line.startswith("grpcurl "):
+            steps.append((shlex.split(line, comments=True), None))
+    return steps
+
+
+def readme_commands() -> list[list[str]]:
+    return [argv for argv, _ in readme_steps()]
+
+
+def _chained(argv: list[str], capture: tuple[str, str] | None) -> bool:
+    """A step of the Batch API's chain: it keeps a variable, uses one, or lists what the chain made."""
+    batch_api = re.search(r"/\w*(File|Batch)\w*$", argv[-1]) is not None
+    return capture is not None or batch_api or any("$" in a for a in argv)
 
 
 def parse(argv: list[str]) -> tuple[str, list[str], str | None, list[tuple[str, str]]]:
@@ -86,7 +107,8 @@ def test_every_gateway_rpc_has_a_readme_example():
             assert f"{service.full_name}/{method.name}" in calls, f"no grpcurl example for {method.name}"
 
 
-@pytest.mark.parametrize("argv", readme_commands(), ids=lambda argv: " ".join(a for a in argv[1:] if len(a) < 40))
+@pytest.mark.parametrize("argv", [argv for argv, capture in readme_steps() if not _chained(argv, capture)],
+                         ids=lambda argv: " ".join(a for a in argv[1:] if len(a) < 40))
 def test_readme_grpcurl_example(reflected, argv, request):
     channel, database, pool = reflected
     address, (verb, *rest), data, headers = parse(argv)
@@ -108,3 +130,33 @@ def test_readme_grpcurl_example(reflected, argv, request):
         if verb.endswith("/Embed"):
             (answer,) = answers
             assert [len(e.values) for e in answer.embeddings] == [384] and answer.usage.prompt_tokens > 0
+
+
+def test_readme_batch_examples_in_order(reflected):
+    """The chained examples (the Batch API) one after another, each ``$VAR`` set from an earlier answer
+    as jq would; cancelling a batch that has already ended is FAILED_PRECONDITION, as the README says."""
+    channel, _, pool = reflected
+    variables: dict[str, str] = {}
+    ran = []
+    for argv, capture in (step for step in readme_steps() if _chained(*step)):
+        address, (verb, *_), data, headers = parse(argv)
+        assert address == README_ADDRESS
+        for name, value in variables.items():
+            data = data.replace(f"${name}", value) if data else data
+        try:
+            (answer,) = call(channel, pool, verb, data, headers)
+        except grpc.RpcError as exc:
+            assert verb.endswith("/CancelBatch") and exc.code() == grpc.StatusCode.FAILED_PRECONDITION, exc
+            ran.append(verb.rsplit("/", 1)[1])
+            continue
+        if capture is not None:
+            value = json_format.MessageToDict(answer, preserving_proto_field_name=True)
+            for key in capture[1].split("."):
+                value = value[key]
+            variables[capture[0]] = value
+        if verb.endswith(("/ListFiles", "/ListBatches")):
+            assert answer.ByteSize() > 0  # what the chain made so far is listed
+        ran.append(verb.rsplit("/", 1)[1])
+    assert ran == ["CreateFile", "GetFile", "ListFiles", "GetFileContent", "CreateBatch", "GetBatch", "ListBatches",
+                   "CancelBatch", "DeleteFile"]
+    assert variables["FILE_ID"].startswith("file-") and variables["BATCH_ID"].startswith("batch_")

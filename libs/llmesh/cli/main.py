@@ -137,6 +137,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             hint = port_hint(children, layout)
             if hint:
                 print(hint, file=sys.stderr, flush=True)
+        write_state(children, state_path)  # before the banner: whoever waits for it may read the state at once
         print(_banner(layout, spec), flush=True)
         say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
         launcher = EngineLauncher(spec, children, scaled, say=say) if scaled else None
