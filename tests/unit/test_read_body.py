@@ -2,12 +2,13 @@
 a Content-Length, a body shorter than declared, and bodies over the limit, declared or not."""
 
 import asyncio
+import tracemalloc
 
 import pytest
 
 from llmesh.errors import InvalidArgument
 from llmesh.gateway.fronts.http import MAX_BODY, _too_large
-from llmesh.gateway.fronts.reading import declared_length, read_body
+from llmesh.gateway.fronts.reading import FIRST_BYTES, declared_length, read_body
 
 
 def _receive(pieces: list[bytes]):
@@ -49,3 +50,21 @@ def test_a_chunked_body_past_the_limit_is_refused():
 @pytest.mark.parametrize("value,expected", [("12", 12), ("", None), ("-1", None), ("1e3", None), ("0", 0)])
 def test_declared_length(value, expected):
     assert declared_length({"content-length": value} if value else {}) == expected
+
+
+def test_a_declared_length_is_not_trusted_with_memory():
+    """A client that declares the limit and sends two bytes makes the reader hold a small buffer, not the limit."""
+    tracemalloc.start()
+    try:
+        body = _read([b"x", b"x"], MAX_BODY)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert bytes(body) == b"xx" and peak < 2 * FIRST_BYTES < MAX_BODY
+
+
+def test_a_large_body_grows_by_doubling_to_its_declared_length():
+    piece = b"y" * 65536
+    n = 40  # 2.5 MiB, past the first buffer
+    body = _read([piece] * n, len(piece) * n)
+    assert bytes(body) == piece * n
