@@ -133,3 +133,16 @@ class FlowMetrics:
 
     def refused(self, model: str, tenant: str, klass: str, reason: str) -> None:
         self.refusals.labels(model, tenant, klass, reason).inc()
+
+
+class DegradeMetrics:
+    """Degradation under load (stages/degrade.py): each policy applied, by the model asked for
+    (as routed), the request's class and the policy (max_tokens, variant)."""
+
+    def __init__(self, registry: CollectorRegistry):
+        self.requests = Counter("llmesh_degraded_requests", "Requests degraded under load, by model, class and "
+                                "policy applied (a request with two policies counts once for each).",
+                                ("model", "class", "policy"), registry=registry)
+
+    def degraded(self, model: str, klass: str, policy: str) -> None:
+        self.requests.labels(model, klass, policy).inc()

@@ -23,15 +23,14 @@ from typing import Protocol
 
 from llmesh.errors import DeadlineExceeded, FlowRefused
 from llmesh.liveconfig.schema import FlowControl, MeshConfig
-from llmesh.types import Priority
 from llmesh.gateway.context import CompletionRequest, Context, Items, Upstream
-from llmesh.gateway.domain.fairness import CLASSES, ClassRule, Entry, FairQueue, Refusal, Rules, Throughput
+from llmesh.gateway.domain.degrade import load_of
+from llmesh.gateway.domain.fairness import CLASS_OF, CLASSES, ClassRule, Entry, FairQueue, Refusal, Rules, Throughput
 from llmesh.gateway.stages.base import Stage
 from llmesh.gateway.upstream.picking.types import work_tokens
 
 log = logging.getLogger("llmesh.gateway.flow")
 
-CLASS_OF = {Priority.LOW: 0, Priority.NORMAL: 1, Priority.HIGH: 2}  # batch, standard, critical
 MAX_METERED = 1024  # tenants whose own throughput a model's queue tracks at most
 TICK_S = 0.1  # while requests wait: expiry, promotion and capacity looked at again this often at least
 WHY = {"queue_full": "the model's queue is full", "tenant_queue_full": "this tenant's queue for the model is full",
@@ -143,6 +142,16 @@ class FlowController:
             if entry.tenant in m.tenants or len(m.tenants) < MAX_METERED:
                 m.tenants.setdefault(entry.tenant, Throughput()).record(now, entry.cost)
         self._release(model, m)
+
+    def load(self, model: str, embed: bool = False) -> float | None:
+        """``model``'s load as flow control sees it: in flight at its endpoints and waiting here,
+        over its slots (domain/degrade.py); None: no endpoint of it is known."""
+        m = self._models.get(model)
+        if m is None:
+            free, total, _ = self._capacity(model, embed, self._config().flow_control.engine_queue)
+            return load_of(free, total, 0)
+        free, total = self._free(model, m)
+        return load_of(free, total, m.queue.queued)
 
     def poke(self) -> None:
         """The endpoint table changed: capacity may have freed."""
