@@ -103,6 +103,7 @@ def test_the_stage_rewrites_a_saturated_request_marks_and_counts_it():
     assert (ctx.req.model, ctx.req.sampling.max_tokens) == ("small", 8)
     assert ctx.headers == {DEGRADED_HEADER: "variant,max_tokens", MODEL_HEADER: "small"}
     assert ctx.record.model == "small"
+    assert ctx.policy.fallbacks == ["big"]  # the variant's policy, the model itself as its last fallback
     ctx = Context.of(_request(Priority.NORMAL))
     asyncio.run(stage.admit(ctx))
     assert (ctx.req.model, ctx.req.sampling.max_tokens) == ("big", 64)  # the standard class's rule: a cap only

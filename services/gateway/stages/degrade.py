@@ -3,7 +3,9 @@ routed model is saturated, a request of a class with a rule gets a capped ``max_
 and/or a smaller variant model instead of a wait or a refusal (the choice:
 domain/degrade.py). It runs right after routing, so everything after it (context length,
 limits and budgets, guards, flow control's queue, the cache's key, the endpoint) sees the
-degraded request: the variant's queue and slots, its price in usage.
+degraded request: the variant's queue and slots, its price in usage. The variant's policy applies,
+with the model asked for last among its fallbacks: a degraded request is never refused where the
+model would have answered it (a prompt longer than the variant's context, no healthy variant).
 
 The response names the policies applied, comma-separated, in ``x-llmesh-degraded`` (an HTTP
 header; gRPC initial and trailing metadata) and the variant in ``x-llmesh-model``; the
@@ -85,7 +87,10 @@ class DegradeStage(Stage):
             sampling = replace(sampling, max_tokens=verdict.max_tokens)
         ctx.req = replace(req, model=verdict.model, sampling=sampling)
         if VARIANT in verdict.policies:
-            ctx.policy = config.policy(verdict.model)
+            policy = config.policy(verdict.model)  # the variant's routing and retries; the model itself
+            if req.model not in policy.fallbacks:  # last in its fallbacks (a prompt the variant cannot fit)
+                policy = policy.model_copy(update={"fallbacks": [*policy.fallbacks, req.model]})
+            ctx.policy = policy
             ctx.record.model = verdict.model
             ctx.headers[MODEL_HEADER] = verdict.model
         ctx.headers[DEGRADED_HEADER] = ",".join(verdict.policies)
