@@ -46,6 +46,7 @@ class FlowObserver(Protocol):
     def queued(self, model: str, tenant: str, klass: str, delta: int) -> None: ...
     def waited(self, model: str, tenant: str, klass: str, seconds: float) -> None: ...
     def refused(self, model: str, tenant: str, klass: str, reason: str) -> None: ...
+    def weighted(self, tenant: str, weight: float) -> None: ...
 
 
 class _NoMetrics:
@@ -56,6 +57,9 @@ class _NoMetrics:
         pass
 
     def refused(self, model: str, tenant: str, klass: str, reason: str) -> None:
+        pass
+
+    def weighted(self, tenant: str, weight: float) -> None:
         pass
 
 
@@ -184,6 +188,7 @@ class FlowController:
     def _count(self, model: str, m: _Model, e: Entry) -> None:
         m.counted[e] = e.klass
         self._metrics.queued(model, e.tenant, CLASSES[e.klass], 1)
+        self._metrics.weighted(e.tenant, e.weight)  # a tenant that waits: its weight, beside its share
 
     def _uncount(self, model: str, m: _Model, e: Entry) -> None:
         klass = m.counted.pop(e, None)
