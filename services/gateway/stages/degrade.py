@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Protocol, cast
 
-from llmesh.liveconfig.schema import ClassName, Degradation, MeshConfig
+from llmesh.liveconfig.schema import ClassName, Degradation, MeshConfig, ModelPolicy
 from llmesh.gateway.context import Catalog, Context
 from llmesh.gateway.domain.degrade import VARIANT, Verdict, choose
 from llmesh.gateway.domain.fairness import CLASS_OF, CLASSES
@@ -46,6 +46,7 @@ class DegradeStage(Stage):
         self._load = load
         self._catalog = catalog
         self._metrics = metrics
+        self._policies: tuple[MeshConfig, dict[tuple[str, str], ModelPolicy]] | None = None  # per config
 
     async def admit(self, ctx: Context) -> None:
         config = self._config()
@@ -87,10 +88,21 @@ class DegradeStage(Stage):
             sampling = replace(sampling, max_tokens=verdict.max_tokens)
         ctx.req = replace(req, model=verdict.model, sampling=sampling)
         if VARIANT in verdict.policies:
-            policy = config.policy(verdict.model)  # the variant's routing and retries; the model itself
-            if req.model not in policy.fallbacks:  # last in its fallbacks (a prompt the variant cannot fit)
-                policy = policy.model_copy(update={"fallbacks": [*policy.fallbacks, req.model]})
-            ctx.policy = policy
+            ctx.policy = self._variant_policy(config, verdict.model, req.model)
             ctx.record.model = verdict.model
             ctx.headers[MODEL_HEADER] = verdict.model
         ctx.headers[DEGRADED_HEADER] = ",".join(verdict.policies)
+
+    def _variant_policy(self, config: MeshConfig, variant: str, model: str) -> ModelPolicy:
+        """The variant's routing and retries, with ``model`` last among its fallbacks (a prompt the
+        variant cannot fit); made once per config, not per request (a saturated gateway's CPU)."""
+        if self._policies is None or self._policies[0] is not config:
+            self._policies = config, {}
+        made = self._policies[1]
+        policy = made.get((variant, model))
+        if policy is None:
+            policy = config.policy(variant)
+            if model not in policy.fallbacks:
+                policy = policy.model_copy(update={"fallbacks": [*policy.fallbacks, model]})
+            made[(variant, model)] = policy
+        return policy
