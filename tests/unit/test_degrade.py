@@ -9,7 +9,7 @@ import asyncio
 import pytest
 from pydantic import ValidationError
 
-from llmesh.liveconfig.schema import Degradation, MeshConfig, SplitTarget, TrafficSplit
+from llmesh.liveconfig.schema import Degradation, MeshConfig, Provider, SplitTarget, TrafficSplit
 from llmesh.types import Priority, Prompt, Sampling
 from llmesh.gateway.context import CompletionRequest, Context
 from llmesh.gateway.domain.degrade import MAX_TOKENS, VARIANT, Verdict, choose, load_of
@@ -140,3 +140,16 @@ def test_the_choices_of_one_request_share_one_verdict():
     assert first.req.model == second.req.model == "small"
     assert second.headers[DEGRADED_HEADER] == "variant,max_tokens"
     assert metrics.counts == {("big", "batch", "variant"): 1, ("big", "batch", "max_tokens"): 1}  # one request
+
+
+def test_a_variant_with_no_endpoint_now_is_skipped_unless_a_provider_serves_it():
+    metrics = Counted()
+    loads = {"big": 1.0}  # "small" has no endpoint (scaled to zero): its first request would wait
+    ctx = Context.of(_request(Priority.LOW))
+    asyncio.run(_stage(loads, CONFIG, metrics).admit(ctx))
+    assert (ctx.req.model, ctx.headers[DEGRADED_HEADER]) == ("big", "max_tokens")
+    provided = MeshConfig(degradation=CONFIG.degradation, providers={"p": Provider(
+        base_url="https://api.example.com/v1", models={"small": "gpt-small"})})
+    ctx = Context.of(_request(Priority.LOW))
+    asyncio.run(_stage(loads, provided, metrics).admit(ctx))
+    assert (ctx.req.model, ctx.headers[DEGRADED_HEADER]) == ("small", "variant,max_tokens")

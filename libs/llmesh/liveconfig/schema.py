@@ -316,7 +316,7 @@ class Degradation(_Strict):
     max_tokens: int | None = Field(default=None, ge=1, description="max_tokens at most (set on a request without "
                                    "one)")
     variant: str | None = Field(default=None, min_length=1, description="a smaller model that answers instead "
-                                "(skipped unless the gateway knows it and it is less loaded)")
+                                "(skipped unless it can answer now, not scaled to zero, and is less loaded)")
 
     @model_validator(mode="after")
     def _does_something(self) -> Degradation:

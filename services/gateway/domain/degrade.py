@@ -7,8 +7,9 @@ those waiting in the gateway, over the endpoints' slots (1.0: every slot busy). 
 rule's ``saturation`` the rule applies:
 
 - ``max_tokens``: a request asking for more (or for no limit) gets the cap;
-- ``variant``: the smaller model answers instead, when the gateway knows it and it is less
-  loaded than the model (a variant as saturated helps no one).
+- ``variant``: the smaller model answers instead, when it can now (a provider serves it, or it
+  has endpoints: not one scaled to zero) and it is less loaded than the model (a variant as
+  saturated helps no one).
 
 A policy that would change nothing is not applied, so the response names only what was done."""
 
@@ -33,7 +34,7 @@ def choose(rule: Degradation | None, model: str, load: float | None, max_tokens:
            variant_known: bool = False, variant_load: float | None = None) -> Verdict | None:
     """The policies of ``rule`` that apply to a request for ``model`` (at ``load``; None: not
     measured, no endpoint known) asking for ``max_tokens``; None: none apply. ``variant_known``:
-    the gateway can route to the rule's variant; ``variant_load``: its load (None: not measured,
+    the rule's variant can answer now; ``variant_load``: its load (None: not measured,
     e.g. a provider's model)."""
     if rule is None or load is None or load < rule.saturation:
         return None

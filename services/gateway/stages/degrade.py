@@ -75,11 +75,15 @@ class DegradeStage(Stage):
         if rule is None:
             return None
         load = self._load(req.model, False)
-        known = variant_load = None
+        usable, variant_load = False, None
         if rule.variant is not None and load is not None and load >= rule.saturation:
-            known = self._catalog.known(rule.variant) or config.provider_for(rule.variant) is not None
-            variant_load = self._load(rule.variant, False) if known else None
-        return choose(rule, req.model, load, req.sampling.max_tokens, bool(known), variant_load)
+            # a provider's model (no load measured), or one with endpoints now: not one scaled to zero,
+            # whose first request would wait for a replica to start
+            usable = config.provider_for(rule.variant) is not None
+            if not usable and self._catalog.known(rule.variant):
+                variant_load = self._load(rule.variant, False)
+                usable = variant_load is not None
+        return choose(rule, req.model, load, req.sampling.max_tokens, usable, variant_load)
 
     def _apply(self, config: MeshConfig, ctx: Context, verdict: Verdict) -> None:
         req = ctx.req
