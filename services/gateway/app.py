@@ -48,7 +48,7 @@ from llmesh.gateway.fronts.http import HttpFront
 from llmesh.gateway.fronts.servicer import GatewayServicer
 from llmesh.gateway.guard_workers import GuardWorkers
 from llmesh.gateway.loop_watch import watch_loop
-from llmesh.gateway.metrics import FlowMetrics, GatewayMetrics
+from llmesh.gateway.metrics import DegradeMetrics, FlowMetrics, GatewayMetrics
 from llmesh.gateway.pipeline import Pipeline
 from llmesh.gateway.stages.audit import AuditStage
 from llmesh.gateway.stages.auth import AuthenticateStage, Authenticator, JwtSettings, JwtVerifier
@@ -57,6 +57,7 @@ from llmesh.gateway.stages.cache import CacheStage
 from llmesh.gateway.stages.cascade import CascadeMetrics, CascadeStage
 from llmesh.gateway.stages.coldstart import ColdStartStage
 from llmesh.gateway.stages.context_length import ContextLengthStage
+from llmesh.gateway.stages.degrade import DegradeStage
 from llmesh.gateway.stages.flow import FlowController, FlowStage
 from llmesh.gateway.stages.grants import AuthorizeStage, access
 from llmesh.gateway.stages.guards import GuardStage
@@ -257,6 +258,8 @@ class GatewayApp:
                 AuthenticateStage(self.authenticator), ValidateStage(), AuthorizeStage(current),
                 CascadeStage(current, CascadeMetrics(platform.metrics)),  # a cascade alias -> its cheap model
                 RouteStage(self.catalog, current),
+                # under load: a capped max_tokens or a smaller variant, seen by every stage after it
+                DegradeStage(current, self.flow.load, self.catalog, DegradeMetrics(platform.metrics)),
                 # before anything that scales with the prompt (token counting, guards, cache key)
                 ContextLengthStage(self.picker.context_length, prompt_tokens.floor, current),
                 LimitStage(limiter, current, TokenCounter(prompt_tokens), settings.reserve_tokens,

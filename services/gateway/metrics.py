@@ -112,7 +112,8 @@ class GatewayMetrics:
 
 class FlowMetrics:
     """Flow control's queues (stages/flow.py): depth and wait per model, tenant and class, and the
-    requests it turned away by reason. Served tokens per tenant are ``llmesh_prompt_tokens`` and
+    requests it turned away by reason, and the weight of each tenant that waited (its served-token
+    share under contention follows it). Served tokens per tenant are ``llmesh_prompt_tokens`` and
     ``llmesh_generation_tokens``."""
 
     def __init__(self, registry: CollectorRegistry):
@@ -124,6 +125,9 @@ class FlowMetrics:
         self.refusals = Counter("llmesh_flow_refusals", "Requests flow control turned away, by reason (queue_full, "
                                 "tenant_queue_full, preempted, shed, deadline, expired).",
                                 ("model", "tenant", "class", "reason"), registry=registry)
+        self.weight = Gauge("llmesh_flow_tenant_weight", "The live config's weight of each tenant whose requests "
+                            "waited for capacity (set when one starts waiting).", ("tenant",), registry=registry,
+                            multiprocess_mode="livemax")
 
     def queued(self, model: str, tenant: str, klass: str, delta: int) -> None:
         self.depth.labels(model, tenant, klass).inc(delta)
@@ -133,3 +137,19 @@ class FlowMetrics:
 
     def refused(self, model: str, tenant: str, klass: str, reason: str) -> None:
         self.refusals.labels(model, tenant, klass, reason).inc()
+
+    def weighted(self, tenant: str, weight: float) -> None:
+        self.weight.labels(tenant).set(weight)
+
+
+class DegradeMetrics:
+    """Degradation under load (stages/degrade.py): each policy applied, by the model asked for
+    (as routed), the request's class and the policy (max_tokens, variant)."""
+
+    def __init__(self, registry: CollectorRegistry):
+        self.requests = Counter("llmesh_degraded_requests", "Requests degraded under load, by model, class and "
+                                "policy applied (a request with two policies counts once for each).",
+                                ("model", "class", "policy"), registry=registry)
+
+    def degraded(self, model: str, klass: str, policy: str) -> None:
+        self.requests.labels(model, klass, policy).inc()

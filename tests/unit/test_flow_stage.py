@@ -9,11 +9,13 @@ import asyncio
 from contextlib import aclosing
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from llmesh.errors import DeadlineExceeded, FlowRefused
-from llmesh.liveconfig.schema import FlowControl, MeshConfig
+from llmesh.liveconfig.schema import FlowControl, MeshConfig, TenantPolicy
 from llmesh.types import Delta, Finish, FinishReason, Priority, Prompt, Sampling, Usage
 from llmesh.gateway.context import CompletionRequest, Context
+from llmesh.gateway.metrics import FlowMetrics
 from llmesh.gateway.stages.flow import FlowController, FlowStage
 
 
@@ -168,6 +170,10 @@ class Recorder:
         self.depth: dict[tuple[str, str], int] = {}
         self.waits: list[tuple[str, str]] = []
         self.refusals: list[tuple[str, str, str]] = []
+        self.weights: dict[str, float] = {}
+
+    def weighted(self, tenant, weight):
+        self.weights[tenant] = weight
 
     def queued(self, model, tenant, klass, delta):
         self.depth[(tenant, klass)] = self.depth.get((tenant, klass), 0) + delta
@@ -213,3 +219,19 @@ async def test_a_client_gone_while_waiting_leaves_the_queue():
     up.go.set()
     await asyncio.wait_for(holder, 5)
     assert slots.used == 0 and seen.waits == [("a", "standard")]  # nothing was released for the one that left
+
+
+async def test_a_waiting_tenants_weight_is_exported_beside_its_depth():
+    slots, registry = Slots(1), CollectorRegistry()
+    cfg = MeshConfig(flow_control=FlowControl(enabled=True), tenants={"b": TenantPolicy(weight=3)})
+    flow = FlowController(lambda: cfg, slots.capacity, metrics=FlowMetrics(registry))
+    stage, up = FlowStage(flow, lambda: cfg), Upstream(slots)
+    holder, _ = await start(stage, request("a"), up)
+    await settle()
+    waiting, _ = await start(stage, request("b"), up)
+    await settle()
+    assert registry.get_sample_value("llmesh_flow_queued", {"model": "m", "tenant": "b", "class": "standard"}) == 1
+    assert registry.get_sample_value("llmesh_flow_tenant_weight", {"tenant": "b"}) == 3.0
+    assert registry.get_sample_value("llmesh_flow_tenant_weight", {"tenant": "a"}) is None  # it never waited
+    up.go.set()
+    await asyncio.wait_for(asyncio.gather(holder, waiting), 5)

@@ -306,6 +306,25 @@ class FlowControl(_Strict):
         return self
 
 
+class Degradation(_Strict):
+    """What a model's requests of one class get once the model is saturated, instead of a
+    wait or a refusal: a cap on ``max_tokens``, a smaller variant model, or both. The response
+    names the policies applied (``x-llmesh-degraded``)."""
+    saturation: float = Field(default=1.0, gt=0, le=100, description="applies at or past this load: requests "
+                              "in flight at the model's endpoints plus those waiting in the gateway, over its engine "
+                              "slots (1: every slot busy)")
+    max_tokens: int | None = Field(default=None, ge=1, description="max_tokens at most (set on a request without "
+                                   "one)")
+    variant: str | None = Field(default=None, min_length=1, description="a smaller model that answers instead "
+                                "(skipped unless it can answer now, not scaled to zero, and is less loaded)")
+
+    @model_validator(mode="after")
+    def _does_something(self) -> Degradation:
+        if self.max_tokens is None and self.variant is None:
+            raise ValueError("a degradation policy sets max_tokens, variant or both")
+        return self
+
+
 class MeshConfig(_Strict):
     default: ModelPolicy = ModelPolicy()
     models: dict[str, ModelPolicy] = {}
@@ -323,6 +342,8 @@ class MeshConfig(_Strict):
     shadows: dict[str, Shadow] = Field(default={}, description="per name clients call (alias or model)")
     cascades: dict[str, Cascade] = Field(default={}, description="aliases answered cheap-first")
     flow_control: FlowControl = FlowControl()
+    degradation: dict[str, dict[ClassName, Degradation]] = Field(default={}, description="per model (as routed, "
+                                                                 "not an alias), per class")
 
     @model_validator(mode="after")
     def _aliases_are_not_models(self) -> MeshConfig:
@@ -341,6 +362,11 @@ class MeshConfig(_Strict):
         for alias, shadow in self.shadows.items():
             if shadow.model == alias:
                 raise ValueError(f"shadow of '{alias}' copies to itself")
+        for model, rules in self.degradation.items():
+            for rule in rules.values():
+                if rule.variant is not None and (rule.variant == model or rule.variant in self.splits
+                                                 or rule.variant in self.cascades):
+                    raise ValueError(f"degradation of '{model}': its variant must be another model, not an alias")
         return self
 
     def tenant(self, name: str) -> TenantPolicy:

@@ -36,7 +36,10 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import cast
 
+from llmesh.types import Priority
+
 CLASSES = ("batch", "standard", "critical")  # lowest first; an entry's ``klass`` is an index here
+CLASS_OF = {Priority.LOW: 0, Priority.NORMAL: 1, Priority.HIGH: 2}  # a request's priority -> its class
 TAGS_KEPT = 1024  # past this many tenants' finish tags, those no longer ahead of V are dropped
 
 

@@ -23,15 +23,14 @@ from typing import Protocol
 
 from llmesh.errors import DeadlineExceeded, FlowRefused
 from llmesh.liveconfig.schema import FlowControl, MeshConfig
-from llmesh.types import Priority
 from llmesh.gateway.context import CompletionRequest, Context, Items, Upstream
-from llmesh.gateway.domain.fairness import CLASSES, ClassRule, Entry, FairQueue, Refusal, Rules, Throughput
+from llmesh.gateway.domain.degrade import load_of
+from llmesh.gateway.domain.fairness import CLASS_OF, CLASSES, ClassRule, Entry, FairQueue, Refusal, Rules, Throughput
 from llmesh.gateway.stages.base import Stage
 from llmesh.gateway.upstream.picking.types import work_tokens
 
 log = logging.getLogger("llmesh.gateway.flow")
 
-CLASS_OF = {Priority.LOW: 0, Priority.NORMAL: 1, Priority.HIGH: 2}  # batch, standard, critical
 MAX_METERED = 1024  # tenants whose own throughput a model's queue tracks at most
 TICK_S = 0.1  # while requests wait: expiry, promotion and capacity looked at again this often at least
 WHY = {"queue_full": "the model's queue is full", "tenant_queue_full": "this tenant's queue for the model is full",
@@ -47,6 +46,7 @@ class FlowObserver(Protocol):
     def queued(self, model: str, tenant: str, klass: str, delta: int) -> None: ...
     def waited(self, model: str, tenant: str, klass: str, seconds: float) -> None: ...
     def refused(self, model: str, tenant: str, klass: str, reason: str) -> None: ...
+    def weighted(self, tenant: str, weight: float) -> None: ...
 
 
 class _NoMetrics:
@@ -57,6 +57,9 @@ class _NoMetrics:
         pass
 
     def refused(self, model: str, tenant: str, klass: str, reason: str) -> None:
+        pass
+
+    def weighted(self, tenant: str, weight: float) -> None:
         pass
 
 
@@ -144,6 +147,16 @@ class FlowController:
                 m.tenants.setdefault(entry.tenant, Throughput()).record(now, entry.cost)
         self._release(model, m)
 
+    def load(self, model: str, embed: bool = False) -> float | None:
+        """``model``'s load as flow control sees it: in flight at its endpoints and waiting here,
+        over its slots (domain/degrade.py); None: no endpoint of it is known."""
+        m = self._models.get(model)
+        if m is None:
+            free, total, _ = self._capacity(model, embed, self._config().flow_control.engine_queue)
+            return load_of(free, total, 0)
+        free, total = self._free(model, m)
+        return load_of(free, total, m.queue.queued)
+
     def poke(self) -> None:
         """The endpoint table changed: capacity may have freed."""
         self._wake.set()
@@ -175,6 +188,7 @@ class FlowController:
     def _count(self, model: str, m: _Model, e: Entry) -> None:
         m.counted[e] = e.klass
         self._metrics.queued(model, e.tenant, CLASSES[e.klass], 1)
+        self._metrics.weighted(e.tenant, e.weight)  # a tenant that waits: its weight, beside its share
 
     def _uncount(self, model: str, m: _Model, e: Entry) -> None:
         klass = m.counted.pop(e, None)
