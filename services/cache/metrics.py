@@ -18,4 +18,7 @@ class CacheMetrics:
                                     "(the request bypassed the cache).", ("op",), registry=registry)
         self.guard_refusals = Counter("llmesh_cache_guard_refusals", "Semantic candidates above the threshold "
                                       "that a guard refused.", ("guard",), registry=registry)
+        self.embed_errors = Counter("llmesh_cache_embed_errors", "Embeddings that failed (an endpoint away, slow "
+                                    "or answering badly); the request was matched exactly only.", ("error",),
+                                    registry=registry)
         self.indexed = Gauge("llmesh_cache_semantic_entries", "Entries in the semantic index.", registry=registry)

@@ -16,8 +16,8 @@ from llmesh.background import Background
 from llmesh.errors import InvalidArgument
 from llmesh.liveconfig.schema import CacheConfig, CachePolicy
 from llmesh.cache.failopen import FailOpen
-from llmesh.cache.keys import Request, exact_key, semantic_query
-from llmesh.cache.semantic import SemanticIndex
+from llmesh.cache.keys import Request, embedded_scope, exact_key, semantic_query
+from llmesh.cache.semantic import Embedder, SemanticIndex
 from llmesh.cache.store import Entry, Name, Selector, Stored, TenantStats
 
 log = logging.getLogger("llmesh.cache")
@@ -36,10 +36,16 @@ Outcome = Literal["hit_exact", "hit_semantic", "miss", "uncacheable", "bypass"]
 
 class ResponseCache:
     def __init__(self, store: FailOpen, semantic: SemanticIndex | None, config: Callable[[], CacheConfig],
-                 on_lookup: Callable[[Outcome], None] = lambda outcome: None):
+                 on_lookup: Callable[[Outcome], None] = lambda outcome: None,
+                 embedder: Callable[[CacheConfig], Embedder | None] | None = None,
+                 on_embed_error: Callable[[str], None] = lambda error: None):
+        """``embedder``: the one the live config chooses now (None: none ready, semantic matching
+        waits); by default the semantic index's own."""
         self._store = store
         self._semantic = semantic
         self._config = config
+        self._embedder_for = embedder or (lambda cfg: semantic.embedder if semantic is not None else None)
+        self._on_embed_error = on_embed_error
         self._on_lookup = on_lookup
         self._background = Background()
 
@@ -79,10 +85,14 @@ class ResponseCache:
         if policy.mode != "semantic" or self._semantic is None or not self._store.available:
             return None
         query = semantic_query(req)
-        if query is None:
+        embedder = self._embedder_for(self._config()) if query is not None else None
+        if query is None or embedder is None:
             return None
-        vector = await self._embed(query.text)
-        for candidate in self._semantic.search(query.scope, query.text, vector, policy.semantic_threshold):
+        vector = await self._embed(embedder, query.text)
+        if vector is None:
+            return None
+        scope = embedded_scope(embedder.identity, query.scope)
+        for candidate in self._semantic.search(scope, query.text, vector, policy.semantic_threshold):
             entry = await self._store.call("get", partial(self._store.store.get, candidate.name), None)
             if entry is not None:
                 return Hit(entry.response, "semantic", candidate.name.digest, candidate.similarity)
@@ -90,15 +100,22 @@ class ResponseCache:
                 self._semantic.remove(candidate.name)
         return None
 
-    async def _embed(self, text: str) -> np.ndarray:
+    async def _embed(self, embedder: Embedder, text: str) -> np.ndarray | None:
         """The embedding, computed on a worker thread (the loop keeps answering exact
-        lookups); the memo is only touched here, on the loop."""
+        lookups); the memo is only touched here, on the loop. None: the embedder failed
+        (an endpoint away or slow), and the request is matched exactly only."""
         semantic = self._semantic
         assert semantic is not None  # callers embed for the semantic index only
-        vector = semantic.remembered(text)
+        key = (embedder.identity, text)
+        vector = semantic.remembered(key)
         if vector is None:
-            vector = await asyncio.to_thread(semantic.encode, text)
-            semantic.remember(text, vector)
+            try:
+                vector = await asyncio.to_thread(embedder.encode, text)
+            except Exception as exc:  # noqa: BLE001 - the cache never fails a request: no semantic match
+                self._on_embed_error(type(exc).__name__)
+                log.warning("embedding failed", extra={"identity": embedder.identity, "error": type(exc).__name__})
+                return None
+            semantic.remember(key, vector)
         return vector
 
     async def store(self, req: Request, response: bytes) -> bool:
@@ -112,13 +129,17 @@ class ResponseCache:
             return False
         semantic = self._semantic if policy.mode == "semantic" else None
         query = semantic_query(req) if semantic is not None else None
-        if semantic is not None and query is not None:
-            vector = await self._embed(query.text)
+        embedder = self._embedder_for(self._config()) if query is not None else None
+        vector = None
+        if semantic is not None and query is not None and embedder is not None:
+            vector = await self._embed(embedder, query.text)
+        if semantic is not None and query is not None and embedder is not None and vector is not None:
+            scope = embedded_scope(embedder.identity, query.scope)
             sname = Name(req.tenant, req.model, "s", name.digest)  # one digest: invalidated together
-            entry = Entry(response, vector.tobytes(), query.text, query.scope)
+            entry = Entry(response, vector.tobytes(), query.text, scope)
             more = await self._store.call("put", lambda: self._store.store.put(sname, entry, policy.ttl_s), None)
             if more is not None:
-                semantic.add(sname, query.scope, query.text, vector, policy.ttl_s)
+                semantic.add(sname, scope, query.text, vector, policy.ttl_s)
                 evicted += more
         for gone in evicted:
             if self._semantic is not None:
