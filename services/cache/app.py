@@ -21,6 +21,7 @@ from llmesh.cache.responses import ResponseCache
 from llmesh.cache.semantic import Embedder, SemanticIndex
 from llmesh.cache.servicer import CacheServicer
 from llmesh.cache.store import Store
+from llmesh.cache.verifier import HttpJudge
 
 log = logging.getLogger("llmesh.cache")
 
@@ -33,11 +34,10 @@ def build_store(settings: CacheSettings) -> Store:
     return MemoryStore(settings.max_entries_per_tenant)
 
 
-def build_semantic(settings: CacheSettings, metrics: CacheMetrics) -> tuple[SemanticIndex, Embedders]:
+def build_semantic(settings: CacheSettings, metrics: CacheMetrics, secrets: EmbedderSecrets
+                   ) -> tuple[SemanticIndex, Embedders]:
     """The index, and the embedders the live config chooses from: the default one (MiniLM in
     ``embed_model_dir``) is loaded now, if it is there; another is built when first chosen."""
-    secrets = EmbedderSecrets(settings.embed_key_dir,
-                              frozenset(n for n in settings.embed_key_envs.split(",") if n))
     built: dict[CacheEmbedder, Embedder] = {}
     if (settings.embed_model_dir / "model.safetensors").is_file():
         built[CacheEmbedder()] = build_embedder(CacheEmbedder(), settings.embed_model_dir, secrets)
@@ -46,8 +46,13 @@ def build_semantic(settings: CacheSettings, metrics: CacheMetrics) -> tuple[Sema
                     extra={"model_dir": str(settings.embed_model_dir)})
     embedders = Embedders(lambda spec: build_embedder(spec, settings.embed_model_dir, secrets), built)
     index = SemanticIndex(next(iter(built.values()), None), hnsw_min=settings.hnsw_min,
-                          on_refusal=lambda guard: metrics.guard_refusals.labels(guard).inc())
+                          on_refusal=lambda guard: _refused(metrics, guard))
     return index, embedders
+
+
+def _refused(metrics: CacheMetrics, guard: str) -> None:
+    metrics.guard_refusals.labels(guard).inc()
+    metrics.verdicts.labels("guards", "refused").inc()
 
 
 class CacheApp:
@@ -58,11 +63,16 @@ class CacheApp:
         self.store = build_store(settings)
         self.guarded = FailOpen(self.store, settings.store_budget_s, settings.store_pause_s,
                                 on_error=lambda op: self.metrics.store_errors.labels(op).inc())
-        self.semantic, self.embedders = build_semantic(settings, self.metrics)
+        secrets = EmbedderSecrets(settings.embed_key_dir,
+                                  frozenset(n for n in settings.embed_key_envs.split(",") if n))
+        self.semantic, self.embedders = build_semantic(settings, self.metrics, secrets)
+        self.judge = HttpJudge(secrets)
         self.cache = ResponseCache(self.guarded, self.semantic, lambda: live.current.cache,
                                    on_lookup=lambda outcome: self.metrics.lookups.labels(outcome).inc(),
                                    embedder=lambda cache: self.embedders(cache.embedder),
-                                   on_embed_error=lambda error: self.metrics.embed_errors.labels(error).inc())
+                                   on_embed_error=lambda error: self.metrics.embed_errors.labels(error).inc(),
+                                   judge=self.judge,
+                                   on_verdict=lambda stage, verdict: self.metrics.verdicts.labels(stage, verdict).inc())
         self.server = GrpcServer(settings.address, [ServiceBinding(
             "llmesh.v1.Cache",
             CacheServicer(self.cache, self.metrics, self.store.backend, lambda: self.guarded.available),
@@ -117,6 +127,7 @@ class CacheApp:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.cache.drain()
         await self.embedders.close()
+        await self.judge.close()
         await self.store.close()
 
 

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import httpx
 import numpy as np
@@ -33,13 +34,21 @@ class EmbedderRefused(ValueError):
     """The configured embedder may not or cannot be used (its key's source, its model's path)."""
 
 
+class KeySource(Protocol):
+    """Where a key is named: an embedder's or a verifier's config."""
+    @property
+    def api_key_env(self) -> str | None: ...
+    @property
+    def api_key_file(self) -> str | None: ...
+
+
 @dataclass(frozen=True)
 class EmbedderSecrets:
     """Where an endpoint's key may be read from: ``key_dir`` None: no file; ``key_envs`` empty: no variable."""
     key_dir: Path | None = None
     key_envs: frozenset[str] = frozenset()
 
-    def api_key(self, spec: CacheEmbedder) -> str | None:
+    def api_key(self, spec: KeySource) -> str | None:
         if spec.api_key_env is not None:
             if spec.api_key_env not in self.key_envs:
                 raise EmbedderRefused(f"api_key_env {spec.api_key_env!r} is not in LLMESH_CACHE_EMBED_KEY_ENVS")

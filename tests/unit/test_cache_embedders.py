@@ -100,3 +100,18 @@ async def test_embedders_build_off_the_loop_retry_failures_and_keep_a_few():
     assert (await embedders.ready(two)).identity == "two"
     assert first.closed and embedders(default) is None  # only the last two built are kept
     await embedders.close()
+
+
+def test_the_verifier_reads_only_a_yes_and_needs_an_endpoint():
+    from llmesh.liveconfig.schema import CacheVerifier
+    from llmesh.cache.verifier import messages, verdict
+    assert verdict('{"same": "yes"}') and verdict("Yes.") and verdict(" yes\n")
+    for no in ('{"same": "no"}', "no", "", "yes, but", '{"same": true}', "[1]", "maybe"):
+        assert not verdict(no), no
+    assert "Stored question: a\nNew question: b" in messages("a", "b")[-1]["content"]
+    assert not CacheVerifier().enabled
+    for bad in ({"enabled": True}, {"enabled": True, "base_url": "https://x/v1"},
+                {"enabled": True, "base_url": "http://example.com/v1", "model": "m"},
+                {"candidate_threshold": 0}, {"max_candidates": 0}):
+        with pytest.raises(ValidationError):
+            CacheVerifier.model_validate(bad)

@@ -131,6 +131,32 @@ class CacheEmbedder(_Strict):
         return self
 
 
+class CacheVerifier(_Strict):
+    """A judge for semantic candidates: when enabled, the nearest entries at or above
+    ``candidate_threshold`` (recall-oriented, instead of ``semantic_threshold``) that pass every
+    guard are put, one by one (at most ``max_candidates``), to a model behind an OpenAI-compatible
+    ``/v1/chat/completions`` as a constrained yes/no question; only a yes within ``timeout_s`` serves
+    the entry (no, a timeout or an error: the next candidate, then a miss). The judge sees both
+    (PII-masked) questions. Its key as the embedder's: an allow-listed variable or the key directory."""
+    enabled: bool = False
+    base_url: str | None = Field(default=None, description="up to /v1; llmesh's own gateway or a provider")
+    model: str | None = Field(default=None, max_length=200)
+    api_key_env: str | None = None
+    api_key_file: str | None = None
+    candidate_threshold: float = Field(default=0.7, gt=0, le=1, description="cosine; candidates go to the judge")
+    timeout_s: float = Field(default=0.25, gt=0, le=10, description="per judgement; over it the candidate misses")
+    max_candidates: int = Field(default=2, ge=1, le=8, description="judged per lookup, best first")
+
+    @model_validator(mode="after")
+    def _coherent(self) -> CacheVerifier:
+        if self.enabled and (self.base_url is None or not self.model):
+            raise ValueError("an enabled verifier needs base_url and model")
+        problem = url_problem(self.base_url) if self.base_url is not None else None
+        if problem:
+            raise ValueError(problem)
+        return self
+
+
 class CacheConfig(_Strict):
     enabled: bool = True
     ttl_s: float = Field(default=3600, gt=0)
@@ -140,6 +166,7 @@ class CacheConfig(_Strict):
     models: dict[str, CacheRule] = Field(default={}, description="per model (the route a request takes)")
     tenants: dict[str, CacheRule] = Field(default={}, description="per tenant; wins over the model's rule")
     embedder: CacheEmbedder = CacheEmbedder()
+    verifier: CacheVerifier = CacheVerifier()
 
     def policy(self, tenant: str, model: str) -> CachePolicy:
         """The default, then the model's rule, then the tenant's."""
