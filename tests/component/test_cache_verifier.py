@@ -108,3 +108,22 @@ async def test_a_judge_that_is_away_makes_misses_not_failures(judged):
     assert verdicts(r, "judge", "error") == 1
     assert (await r.lookup(query(STORED))).hit  # exact hits go on
     assert orjson.dumps(fake.asked) == b"[]"
+
+
+async def test_the_bench_scores_pairs_as_the_cache_judges_them():
+    from bench.cache import _judge_pairs, _verified
+    from llmesh.liveconfig.schema import CacheVerifier
+    fake = ScriptedJudge()
+    web_app = web.Application()
+    web_app.router.add_post("/v1/chat/completions", fake.handle)
+    rows = [{"hit": True, "a": "q1", "b": "q1?", "sim": 0.9, "guard": None},
+            {"hit": True, "a": "q2", "b": "q2?", "sim": 0.5, "guard": None},      # under the threshold
+            {"hit": False, "a": "q3", "b": "q4", "sim": 0.95, "guard": "number"},  # vetoed: never judged
+            {"hit": False, "a": "q5", "b": "q6", "sim": 0.8, "guard": None}]
+    async with serving(web_app) as port:
+        verifier = CacheVerifier(enabled=True, base_url=f"http://127.0.0.1:{port}/v1", model="judge",
+                                 candidate_threshold=0.7, timeout_s=2.0)
+        await _judge_pairs(rows, verifier)
+    assert [r.get("judge") for r in rows] == ["yes", None, None, "yes"]
+    assert len(fake.asked) == 2
+    assert _verified(rows) == {"pairs": 4, "recall": 0.5, "false_hit_rate": 0.5, "precision": 0.5, "candidates": 2}
