@@ -115,3 +115,10 @@ def test_the_verifier_reads_only_a_yes_and_needs_an_endpoint():
                 {"candidate_threshold": 0}, {"max_candidates": 0}):
         with pytest.raises(ValidationError):
             CacheVerifier.model_validate(bad)
+
+
+def test_a_local_models_identity_is_its_name_and_weights(minilm_dir, minilm):
+    named = build_embedder(CacheEmbedder(model=minilm_dir.name), minilm_dir, EmbedderSecrets())
+    assert named.identity == minilm.identity  # the same model named explicitly: the same scopes
+    name, digest = minilm.identity.rsplit(":", 1)
+    assert name == f"local:{minilm_dir.name}" and len(digest) == 16
