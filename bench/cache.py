@@ -11,7 +11,11 @@ how often the semantic cache answers the wrong question.
   100k real sentences here would take most of an hour, and the search does not care);
 - quality on bench/data/cache_pairs_*.tsv (labelled pairs, English and Chinese):
   precision, recall and false-hit rate at the configured threshold, with and without
-  the guards, and a threshold sweep.
+  the guards, and a threshold sweep;
+- ``--parts verifier``: the same pairs through the verifier (cosine at its candidate
+  threshold, the guards, then the judge's yes), per language and kind, and the judge's
+  latency; the judge is ``--judge-url`` or, by default, llmesh's own mesh (llama.cpp, SmolLM2).
+  These pairs are the guards' development set: no held-out split exists in bench/data.
 """
 
 from __future__ import annotations
@@ -38,7 +42,9 @@ from llmesh.cache.memory import MemoryStore
 from llmesh.cache.responses import ResponseCache
 from llmesh.cache.semantic import SemanticIndex
 from llmesh.cache.store import Entry, Name
-from llmesh.liveconfig.schema import MeshConfig
+from llmesh.liveconfig.schema import CacheVerifier, MeshConfig
+from llmesh.cache.embedders import EmbedderSecrets
+from llmesh.cache.verifier import HttpJudge
 from llmesh.types import Message, Prompt, Sampling
 from bench.common import note, pct
 
@@ -248,6 +254,88 @@ def bench_quality(embedder: MiniLM, threshold: float) -> dict:
     return out
 
 
+# --- the verifier on the labelled pairs ------------------------------------------------------
+async def _judge_pairs(rows: list[dict], verifier: CacheVerifier) -> None:
+    """Each candidate pair (cosine at or above the verifier's threshold, no guard refusal) put to
+    the judge as the cache puts it: r["judge"] is yes/no/timeout/error, r["judge_s"] its time."""
+    judge = HttpJudge(EmbedderSecrets())
+    try:
+        for r in rows:
+            if r["sim"] < verifier.candidate_threshold or r["guard"] is not None:
+                continue
+            start = time.perf_counter()
+            try:
+                same = await asyncio.wait_for(judge(verifier, r["a"], r["b"]), verifier.timeout_s)
+                r["judge"] = "yes" if same else "no"
+            except TimeoutError:
+                r["judge"] = "timeout"
+            except Exception:  # noqa: BLE001 - counted, as the cache counts it
+                r["judge"] = "error"
+            r["judge_s"] = time.perf_counter() - start
+    finally:
+        await judge.close()
+
+
+def _verified(rows: list[dict]) -> dict:
+    pos = [r for r in rows if r["hit"]]
+    neg = [r for r in rows if not r["hit"]]
+    tp = sum(r.get("judge") == "yes" for r in pos)
+    fp = sum(r.get("judge") == "yes" for r in neg)
+    return {"pairs": len(rows), "recall": round(tp / len(pos), 3) if pos else None,
+            "false_hit_rate": round(fp / len(neg), 3) if neg else None,
+            "precision": round(tp / (tp + fp), 3) if tp + fp else None,
+            "candidates": sum("judge" in r for r in rows)}
+
+
+def bench_verifier(embedder: MiniLM, verifier: CacheVerifier) -> dict:
+    """The pairs as the cache with its verifier sees them: cosine, guards, then the judge."""
+    rows = load_pairs()
+    for r in rows:
+        r["sim"] = float(embedder.encode(r["a"]) @ embedder.encode(r["b"]))
+        r["guard"] = refusal(extract(r["a"]), extract(r["b"]))
+    note(f"verifier: judging the candidates with {verifier.model} at {verifier.base_url}")
+    asyncio.run(_judge_pairs(rows, verifier))
+    times = [r["judge_s"] for r in rows if "judge_s" in r]
+    out: dict = {"model": verifier.model, "candidate_threshold": verifier.candidate_threshold,
+                 "timeout_s": verifier.timeout_s, "judge_latency": _ms(times) if times else None,
+                 "verdicts": {v: sum(r.get("judge") == v for r in rows) for v in ("yes", "no", "timeout", "error")}}
+    for lang in ("en", "zh", "all"):
+        out[lang] = _verified([r for r in rows if lang == "all" or r["lang"] == lang])
+    out["by_kind"] = {kind: _verified([r for r in rows if r["kind"] == kind])
+                      for kind in sorted({r["kind"] for r in rows})}
+    return out
+
+
+def _judge_mesh(args: argparse.Namespace, verifier: CacheVerifier) -> dict:
+    """The verifier part with llmesh's own gateway and llama.cpp engine (SmolLM2) as the judge."""
+    from llmesh.testing import Mesh, free_layout
+
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "llmesh.yaml").write_text("cache: {enabled: false}\n")  # every judgement is asked
+        mesh = Mesh(layout=free_layout(1), engines="llamacpp", model_dir=(ROOT / "var" / "models").resolve(),
+                    log_dir=Path(tmp) / "logs", env={"LLMESH_CONFIG_FILE": str(Path(tmp) / "llmesh.yaml")})
+        try:
+            note("verifier: starting the mesh (llama.cpp engine) as the judge")
+            mesh.start()
+            url = mesh.layout.http_url + "/v1"
+            _wait_served(url, SMOL)
+            return bench_verifier(args.embedder, verifier.model_copy(update={"base_url": url, "model": SMOL}))
+        finally:
+            mesh.stop()
+
+
+def _wait_served(url: str, model: str) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if model in httpx.get(url + "/models", timeout=2).text:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"{model} was not served at {url}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print only the JSON result")
@@ -260,14 +348,26 @@ def main() -> None:
     parser.add_argument("--engine", choices=("llamacpp", "sim"), default="llamacpp",
                         help="the engine behind the gateway for the exact-hit part")
     parser.add_argument("--model-dir", type=Path, default=ROOT / "var" / "models" / "all-minilm-l6-v2")
+    parser.add_argument("--judge-url", help="verifier part: an OpenAI-compatible /v1 (default: a mesh of "
+                                            "llmesh's own with the llama.cpp engine and SmolLM2)")
+    parser.add_argument("--judge-model", default=SMOL)
+    parser.add_argument("--judge-threshold", type=float, default=CacheVerifier().candidate_threshold)
+    parser.add_argument("--judge-timeout", type=float, default=5.0,
+                        help="per judgement here (quality first; the latency is reported apart)")
     args = parser.parse_args()
-    embedder = MiniLM(args.model_dir)
+    embedder = args.embedder = MiniLM(args.model_dir)
     threshold = MeshConfig().cache.semantic_threshold
     result: dict = {"bench": "cache", "load_average": os.getloadavg(), "cpus": os.cpu_count()}
     parts = args.parts.split(",")
     if "quality" in parts:
         note("quality: labelled pairs")
         result["quality"] = bench_quality(embedder, threshold)
+    if "verifier" in parts:
+        verifier = CacheVerifier(enabled=True, base_url=args.judge_url or "http://127.0.0.1:1/v1",
+                                 model=args.judge_model, candidate_threshold=args.judge_threshold,
+                                 timeout_s=args.judge_timeout)
+        result["verifier"] = (bench_verifier(embedder, verifier) if args.judge_url
+                              else _judge_mesh(args, verifier))
     if "semantic" in parts:
         result["semantic_lookup"] = bench_semantic(embedder, [int(s) for s in args.sizes.split(",")], args.lookups)
     if "exact" in parts:

@@ -48,6 +48,7 @@ REQUEST_FIELDS = frozenset({
     "request_id", "tenant", "key_id", "subject", "groups", "model", "endpoint", "operation", "status",
     "decision", "reason", "priority", "prompt_tokens", "completion_tokens", "cost", "latency_ms", "cache",
     "pii", "injection_score", "injection_rules", "injection_truncated", "client", "client_request_id",
+    "cache_kind", "saved_prompt_tokens", "saved_completion_tokens", "saved_cost",
 })
 ADMIN_FIELDS = frozenset({
     "actor", "action", "target", "tenant", "key_id", "models", "expires", "revision", "result", "reason",

@@ -19,6 +19,7 @@ the GIL: callers on an event loop run these in a thread."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from pathlib import Path
@@ -62,8 +63,19 @@ def max_seq_length(model_dir: Path, default: int = 256) -> int:
     return int(min(limit, positions))
 
 
+def fingerprint(model_dir: Path) -> str:
+    """A model directory's version: the digest of its config, tokenizer and weights (16 hex digits)."""
+    digest = hashlib.sha256()
+    for name in ("config.json", "tokenizer.json", "model.safetensors"):
+        with open(model_dir / name, "rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+    return digest.hexdigest()[:16]
+
+
 class MiniLM:
     def __init__(self, model_dir: Path, max_tokens: int | None = None):
+        self.identity = f"local:{model_dir.name}:{fingerprint(model_dir)}"  # name and version
         config = json.loads((model_dir / "config.json").read_text())
         self._heads = config["num_attention_heads"]
         self._eps = config["layer_norm_eps"]

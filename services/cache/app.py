@@ -11,14 +11,17 @@ from llmesh.platform import Platform, standalone_platform
 from llmesh.rpc.server import GrpcServer, ServiceBinding
 from llmesh.v1 import cache_pb2_grpc
 
+from llmesh.liveconfig.schema import CacheEmbedder
 from llmesh.cache.config import CacheSettings
+from llmesh.cache.embedders import EmbedderSecrets, Embedders, build_embedder
 from llmesh.cache.failopen import FailOpen
 from llmesh.cache.memory import MemoryStore
 from llmesh.cache.metrics import CacheMetrics
 from llmesh.cache.responses import ResponseCache
-from llmesh.cache.semantic import SemanticIndex
+from llmesh.cache.semantic import Embedder, SemanticIndex
 from llmesh.cache.servicer import CacheServicer
 from llmesh.cache.store import Store
+from llmesh.cache.verifier import HttpJudge
 
 log = logging.getLogger("llmesh.cache")
 
@@ -31,14 +34,25 @@ def build_store(settings: CacheSettings) -> Store:
     return MemoryStore(settings.max_entries_per_tenant)
 
 
-def build_semantic(settings: CacheSettings, metrics: CacheMetrics) -> SemanticIndex | None:
-    if not (settings.embed_model_dir / "model.safetensors").is_file():
-        log.warning("no embedding model; semantic mode falls back to exact matches",
+def build_semantic(settings: CacheSettings, metrics: CacheMetrics, secrets: EmbedderSecrets
+                   ) -> tuple[SemanticIndex, Embedders]:
+    """The index, and the embedders the live config chooses from: the default one (MiniLM in
+    ``embed_model_dir``) is loaded now, if it is there; another is built when first chosen."""
+    built: dict[CacheEmbedder, Embedder] = {}
+    if (settings.embed_model_dir / "model.safetensors").is_file():
+        built[CacheEmbedder()] = build_embedder(CacheEmbedder(), settings.embed_model_dir, secrets)
+    else:
+        log.warning("no embedding model; semantic mode matches exactly until another embedder is configured",
                     extra={"model_dir": str(settings.embed_model_dir)})
-        return None
-    from llmesh.embedding import MiniLM
-    return SemanticIndex(MiniLM(settings.embed_model_dir), hnsw_min=settings.hnsw_min,
-                         on_refusal=lambda guard: metrics.guard_refusals.labels(guard).inc())
+    embedders = Embedders(lambda spec: build_embedder(spec, settings.embed_model_dir, secrets), built)
+    index = SemanticIndex(next(iter(built.values()), None), hnsw_min=settings.hnsw_min,
+                          on_refusal=lambda guard: _refused(metrics, guard))
+    return index, embedders
+
+
+def _refused(metrics: CacheMetrics, guard: str) -> None:
+    metrics.guard_refusals.labels(guard).inc()
+    metrics.verdicts.labels("guards", "refused").inc()
 
 
 class CacheApp:
@@ -49,9 +63,16 @@ class CacheApp:
         self.store = build_store(settings)
         self.guarded = FailOpen(self.store, settings.store_budget_s, settings.store_pause_s,
                                 on_error=lambda op: self.metrics.store_errors.labels(op).inc())
-        self.semantic = build_semantic(settings, self.metrics)
+        secrets = EmbedderSecrets(settings.embed_key_dir,
+                                  frozenset(n for n in settings.embed_key_envs.split(",") if n))
+        self.semantic, self.embedders = build_semantic(settings, self.metrics, secrets)
+        self.judge = HttpJudge(secrets)
         self.cache = ResponseCache(self.guarded, self.semantic, lambda: live.current.cache,
-                                   on_lookup=lambda outcome: self.metrics.lookups.labels(outcome).inc())
+                                   on_lookup=lambda outcome: self.metrics.lookups.labels(outcome).inc(),
+                                   embedder=lambda cache: self.embedders(cache.embedder),
+                                   on_embed_error=lambda error: self.metrics.embed_errors.labels(error).inc(),
+                                   judge=self.judge,
+                                   on_verdict=lambda stage, verdict: self.metrics.verdicts.labels(stage, verdict).inc())
         self.server = GrpcServer(settings.address, [ServiceBinding(
             "llmesh.v1.Cache",
             CacheServicer(self.cache, self.metrics, self.store.backend, lambda: self.guarded.available),
@@ -105,6 +126,8 @@ class CacheApp:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.cache.drain()
+        await self.embedders.close()
+        await self.judge.close()
         await self.store.close()
 
 

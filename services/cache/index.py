@@ -1,7 +1,8 @@
 """Nearest neighbours among the semantic entries, one index per scope (tenant, model,
 system prompt and earlier turns), so a search never even sees another scope.
 
-A scope searches exactly with numpy while it is small; past ``hnsw_min`` entries it
+A scope's vectors come from one embedder (its identity is part of the scope), so they share
+one dimension, whatever it is. A scope searches exactly with numpy while it is small; past ``hnsw_min`` entries it
 moves to an HNSW graph (usearch), whose search cost grows with log n instead of n."""
 
 from __future__ import annotations
@@ -10,8 +11,6 @@ from dataclasses import dataclass
 
 import numpy as np
 from usearch.index import Index
-
-from llmesh.embedding import DIM
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,8 +42,8 @@ class ScopeIndex:
         self._vectors.extend(vectors)
         self._matrix = None
         if len(self._labels) >= self._hnsw_min:
-            self._hnsw = Index(ndim=DIM, metric="cos", dtype="f32", connectivity=16, expansion_add=128,
-                               expansion_search=64)
+            self._hnsw = Index(ndim=len(self._vectors[0]), metric="cos", dtype="f32", connectivity=16,
+                               expansion_add=128, expansion_search=64)
             self._hnsw.add(np.asarray(self._labels, dtype=np.uint64), np.stack(self._vectors))
             self._labels, self._vectors = [], []
 

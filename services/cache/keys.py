@@ -80,3 +80,10 @@ def semantic_query(req: Request) -> SemanticQuery | None:
     doc = {"t": req.tenant, "m": req.model, "v": req.model_version, "ctx": _messages(messages[:-1]),
            **_sampling_doc(req.sampling)}
     return SemanticQuery(scope=_digest(doc), text=normalise(messages[-1].content))
+
+
+def embedded_scope(identity: str, scope: str) -> str:
+    """A semantic scope as the index and the store keep it: the embedder's identity (model name and
+    version; an endpoint's model and dimension) first, so vectors of two embedders never share a
+    scope, and a change of embedder starts from an empty one."""
+    return hashlib.sha256(identity.encode()).hexdigest()[:16] + ":" + scope

@@ -18,4 +18,10 @@ class CacheMetrics:
                                     "(the request bypassed the cache).", ("op",), registry=registry)
         self.guard_refusals = Counter("llmesh_cache_guard_refusals", "Semantic candidates above the threshold "
                                       "that a guard refused.", ("guard",), registry=registry)
+        self.embed_errors = Counter("llmesh_cache_embed_errors", "Embeddings that failed (an endpoint away, slow "
+                                    "or answering badly); the request was matched exactly only.", ("error",),
+                                    registry=registry)
+        self.verdicts = Counter("llmesh_cache_verdicts", "Semantic candidates' verdicts by stage: guards "
+                                "(refused: the guard label of llmesh_cache_guard_refusals; passed), judge (the "
+                                "verifier: yes, no, timeout, error).", ("stage", "verdict"), registry=registry)
         self.indexed = Gauge("llmesh_cache_semantic_entries", "Entries in the semantic index.", registry=registry)

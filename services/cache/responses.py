@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Literal
@@ -14,10 +14,10 @@ import numpy as np
 
 from llmesh.background import Background
 from llmesh.errors import InvalidArgument
-from llmesh.liveconfig.schema import CacheConfig, CachePolicy
+from llmesh.liveconfig.schema import CacheConfig, CachePolicy, CacheVerifier
 from llmesh.cache.failopen import FailOpen
-from llmesh.cache.keys import Request, exact_key, semantic_query
-from llmesh.cache.semantic import SemanticIndex
+from llmesh.cache.keys import Request, embedded_scope, exact_key, semantic_query
+from llmesh.cache.semantic import Embedder, SemanticIndex
 from llmesh.cache.store import Entry, Name, Selector, Stored, TenantStats
 
 log = logging.getLogger("llmesh.cache")
@@ -31,15 +31,27 @@ class Hit:
     similarity: float = 1.0
 
 
+# The verifier's port: (its config, the stored question, the asked one) -> may the stored answer serve?
+Judge = Callable[[CacheVerifier, str, str], Awaitable[bool]]
+
 Outcome = Literal["hit_exact", "hit_semantic", "miss", "uncacheable", "bypass"]
 
 
 class ResponseCache:
     def __init__(self, store: FailOpen, semantic: SemanticIndex | None, config: Callable[[], CacheConfig],
-                 on_lookup: Callable[[Outcome], None] = lambda outcome: None):
+                 on_lookup: Callable[[Outcome], None] = lambda outcome: None,
+                 embedder: Callable[[CacheConfig], Embedder | None] | None = None,
+                 on_embed_error: Callable[[str], None] = lambda error: None, judge: Judge | None = None,
+                 on_verdict: Callable[[str, str], None] = lambda stage, verdict: None):
+        """``embedder``: the one the live config chooses now (None: none ready, semantic matching
+        waits); by default the semantic index's own."""
         self._store = store
         self._semantic = semantic
         self._config = config
+        self._embedder_for = embedder or (lambda cfg: semantic.embedder if semantic is not None else None)
+        self._on_embed_error = on_embed_error
+        self._judge = judge  # the verifier's port: None, no verifier whatever the config says
+        self._on_verdict = on_verdict  # (stage, verdict): guards passed; judge yes, no, timeout, error
         self._on_lookup = on_lookup
         self._background = Background()
 
@@ -78,27 +90,71 @@ class ResponseCache:
             return Hit(entry.response, "exact", key)
         if policy.mode != "semantic" or self._semantic is None or not self._store.available:
             return None
+        return await self._nearest(req, policy)
+
+    async def _nearest(self, req: Request, policy: CachePolicy) -> Hit | None:
+        """The semantic match: nearest entries of the scope above the threshold that pass the
+        guards, and, with a verifier on, the judge's yes (candidates from its own threshold)."""
+        assert self._semantic is not None
+        config = self._config()
         query = semantic_query(req)
-        if query is None:
+        embedder = self._embedder_for(config) if query is not None else None
+        if query is None or embedder is None:
             return None
-        vector = await self._embed(query.text)
-        for candidate in self._semantic.search(query.scope, query.text, vector, policy.semantic_threshold):
+        vector = await self._embed(embedder, query.text)
+        if vector is None:
+            return None
+        verifier = config.verifier if config.verifier.enabled and self._judge is not None else None
+        threshold = verifier.candidate_threshold if verifier is not None else policy.semantic_threshold
+        scope, judged = embedded_scope(embedder.identity, query.scope), 0
+        for candidate in self._semantic.search(scope, query.text, vector, threshold):
+            self._on_verdict("guards", "passed")
             entry = await self._store.call("get", partial(self._store.store.get, candidate.name), None)
-            if entry is not None:
-                return Hit(entry.response, "semantic", candidate.name.digest, candidate.similarity)
-            if self._store.available:  # gone from the store (expired, evicted, invalidated elsewhere)
-                self._semantic.remove(candidate.name)
+            if entry is None:
+                if self._store.available:  # gone from the store (expired, evicted, invalidated elsewhere)
+                    self._semantic.remove(candidate.name)
+                continue
+            if verifier is not None:
+                if judged == verifier.max_candidates:
+                    break
+                judged += 1
+                if not await self._verdict(verifier, entry.text, query.text):
+                    continue
+            return Hit(entry.response, "semantic", candidate.name.digest, candidate.similarity)
         return None
 
-    async def _embed(self, text: str) -> np.ndarray:
+    async def _verdict(self, verifier: CacheVerifier, stored: str, asked: str) -> bool:
+        """The judge's yes within its time budget; a no, a timeout or an error is a no (counted)."""
+        assert self._judge is not None
+        try:
+            same = await asyncio.wait_for(self._judge(verifier, stored, asked), verifier.timeout_s)
+        except TimeoutError:
+            self._on_verdict("judge", "timeout")
+            return False
+        except Exception as exc:  # noqa: BLE001 - a judge away or answering badly: no hit, never a failure
+            log.warning("cache verifier failed", extra={"error": type(exc).__name__})
+            self._on_verdict("judge", "error")
+            return False
+        self._on_verdict("judge", "yes" if same else "no")
+        return same
+        return None
+
+    async def _embed(self, embedder: Embedder, text: str) -> np.ndarray | None:
         """The embedding, computed on a worker thread (the loop keeps answering exact
-        lookups); the memo is only touched here, on the loop."""
+        lookups); the memo is only touched here, on the loop. None: the embedder failed
+        (an endpoint away or slow), and the request is matched exactly only."""
         semantic = self._semantic
         assert semantic is not None  # callers embed for the semantic index only
-        vector = semantic.remembered(text)
+        key = (embedder.identity, text)
+        vector = semantic.remembered(key)
         if vector is None:
-            vector = await asyncio.to_thread(semantic.encode, text)
-            semantic.remember(text, vector)
+            try:
+                vector = await asyncio.to_thread(embedder.encode, text)
+            except Exception as exc:  # noqa: BLE001 - the cache never fails a request: no semantic match
+                self._on_embed_error(type(exc).__name__)
+                log.warning("embedding failed", extra={"identity": embedder.identity, "error": type(exc).__name__})
+                return None
+            semantic.remember(key, vector)
         return vector
 
     async def store(self, req: Request, response: bytes) -> bool:
@@ -112,13 +168,17 @@ class ResponseCache:
             return False
         semantic = self._semantic if policy.mode == "semantic" else None
         query = semantic_query(req) if semantic is not None else None
-        if semantic is not None and query is not None:
-            vector = await self._embed(query.text)
+        embedder = self._embedder_for(self._config()) if query is not None else None
+        vector = None
+        if semantic is not None and query is not None and embedder is not None:
+            vector = await self._embed(embedder, query.text)
+        if semantic is not None and query is not None and embedder is not None and vector is not None:
+            scope = embedded_scope(embedder.identity, query.scope)
             sname = Name(req.tenant, req.model, "s", name.digest)  # one digest: invalidated together
-            entry = Entry(response, vector.tobytes(), query.text, query.scope)
+            entry = Entry(response, vector.tobytes(), query.text, scope)
             more = await self._store.call("put", lambda: self._store.store.put(sname, entry, policy.ttl_s), None)
             if more is not None:
-                semantic.add(sname, query.scope, query.text, vector, policy.ttl_s)
+                semantic.add(sname, scope, query.text, vector, policy.ttl_s)
                 evicted += more
         for gone in evicted:
             if self._semantic is not None:

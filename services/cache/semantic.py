@@ -1,5 +1,6 @@
 """The semantic side: embeddings of last user turns, one nearest-neighbour index per
-scope, and the guards a candidate must pass on top of the cosine threshold."""
+scope (which names the embedder: ``keys.embedded_scope``), and the guards a candidate
+must pass on top of the cosine threshold."""
 
 from __future__ import annotations
 
@@ -17,6 +18,10 @@ from llmesh.cache.store import Name, Selector
 
 
 class Embedder(Protocol):
+    """Unit-length float32 vectors; ``identity`` names the model and its version (a scope's vectors
+    all come from one identity: it is part of the scope)."""
+    identity: str
+
     def encode(self, text: str) -> np.ndarray: ...
 
 
@@ -35,9 +40,9 @@ class _Indexed:
 
 
 class SemanticIndex:
-    def __init__(self, embedder: Embedder, hnsw_min: int = 2000, memo: int = 4096,
+    def __init__(self, embedder: Embedder | None, hnsw_min: int = 2000, memo: int = 4096,
                  on_refusal: Callable[[str], None] = lambda guard: None, clock: Callable[[], float] = time.monotonic):
-        self._embedder = embedder
+        self.embedder = embedder  # the default one (ResponseCache may choose another per request)
         self._hnsw_min = hnsw_min
         self._on_refusal = on_refusal
         self._clock = clock
@@ -45,7 +50,8 @@ class SemanticIndex:
         self._entries: dict[int, _Indexed] = {}
         self._labels: dict[Name, int] = {}
         self._next = 1
-        self._memo: OrderedDict[str, np.ndarray] = OrderedDict()  # a lookup's miss is often stored next
+        # (embedder identity, text) -> vector: a lookup's miss is often stored next
+        self._memo: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
         self._memo_max = memo
 
     def __len__(self) -> int:
@@ -55,24 +61,23 @@ class SemanticIndex:
         return name in self._labels
 
     def embed(self, text: str) -> np.ndarray:
-        vector = self.remembered(text)
+        assert self.embedder is not None, "no default embedder"
+        key = (self.embedder.identity, text)
+        vector = self.remembered(key)
         if vector is None:
-            vector = self.encode(text)
-            self.remember(text, vector)
+            vector = self.embedder.encode(text)
+            self.remember(key, vector)
         return vector
 
-    def encode(self, text: str) -> np.ndarray:
-        """No shared state: safe on a worker thread."""
-        return self._embedder.encode(text)
-
-    def remembered(self, text: str) -> np.ndarray | None:
-        vector = self._memo.get(text)
+    def remembered(self, key: tuple[str, str]) -> np.ndarray | None:
+        """The vector of (embedder identity, text) if it was embedded lately."""
+        vector = self._memo.get(key)
         if vector is not None:
-            self._memo.move_to_end(text)
+            self._memo.move_to_end(key)
         return vector
 
-    def remember(self, text: str, vector: np.ndarray) -> None:
-        self._memo[text] = vector
+    def remember(self, key: tuple[str, str], vector: np.ndarray) -> None:
+        self._memo[key] = vector
         if len(self._memo) > self._memo_max:
             self._memo.popitem(last=False)
 

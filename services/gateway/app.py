@@ -269,7 +269,7 @@ class GatewayApp:
                            max_total_chars=settings.injection_scan_total_chars),
                 ColdStartStage(self._ready, self.holds, current),
                 FlowStage(self.flow, current),  # its wrap inside the cache's: a hit never waits
-                *([CacheStage(self.cache)] if self.cache else []),
+                *([CacheStage(self.cache, current)] if self.cache else []),
                 self.shadow]
 
     def _ready(self, model: str) -> bool:

@@ -84,6 +84,15 @@ class WholeAnswer(Delta):
     it reaches the client as one delta."""
 
 
+@dataclass(frozen=True, slots=True)
+class CacheHit:
+    """The response cache's answer to a request: the stored text and finish (its usage is what
+    producing it cost) and how it matched (exact | semantic)."""
+    text: str
+    finish: Finish
+    kind: str = "exact"
+
+
 class OutputFilter(Protocol):
     """Rewrites the answer's text as it streams (PII masking, restoring)."""
     def feed(self, text: str) -> str: ...

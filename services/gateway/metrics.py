@@ -35,6 +35,12 @@ class GatewayMetrics:
                                          registry=registry)
         self.cache = Counter("llmesh_cache_requests", "Response-cache lookups by result.", ("result",),
                              registry=registry)
+        self.cache_saved_tokens = Counter("llmesh_cache_saved_tokens", "Tokens cache hits did not spend (the "
+                                          "cached answer's prompt and completion), by model and hit kind "
+                                          "(exact, semantic).", ("model", "kind"), registry=registry)
+        self.cache_saved_usd = Counter("llmesh_cache_saved_usd", "What the tokens cache hits did not spend would "
+                                       "have cost, at the model's price in live config.", ("model", "kind"),
+                                       registry=registry)
         self.rate_limited = Counter("llmesh_rate_limited_requests", "Requests refused by a rate limit or budget.",
                                     ("tenant",), registry=registry)
         self.retries = Counter("llmesh_retries", "Attempts on another engine before the first token.",
@@ -84,6 +90,9 @@ class GatewayMetrics:
         of(self.e2e, model).observe(r.duration_ms / 1000)
         if r.cache in ("hit", "miss"):
             of(self.cache, r.cache).inc()
+        if r.cache_kind is not None and r.status == "ok":
+            of(self.cache_saved_tokens, model, r.cache_kind).inc(r.saved_prompt_tokens + r.saved_completion_tokens)
+            of(self.cache_saved_usd, model, r.cache_kind).inc(r.saved_usd or 0.0)
         if r.endpoint:
             of(self.picks, r.policy or "", r.endpoint).inc()
         if r.reason in ("rate_limit_exceeded", "insufficient_quota"):

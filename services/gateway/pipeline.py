@@ -49,7 +49,7 @@ class Pipeline:
                  providers: ProviderPort | None = None, retry_after_s: float = 1.0, lost_engine_hold_s: float = 30.0):
         self._stages = list(stages) if stages is not None else [ValidateStage(), RouteStage(catalog, config)]
         if cache is not None:
-            self._stages.append(CacheStage(cache))
+            self._stages.append(CacheStage(cache, config))
         self._router = Router(picker, engines, config, prompt_tokens, breakers, budget, providers, retry_after_s,
                               clock, lost_engine_hold_s)
         self._finishing = [i for i, stage in enumerate(self._stages) if finishes(stage)]
@@ -156,6 +156,8 @@ class Pipeline:
 
 
 def _count(record: RequestRecord, finish: Finish) -> None:
+    record.finish_reason = finish.reason.value
+    if record.cache == "hit":  # nothing was spent: the cache stage noted what the hit saved
+        return
     record.prompt_tokens = finish.usage.prompt_tokens
     record.completion_tokens = finish.usage.completion_tokens
-    record.finish_reason = finish.reason.value

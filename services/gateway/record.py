@@ -48,6 +48,12 @@ class RequestRecord:
     cascade_confidence: float | None = None  # the cheap answer's mean token logprob
     held_ms: float | None = None  # held while a scaled model had no ready replica (scale from zero)
     client_request_id: str | None = None  # the client's x-request-id when it was replaced (escaped, cut short)
+    # A cache hit: which kind, and what its answer cost when it was made (its tokens are not spent again;
+    # prompt_tokens and completion_tokens above stay 0, what the request really spent).
+    cache_kind: str | None = None  # exact | semantic
+    saved_prompt_tokens: int = 0
+    saved_completion_tokens: int = 0
+    saved_usd: float | None = None  # their price, at the model's price in live config
 
     def log_fields(self) -> dict[str, Any]:
         """The access log's fields: the core always, the rest when they happened."""

@@ -5,6 +5,8 @@ config is a watched YAML file, and the official `openai` client drives it."""
 from __future__ import annotations
 
 import concurrent.futures
+import csv
+import io
 import json
 import os
 import subprocess
@@ -54,6 +56,7 @@ class CacheMesh:
                 **common, "LLMESH_GATEWAY_PORT": str(grpc_port), "LLMESH_GATEWAY_HTTP_PORT": str(http_port),
                 "LLMESH_GATEWAY_SCHEDULER_ADDRESS": lay.address("scheduler"), "LLMESH_GATEWAY_MODELMGR_ADDRESS": "",
                 "LLMESH_GATEWAY_CACHE_ADDRESS": lay.address("cache"),
+                "LLMESH_GATEWAY_AUDIT_FILE": str(root / f"audit-{name}.jsonl"),  # usage without Redis
                 # this machine is shared by several test runs: a budget that a busy core still meets
                 "LLMESH_GATEWAY_CACHE_BUDGET_S": "0.5"}, root / f"gateway-{name}.log"))
         self.urls = [f"http://127.0.0.1:{lay.http_port}", f"http://127.0.0.1:{self.http_b}"]
@@ -126,6 +129,38 @@ def test_exact_hit_is_shared_by_two_gateways_and_marked(cmesh):
     assert again.usage.completion_tokens == first.usage.completion_tokens
     assert ask(b, "Name three primary colours.", max_tokens=15)[0] is None  # another max_tokens: another key
     assert ask(b, "Name three primary colours.", temperature=0.7)[0] is None  # sampling: not cached
+
+
+def test_a_repeated_request_shows_its_saving_in_llmesh_usage(cmesh):
+    a = cmesh.client(0)
+    tenant_rows = []
+
+    def usage() -> list[dict]:
+        done = subprocess.run([sys.executable, "-m", "llmesh", "usage", "--csv", "--audit-file",
+                               str(cmesh.root / "audit-a.jsonl")], capture_output=True, text=True, timeout=60,
+                              env={k: v for k, v in os.environ.items() if k != "LLMESH_REDIS_URL"})
+        assert done.returncode == 0, done.stderr
+        return [r for r in csv.DictReader(io.StringIO(done.stdout)) if r["model"] == MODEL]
+
+    before = usage()
+    _, first = ask(a, "List two prime numbers under ten.")
+    assert wait_until(lambda: ask(a, "List two prime numbers under ten.")[0] == "hit", 5)
+    header, again = ask(a, "List two prime numbers under ten.")
+    assert header == "hit" and again.usage == first.usage  # the client sees the answer's usage
+
+    def grew() -> bool:
+        tenant_rows[:] = usage()
+        return sum(int(r["cache_hits"]) for r in tenant_rows) >= sum(int(r["cache_hits"]) for r in before) + 2
+
+    assert wait_until(grew, 10), tenant_rows  # the audit log is written behind the answers
+
+    def added(column: str) -> int:
+        return sum(int(r[column]) for r in tenant_rows) - sum(int(r[column]) for r in before)
+
+    hits, misses = added("cache_hits"), added("requests") - added("cache_hits")
+    assert misses >= 1 and added("saved_completion_tokens") == hits * first.usage.completion_tokens
+    assert added("saved_prompt_tokens") == hits * first.usage.prompt_tokens  # each hit saved the answer's tokens
+    assert added("completion_tokens") == misses * first.usage.completion_tokens  # only the misses spent any
 
 
 def test_a_streamed_hit_reads_as_a_normal_stream(cmesh):

@@ -184,3 +184,22 @@ def test_llmesh_client_embeds_blocking_and_async(emesh):
             return list((await aclient.embed(model=EMBED, inputs=REFERENCE["texts"][2:3])).embeddings)
     [third] = asyncio.run(embed_async())
     assert _close(list(third.values), REFERENCE["vectors"][2]) < 1e-5
+
+
+def test_the_semantic_cache_embeds_through_the_gateways_own_embeddings(emesh, minilm, monkeypatch):
+    """The cache's endpoint embedder (cache.embedder kind openai) pointed at llmesh's own gateway:
+    its identity is the gateway's model and the dimension it returned, its key a tenant's API key,
+    and its vectors are the engine's MiniLM ones."""
+    from llmesh.liveconfig.schema import CacheEmbedder
+    from llmesh.cache.embedders import EmbedderSecrets, build_embedder
+    url = emesh["layout"].http_url + "/v1"
+    monkeypatch.setenv("LLMESH_TEST_EMBED_KEY", emesh["keys"]["acme"])
+    secrets = EmbedderSecrets(key_envs=frozenset({"LLMESH_TEST_EMBED_KEY"}))
+    spec = CacheEmbedder(kind="openai", base_url=url, model=EMBED, api_key_env="LLMESH_TEST_EMBED_KEY")
+    embedder = build_embedder(spec, Path("unused"), secrets)
+    assert embedder.identity == f"openai:{url}:{EMBED}:384"
+    text = "How can I reset my password?"
+    assert float(embedder.encode(text) @ minilm.encode(text)) > 0.9999
+    refused = CacheEmbedder(kind="openai", base_url=url, model=EMBED)  # no key: the gateway says 401
+    with pytest.raises(httpx.HTTPStatusError):
+        build_embedder(refused, Path("unused"), secrets)

@@ -97,6 +97,18 @@ async def keys_main(args: argparse.Namespace) -> int:
             await client.aclose()
 
 
+_FIELDS = ["day", "tenant", "model", "requests", "prompt_tokens", "completion_tokens", "cost_usd", "cache_hits",
+           "saved_prompt_tokens", "saved_completion_tokens", "saved_usd"]
+_MICRO = {"micro_usd": "cost_usd", "saved_micro_usd": "saved_usd"}  # stored in millionths of a dollar
+
+
+def _row(day: str, tenant: str, model: str) -> dict[str, Any]:
+    """One usage row: what a tenant's requests to a model spent that day, and what cache hits saved
+    (their tokens, priced as usage prices them; they spent nothing)."""
+    return {name: 0 for name in _FIELDS} | {"day": day, "tenant": tenant, "model": model, "cost_usd": 0.0,
+                                            "saved_usd": 0.0}
+
+
 async def usage_rows(client: redis.asyncio.Redis, days: list[str]) -> list[dict[str, Any]]:
     rows: dict[tuple[str, str, str], dict[str, Any]] = {}
     for day in days:
@@ -104,12 +116,10 @@ async def usage_rows(client: redis.asyncio.Redis, days: list[str]) -> list[dict[
         for field, value in raw.items():
             key = field.decode() if isinstance(field, bytes) else field  # bytes: no decode_responses
             tenant, model, counter = key.split("\t")
-            row = rows.setdefault((day, tenant, model), {"day": day, "tenant": tenant, "model": model,
-                                                         "requests": 0, "prompt_tokens": 0,
-                                                         "completion_tokens": 0, "cost_usd": 0.0})
-            if counter == "micro_usd":
-                row["cost_usd"] = int(value) / 1e6
-            else:
+            row = rows.setdefault((day, tenant, model), _row(day, tenant, model))
+            if counter in _MICRO:
+                row[_MICRO[counter]] = int(value) / 1e6
+            elif counter in row:  # a counter this CLI does not know (a newer gateway's) is left out
                 row[counter] = int(value)
     return [rows[k] for k in sorted(rows)]
 
@@ -124,13 +134,16 @@ def audit_usage_rows(paths: list[Path]) -> list[dict[str, Any]]:
             if rec["kind"] != "request" or f.get("decision") != "allowed":
                 continue
             day = rec["ts"][:10]
-            row = rows.setdefault((day, f["tenant"], f["model"]), {
-                "day": day, "tenant": f["tenant"], "model": f["model"], "requests": 0, "prompt_tokens": 0,
-                "completion_tokens": 0, "cost_usd": 0.0})
+            row = rows.setdefault((day, f["tenant"], f["model"]), _row(day, f["tenant"], f["model"]))
             row["requests"] += 1
             row["prompt_tokens"] += f.get("prompt_tokens", 0)
             row["completion_tokens"] += f.get("completion_tokens", 0)
             row["cost_usd"] += f.get("cost", 0.0)
+            if "cache_kind" in f:  # a cache hit: it spent nothing and saved these
+                row["cache_hits"] += 1
+                row["saved_prompt_tokens"] += f.get("saved_prompt_tokens", 0)
+                row["saved_completion_tokens"] += f.get("saved_completion_tokens", 0)
+                row["saved_usd"] += f.get("saved_cost", 0.0)
     return [rows[k] for k in sorted(rows)]
 
 
@@ -154,16 +167,18 @@ async def usage_main(args: argparse.Namespace) -> int:
 
 
 def _print_usage(rows: list[dict[str, Any]], as_csv: bool) -> int:
-    fields = ["day", "tenant", "model", "requests", "prompt_tokens", "completion_tokens", "cost_usd"]
     if as_csv:
-        out = csv.DictWriter(sys.stdout, fieldnames=fields)
+        out = csv.DictWriter(sys.stdout, fieldnames=_FIELDS)
         out.writeheader()
         out.writerows(rows)
     else:
-        print(f"{'day':<12}{'tenant':<16}{'model':<28}{'requests':>9}{'prompt':>10}{'completion':>12}{'cost $':>12}")
+        print(f"{'day':<12}{'tenant':<16}{'model':<28}{'requests':>9}{'prompt':>10}{'completion':>12}{'cost $':>12}"
+              f"{'cache hits':>11}{'saved tok':>10}{'saved $':>12}")
         for r in rows:
+            saved = r["saved_prompt_tokens"] + r["saved_completion_tokens"]
             print(f"{r['day']:<12}{r['tenant']:<16}{r['model']:<28}{r['requests']:>9}{r['prompt_tokens']:>10}"
-                  f"{r['completion_tokens']:>12}{r['cost_usd']:>12.6f}")
+                  f"{r['completion_tokens']:>12}{r['cost_usd']:>12.6f}{r['cache_hits']:>11}{saved:>10}"
+                  f"{r['saved_usd']:>12.6f}")
     return 0
 
 

@@ -99,6 +99,64 @@ class Price(_Strict):
     output_per_1k: float = Field(default=0, ge=0, description="money per 1,000 output tokens")
 
 
+class CacheEmbedder(_Strict):
+    """The semantic cache's embedder: ``local``, a sentence-transformers model directory (BERT, mean
+    pooling) beside the cache's default one (``LLMESH_CACHE_EMBED_MODEL_DIR``, MiniLM); or ``openai``,
+    an OpenAI-compatible ``/v1/embeddings`` endpoint (a provider, llmesh's own gateway). Its key is
+    never in the config: it is read from ``api_key_env`` or ``api_key_file``, which the cache accepts
+    only from its own allow-list and key directory. The embedder's name and version (a URL's: its model
+    name and the dimension it returns) are part of every semantic scope: changing it starts a fresh
+    index, and no entry embedded by another is ever served."""
+    kind: Literal["local", "openai"] = "local"
+    model: str | None = Field(default=None, max_length=200, description="local: a directory's name beside the "
+                              "default model's (none: the default); openai: the model name sent")
+    base_url: str | None = Field(default=None, description="openai: up to /v1, e.g. https://api.openai.com/v1")
+    api_key_env: str | None = None
+    api_key_file: str | None = None
+    timeout_s: float = Field(default=0.5, gt=0, le=10, description="openai: per call; over it the lookup misses")
+
+    @model_validator(mode="after")
+    def _coherent(self) -> CacheEmbedder:
+        if self.kind == "local":
+            if self.base_url is not None or self.api_key_env is not None or self.api_key_file is not None:
+                raise ValueError("a local embedder takes no base_url or key")
+            if self.model is not None and (not self.model or "/" in self.model or self.model.startswith(".")):
+                raise ValueError("a local embedder's model is a directory name, without '/' or a leading '.'")
+            return self
+        if self.base_url is None or not self.model:
+            raise ValueError("an openai embedder needs base_url and model")
+        problem = url_problem(self.base_url)
+        if problem:
+            raise ValueError(problem)
+        return self
+
+
+class CacheVerifier(_Strict):
+    """A judge for semantic candidates: when enabled, the nearest entries at or above
+    ``candidate_threshold`` (recall-oriented, instead of ``semantic_threshold``) that pass every
+    guard are put, one by one (at most ``max_candidates``), to a model behind an OpenAI-compatible
+    ``/v1/chat/completions`` as a constrained yes/no question; only a yes within ``timeout_s`` serves
+    the entry (no, a timeout or an error: the next candidate, then a miss). The judge sees both
+    (PII-masked) questions. Its key as the embedder's: an allow-listed variable or the key directory."""
+    enabled: bool = False
+    base_url: str | None = Field(default=None, description="up to /v1; llmesh's own gateway or a provider")
+    model: str | None = Field(default=None, max_length=200)
+    api_key_env: str | None = None
+    api_key_file: str | None = None
+    candidate_threshold: float = Field(default=0.7, gt=0, le=1, description="cosine; candidates go to the judge")
+    timeout_s: float = Field(default=0.25, gt=0, le=10, description="per judgement; over it the candidate misses")
+    max_candidates: int = Field(default=2, ge=1, le=8, description="judged per lookup, best first")
+
+    @model_validator(mode="after")
+    def _coherent(self) -> CacheVerifier:
+        if self.enabled and (self.base_url is None or not self.model):
+            raise ValueError("an enabled verifier needs base_url and model")
+        problem = url_problem(self.base_url) if self.base_url is not None else None
+        if problem:
+            raise ValueError(problem)
+        return self
+
+
 class CacheConfig(_Strict):
     enabled: bool = True
     ttl_s: float = Field(default=3600, gt=0)
@@ -107,6 +165,8 @@ class CacheConfig(_Strict):
     cache_sampled: bool = Field(default=False, description="also cache sampling requests (temperature > 0, no seed)")
     models: dict[str, CacheRule] = Field(default={}, description="per model (the route a request takes)")
     tenants: dict[str, CacheRule] = Field(default={}, description="per tenant; wins over the model's rule")
+    embedder: CacheEmbedder = CacheEmbedder()
+    verifier: CacheVerifier = CacheVerifier()
 
     def policy(self, tenant: str, model: str) -> CachePolicy:
         """The default, then the model's rule, then the tenant's."""

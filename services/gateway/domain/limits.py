@@ -68,6 +68,11 @@ class Outcome:
     prompt_tokens: int
     completion_tokens: int
     cost_micro: int
+    # A cache hit: spent nothing above, and saved these (the cached answer's usage and its price).
+    cache_hit: bool = False
+    saved_prompt_tokens: int = 0
+    saved_completion_tokens: int = 0
+    saved_micro: int = 0
 
 
 class Limiter(Protocol):
@@ -79,8 +84,13 @@ class Limiter(Protocol):
 def usage_fields(tenant: str, outcome: Outcome) -> dict[str, int]:
     """The usage hash's fields for one request: 'tenant\\tmodel\\tcounter'."""
     base = f"{tenant}\t{outcome.model}\t"
-    return {base + "requests": 1, base + "prompt_tokens": outcome.prompt_tokens,
-            base + "completion_tokens": outcome.completion_tokens, base + "micro_usd": outcome.cost_micro}
+    fields = {base + "requests": 1, base + "prompt_tokens": outcome.prompt_tokens,
+              base + "completion_tokens": outcome.completion_tokens, base + "micro_usd": outcome.cost_micro}
+    if outcome.cache_hit:  # only then: a mesh without a cache keeps the four fields it always had
+        fields.update({base + "cache_hits": 1, base + "saved_prompt_tokens": outcome.saved_prompt_tokens,
+                       base + "saved_completion_tokens": outcome.saved_completion_tokens,
+                       base + "saved_micro_usd": outcome.saved_micro})
+    return fields
 
 
 def usage_key(day: str) -> str:

@@ -74,6 +74,9 @@ def record_fields(ctx: Context) -> dict[str, object]:
             fields[name] = value
     if r.injection_truncated:
         fields["injection_truncated"] = True
+    if r.cache_kind is not None:  # a hit: what it did not spend (``llmesh usage`` sums these)
+        fields.update(cache_kind=r.cache_kind, saved_prompt_tokens=r.saved_prompt_tokens,
+                      saved_completion_tokens=r.saved_completion_tokens, saved_cost=r.saved_usd or 0.0)
     return {name: _fit(value) for name, value in fields.items()}
 
 

@@ -1,12 +1,14 @@
 """The response cache as a stage: a request the live config's ``cache`` section covers
 (and that asks for no logprobs or tools) is looked up once every stage before has had
 its say, so the cache sees the prompt the engines would (PII masked). A hit answers it
-in one piece (``x-llmesh-cache: hit``); a miss's answer is stored once it is whole, in
+in one piece (``x-llmesh-cache: hit``), spends no tokens and records the ones it
+saved (the pipeline and the limits stage bill and count them); a miss's answer is stored once it is whole, in
 the background. It goes after the stages that rewrite the request and before the
 shadow stage, whose wrap then sees a hit like any answer."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import aclosing
 from functools import partial
 from typing import Protocol
@@ -14,8 +16,11 @@ from typing import Protocol
 from opentelemetry.trace import Span
 
 from llmesh.background import Background
+from llmesh.liveconfig.schema import MeshConfig, Price
 from llmesh.types import Delta, Finish
-from llmesh.gateway.context import CompletionRequest, Context, Items, Upstream, WholeAnswer
+from llmesh.gateway.context import CacheHit, CompletionRequest, Context, Items, Upstream, WholeAnswer
+from llmesh.gateway.domain.quota import micro_usd
+from llmesh.gateway.record import RequestRecord
 from llmesh.gateway.stages.base import Stage
 
 CACHE_HEADER = "x-llmesh-cache"
@@ -23,13 +28,14 @@ CACHE_HEADER = "x-llmesh-cache"
 
 class ResponseCache(Protocol):
     def applies(self, req: CompletionRequest) -> bool: ...
-    async def lookup(self, req: CompletionRequest, parent: Span) -> tuple[str, Finish] | None: ...
+    async def lookup(self, req: CompletionRequest, parent: Span) -> CacheHit | None: ...
     async def store(self, req: CompletionRequest, text: str, finish: Finish, parent: Span) -> None: ...
 
 
 class CacheStage(Stage):
-    def __init__(self, cache: ResponseCache):
+    def __init__(self, cache: ResponseCache, config: Callable[[], MeshConfig] = MeshConfig):
         self._cache = cache
+        self._config = config  # the models' prices, for what a hit saved
         self._background = Background()
 
     async def admit(self, ctx: Context) -> None:
@@ -41,9 +47,9 @@ class CacheStage(Stage):
             ctx.record.cache = "miss"
             ctx.wrap(partial(self._store_after, ctx.span))
             return
-        ctx.record.cache = "hit"
+        saved(ctx.record, hit, self._config().prices.get(req.model))
         ctx.headers[CACHE_HEADER] = "hit"  # HTTP header, gRPC metadata
-        ctx.wrap(partial(_answer, *hit))
+        ctx.wrap(partial(_answer, hit.text, hit.finish))
 
     async def _store_after(self, span: Span, req: CompletionRequest, upstream: Upstream
                            ) -> Items:
@@ -58,6 +64,15 @@ class CacheStage(Stage):
 
     async def drain(self) -> None:
         await self._background.drain()
+
+
+def saved(record: RequestRecord, hit: CacheHit, price: Price | None) -> None:
+    """A hit on the record: its kind, and the cached answer's tokens (what producing it cost) as
+    tokens not spent, priced as usage prices them. The record's own token counts stay 0."""
+    usage = hit.finish.usage
+    record.cache, record.cache_kind = "hit", hit.kind
+    record.saved_prompt_tokens, record.saved_completion_tokens = usage.prompt_tokens, usage.completion_tokens
+    record.saved_usd = micro_usd(price, usage.prompt_tokens, usage.completion_tokens) / 1e6
 
 
 async def _answer(text: str, finish: Finish, req: CompletionRequest, upstream: Upstream

@@ -83,11 +83,16 @@ class LimitStage(Stage):
         else:
             await self._limiter.settle(ask, verdict, None)
             return
-        cfg = self._config()
-        cost = micro_usd(cfg.prices.get(r.model), prompt, completion)
+        price = self._config().prices.get(r.model)
+        cost = micro_usd(price, prompt, completion)
         r.cost_usd = cost / 1e6
         day, _ = self._periods("day", self._wall())
-        await self._limiter.settle(ask, verdict, Outcome(r.model, day, prompt, completion, cost))
+        outcome = Outcome(r.model, day, prompt, completion, cost)
+        if r.cache_kind is not None and r.status == "ok":  # a hit: what it did not spend (the cache stage's)
+            outcome = replace(outcome, cache_hit=True, saved_prompt_tokens=r.saved_prompt_tokens,
+                              saved_completion_tokens=r.saved_completion_tokens,
+                              saved_micro=round((r.saved_usd or 0.0) * 1e6))
+        await self._limiter.settle(ask, verdict, outcome)
 
 
 def _with_budget(ask: Ask, budget: Budget, key: str, left_ms: int) -> Ask:

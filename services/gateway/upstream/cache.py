@@ -19,7 +19,7 @@ from llmesh.rpc.interceptor import REQUEST_ID_KEY
 from llmesh.telemetry import child_context, inject
 from llmesh.types import Finish
 from llmesh.v1 import cache_pb2, cache_pb2_grpc
-from llmesh.gateway.context import CompletionRequest
+from llmesh.gateway.context import CacheHit, CompletionRequest
 from llmesh.gateway.upstream.rpc import why
 
 log = logging.getLogger("llmesh.gateway.upstreams")
@@ -82,7 +82,7 @@ class CacheClient:
         return cache_pb2.CacheQuery(tenant=req.tenant, model=req.model, sampling=sampling_to_pb(req.sampling),
                                     **prompt_fields(req.prompt, cache_pb2.CachedChat))
 
-    async def lookup(self, req: CompletionRequest, parent: Span) -> tuple[str, Finish] | None:
+    async def lookup(self, req: CompletionRequest, parent: Span) -> CacheHit | None:
         with self._tracer.start_as_current_span("llmesh.v1.Cache/Lookup", context=child_context(parent),
                                                 kind=SpanKind.CLIENT) as span:
             try:
@@ -97,7 +97,8 @@ class CacheClient:
         if not resp.hit:
             return None
         r = resp.response
-        return r.text, Finish(reason=finish_from_pb(r.finish_reason), usage=usage_from_pb(r.usage))
+        kind = "semantic" if resp.kind == cache_pb2.HIT_KIND_SEMANTIC else "exact"
+        return CacheHit(r.text, Finish(reason=finish_from_pb(r.finish_reason), usage=usage_from_pb(r.usage)), kind)
 
     async def store(self, req: CompletionRequest, text: str, finish: Finish, parent: Span) -> None:
         response = cache_pb2.CachedResponse(text=text, finish_reason=finish_to_pb(finish.reason),
