@@ -29,12 +29,16 @@ class Hit:
     kind: Literal["exact", "semantic"]
     key: str
     similarity: float = 1.0
+    loosened: bool = False  # a semantic hit only the caller's looser threshold allowed
 
 
 # The verifier's port: (its config, the stored question, the asked one) -> may the stored answer serve?
 Judge = Callable[[CacheVerifier, str, str], Awaitable[bool]]
 
 Outcome = Literal["hit_exact", "hit_semantic", "miss", "uncacheable", "bypass"]
+# The loosest semantic threshold a caller may ask for (degradation under load): below it MiniLM's
+# cosine says little about whether two questions share an answer, guards or not.
+LOOSEST = 0.5
 
 
 class ResponseCache:
@@ -65,7 +69,9 @@ class ResponseCache:
                      and req.sampling.logprobs is None)  # the cache keeps text only
         return policy if cacheable else None
 
-    async def lookup(self, req: Request) -> Hit | None:
+    async def lookup(self, req: Request, min_similarity: float | None = None) -> Hit | None:
+        """``min_similarity``: a looser semantic threshold the gateway asks for under load (never
+        below ``LOOSEST``; ignored where it is not lower than the policy's own)."""
         policy = self._policy(req)
         if policy is None:
             self._on_lookup("uncacheable")
@@ -73,7 +79,7 @@ class ResponseCache:
         if not self._store.available:
             self._on_lookup("bypass")
             return None
-        hit = await self._lookup(req, policy)
+        hit = await self._lookup(req, policy, min_similarity)
         outcome: Outcome = "miss" if hit is None else "hit_exact" if hit.kind == "exact" else "hit_semantic"
         self._on_lookup(outcome)
         counters = ["misses"] if hit is None else ["hits", "semantic_hits"] if hit.kind == "semantic" else ["hits"]
@@ -82,7 +88,7 @@ class ResponseCache:
                 self._store.call("count", partial(self._store.store.count, req.tenant, counter), None))
         return hit
 
-    async def _lookup(self, req: Request, policy: CachePolicy) -> Hit | None:
+    async def _lookup(self, req: Request, policy: CachePolicy, loose: float | None) -> Hit | None:
         key = exact_key(req)
         name = Name(req.tenant, req.model, "x", key)
         entry = await self._store.call("get", lambda: self._store.store.get(name), None)
@@ -90,11 +96,12 @@ class ResponseCache:
             return Hit(entry.response, "exact", key)
         if policy.mode != "semantic" or self._semantic is None or not self._store.available:
             return None
-        return await self._nearest(req, policy)
+        return await self._nearest(req, policy, loose)
 
-    async def _nearest(self, req: Request, policy: CachePolicy) -> Hit | None:
+    async def _nearest(self, req: Request, policy: CachePolicy, loose: float | None) -> Hit | None:
         """The semantic match: nearest entries of the scope above the threshold that pass the
-        guards, and, with a verifier on, the judge's yes (candidates from its own threshold)."""
+        guards, and, with a verifier on, the judge's yes (candidates from its own threshold);
+        ``loose`` lowers that threshold (a hit below the usual one is marked ``loosened``)."""
         assert self._semantic is not None
         config = self._config()
         query = semantic_query(req)
@@ -105,7 +112,8 @@ class ResponseCache:
         if vector is None:
             return None
         verifier = config.verifier if config.verifier.enabled and self._judge is not None else None
-        threshold = verifier.candidate_threshold if verifier is not None else policy.semantic_threshold
+        usual = verifier.candidate_threshold if verifier is not None else policy.semantic_threshold
+        threshold = usual if loose is None else min(usual, max(loose, LOOSEST))
         scope, judged = embedded_scope(embedder.identity, query.scope), 0
         for candidate in self._semantic.search(scope, query.text, vector, threshold):
             self._on_verdict("guards", "passed")
@@ -120,7 +128,8 @@ class ResponseCache:
                 judged += 1
                 if not await self._verdict(verifier, entry.text, query.text):
                     continue
-            return Hit(entry.response, "semantic", candidate.name.digest, candidate.similarity)
+            return Hit(entry.response, "semantic", candidate.name.digest, candidate.similarity,
+                       loosened=candidate.similarity < usual)
         return None
 
     async def _verdict(self, verifier: CacheVerifier, stored: str, asked: str) -> bool:
@@ -137,7 +146,6 @@ class ResponseCache:
             return False
         self._on_verdict("judge", "yes" if same else "no")
         return same
-        return None
 
     async def _embed(self, embedder: Embedder, text: str) -> np.ndarray | None:
         """The embedding, computed on a worker thread (the loop keeps answering exact

@@ -37,11 +37,13 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
 
     async def Lookup(self, request, context):
         with self._metrics.latency.time():
-            hit = await self._cache.lookup(request_from_pb(request.query))
+            hit = await self._cache.lookup(request_from_pb(request.query),
+                                           request.min_similarity if request.HasField("min_similarity") else None)
         if hit is None:
             return cache_pb2.LookupResponse(hit=False)
         return cache_pb2.LookupResponse(hit=True, response=cache_pb2.CachedResponse.FromString(hit.response),
-                                        kind=_KIND[hit.kind], similarity=hit.similarity, key=hit.key)
+                                        kind=_KIND[hit.kind], similarity=hit.similarity, key=hit.key,
+                                        loosened=hit.loosened)
 
     async def Store(self, request, context):
         stored = await self._cache.store(request_from_pb(request.query), request.response.SerializeToString())

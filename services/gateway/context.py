@@ -91,6 +91,15 @@ class CacheHit:
     text: str
     finish: Finish
     kind: str = "exact"
+    loosened: bool = False  # a semantic hit only a looser threshold (degradation) allowed
+
+
+@dataclass(frozen=True, slots=True)
+class LooseCache:
+    """Degradation's cache policy for one request: a semantic hit at ``min_similarity`` or more
+    may serve it; ``served()`` when one below the cache's own threshold did."""
+    min_similarity: float
+    served: Callable[[], None]
 
 
 class OutputFilter(Protocol):
@@ -167,6 +176,7 @@ class Context:
     # What the choices of one request (n > 1) share: a stage's work on the prompt they have in
     # common (the guards screen it once, not once per choice). None: a request of one choice.
     shared: dict[Any, Any] | None = None
+    loose_cache: LooseCache | None = None  # set by the degradation stage under load
 
     def wrap(self, wrap: Wrap) -> None:
         """Puts ``wrap`` around the upstream, as the stages before left it: a wrap put later

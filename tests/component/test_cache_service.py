@@ -194,3 +194,26 @@ async def test_fails_open_when_redis_stops_and_recovers_when_it_returns(start, t
     finally:
         await a.stop()
         server.stop()
+
+
+async def test_a_looser_threshold_asked_for_under_load_is_honoured_and_marked_and_has_a_floor(start):
+    """Degradation's cache policy: a Lookup with min_similarity may hit below the configured
+    threshold (marked ``loosened``), never below the cache's floor, and changes nothing above it."""
+    strict = MeshConfig.model_validate({"cache": {"mode": "semantic", "semantic_threshold": 0.95}})
+    a = await start(strict)
+    assert await a.store(query("How do I reset my password?"), "Use the reset link.")
+    steps = query("What are the steps to reset my password?")  # MiniLM's cosine to the stored one: ~0.945
+    assert not (await a.lookup(steps)).hit
+
+    async def loose(q, at: float) -> cache_pb2.LookupResponse:
+        return await a.stub.Lookup(cache_pb2.LookupRequest(query=q, min_similarity=at), timeout=5)
+
+    found = await loose(steps, 0.9)
+    assert found.hit and found.loosened and 0.9 <= found.similarity < 0.95
+    assert found.response.text == "Use the reset link."
+    assert not (await loose(query("Password reset?"), 0.9)).hit  # ~0.84: under the looser threshold too
+    assert not (await loose(query("How do I bake bread?"), 0.1)).hit  # ~0.2: the floor (0.5) holds
+    usual = await loose(query("How can I reset my password?"), 0.9)  # ~0.99: a hit anyway
+    assert usual.hit and not usual.loosened
+    exact = await loose(query("How do I reset my password?"), 0.9)
+    assert exact.hit and exact.kind == cache_pb2.HIT_KIND_EXACT and not exact.loosened

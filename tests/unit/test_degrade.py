@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from llmesh.liveconfig.schema import Degradation, MeshConfig, Provider, SplitTarget, TrafficSplit
 from llmesh.types import Priority, Prompt, Sampling
 from llmesh.gateway.context import CompletionRequest, Context
-from llmesh.gateway.domain.degrade import MAX_TOKENS, VARIANT, Verdict, choose, load_of
+from llmesh.gateway.domain.degrade import CACHE, MAX_TOKENS, VARIANT, Verdict, choose, load_of
 from llmesh.gateway.stages.degrade import DEGRADED_HEADER, MODEL_HEADER, DegradeStage
 
 BOTH = Degradation(saturation=0.9, max_tokens=32, variant="small")
@@ -53,7 +53,7 @@ def test_load_counts_busy_slots_and_the_gateways_queue():
 
 
 def test_config_rules():
-    with pytest.raises(ValidationError, match="sets max_tokens, variant or both"):
+    with pytest.raises(ValidationError, match="sets max_tokens, variant, cache_similarity"):
         Degradation(saturation=0.5)
     with pytest.raises(ValidationError, match="another model"):
         MeshConfig(degradation={"big": {"standard": Degradation(variant="big")}})
@@ -153,3 +153,27 @@ def test_a_variant_with_no_endpoint_now_is_skipped_unless_a_provider_serves_it()
     ctx = Context.of(_request(Priority.LOW))
     asyncio.run(_stage(loads, provided, metrics).admit(ctx))
     assert (ctx.req.model, ctx.headers[DEGRADED_HEADER]) == ("small", "variant,max_tokens")
+
+
+def test_a_looser_cache_threshold_rides_with_the_verdict_and_is_named_only_when_a_hit_needed_it():
+    loose = Degradation(saturation=1.0, cache_similarity=0.7)
+    assert choose(loose, "big", 0.9, 512) is None  # below saturation
+    assert choose(loose, "big", 1.0, 512) == Verdict((), "big", 512, 0.7)  # nothing applied yet
+    metrics = Counted()
+    config = MeshConfig(degradation={"big": {"standard": Degradation(max_tokens=64, cache_similarity=0.7)}})
+    stage = _stage({"big": 1.5}, config, metrics)
+    ctx = Context.of(_request(Priority.NORMAL))
+    asyncio.run(stage.admit(ctx))
+    assert ctx.loose_cache is not None and ctx.loose_cache.min_similarity == 0.7
+    assert ctx.headers == {DEGRADED_HEADER: "max_tokens"}  # the cache has not answered (yet)
+    ctx.loose_cache.served()  # the cache stage: a hit below the cache's own threshold served it
+    assert ctx.headers == {DEGRADED_HEADER: "max_tokens,cache"}
+    only = _stage({"big": 1.5}, MeshConfig(degradation={"big": {"standard": loose}}), metrics)
+    ctx = Context.of(_request(Priority.NORMAL))
+    asyncio.run(only.admit(ctx))
+    assert ctx.headers == {} and ctx.loose_cache is not None
+    ctx.loose_cache.served()
+    assert ctx.headers == {DEGRADED_HEADER: CACHE}
+    assert metrics.counts == {("big", "standard", "max_tokens"): 1, ("big", "standard", "cache"): 2}
+    with pytest.raises(ValidationError):
+        Degradation(cache_similarity=0.3)  # below what MiniLM's cosine can vouch for

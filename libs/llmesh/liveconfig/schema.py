@@ -368,8 +368,8 @@ class FlowControl(_Strict):
 
 class Degradation(_Strict):
     """What a model's requests of one class get once the model is saturated, instead of a
-    wait or a refusal: a cap on ``max_tokens``, a smaller variant model, or both. The response
-    names the policies applied (``x-llmesh-degraded``)."""
+    wait or a refusal: a cap on ``max_tokens``, a smaller variant model, a semantic cache hit at a
+    looser threshold, or several. The response names the policies applied (``x-llmesh-degraded``)."""
     saturation: float = Field(default=1.0, gt=0, le=100, description="applies at or past this load: requests "
                               "in flight at the model's endpoints plus those waiting in the gateway, over its engine "
                               "slots (1: every slot busy)")
@@ -377,11 +377,14 @@ class Degradation(_Strict):
                                    "one)")
     variant: str | None = Field(default=None, min_length=1, description="a smaller model that answers instead "
                                 "(skipped unless it can answer now, not scaled to zero, and is less loaded)")
+    cache_similarity: float | None = Field(default=None, ge=0.5, le=1, description="a semantic cache hit at this "
+                                           "cosine or more serves (where the cache is semantic and its own threshold "
+                                           "is higher; the guards and the verifier still apply)")
 
     @model_validator(mode="after")
     def _does_something(self) -> Degradation:
-        if self.max_tokens is None and self.variant is None:
-            raise ValueError("a degradation policy sets max_tokens, variant or both")
+        if self.max_tokens is None and self.variant is None and self.cache_similarity is None:
+            raise ValueError("a degradation policy sets max_tokens, variant, cache_similarity or some of them")
         return self
 
 

@@ -9,7 +9,9 @@ rule's ``saturation`` the rule applies:
 - ``max_tokens``: a request asking for more (or for no limit) gets the cap;
 - ``variant``: the smaller model answers instead, when it can now (a provider serves it, or it
   has endpoints: not one scaled to zero) and it is less loaded than the model (a variant as
-  saturated helps no one).
+  saturated helps no one);
+- ``cache_similarity``: the semantic cache may answer at this looser threshold; applied (and
+  named) only when a hit below the cache's own threshold serves the request.
 
 A policy that would change nothing is not applied, so the response names only what was done."""
 
@@ -21,6 +23,7 @@ from llmesh.liveconfig.schema import Degradation
 
 MAX_TOKENS = "max_tokens"
 VARIANT = "variant"
+CACHE = "cache"
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +31,7 @@ class Verdict:
     policies: tuple[str, ...]  # applied, in a fixed order: variant, max_tokens
     model: str  # the model that answers
     max_tokens: int | None  # the request's max_tokens after the cap
+    cache_similarity: float | None = None  # a looser semantic threshold the cache may answer at
 
 
 def choose(rule: Degradation | None, model: str, load: float | None, max_tokens: int | None,
@@ -47,7 +51,8 @@ def choose(rule: Degradation | None, model: str, load: float | None, max_tokens:
     if rule.max_tokens is not None and (max_tokens is None or max_tokens > rule.max_tokens):
         policies.append(MAX_TOKENS)
         capped = rule.max_tokens
-    return Verdict(tuple(policies), answering, capped) if policies else None
+    loose = rule.cache_similarity
+    return Verdict(tuple(policies), answering, capped, loose) if policies or loose is not None else None
 
 
 def load_of(free: int, total: int, waiting: int) -> float | None:

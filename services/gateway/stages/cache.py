@@ -1,7 +1,8 @@
 """The response cache as a stage: a request the live config's ``cache`` section covers
 (and that asks for no logprobs or tools) is looked up once every stage before has had
 its say, so the cache sees the prompt the engines would (PII masked). A hit answers it
-in one piece (``x-llmesh-cache: hit``), spends no tokens and records the ones it
+in one piece (``x-llmesh-cache: hit``; under load, degradation may ask for a looser
+semantic threshold: ``Context.loose_cache``), spends no tokens and records the ones it
 saved (the pipeline and the limits stage bill and count them); a miss's answer is stored once it is whole, in
 the background. It goes after the stages that rewrite the request and before the
 shadow stage, whose wrap then sees a hit like any answer."""
@@ -28,7 +29,8 @@ CACHE_HEADER = "x-llmesh-cache"
 
 class ResponseCache(Protocol):
     def applies(self, req: CompletionRequest) -> bool: ...
-    async def lookup(self, req: CompletionRequest, parent: Span) -> CacheHit | None: ...
+    async def lookup(self, req: CompletionRequest, parent: Span, min_similarity: float | None = None
+                     ) -> CacheHit | None: ...
     async def store(self, req: CompletionRequest, text: str, finish: Finish, parent: Span) -> None: ...
 
 
@@ -42,11 +44,14 @@ class CacheStage(Stage):
         req = ctx.req
         if req.embeds or req.sampling.logprobs is not None or req.tools is not None or not self._cache.applies(req):
             return
-        hit = await self._cache.lookup(req, ctx.span)
+        loose = ctx.loose_cache
+        hit = await self._cache.lookup(req, ctx.span, loose.min_similarity if loose is not None else None)
         if hit is None:
             ctx.record.cache = "miss"
             ctx.wrap(partial(self._store_after, ctx.span))
             return
+        if hit.loosened and loose is not None:
+            loose.served()  # degradation's policy, marked and counted there
         saved(ctx.record, hit, self._config().prices.get(req.model))
         ctx.headers[CACHE_HEADER] = "hit"  # HTTP header, gRPC metadata
         ctx.wrap(partial(_answer, hit.text, hit.finish))

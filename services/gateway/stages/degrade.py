@@ -13,19 +13,20 @@ access record's model is the variant's. ``llmesh_degraded_requests_total{model,c
 counts each policy applied (model: the one asked for, as routed). The choices of one
 request (n > 1) share one verdict. Embeddings are never degraded.
 
-Not here: answering from the semantic cache at a looser threshold. The cache service's
-Lookup takes no threshold (it decides semantic hits by its own), so that needs a field in
-LookupRequest and the cache service honouring it behind its guards."""
+A rule's ``cache_similarity`` is handed to the cache stage (``Context.loose_cache``): its
+lookup asks the cache service for that looser semantic threshold (guards and verifier still
+apply), and only a hit that needed it marks and counts the ``cache`` policy."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from typing import Protocol, cast
 
 from llmesh.liveconfig.schema import ClassName, Degradation, MeshConfig, ModelPolicy
-from llmesh.gateway.context import Catalog, Context
-from llmesh.gateway.domain.degrade import VARIANT, Verdict, choose
+from llmesh.gateway.context import Catalog, Context, LooseCache
+from llmesh.gateway.domain.degrade import CACHE, VARIANT, Verdict, choose
 from llmesh.gateway.domain.fairness import CLASS_OF, CLASSES
 from llmesh.gateway.stages.base import Stage
 
@@ -65,10 +66,13 @@ class DegradeStage(Stage):
         else:
             verdict = shared[_SHARED]  # type: ignore[index]
         if verdict is not None:
+            model = ctx.req.model
             if fresh:  # counted once per request, not per choice
                 for policy in verdict.policies:
-                    self._metrics.degraded(ctx.req.model, klass, policy)
+                    self._metrics.degraded(model, klass, policy)
             self._apply(config, ctx, verdict)
+            if verdict.cache_similarity is not None:
+                ctx.loose_cache = LooseCache(verdict.cache_similarity, partial(self._loose_hit, ctx, model, klass))
 
     def _verdict(self, config: MeshConfig, ctx: Context, rule: Degradation | None) -> Verdict | None:
         req = ctx.req
@@ -95,7 +99,14 @@ class DegradeStage(Stage):
             ctx.policy = self._variant_policy(config, verdict.model, req.model)
             ctx.record.model = verdict.model
             ctx.headers[MODEL_HEADER] = verdict.model
-        ctx.headers[DEGRADED_HEADER] = ",".join(verdict.policies)
+        if verdict.policies:
+            ctx.headers[DEGRADED_HEADER] = ",".join(verdict.policies)
+
+    def _loose_hit(self, ctx: Context, model: str, klass: str) -> None:
+        """A semantic hit that only the rule's looser threshold allowed served ``ctx``."""
+        applied = ctx.headers.get(DEGRADED_HEADER)
+        ctx.headers[DEGRADED_HEADER] = f"{applied},{CACHE}" if applied else CACHE
+        self._metrics.degraded(model, klass, CACHE)
 
     def _variant_policy(self, config: MeshConfig, variant: str, model: str) -> ModelPolicy:
         """The variant's routing and retries, with ``model`` last among its fallbacks (a prompt the

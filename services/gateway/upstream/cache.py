@@ -82,12 +82,14 @@ class CacheClient:
         return cache_pb2.CacheQuery(tenant=req.tenant, model=req.model, sampling=sampling_to_pb(req.sampling),
                                     **prompt_fields(req.prompt, cache_pb2.CachedChat))
 
-    async def lookup(self, req: CompletionRequest, parent: Span) -> CacheHit | None:
+    async def lookup(self, req: CompletionRequest, parent: Span, min_similarity: float | None = None
+                     ) -> CacheHit | None:
         with self._tracer.start_as_current_span("llmesh.v1.Cache/Lookup", context=child_context(parent),
                                                 kind=SpanKind.CLIENT) as span:
             try:
                 stub = await self._cache()
-                resp = await stub.Lookup(cache_pb2.LookupRequest(query=self._query(req)), timeout=self._timeout,
+                resp = await stub.Lookup(cache_pb2.LookupRequest(query=self._query(req), min_similarity=min_similarity),
+                                         timeout=self._timeout,
                                          metadata=((REQUEST_ID_KEY, req.request_id), *inject(span)))
             except (grpc.aio.AioRpcError, DiscoveryError) as exc:
                 log.warning("cache lookup failed", extra={"error": why(exc)})
@@ -98,7 +100,8 @@ class CacheClient:
             return None
         r = resp.response
         kind = "semantic" if resp.kind == cache_pb2.HIT_KIND_SEMANTIC else "exact"
-        return CacheHit(r.text, Finish(reason=finish_from_pb(r.finish_reason), usage=usage_from_pb(r.usage)), kind)
+        return CacheHit(r.text, Finish(reason=finish_from_pb(r.finish_reason), usage=usage_from_pb(r.usage)), kind,
+                        resp.loosened)
 
     async def store(self, req: CompletionRequest, text: str, finish: Finish, parent: Span) -> None:
         response = cache_pb2.CachedResponse(text=text, finish_reason=finish_to_pb(finish.reason),
