@@ -141,6 +141,8 @@ def replay(trace: list[dict[str, Any]], workers: int = 4, block_size: int = BLOC
     replay fails."""
     if not python.is_file():
         return dict(SKIPPED)
+    if not trace:
+        raise ValueError("an empty trace")
     config = {"workers": workers, "block_size": block_size, "engine": dict(engine or {})}
     with tempfile.TemporaryDirectory(prefix="dynamo-replay-") as tmp:
         path = Path(tmp) / "trace.jsonl"

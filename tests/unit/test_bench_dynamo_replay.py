@@ -78,6 +78,12 @@ def test_replay_without_the_dynamo_venv_says_it_was_skipped(tmp_path):
 
 
 @pytest.mark.skipif(not HAVE_DYNAMO, reason=".venv-dynamo missing: make bench-tools (or make dynamo-tools) not run")
+def test_replay_refuses_an_empty_trace():
+    with pytest.raises(ValueError):
+        replay([])
+
+
+@pytest.mark.skipif(not HAVE_DYNAMO, reason=".venv-dynamo missing: make bench-tools (or make dynamo-tools) not run")
 def test_dynamo_kv_router_beats_round_robin_on_the_shared_prefix_demo():
     trace = to_trace(demo_requests(n=600))
     out = replay(trace, workers=4, engine=DEMO_ENGINE)
