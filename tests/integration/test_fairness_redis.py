@@ -25,7 +25,7 @@ async def client(redis_server):
 
 
 def workers(client, n=2, ttl_ms=5000) -> list[SharedQueue]:
-    model = f"m{next(_models)}"
+    model = f"fairness-redis-{next(_models)}"
     return [SharedQueue(client, model, f"w{i}", ttl_ms) for i in range(n)]
 
 

@@ -146,8 +146,9 @@ LEAVE = COMMON + """
 local eid, why = ARGV[1], ARGV[2]
 local e = entry(eid)
 if not e then return '' end
-if e.status == 'queued' then unqueue(eid, e); untag(eid, e); redis.call('PUBLISH', P .. 'wake', 0)
-elseif e.status == 'released' then redis.call('HINCRBY', P .. 'inf', e.klass, -1); redis.call('PUBLISH', P .. 'wake', 0) end
+if e.status == 'queued' then unqueue(eid, e); untag(eid, e)
+elseif e.status == 'released' then redis.call('HINCRBY', P .. 'inf', e.klass, -1) end
+if e.status == 'queued' or e.status == 'released' then redis.call('PUBLISH', P .. 'wake', 0) end
 redis.call('SREM', P .. 'w:' .. e.worker, eid)
 redis.call('DEL', P .. 'e:' .. eid)
 return e.status
@@ -235,7 +236,7 @@ class SharedQueue:
         for eid in eids:
             pipe.hget(self._p + "e:" + eid, "status")
         res = await pipe.execute()
-        return {eid: _s(s) if s is not None else "" for eid, s in zip(eids, res)}
+        return {eid: "" if s is None else _s(s) for eid, s in zip(eids, res)}
 
     async def counts(self) -> tuple[int, int]:
         """The model's queued entries and its released-and-not-done ones, over every worker."""
