@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 import time
 import uuid
 from collections.abc import Callable
@@ -47,6 +49,7 @@ class _Model:
     waiting: dict[str, tuple[Entry, asyncio.Future[None]]] = field(default_factory=dict)  # by entry id
     held: dict[Entry, str] = field(default_factory=dict)  # released entries -> their ids
     queued: int = 0  # over every worker, as of the last tick
+    busy: int = 0  # released and not done, over every worker, as of the last tick
 
 
 class SharedFlowController:
@@ -66,7 +69,7 @@ class SharedFlowController:
         self._retry_s = retry_s
         self._ttl_ms = ttl_ms
         self._on_fallback = on_fallback
-        self.worker = worker or uuid.uuid4().hex
+        self.worker = worker or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._clock = clock
         self._wall = wall
         self._models: dict[str, _Model] = {}
@@ -234,7 +237,7 @@ class SharedFlowController:
         if beat:
             self._last_beat = now
         for model, m in self._models.items():
-            if not (m.waiting or m.queued or (beat and m.held)):
+            if not (m.waiting or m.queued or (beat and (m.held or m.busy))):  # a dead worker's slots: reaped
                 continue
             for eid, (entry, _) in list(m.waiting.items()):
                 if entry.deadline <= now and await m.queue.leave(eid, "expired") != "released":
@@ -243,7 +246,7 @@ class SharedFlowController:
             await self._release(model, m, free, total)
             if m.waiting:
                 await self._settle(model, m, await m.queue.statuses(list(m.waiting)))
-            m.queued = (await m.queue.counts())[0]
+            m.queued, m.busy = await m.queue.counts()
 
     async def run(self) -> None:
         """Ticks every 0.1 s, at once on a poke or a PUBLISH; runs the local fallback's loop too."""
