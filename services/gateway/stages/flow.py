@@ -8,7 +8,8 @@ at its deadline gets 504. Shed and preempted requests (only ever queued ones: no
 for them) get 429 with Retry-After and their reason.
 
 The stage wraps the upstream innermost but for a cascade's (a cache hit never waits) and holds
-the request's slot until its answer ends. Each gateway process keeps its own queues."""
+the request's slot until its answer ends. This is one process's queues; with a Redis the workers and
+replicas share one order per model (stages/flow_shared.py) and fall back to these while it is down."""
 
 from __future__ import annotations
 
