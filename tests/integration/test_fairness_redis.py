@@ -126,3 +126,15 @@ async def test_a_dead_workers_entries_and_slots_are_dropped(client):
     assert await b.counts() == (1, 0)  # a's queued entry and its released one's slot are gone
     mine = await b.release(2, 2, rules, 1500)
     assert len(mine) == 1 and (await b.statuses(mine))[mine[0]] == "released"
+
+
+async def test_a_starved_entry_is_promoted_to_the_front_of_the_next_class(client):
+    rules = Rules(classes={"batch": ClassRule(promote_after_s=1.0)})
+    a, b = workers(client)
+    owners = {(await a.enter(entry("b", klass=BATCH), rules, 0)).eid: "b"}
+    for _ in range(2):
+        owners[(await b.enter(entry("s"), rules, 500)).eid] = "s"
+    assert await b.promote(rules, 900) == []  # not yet: 0.9 s in its class
+    assert await b.promote(rules, 1000) == list(owners)[:1]
+    assert await a.counts() == (3, 0)
+    assert await drain(a, owners, rules) == ["b", "s", "s"]  # without it, the batch entry went last

@@ -14,7 +14,7 @@ import redis.asyncio
 import redis.exceptions
 
 from llmesh.errors import FlowRefused
-from llmesh.liveconfig.schema import FlowControl, MeshConfig
+from llmesh.liveconfig.schema import FlowClass, FlowControl, MeshConfig
 from llmesh.testing import free_ports
 from llmesh.gateway.domain.fairness import Entry
 from llmesh.gateway.domain.fairness_redis import SharedQueue
@@ -57,14 +57,14 @@ async def stop(tasks: list[asyncio.Task]) -> None:
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def entry(tenant: str, cost: float = 100.0) -> Entry:
-    return Entry(tenant=tenant, klass=1, cost=cost, arrived=0.0, deadline=1e12, weight=1.0)
+def entry(tenant: str, cost: float = 100.0, klass: int = 1) -> Entry:
+    return Entry(tenant=tenant, klass=klass, cost=cost, arrived=0.0, deadline=1e12, weight=1.0)
 
 
 async def serve(flow: SharedFlowController, model: str, slots: Slots, tenant: str,
-                served: list[tuple[str, asyncio.Event]]) -> None:
+                served: list[tuple[str, asyncio.Event]], klass: int = 1) -> None:
     """One request: waits for its slot, takes it (in ``served``, with the gate that ends it)."""
-    e, gate = entry(tenant), asyncio.Event()
+    e, gate = entry(tenant, klass=klass), asyncio.Event()
     assert await flow.acquire(model, e, False)
     served.append((tenant, gate))
     slots.used += 1
@@ -122,6 +122,23 @@ async def test_the_queue_bound_counts_both_workers(client):
         await b.acquire(model, entry("w"), False)
     assert info.value.reason == "queue_full"
     assert await one_at_a_time(served, 3) == ["x", "y", "z"]
+    await asyncio.wait_for(asyncio.gather(*tasks), 10)
+    await stop(loops)
+
+
+async def test_a_starved_request_is_promoted_whichever_worker_holds_it(client):
+    model, slots = f"flow-shared-{next(_models)}", Slots(1)
+    classes = {"batch": FlowClass(promote_after_s=0.5)}
+    (a, _), (b, _) = worker(client, slots, classes=classes), worker(client, slots, classes=classes)
+    loops = [asyncio.create_task(w.run()) for w in (a, b)]
+    served: list[tuple[str, asyncio.Event]] = []
+    tasks = [asyncio.create_task(serve(a, model, slots, "x", served))]
+    await asyncio.sleep(0.2)
+    tasks.append(asyncio.create_task(serve(a, model, slots, "low", served, klass=0)))
+    await asyncio.sleep(0.1)
+    tasks += [asyncio.create_task(serve(b, model, slots, "std", served)) for _ in range(2)]
+    await asyncio.sleep(1.0)  # the batch request waited past 0.5 s: now at the front of standard
+    assert await one_at_a_time(served, 4) == ["x", "low", "std", "std"]
     await asyncio.wait_for(asyncio.gather(*tasks), 10)
     await stop(loops)
 

@@ -41,9 +41,17 @@ local function entry(eid)
 end
 local function unqueue(eid, e)
   redis.call('ZREM', P .. 'q' .. e.klass, eid)
+  redis.call('ZREM', P .. 'a' .. e.klass, eid)
   redis.call('HINCRBY', P .. 'pt', e.tenant, -1)
   redis.call('HINCRBY', P .. 'pt' .. e.klass, e.tenant, -1)
   redis.call('DECR', P .. 'n')
+end
+local function enqueue(eid, tenant, klass, start, now)
+  redis.call('ZADD', P .. 'q' .. klass, start, eid)
+  redis.call('ZADD', P .. 'a' .. klass, now, eid)  -- when it joined its class (promotion counts from here)
+  redis.call('HINCRBY', P .. 'pt', tenant, 1)
+  redis.call('HINCRBY', P .. 'pt' .. klass, tenant, 1)
+  redis.call('INCR', P .. 'n')
 end
 local function finish(eid, e, status)
   -- an entry leaves: the owner reads the status once, then it goes
@@ -94,11 +102,8 @@ local fin = start + cost / weight
 redis.call('HSET', tags, tenant, fin)
 local quiet = num(redis.call('HGET', P .. 'pt' .. klass, tenant)) == 0 and '1' or '0'
 redis.call('HSET', P .. 'e:' .. eid, 'tenant', tenant, 'klass', klass, 'start', start, 'finish', fin,
-           'status', 'queued', 'worker', worker, 'quiet', quiet)
-redis.call('ZADD', P .. 'q' .. klass, start, eid)
-redis.call('HINCRBY', P .. 'pt', tenant, 1)
-redis.call('HINCRBY', P .. 'pt' .. klass, tenant, 1)
-redis.call('INCR', P .. 'n')
+           'status', 'queued', 'worker', worker, 'quiet', quiet, 'cost', cost, 'weight', weight)
+enqueue(eid, tenant, klass, start, now)
 redis.call('SADD', P .. 'w:' .. worker, eid)
 return {eid, 'queued', victim}
 """
@@ -154,6 +159,31 @@ redis.call('DEL', P .. 'e:' .. eid)
 return e.status
 """
 
+# ARGV: now, worker, ttl, then per class but the highest: ms in the class before promotion (-1: never)
+PROMOTE = COMMON + """
+local now, worker, ttl = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
+beat(now, worker, ttl)
+local moved = {}
+for k = 0, NCLS - 2 do
+  local limit, up = tonumber(ARGV[4 + k]), k + 1
+  if limit >= 0 then
+    for _, eid in ipairs(redis.call('ZRANGEBYSCORE', P .. 'a' .. k, '-inf', now - limit)) do
+      local e = entry(eid)
+      local v = redis.call('HMGET', P .. 'e:' .. eid, 'cost', 'weight')
+      unqueue(eid, e)
+      local start = num(redis.call('HGET', P .. 'vt', up))  -- at the front of the fair order: it waited long enough
+      local fin = start + num(v[1]) / num(v[2])
+      local tags = P .. 'tags' .. up
+      redis.call('HSET', tags, e.tenant, math.max(num(redis.call('HGET', tags, e.tenant)), fin))
+      redis.call('HSET', P .. 'e:' .. eid, 'klass', up, 'start', start, 'finish', fin)
+      enqueue(eid, e.tenant, up, start, now)
+      moved[#moved + 1] = eid
+    end
+  end
+end
+return moved
+"""
+
 BEAT = COMMON + """
 beat(tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]))
 return 1
@@ -199,6 +229,7 @@ class SharedQueue:
         self._release = client.register_script(RELEASE)
         self._leave = client.register_script(LEAVE)
         self._beat = client.register_script(BEAT)
+        self._promote = client.register_script(PROMOTE)
 
     @property
     def channel(self) -> str:
@@ -225,6 +256,14 @@ class SharedQueue:
         was the last tagged), a released one frees its slot. Returns the status it had
         (``queued``, ``released``, a refusal's reason, or '' when it was already gone)."""
         return _s(await self._leave(keys=[self._p], args=[eid, why]))
+
+    async def promote(self, rules: Rules, now_ms: int) -> list[str]:
+        """Moves each entry queued in its class past the class's ``promote_after_s`` up one class,
+        at the front of that class's fair order; returns their ids."""
+        limits = [rules.rule(k).promote_after_s for k in range(len(CLASSES) - 1)]
+        res = await self._promote(keys=[self._p], args=[
+            now_ms, self.worker, self._ttl, *(-1 if x is None else int(x * 1000) for x in limits)])
+        return [_s(x) for x in res]
 
     async def heartbeat(self, now_ms: int) -> None:
         """Keeps this worker's entries alive, and drops those of workers whose heartbeat lapsed."""

@@ -6,9 +6,8 @@ A worker learns that its entry was released or refused from the entry's status: 
 released it itself, else on the next wake (a PUBLISH on the model's channel) or tick (0.1 s).
 While Redis does not answer, requests queue in this worker's own FlowController (stages/flow.py),
 as limits do (FallbackLimiter), counted by ``llmesh_flow_shared_fallback``; those waiting in Redis
-then move there. What the shared queue does not do (yet): promotion of a starved request and the
-deadline refusal on arrival from the estimated wait; a request still waits at most until its
-deadline (504)."""
+then move there. What the shared queue does not do (yet): the deadline refusal on arrival from the
+estimated wait (a request still waits at most until its deadline: 504) and shedding within a class."""
 
 from __future__ import annotations
 
@@ -242,11 +241,22 @@ class SharedFlowController:
             for eid, (entry, _) in list(m.waiting.items()):
                 if entry.deadline <= now and await m.queue.leave(eid, "expired") != "released":
                     await self._settle(model, m, {eid: "expired"})
+            if m.queued or m.waiting:
+                self._promoted(model, m, await m.queue.promote(self._local.rules(), self._now_ms()))
             free, total = self._free(model, m)
             await self._release(model, m, free, total)
             if m.waiting:
                 await self._settle(model, m, await m.queue.statuses(list(m.waiting)))
             m.queued, m.busy = await m.queue.counts()
+
+    def _promoted(self, model: str, m: _Model, eids: list[str]) -> None:
+        """This worker's entries among those promoted: counted in their new class."""
+        for eid in eids:
+            if eid in m.waiting:
+                e = m.waiting[eid][0]
+                self._metrics.queued(model, e.tenant, CLASSES[e.klass], -1)
+                e.klass += 1
+                self._metrics.queued(model, e.tenant, CLASSES[e.klass], 1)
 
     async def run(self) -> None:
         """Ticks every 0.1 s, at once on a poke or a PUBLISH; runs the local fallback's loop too."""
