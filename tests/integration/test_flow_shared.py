@@ -15,7 +15,7 @@ import redis.exceptions
 
 from llmesh.errors import FlowRefused
 from llmesh.liveconfig.schema import FlowClass, FlowControl, MeshConfig
-from llmesh.testing import free_ports
+from llmesh.testing import RedisServer, free_ports
 from llmesh.gateway.domain.fairness import Entry
 from llmesh.gateway.domain.fairness_redis import SharedQueue
 from llmesh.gateway.stages.flow import FlowController
@@ -42,12 +42,13 @@ async def client(redis_server):
     await c.aclose()
 
 
-def worker(client, slots: Slots, ttl_ms: int = 5000, **flow) -> tuple[SharedFlowController, list[int]]:
+def worker(client, slots: Slots, ttl_ms: int = 5000, retry_s: float = 60.0,
+           **flow) -> tuple[SharedFlowController, list[int]]:
     cfg = MeshConfig(flow_control=FlowControl(enabled=True, **flow))
     fallbacks: list[int] = []
     local = FlowController(lambda: cfg, slots.capacity)
     shared = SharedFlowController(client, local, lambda: cfg, slots.capacity, local._metrics, errors=ERRORS,
-                                  ttl_ms=ttl_ms, retry_s=60.0, on_fallback=lambda: fallbacks.append(1))
+                                  ttl_ms=ttl_ms, retry_s=retry_s, on_fallback=lambda: fallbacks.append(1))
     return shared, fallbacks
 
 
@@ -182,3 +183,36 @@ async def test_while_redis_does_not_answer_requests_queue_in_the_worker():
     assert fallbacks  # counted
     await stop([loop])
     await down.aclose()
+
+
+async def test_a_request_waiting_in_redis_moves_to_the_worker_when_redis_stalls_and_leaves_redis_after(tmp_path):
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    stalling = redis.asyncio.from_url(server.url, socket_timeout=0.3, socket_connect_timeout=0.3)
+    admin = redis.asyncio.from_url(server.url)
+    try:
+        model, slots = "stall", Slots(1)
+        a, fallbacks = worker(stalling, slots, retry_s=1.0)
+        loop = asyncio.create_task(a.run())
+        served: list[tuple[str, asyncio.Event]] = []
+        tasks = [asyncio.create_task(serve(a, model, slots, "x", served))]
+        await asyncio.sleep(0.2)
+        tasks.append(asyncio.create_task(serve(a, model, slots, "y", served)))
+        await asyncio.sleep(0.2)
+        assert await SharedQueue(admin, model, "probe").counts() == (1, 1)
+        await admin.execute_command("CLIENT", "PAUSE", "1500", "ALL")  # Redis stops answering for 1.5 s
+        await asyncio.sleep(0.6)
+        assert fallbacks  # y now waits in the worker's own queue
+        assert await one_at_a_time(served, 2) == ["x", "y"]  # and takes x's slot while Redis is still stalled
+        await asyncio.wait_for(asyncio.gather(*tasks), 5)
+        probe = SharedQueue(admin, model, "probe")
+        for _ in range(100):  # once Redis answers, y's entry and x's slot leave it
+            if await probe.counts() == (0, 0):
+                break
+            await asyncio.sleep(0.05)
+        assert await probe.counts() == (0, 0)
+        await stop([loop])
+    finally:
+        await stalling.aclose()
+        await admin.aclose()
+        server.stop()

@@ -73,6 +73,7 @@ class SharedFlowController:
         self._wall = wall
         self._models: dict[str, _Model] = {}
         self._local_entries: set[Entry] = set()
+        self._orphans: list[tuple[_Model, str]] = []  # entries to take out of Redis when it answers again
         self._down_until = 0.0
         self._poked = False
         self._waker: asyncio.Future[None] | None = None
@@ -132,6 +133,7 @@ class SharedFlowController:
             await self._release(model, m, free, total)
             await fut
         except _StoreDown:
+            self._orphans.append((m, got.eid))  # it leaves the shared queue once Redis answers
             return await self._acquire_local(model, entry, embed)
         except BaseException:
             self._forget(model, m, got.eid)
@@ -207,7 +209,8 @@ class SharedFlowController:
     async def _leave(self, m: _Model, eid: str, why: str = "withdrawn") -> str:
         try:
             return await m.queue.leave(eid, why)
-        except self._errors as exc:  # its slot is freed when this worker's heartbeat lapses
+        except self._errors as exc:  # it leaves once Redis answers again
+            self._orphans.append((m, eid))
             self._failed(exc)
             return ""
 
@@ -231,6 +234,9 @@ class SharedFlowController:
     async def tick(self) -> None:
         """This worker's expired entries out, capacity released (which keeps the heartbeat of a
         model where this worker has entries), statuses read."""
+        while self._orphans:  # an error leaves the rest for the next tick
+            await self._orphans[0][0].queue.leave(self._orphans[0][1])
+            self._orphans.pop(0)
         now = self._clock()
         beat = now - self._last_beat >= BEAT_S
         if beat:
