@@ -68,7 +68,7 @@ async def test_the_queue_depth_and_the_slots_are_shared(client):
     rules = Rules(max_queued=3)
     a, b = workers(client)
     ids = [(await q.enter(entry("t"), rules, 0)).eid for q in (a, b, a)]
-    refused = await b.enter(entry("u"), rules, 0)
+    refused = await b.enter(entry("t"), rules, 0)
     assert refused.status == "queue_full"  # three queued over both workers fill the model's queue
     assert await b.counts() == (3, 0)
     first = await b.release(2, 4, rules, 0)  # worker b's view: two free of four slots
@@ -138,3 +138,15 @@ async def test_a_starved_entry_is_promoted_to_the_front_of_the_next_class(client
     assert await b.promote(rules, 1000) == list(owners)[:1]
     assert await a.counts() == (3, 0)
     assert await drain(a, owners, rules) == ["b", "s", "s"]  # without it, the batch entry went last
+
+
+async def test_a_full_queue_sheds_the_longest_queue_in_the_class_for_a_shorter_one(client):
+    rules = Rules(max_queued=3)
+    a, b = workers(client)
+    big = [(await q.enter(entry("big"), rules, 0)).eid for q in (a, b, a)]
+    small = await b.enter(entry("small"), rules, 0)
+    assert small.status == "queued" and small.victim == big[-1]  # big's newest gives way
+    assert (await a.statuses([big[-1]]))[big[-1]] == "shed"
+    assert (await a.enter(entry("big"), rules, 0)).status == "queue_full"  # big (2) is not longer than small + 1
+    owners = {big[0]: "big", big[1]: "big", small.eid: "small"}
+    assert await drain(a, owners, rules) == ["big", "small", "big"]

@@ -42,13 +42,16 @@ end
 local function unqueue(eid, e)
   redis.call('ZREM', P .. 'q' .. e.klass, eid)
   redis.call('ZREM', P .. 'a' .. e.klass, eid)
-  redis.call('HINCRBY', P .. 'pt', e.tenant, -1)
-  redis.call('HINCRBY', P .. 'pt' .. e.klass, e.tenant, -1)
+  redis.call('ZREM', P .. 'tq' .. e.klass .. ':' .. e.tenant, eid)
+  if redis.call('HINCRBY', P .. 'pt', e.tenant, -1) <= 0 then redis.call('HDEL', P .. 'pt', e.tenant) end
+  local inclass = P .. 'pt' .. e.klass
+  if redis.call('HINCRBY', inclass, e.tenant, -1) <= 0 then redis.call('HDEL', inclass, e.tenant) end
   redis.call('DECR', P .. 'n')
 end
 local function enqueue(eid, tenant, klass, start, now)
   redis.call('ZADD', P .. 'q' .. klass, start, eid)
   redis.call('ZADD', P .. 'a' .. klass, now, eid)  -- when it joined its class (promotion counts from here)
+  redis.call('ZADD', P .. 'tq' .. klass .. ':' .. tenant, start, eid)
   redis.call('HINCRBY', P .. 'pt', tenant, 1)
   redis.call('HINCRBY', P .. 'pt' .. klass, tenant, 1)
   redis.call('INCR', P .. 'n')
@@ -85,15 +88,25 @@ local burst, per_tenant, max_queued = tonumber(ARGV[8]), tonumber(ARGV[9]), tonu
 beat(now, worker, ttl)
 local eid = string.format('%016d', redis.call('INCR', P .. 'seq'))
 if num(redis.call('HGET', P .. 'pt', tenant)) >= per_tenant then return {eid, 'tenant_queue_full', ''} end
-local victim = ''
+local victim, why = '', 'preempted'
 if num(redis.call('GET', P .. 'n')) >= max_queued then
   for k = 0, klass - 1 do  -- a lower class, lowest first: the last in its fair order gives way
     local last = redis.call('ZRANGE', P .. 'q' .. k, -1, -1)
     if #last > 0 then victim = last[1]; break end
   end
+  if victim == '' then  -- the same class: the longest queue's newest gives way to a shorter one
+    local counts, longest, most = redis.call('HGETALL', P .. 'pt' .. klass), nil, 0
+    for i = 1, #counts, 2 do
+      if tonumber(counts[i + 1]) > most then longest, most = counts[i], tonumber(counts[i + 1]) end
+    end
+    if longest and longest ~= tenant
+        and num(redis.call('HGET', P .. 'pt', longest)) > num(redis.call('HGET', P .. 'pt', tenant)) + 1 then
+      victim, why = redis.call('ZRANGE', P .. 'tq' .. klass .. ':' .. longest, -1, -1)[1], 'shed'
+    end
+  end
   if victim == '' then return {eid, 'queue_full', ''} end
   local v = entry(victim)
-  unqueue(victim, v); untag(victim, v); finish(victim, v, 'preempted')
+  unqueue(victim, v); untag(victim, v); finish(victim, v, why)
 end
 local tags = P .. 'tags' .. klass
 local vt = num(redis.call('HGET', P .. 'vt', klass))

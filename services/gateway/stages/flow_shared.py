@@ -7,7 +7,7 @@ released it itself, else on the next wake (a PUBLISH on the model's channel) or 
 While Redis does not answer, requests queue in this worker's own FlowController (stages/flow.py),
 as limits do (FallbackLimiter), counted by ``llmesh_flow_shared_fallback``; those waiting in Redis
 then move there. What the shared queue does not do (yet): the deadline refusal on arrival from the
-estimated wait (a request still waits at most until its deadline: 504) and shedding within a class."""
+estimated wait (a request still waits at most until its deadline: 504)."""
 
 from __future__ import annotations
 
