@@ -89,22 +89,38 @@ def test_the_queue_bound_holds_over_both_workers(gateway):
     assert int(r.get(PREFIX + "n") or 0) == 0 and sum(int(v) for v in r.hvals(PREFIX + "inf")) == 0
 
 
+def _owned(r: redis.Redis, pid: int) -> list[bytes]:
+    """The entries a worker process holds in the shared queue (waiting or released)."""
+    out = []
+    for key in r.scan_iter(PREFIX + "e:*"):
+        worker, status = r.hmget(key, "worker", "status")
+        if worker and f":{pid}:" in worker.decode() and status in (b"queued", b"released"):
+            out.append(key)
+    return out
+
+
 def test_a_killed_workers_queued_requests_leave_the_shared_queue(gateway):
     r = redis.Redis.from_url(gateway.service.env["LLMESH_REDIS_URL"])
     victim = gateway.ready_pids()[1]
+    held: list[bytes] = []
 
     async def run() -> list[int]:
         burst = asyncio.ensure_future(_burst(gateway, SLOTS + MAX_QUEUED))
-        await asyncio.sleep(1.0)  # two hold the slots, four wait, spread over both workers
+        for _ in range(40):  # two hold the slots, four wait, spread over both workers
+            await asyncio.sleep(0.05)
+            held[:] = _owned(r, victim)
+            if held:
+                break
         os.kill(victim, signal.SIGKILL)
         return await burst
 
     codes = asyncio.run(run())
+    assert held, "the kernel gave every connection to the other worker"
     assert not pid_alive(victim)
     assert 200 in codes  # the surviving worker's requests were answered
     # the dead worker's entries are gone once its heartbeat lapsed: nothing left queued or held
-    assert wait_until(lambda: int(r.get(PREFIX + "n") or 0) == 0
+    assert wait_until(lambda: not _owned(r, victim) and int(r.get(PREFIX + "n") or 0) == 0
                       and sum(int(v) for v in r.hvals(PREFIX + "inf")) == 0, 15), \
-        (r.get(PREFIX + "n"), r.hgetall(PREFIX + "inf"))
+        (_owned(r, victim), r.get(PREFIX + "n"), r.hgetall(PREFIX + "inf"))
     alive = {w.decode() for w in r.zrange(PREFIX + "alive", 0, -1)}
     assert not any(f":{victim}:" in w for w in alive)
