@@ -59,6 +59,7 @@ from llmesh.gateway.stages.coldstart import ColdStartStage
 from llmesh.gateway.stages.context_length import ContextLengthStage
 from llmesh.gateway.stages.degrade import DegradeStage
 from llmesh.gateway.stages.flow import FlowController, FlowStage
+from llmesh.gateway.stages.flow_shared import SharedFlowController
 from llmesh.gateway.stages.grants import AuthorizeStage, access
 from llmesh.gateway.stages.guards import GuardStage
 from llmesh.gateway.stages.limits import LimitStage
@@ -278,10 +279,16 @@ class GatewayApp:
         return bool(self.picker.candidates(PickInput(model=model, now=now))
                     or self.picker.candidates(PickInput(model=model, now=now, embed=True)))
 
-    def _flow_control(self, settings: GatewaySettings, platform: Platform) -> FlowController:
-        """Flow control's queues, told of every new endpoint table (capacity may have freed)."""
-        flow = FlowController(self._current, self._capacity, settings.queue_full_retry_after_s,
-                              metrics=FlowMetrics(platform.metrics))
+    def _flow_control(self, settings: GatewaySettings, platform: Platform) -> FlowController | SharedFlowController:
+        """Flow control's queues, told of every new endpoint table (capacity may have freed): with
+        a Redis, one fair order per model shared by every worker and replica (this worker's own
+        queues while Redis does not answer)."""
+        metrics = FlowMetrics(platform.metrics)
+        local = FlowController(self._current, self._capacity, settings.queue_full_retry_after_s, metrics=metrics)
+        flow: FlowController | SharedFlowController = local
+        if self.redis is not None:
+            flow = SharedFlowController(self.redis, local, self._current, self._capacity, metrics,
+                                        errors=STORE_ERRORS, on_fallback=self.metrics.flow_fallback.inc)
         self.picker.on_table.append(flow.poke)
         return flow
 

@@ -57,6 +57,9 @@ class GatewayMetrics:
                              registry=registry, multiprocess_mode="liveall")
         self.limits_fallback = Counter("llmesh_limits_fallback", "Admissions decided by this replica's local "
                                        "limiter because Redis did not answer.", registry=registry)
+        self.flow_fallback = Counter("llmesh_flow_shared_fallback", "Times flow control's queues shared through "
+                                     "Redis did not answer and requests queued in this worker instead.",
+                                     registry=registry)
         self.picks = Counter("llmesh_endpoint_picks", "Endpoint choices by routing policy.",
                              ("policy", "endpoint"), registry=registry)
         self.engines_lost = Counter("llmesh_engines_lost", "Engines whose process went away under a request "

@@ -8,7 +8,8 @@ at its deadline gets 504. Shed and preempted requests (only ever queued ones: no
 for them) get 429 with Retry-After and their reason.
 
 The stage wraps the upstream innermost but for a cascade's (a cache hit never waits) and holds
-the request's slot until its answer ends. Each gateway process keeps its own queues."""
+the request's slot until its answer ends. This is one process's queues; with a Redis the workers and
+replicas share one order per model (stages/flow_shared.py) and fall back to these while it is down."""
 
 from __future__ import annotations
 
@@ -87,6 +88,11 @@ class FlowController:
         self._models: dict[str, _Model] = {}
         self._rules: tuple[FlowControl, Rules] | None = None
         self._wake = asyncio.Event()
+
+    @property
+    def retry_after_s(self) -> float:
+        """The Retry-After of a refusal when there is no estimate."""
+        return self._retry_after_s
 
     def rules(self) -> Rules:
         fc = self._config().flow_control
@@ -183,7 +189,7 @@ class FlowController:
                 "model": model, "tenant": e.tenant, "class": klass, "reason": why.reason,
                 "waited_s": round(now - e.arrived, 3), "retry_after_s": round(why.retry_after_s, 3)})
             if fut is not None and not fut.done():
-                fut.set_exception(_error(model, why))
+                fut.set_exception(refusal_error(model, why))
 
     def _count(self, model: str, m: _Model, e: Entry) -> None:
         m.counted[e] = e.klass
@@ -225,17 +231,25 @@ class FlowController:
                 pass
 
 
-def _error(model: str, why: Refusal) -> Exception:
+def refusal_error(model: str, why: Refusal) -> Exception:
     if why.reason == "expired":
         return DeadlineExceeded(f"The request's deadline came while it waited for capacity for the model '{model}'.")
     return FlowRefused(f"Refused for the model '{model}': {WHY.get(why.reason, why.reason)}; retry in "
                        f"{why.retry_after_s:.3g} s.", why.reason, why.retry_after_s)
 
 
+class Flow(Protocol):
+    """Flow control's queues: this process's (FlowController) or shared over Redis (flow_shared)."""
+
+    async def acquire(self, model: str, entry: Entry, embed: bool) -> bool: ...
+
+    def done(self, model: str, entry: Entry, served: bool = True) -> None: ...
+
+
 class FlowStage(Stage):
     """Puts the request's wait for capacity (and its slot) around the upstream."""
 
-    def __init__(self, flow: FlowController, config: Callable[[], MeshConfig],
+    def __init__(self, flow: Flow, config: Callable[[], MeshConfig],
                  clock: Callable[[], float] = time.monotonic):
         self._flow = flow
         self._config = config

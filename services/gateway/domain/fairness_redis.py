@@ -1,0 +1,299 @@
+"""Flow control's fair order and queue depth for one model, shared by every gateway worker
+and replica through Redis (the semantics are FairQueue's, services/gateway/domain/fairness.py).
+
+Only what decides the order and the capacity is shared; the waiting requests themselves stay
+in the worker that holds them. Per model (one hash slot: ``llmesh:fq:{model}:``):
+
+- each class's virtual time and per-tenant finish tags, and a sorted set of its queued
+  entries keyed by start tag (ties: the entry id, a zero-padded arrival number);
+- an entry hash per entry (tenant, class, cost, weight, quiet, owner, ``status``);
+- per-tenant queued counts (in all and per class), the model's queued count, and per class
+  the count of entries released and not yet done.
+
+Each step is one Lua script call, atomic across workers. ``release`` hands out the global
+head(s) whoever holds them: free slots are this worker's view capped by the slots in all
+less every worker's released-and-not-done entries, so two workers never release into the
+same slot. The worker holding an entry learns it was released or refused from its
+``status``; a PUBLISH on the model's channel wakes the others (their tick polls as a
+backstop). Each worker keeps a heartbeat in the model's ``alive`` set: a worker whose
+heartbeat lapsed has its queued entries dropped and its released ones' slots freed by
+whichever worker calls next. Pure of the transport: it takes a ``redis.asyncio`` client."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from llmesh.gateway.domain.fairness import CLASSES, Entry, Rules
+
+COMMON = """
+local P = KEYS[1]
+local NCLS = 3
+local function num(x) return tonumber(x) or 0 end
+local function untag(eid, e)
+  local tags = P .. 'tags' .. e.klass
+  if num(redis.call('HGET', tags, e.tenant)) == num(e.finish) then redis.call('HSET', tags, e.tenant, e.start) end
+end
+local function entry(eid)
+  local v = redis.call('HMGET', P .. 'e:' .. eid, 'tenant', 'klass', 'start', 'finish', 'status', 'worker', 'quiet')
+  if not v[1] then return nil end
+  return {tenant = v[1], klass = v[2], start = v[3], finish = v[4], status = v[5], worker = v[6], quiet = v[7]}
+end
+local function unqueue(eid, e)
+  redis.call('ZREM', P .. 'q' .. e.klass, eid)
+  redis.call('ZREM', P .. 'a' .. e.klass, eid)
+  redis.call('ZREM', P .. 'tq' .. e.klass .. ':' .. e.tenant, eid)
+  if redis.call('HINCRBY', P .. 'pt', e.tenant, -1) <= 0 then redis.call('HDEL', P .. 'pt', e.tenant) end
+  local inclass = P .. 'pt' .. e.klass
+  if redis.call('HINCRBY', inclass, e.tenant, -1) <= 0 then redis.call('HDEL', inclass, e.tenant) end
+  redis.call('DECR', P .. 'n')
+end
+local function enqueue(eid, tenant, klass, start, now)
+  redis.call('ZADD', P .. 'q' .. klass, start, eid)
+  redis.call('ZADD', P .. 'a' .. klass, now, eid)  -- when it joined its class (promotion counts from here)
+  redis.call('ZADD', P .. 'tq' .. klass .. ':' .. tenant, start, eid)
+  redis.call('HINCRBY', P .. 'pt', tenant, 1)
+  redis.call('HINCRBY', P .. 'pt' .. klass, tenant, 1)
+  redis.call('INCR', P .. 'n')
+end
+local function finish(eid, e, status)
+  -- an entry leaves: the owner reads the status once, then it goes
+  redis.call('SREM', P .. 'w:' .. e.worker, eid)
+  redis.call('HSET', P .. 'e:' .. eid, 'status', status)
+  redis.call('PEXPIRE', P .. 'e:' .. eid, 60000)
+end
+local function reap(now)
+  for _, w in ipairs(redis.call('ZRANGEBYSCORE', P .. 'alive', '-inf', '(' .. now)) do
+    for _, eid in ipairs(redis.call('SMEMBERS', P .. 'w:' .. w)) do
+      local e = entry(eid)
+      if e and e.status == 'queued' then unqueue(eid, e); untag(eid, e)
+      elseif e and e.status == 'released' then redis.call('HINCRBY', P .. 'inf', e.klass, -1) end
+      redis.call('DEL', P .. 'e:' .. eid)
+    end
+    redis.call('DEL', P .. 'w:' .. w)
+    redis.call('ZREM', P .. 'alive', w)
+  end
+end
+local function beat(now, worker, ttl)
+  redis.call('ZADD', P .. 'alive', now + ttl, worker)
+  reap(now)
+end
+"""
+
+# ARGV: now, worker, ttl, tenant, klass, cost, weight, burst, max per tenant, max queued
+ENTER = COMMON + """
+local now, worker, ttl = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
+local tenant, klass, cost, weight = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local burst, per_tenant, max_queued = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
+beat(now, worker, ttl)
+local eid = string.format('%016d', redis.call('INCR', P .. 'seq'))
+if num(redis.call('HGET', P .. 'pt', tenant)) >= per_tenant then return {eid, 'tenant_queue_full', ''} end
+local victim, why = '', 'preempted'
+if num(redis.call('GET', P .. 'n')) >= max_queued then
+  for k = 0, klass - 1 do  -- a lower class, lowest first: the last in its fair order gives way
+    local last = redis.call('ZRANGE', P .. 'q' .. k, -1, -1)
+    if #last > 0 then victim = last[1]; break end
+  end
+  if victim == '' then  -- the same class: the longest queue's newest gives way to a shorter one
+    local counts, longest, most = redis.call('HGETALL', P .. 'pt' .. klass), nil, 0
+    for i = 1, #counts, 2 do
+      if tonumber(counts[i + 1]) > most then longest, most = counts[i], tonumber(counts[i + 1]) end
+    end
+    if longest and longest ~= tenant
+        and num(redis.call('HGET', P .. 'pt', longest)) > num(redis.call('HGET', P .. 'pt', tenant)) + 1 then
+      victim, why = redis.call('ZRANGE', P .. 'tq' .. klass .. ':' .. longest, -1, -1)[1], 'shed'
+    end
+  end
+  if victim == '' then return {eid, 'queue_full', ''} end
+  local v = entry(victim)
+  unqueue(victim, v); untag(victim, v); finish(victim, v, why)
+end
+local tags = P .. 'tags' .. klass
+local vt = num(redis.call('HGET', P .. 'vt', klass))
+local start = math.max(vt - burst / weight, num(redis.call('HGET', tags, tenant)))
+local fin = start + cost / weight
+redis.call('HSET', tags, tenant, fin)
+local quiet = num(redis.call('HGET', P .. 'pt' .. klass, tenant)) == 0 and '1' or '0'
+redis.call('HSET', P .. 'e:' .. eid, 'tenant', tenant, 'klass', klass, 'start', start, 'finish', fin,
+           'status', 'queued', 'worker', worker, 'quiet', quiet, 'cost', cost, 'weight', weight)
+enqueue(eid, tenant, klass, start, now)
+redis.call('SADD', P .. 'w:' .. worker, eid)
+return {eid, 'queued', victim}
+"""
+
+# ARGV: now, worker, ttl, free (this worker's view), total, quiet share, reserved share per class
+RELEASE = COMMON + """
+local now, worker, ttl = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
+local free, total, quiet = tonumber(ARGV[4]), tonumber(ARGV[5]), math.floor(tonumber(ARGV[6]) * tonumber(ARGV[5]))
+beat(now, worker, ttl)
+local inf, busy = {}, 0
+for k = 0, NCLS - 1 do inf[k] = num(redis.call('HGET', P .. 'inf', k)); busy = busy + inf[k] end
+free = math.min(free, total - busy)
+local out = {}
+while free > 0 do
+  local unused, held = {}, 0
+  for k = 0, NCLS - 1 do
+    unused[k] = math.max(0, math.floor(tonumber(ARGV[7 + k]) * total) - inf[k]); held = held + unused[k]
+  end
+  local taken = false
+  for k = NCLS - 1, 0, -1 do
+    local head = redis.call('ZRANGE', P .. 'q' .. k, 0, 0)
+    if #head > 0 then
+      local e = entry(head[1])
+      if free - (held - unused[k]) - (e.quiet == '1' and 0 or quiet) > 0 then
+        unqueue(head[1], e)
+        redis.call('HSET', P .. 'vt', k, math.max(num(redis.call('HGET', P .. 'vt', k)), num(e.start)))
+        redis.call('HSET', P .. 'e:' .. head[1], 'status', 'released')
+        redis.call('HINCRBY', P .. 'inf', k, 1)
+        inf[k] = inf[k] + 1
+        out[#out + 1] = head[1]
+        free = free - 1
+        taken = true
+        break
+      end
+    end
+  end
+  if not taken then break end
+end
+if #out > 0 then redis.call('PUBLISH', P .. 'wake', #out) end
+return out
+"""
+
+# ARGV: eid, why (the status a queued entry leaves with). Returns the status it had.
+LEAVE = COMMON + """
+local eid, why = ARGV[1], ARGV[2]
+local e = entry(eid)
+if not e then return '' end
+if e.status == 'queued' then unqueue(eid, e); untag(eid, e)
+elseif e.status == 'released' then redis.call('HINCRBY', P .. 'inf', e.klass, -1) end
+if e.status == 'queued' or e.status == 'released' then redis.call('PUBLISH', P .. 'wake', 0) end
+redis.call('SREM', P .. 'w:' .. e.worker, eid)
+redis.call('DEL', P .. 'e:' .. eid)
+return e.status
+"""
+
+# ARGV: now, worker, ttl, then per class but the highest: ms in the class before promotion (-1: never)
+PROMOTE = COMMON + """
+local now, worker, ttl = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
+beat(now, worker, ttl)
+local moved = {}
+for k = 0, NCLS - 2 do
+  local limit, up = tonumber(ARGV[4 + k]), k + 1
+  if limit >= 0 then
+    for _, eid in ipairs(redis.call('ZRANGEBYSCORE', P .. 'a' .. k, '-inf', now - limit)) do
+      local e = entry(eid)
+      local v = redis.call('HMGET', P .. 'e:' .. eid, 'cost', 'weight')
+      unqueue(eid, e)
+      local start = num(redis.call('HGET', P .. 'vt', up))  -- at the front of the fair order: it waited long enough
+      local fin = start + num(v[1]) / num(v[2])
+      local tags = P .. 'tags' .. up
+      redis.call('HSET', tags, e.tenant, math.max(num(redis.call('HGET', tags, e.tenant)), fin))
+      redis.call('HSET', P .. 'e:' .. eid, 'klass', up, 'start', start, 'finish', fin)
+      enqueue(eid, e.tenant, up, start, now)
+      moved[#moved + 1] = eid
+    end
+  end
+end
+return moved
+"""
+
+BEAT = COMMON + """
+beat(tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]))
+return 1
+"""
+
+
+class RedisClient(Protocol):
+    """What this module uses of a ``redis.asyncio`` client."""
+
+    def register_script(self, script: str) -> Any: ...
+
+    def pipeline(self, transaction: bool = True) -> Any: ...
+
+
+def prefix(model: str) -> str:
+    return f"llmesh:fq:{{{model}}}:"
+
+
+@dataclass(frozen=True, slots=True)
+class Entered:
+    """``status``: ``queued``, or why it was refused (``queue_full``, ``tenant_queue_full``);
+    ``victim``: the id of a queued entry (any worker's) it displaced, or ''."""
+    eid: str
+    status: str
+    victim: str
+
+
+def _s(x: Any) -> str:
+    return x.decode() if isinstance(x, bytes) else str(x)
+
+
+class SharedQueue:
+    """One model's shared fair order, as seen by one worker (``worker``: unique per process).
+    ``now_ms`` is wall-clock milliseconds: every worker's clock must agree to within the
+    heartbeat's ``ttl_ms``."""
+
+    def __init__(self, client: RedisClient, model: str, worker: str, ttl_ms: int = 5000):
+        self._redis = client
+        self._p = prefix(model)
+        self.worker = worker
+        self._ttl = ttl_ms
+        self._enter = client.register_script(ENTER)
+        self._release = client.register_script(RELEASE)
+        self._leave = client.register_script(LEAVE)
+        self._beat = client.register_script(BEAT)
+        self._promote = client.register_script(PROMOTE)
+
+    @property
+    def channel(self) -> str:
+        """Published to when entries leave the queue or free a slot."""
+        return self._p + "wake"
+
+    async def enter(self, e: Entry, rules: Rules, now_ms: int) -> Entered:
+        """Tags ``e`` against the shared virtual time and queues it, within the bounds."""
+        res = await self._enter(keys=[self._p], args=[
+            now_ms, self.worker, self._ttl, e.tenant, e.klass, e.cost, e.weight, rules.burst_tokens,
+            rules.max_queued_per_tenant, rules.max_queued])
+        return Entered(_s(res[0]), _s(res[1]), _s(res[2]))
+
+    async def release(self, free: int, total: int, rules: Rules, now_ms: int) -> list[str]:
+        """Releases the global head(s) for up to ``free`` slots (capped by ``total`` less every
+        worker's released entries); returns their ids, whichever worker holds them."""
+        res = await self._release(keys=[self._p], args=[
+            now_ms, self.worker, self._ttl, free, total, rules.quiet_share,
+            *(rules.rule(k).reserved_share for k in range(len(CLASSES)))])
+        return [_s(x) for x in res]
+
+    async def leave(self, eid: str, why: str = "withdrawn") -> str:
+        """The entry goes: a queued one leaves the order (it charges its tenant nothing when it
+        was the last tagged), a released one frees its slot. Returns the status it had
+        (``queued``, ``released``, a refusal's reason, or '' when it was already gone)."""
+        return _s(await self._leave(keys=[self._p], args=[eid, why]))
+
+    async def promote(self, rules: Rules, now_ms: int) -> list[str]:
+        """Moves each entry queued in its class past the class's ``promote_after_s`` up one class,
+        at the front of that class's fair order; returns their ids."""
+        limits = [rules.rule(k).promote_after_s for k in range(len(CLASSES) - 1)]
+        res = await self._promote(keys=[self._p], args=[
+            now_ms, self.worker, self._ttl, *(-1 if x is None else int(x * 1000) for x in limits)])
+        return [_s(x) for x in res]
+
+    async def heartbeat(self, now_ms: int) -> None:
+        """Keeps this worker's entries alive, and drops those of workers whose heartbeat lapsed."""
+        await self._beat(keys=[self._p], args=[now_ms, self.worker, self._ttl])
+
+    async def statuses(self, eids: list[str]) -> dict[str, str]:
+        """Each entry's status ('' when it is gone)."""
+        pipe = self._redis.pipeline(transaction=False)
+        for eid in eids:
+            pipe.hget(self._p + "e:" + eid, "status")
+        res = await pipe.execute()
+        return {eid: "" if s is None else _s(s) for eid, s in zip(eids, res)}
+
+    async def counts(self) -> tuple[int, int]:
+        """The model's queued entries and its released-and-not-done ones, over every worker."""
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.get(self._p + "n")
+        pipe.hvals(self._p + "inf")
+        n, inf = await pipe.execute()
+        return int(n or 0), sum(int(x) for x in inf)

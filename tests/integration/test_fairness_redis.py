@@ -1,0 +1,152 @@
+"""The shared fair order on a real redis-server (services/gateway/domain/fairness_redis.py):
+two SharedQueue instances stand for two gateway workers; the order spanning both is the one
+the in-process FairQueue gives on the same inputs, the queue depth and the slots are shared,
+and a worker whose heartbeat lapsed has its entries dropped."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import redis.asyncio
+
+from llmesh.gateway.domain.fairness import ClassRule, Entry, FairQueue, Rules
+from llmesh.gateway.domain.fairness_redis import SharedQueue
+
+BATCH, STANDARD, CRITICAL = 0, 1, 2
+_models = itertools.count()
+
+
+@pytest.fixture
+async def client(redis_server):
+    c = redis.asyncio.from_url(redis_server.url)
+    yield c
+    await c.aclose()
+
+
+def workers(client, n=2, ttl_ms=5000) -> list[SharedQueue]:
+    model = f"fairness-redis-{next(_models)}"
+    return [SharedQueue(client, model, f"w{i}", ttl_ms) for i in range(n)]
+
+
+def entry(tenant: str, cost: float = 100, klass: int = STANDARD, weight: float = 1.0) -> Entry:
+    return Entry(tenant=tenant, klass=klass, cost=cost, arrived=0.0, deadline=1e9, weight=weight)
+
+
+async def drain(q: SharedQueue, owners: dict[str, str], rules: Rules) -> list[str]:
+    """Releases one slot at a time (each done at once) and names the tenants in release order."""
+    order = []
+    while released := await q.release(1, 100, rules, 0):
+        order.append(owners[released[0]])
+        assert await q.leave(released[0]) == "released"
+    return order
+
+
+async def test_one_fair_order_spans_both_workers_and_matches_the_local_queue(client):
+    rules = Rules()
+    a, b = workers(client)
+    local = FairQueue(rules)
+    arrivals = [("heavy", 100, 1.0)] * 12 + [("light", 50, 1.0)] * 3 + [("heavy2", 300, 3.0)] * 4
+    owners: dict[str, str] = {}
+    for i, (tenant, cost, weight) in enumerate(arrivals):
+        e = entry(tenant, cost, weight=weight)
+        got = await (a if i % 2 else b).enter(e, rules, 0)  # the arrivals alternate between the workers
+        assert got.status == "queued"
+        owners[got.eid] = tenant
+        local.offer(entry(tenant, cost, weight=weight), 0.0, free=0, total=100)
+    expected = []
+    while released := local.release(1, 100):
+        expected.append(released[0].tenant)
+        local.done(released[0])
+    order = await drain(a, owners, rules)
+    assert order == expected
+    assert order.index("light") <= 1  # a light tenant is not behind the flood, whichever worker took it
+    assert await a.counts() == (0, 0)
+
+
+async def test_the_queue_depth_and_the_slots_are_shared(client):
+    rules = Rules(max_queued=3)
+    a, b = workers(client)
+    ids = [(await q.enter(entry("t"), rules, 0)).eid for q in (a, b, a)]
+    refused = await b.enter(entry("t"), rules, 0)
+    assert refused.status == "queue_full"  # three queued over both workers fill the model's queue
+    assert await b.counts() == (3, 0)
+    first = await b.release(2, 4, rules, 0)  # worker b's view: two free of four slots
+    assert first == ids[:2]
+    assert await a.release(4, 4, rules, 0) == ids[2:]  # a sees four free, but only two are left
+    assert await a.counts() == (0, 3)
+    assert await a.release(4, 4, rules, 0) == []
+    statuses = await a.statuses(ids)
+    assert set(statuses.values()) == {"released"}  # the holder learns of it from the entry's status
+
+
+async def test_bounds_per_tenant_and_preemption_of_a_lower_class(client):
+    rules = Rules(max_queued_per_tenant=2, max_queued=3)
+    a, b = workers(client)
+    await a.enter(entry("t"), rules, 0)
+    await b.enter(entry("t"), rules, 0)
+    assert (await a.enter(entry("t"), rules, 0)).status == "tenant_queue_full"
+    low = await b.enter(entry("u", klass=BATCH), rules, 0)
+    high = await a.enter(entry("v", klass=CRITICAL), rules, 0)
+    assert high.status == "queued" and high.victim == low.eid
+    assert (await b.statuses([low.eid]))[low.eid] == "preempted"  # b reads why, then lets it go
+    assert await b.leave(low.eid) == "preempted"
+    assert await a.counts() == (3, 0)
+
+
+async def test_a_class_reservation_is_held_back_from_the_others(client):
+    rules = Rules(classes={"critical": ClassRule(reserved_share=0.5)})
+    a, b = workers(client)
+    std = [(await a.enter(entry("s"), rules, 0)).eid for _ in range(4)]
+    assert await a.release(4, 4, rules, 0) == std[:2]  # half of the four slots are critical's
+    crit = (await b.enter(entry("c", klass=CRITICAL), rules, 0)).eid
+    assert await b.release(2, 4, rules, 0) == [crit]
+
+
+async def test_a_withdrawn_entry_charges_its_tenant_nothing(client):
+    rules = Rules()
+    a, b = workers(client)
+    gone = await a.enter(entry("t", cost=1000), rules, 0)
+    assert await a.leave(gone.eid) == "queued"
+    owners = {(await a.enter(entry("t"), rules, 0)).eid: "t"}
+    owners[(await b.enter(entry("u"), rules, 0)).eid] = "u"
+    assert await drain(b, owners, rules) == ["t", "u"]  # t's withdrawn 1000 tokens did not push it back
+    assert await a.leave(gone.eid) == ""
+
+
+async def test_a_dead_workers_entries_and_slots_are_dropped(client):
+    rules = Rules()
+    a, b = workers(client, ttl_ms=1000)
+    held = (await a.enter(entry("t"), rules, 0)).eid
+    await a.enter(entry("t"), rules, 0)
+    assert await a.release(1, 2, rules, 0) == [held]
+    await b.enter(entry("u"), rules, 500)
+    assert await b.counts() == (2, 1)
+    await b.heartbeat(1500)  # a's heartbeat (at 0, for 1 s) lapsed; b's (at 500) holds
+    assert await b.counts() == (1, 0)  # a's queued entry and its released one's slot are gone
+    mine = await b.release(2, 2, rules, 1500)
+    assert len(mine) == 1 and (await b.statuses(mine))[mine[0]] == "released"
+
+
+async def test_a_starved_entry_is_promoted_to_the_front_of_the_next_class(client):
+    rules = Rules(classes={"batch": ClassRule(promote_after_s=1.0)})
+    a, b = workers(client)
+    owners = {(await a.enter(entry("b", klass=BATCH), rules, 0)).eid: "b"}
+    for _ in range(2):
+        owners[(await b.enter(entry("s"), rules, 500)).eid] = "s"
+    assert await b.promote(rules, 900) == []  # not yet: 0.9 s in its class
+    assert await b.promote(rules, 1000) == list(owners)[:1]
+    assert await a.counts() == (3, 0)
+    assert await drain(a, owners, rules) == ["b", "s", "s"]  # without it, the batch entry went last
+
+
+async def test_a_full_queue_sheds_the_longest_queue_in_the_class_for_a_shorter_one(client):
+    rules = Rules(max_queued=3)
+    a, b = workers(client)
+    big = [(await q.enter(entry("big"), rules, 0)).eid for q in (a, b, a)]
+    small = await b.enter(entry("small"), rules, 0)
+    assert small.status == "queued" and small.victim == big[-1]  # big's newest gives way
+    assert (await a.statuses([big[-1]]))[big[-1]] == "shed"
+    assert (await a.enter(entry("big"), rules, 0)).status == "queue_full"  # big (2) is not longer than small + 1
+    owners = {big[0]: "big", big[1]: "big", small.eid: "small"}
+    assert await drain(a, owners, rules) == ["big", "small", "big"]

@@ -1,0 +1,218 @@
+"""Flow control shared by two gateway workers through a real redis-server
+(services/gateway/stages/flow_shared.py): two SharedFlowControllers over the same engines' slots
+serve one fair order spanning both and share one queue depth; a worker that dies (its loop and
+heartbeat stop) loses its queued entries and its slots; while Redis does not answer, requests
+queue in the worker and the fallback is counted."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import pytest
+import redis.asyncio
+import redis.exceptions
+
+from llmesh.errors import FlowRefused
+from llmesh.liveconfig.schema import FlowClass, FlowControl, MeshConfig
+from llmesh.testing import RedisServer, free_ports
+from llmesh.gateway.domain.fairness import Entry
+from llmesh.gateway.domain.fairness_redis import SharedQueue
+from llmesh.gateway.stages.flow import FlowController
+from llmesh.gateway.stages.flow_shared import SharedFlowController
+
+_models = itertools.count()
+ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+
+
+class Slots:
+    """The engines as every worker's picker sees them."""
+
+    def __init__(self, total: int):
+        self.total, self.used = total, 0
+
+    def capacity(self, model: str, embed: bool, engine_queue: int) -> tuple[int, int, int]:
+        return self.total - self.used, self.total, 0
+
+
+@pytest.fixture
+async def client(redis_server):
+    c = redis.asyncio.from_url(redis_server.url)
+    yield c
+    await c.aclose()
+
+
+def worker(client, slots: Slots, ttl_ms: int = 5000, retry_s: float = 60.0,
+           **flow) -> tuple[SharedFlowController, list[int]]:
+    cfg = MeshConfig(flow_control=FlowControl(enabled=True, **flow))
+    fallbacks: list[int] = []
+    local = FlowController(lambda: cfg, slots.capacity)
+    shared = SharedFlowController(client, local, lambda: cfg, slots.capacity, local._metrics, errors=ERRORS,
+                                  ttl_ms=ttl_ms, retry_s=retry_s, on_fallback=lambda: fallbacks.append(1))
+    return shared, fallbacks
+
+
+async def stop(tasks: list[asyncio.Task]) -> None:
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def entry(tenant: str, cost: float = 100.0, klass: int = 1) -> Entry:
+    return Entry(tenant=tenant, klass=klass, cost=cost, arrived=0.0, deadline=1e12, weight=1.0)
+
+
+async def serve(flow: SharedFlowController, model: str, slots: Slots, tenant: str,
+                served: list[tuple[str, asyncio.Event]], klass: int = 1) -> None:
+    """One request: waits for its slot, takes it (in ``served``, with the gate that ends it)."""
+    e, gate = entry(tenant, klass=klass), asyncio.Event()
+    assert await flow.acquire(model, e, False)
+    served.append((tenant, gate))
+    slots.used += 1
+    try:
+        await gate.wait()
+    finally:
+        slots.used -= 1
+        flow.done(model, e)
+
+
+async def one_at_a_time(served: list[tuple[str, asyncio.Event]], n: int) -> list[str]:
+    """Ends each served request in turn and waits for the next to hold the slot."""
+    for i in range(n):
+        for _ in range(200):
+            if len(served) > i:
+                break
+            await asyncio.sleep(0.02)
+        else:
+            raise AssertionError(f"nothing was released after {[t for t, _ in served]}")
+        served[i][1].set()
+    return [t for t, _ in served]
+
+
+async def test_one_fair_order_spans_two_workers_and_one_queue_depth(client):
+    model, slots = f"flow-shared-{next(_models)}", Slots(1)
+    (a, _), (b, _) = worker(client, slots), worker(client, slots)
+    loops = [asyncio.create_task(w.run()) for w in (a, b)]
+    served: list[tuple[str, asyncio.Event]] = []
+    tasks = [asyncio.create_task(serve(a, model, slots, "first", served))]
+    await asyncio.sleep(0.2)
+    for _ in range(6):  # the flood arrives at worker a, then one light request at worker b
+        tasks.append(asyncio.create_task(serve(a, model, slots, "heavy", served)))
+        await asyncio.sleep(0.02)
+    tasks.append(asyncio.create_task(serve(b, model, slots, "light", served)))
+    await asyncio.sleep(0.3)
+    assert await SharedQueue(client, model, "probe").counts() == (7, 1)  # one depth over both workers
+    assert a.load(model) == b.load(model) == 8.0  # each sees the other's waiting requests
+    order = await one_at_a_time(served, 8)
+    await asyncio.wait_for(asyncio.gather(*tasks), 10)
+    assert order[0] == "first" and order.index("light") == 2  # behind one heavy, not six
+    assert await SharedQueue(client, model, "probe").counts() == (0, 0)
+    await stop(loops)
+
+
+async def test_the_queue_bound_counts_both_workers(client):
+    model, slots = f"flow-shared-{next(_models)}", Slots(1)
+    (a, _), (b, _) = worker(client, slots, max_queued=2), worker(client, slots, max_queued=2)
+    loops = [asyncio.create_task(w.run()) for w in (a, b)]
+    served: list[tuple[str, asyncio.Event]] = []
+    tasks = []
+    for w, t in ((a, "x"), (a, "y"), (b, "z")):  # x takes the slot; y and z wait, one in each worker
+        tasks.append(asyncio.create_task(serve(w, model, slots, t, served)))
+        await asyncio.sleep(0.2)
+    with pytest.raises(FlowRefused) as info:
+        await b.acquire(model, entry("w"), False)
+    assert info.value.reason == "queue_full"
+    assert await one_at_a_time(served, 3) == ["x", "y", "z"]
+    await asyncio.wait_for(asyncio.gather(*tasks), 10)
+    await stop(loops)
+
+
+async def test_a_starved_request_is_promoted_whichever_worker_holds_it(client):
+    model, slots = f"flow-shared-{next(_models)}", Slots(1)
+    classes = {"batch": FlowClass(promote_after_s=0.5)}
+    (a, _), (b, _) = worker(client, slots, classes=classes), worker(client, slots, classes=classes)
+    loops = [asyncio.create_task(w.run()) for w in (a, b)]
+    served: list[tuple[str, asyncio.Event]] = []
+    tasks = [asyncio.create_task(serve(a, model, slots, "x", served))]
+    await asyncio.sleep(0.2)
+    tasks.append(asyncio.create_task(serve(a, model, slots, "low", served, klass=0)))
+    await asyncio.sleep(0.1)
+    tasks += [asyncio.create_task(serve(b, model, slots, "std", served)) for _ in range(2)]
+    await asyncio.sleep(1.0)  # the batch request waited past 0.5 s: now at the front of standard
+    assert await one_at_a_time(served, 4) == ["x", "low", "std", "std"]
+    await asyncio.wait_for(asyncio.gather(*tasks), 10)
+    await stop(loops)
+
+
+async def test_a_dead_workers_entries_and_slot_are_dropped(client):
+    model, slots = f"flow-shared-{next(_models)}", Slots(1)
+    (a, _), (b, _) = worker(client, slots, ttl_ms=600), worker(client, slots, ttl_ms=600)
+    loop_a, loop_b = asyncio.create_task(a.run()), asyncio.create_task(b.run())
+    served: list[tuple[str, asyncio.Event]] = []
+    frozen = [asyncio.create_task(serve(a, model, slots, "a1", served))]
+    await asyncio.sleep(0.2)
+    frozen.append(asyncio.create_task(a.acquire(model, entry("a2"), False)))
+    await asyncio.sleep(0.1)
+    waiting_b = asyncio.create_task(serve(b, model, slots, "b1", served))
+    await asyncio.sleep(0.3)
+    assert await SharedQueue(client, model, "probe").counts() == (2, 1)
+    await stop([loop_a])  # worker a dies: it neither beats nor tells Redis anything more
+    slots.used = 0  # and the engine dropped its request
+    for _ in range(100):
+        if len(served) == 2:
+            break
+        await asyncio.sleep(0.05)
+    assert [t for t, _ in served] == ["a1", "b1"]  # b's request got the dead worker's slot
+    assert await SharedQueue(client, model, "probe").counts() == (0, 1)  # a2 went with a
+    served[1][1].set()
+    await asyncio.wait_for(waiting_b, 5)
+    assert await SharedQueue(client, model, "probe").counts() == (0, 0)
+    await stop([loop_b, *frozen])
+
+
+async def test_while_redis_does_not_answer_requests_queue_in_the_worker():
+    [port] = free_ports(1)
+    down = redis.asyncio.from_url(f"redis://127.0.0.1:{port}")
+    model, slots = "m", Slots(1)
+    a, fallbacks = worker(down, slots)
+    loop = asyncio.create_task(a.run())
+    served: list[tuple[str, asyncio.Event]] = []
+    tasks = [asyncio.create_task(serve(a, model, slots, t, served)) for t in ("x", "y")]
+    assert await one_at_a_time(served, 2) == ["x", "y"]  # the second waited for the first's slot
+    await asyncio.wait_for(asyncio.gather(*tasks), 5)
+    assert fallbacks  # counted
+    await stop([loop])
+    await down.aclose()
+
+
+async def test_a_request_waiting_in_redis_moves_to_the_worker_when_redis_stalls_and_leaves_redis_after(tmp_path):
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    stalling = redis.asyncio.from_url(server.url, socket_timeout=0.3, socket_connect_timeout=0.3)
+    admin = redis.asyncio.from_url(server.url)
+    try:
+        model, slots = "stall", Slots(1)
+        a, fallbacks = worker(stalling, slots, retry_s=1.0)
+        loop = asyncio.create_task(a.run())
+        served: list[tuple[str, asyncio.Event]] = []
+        tasks = [asyncio.create_task(serve(a, model, slots, "x", served))]
+        await asyncio.sleep(0.2)
+        tasks.append(asyncio.create_task(serve(a, model, slots, "y", served)))
+        await asyncio.sleep(0.2)
+        assert await SharedQueue(admin, model, "probe").counts() == (1, 1)
+        await admin.execute_command("CLIENT", "PAUSE", "1500", "ALL")  # Redis stops answering for 1.5 s
+        await asyncio.sleep(0.6)
+        assert fallbacks  # y now waits in the worker's own queue
+        assert await one_at_a_time(served, 2) == ["x", "y"]  # and takes x's slot while Redis is still stalled
+        await asyncio.wait_for(asyncio.gather(*tasks), 5)
+        probe = SharedQueue(admin, model, "probe")
+        for _ in range(100):  # once Redis answers, y's entry and x's slot leave it
+            if await probe.counts() == (0, 0):
+                break
+            await asyncio.sleep(0.05)
+        assert await probe.counts() == (0, 0)
+        await stop([loop])
+    finally:
+        await stalling.aclose()
+        await admin.aclose()
+        server.stop()
