@@ -29,7 +29,8 @@ DEV = [("hit", "paraphrase", "How do I reset my password?", "How can I reset my 
 HELD = [("hit", "synonym", "How can I delete my account?", "How can I remove my account?"),
         ("miss", "scope", "How can I delete my account?", "How can I delete my team's account?"),
         ("hit", "reorder", "What time does the store open on Monday?", "On Monday, what time does the store open?")]
-HELD_ZH = [("hit", "synonym", "如何删除我的账户？", "怎么删除我的账户？"), ("miss", "entity", "北京今天天气怎么样？", "上海今天天气怎么样？")]
+HELD_ZH = [("hit", "synonym", "如何删除我的账户？", "怎么删除我的账户？"),
+           ("miss", "entity", "北京今天天气怎么样？", "上海今天天气怎么样？")]
 
 
 def write(path: Path, rows) -> None:
@@ -80,3 +81,19 @@ async def test_lookup_latency_with_and_without_the_verifier(data, minilm_dir):
     assert out["judge"]["verdicts"]["no"] == len(fake.asked) >= 1  # the on-lookups were judged, said no
     assert out["added_p50_ms"] == round(on["p50_ms"] - off["p50_ms"], 3)
     assert out["goals"]["added_p50_ms_max"] == 20.0 and isinstance(out["goals"]["met"], bool)
+
+
+def test_faq_stream_through_a_sim_mesh(data):
+    from bench.cache_stream import bench_stream
+
+    root = Path(__file__).resolve().parents[2]
+    out = bench_stream(data, "sim", 12, 4, root / "var" / "models")
+    assert out["pairs_from"] == "heldout" and out["files"] == ["cache_heldout_en.tsv", "cache_heldout_zh.tsv"]
+    bases = len({a for _, _, a, _ in HELD + HELD_ZH})
+    assert out["requests"] == bases + 12 and out["first_questions_hit"] == 0
+    assert out["repeats"] >= 1 and out["exact_hits"] == out["repeats"]  # every repeat came from the cache
+    assert out["hits"] == out["exact_hits"] + out["semantic_hits"] + out["false_hits"]
+    saved = out["saved_from_gateway_metrics"]
+    assert saved["tokens"]["exact"] > 0 and saved["usd"]["exact"] > 0  # read back from the gateway
+    latency = out["miss_latency"]
+    assert latency["ttft_cache_on"]["n"] + latency["ttft_cache_off"]["n"] + latency["hits_not_timed"] == 4
