@@ -92,3 +92,23 @@ def test_no_threshold_meets_the_bound(data):
     report = split_report(files, rows, at_threshold, default=0.85)
     assert report["calibration"]["threshold"] is None and report["heldout_at_calibrated"] is None
     assert report["goals"]["met"] is False
+
+
+def test_verifier_threshold_is_chosen_on_dev_judgements_only(data):
+    from bench.cache import judged_at
+
+    files, rows = load_split(data)
+    scored(rows)
+    verdicts = {"a1": "yes", "a2": "yes", "问1": "yes", "问3": "no",   # dev: the 0.70 miss judged yes
+                "h1": "yes", "h3": "yes", "h5": "yes"}
+    for r in rows:
+        r["judge"] = verdicts[r["a"]]
+    report = split_report(files, rows, judged_at, 0.6, [0.6, 0.65, 0.7, 0.75, 0.8])
+    assert report["calibration"]["threshold"] == 0.75  # over dev's judged-yes miss (0.70)
+    assert report["heldout_at_calibrated"]["all"]["hits"] == 1  # h1 (0.85); h5 under 0.75
+    assert report["heldout_at_calibrated"]["all"]["false_hits"] == 1  # h3: the judge said yes
+    for r in rows:
+        if r["split"] == "heldout":
+            r["judge"] = "no"
+    assert split_report(files, rows, judged_at, 0.6, [0.6, 0.65, 0.7, 0.75, 0.8])["calibration"] == \
+        report["calibration"]
