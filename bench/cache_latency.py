@@ -113,14 +113,19 @@ def _judged(app) -> dict[str, float]:
 
 def summarise(times: dict[str, list[float]], hits: dict[str, int], judged: dict, stored: int,
               verifier: CacheVerifier) -> dict:
-    off, on = _ms(times["off"]), _ms(times["on"])
+    """Miss p50/p99 each way; the added p50 over all misses (it depends on how many reach the
+    judge) and over the judged ones alone. The goal is met only when both are within it."""
+    off, on, on_judged = _ms(times["off"]), _ms(times["on"]), _ms(times["on_judged"])
     added = round(on["p50_ms"] - off["p50_ms"], 3) if off and on else None
+    added_judged = round(on_judged["p50_ms"] - off["p50_ms"], 3) if off and on_judged else None
+    within = [a is not None and a <= MAX_ADDED_P50_MS for a in (added, added_judged)]
     return {"stored": stored, "judge": {"base_url": verifier.base_url, "model": verifier.model,
                                         "candidate_threshold": verifier.candidate_threshold,
                                         "timeout_s": verifier.timeout_s, "verdicts": judged},
-            "miss_verifier_off": off, "miss_verifier_on": on, "miss_verifier_on_judged": _ms(times["on_judged"]),
-            "hits_not_timed": hits, "added_p50_ms": added,
-            "goals": {"added_p50_ms_max": MAX_ADDED_P50_MS, "met": added is not None and added <= MAX_ADDED_P50_MS}}
+            "miss_verifier_off": off, "miss_verifier_on": on, "miss_verifier_on_judged": on_judged,
+            "hits_not_timed": hits, "added_p50_ms": added, "added_p50_ms_judged": added_judged,
+            "goals": {"added_p50_ms_max": MAX_ADDED_P50_MS, "all_misses_met": within[0],
+                      "judged_misses_met": within[1], "met": all(within)}}
 
 
 def bench_latency(model_dir: Path, verifier: CacheVerifier, data: Path, n: int, threshold: float | None) -> dict:
