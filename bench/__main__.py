@@ -27,7 +27,8 @@ BENCHES = (
     Bench("llamacpp", "single-stream tokens/s through the mesh next to raw llama_cpp.Llama"),
     Bench("engine", "the llama.cpp engine under concurrent streams next to llama-cpp-python's server"),
     Bench("guards", "PII masking, the injection screen and audit appends, in process"),
-    Bench("cache", "response cache: hit latency, semantic lookup at scale, quality on labelled pairs"),
+    Bench("cache", "response cache: hit latency, lookup at scale and with the verifier, quality (dev/held-out), "
+                   "an FAQ stream through the gateway"),
     Bench("routing", "routing policies compared on one fleet of sim engines"),
     Bench("fairness", "flow control under 1.5x and 3x overload: tenants' token shares, TTFT, refusals"),
     Bench("provider", "the gateway in front of an instant OpenAI-compatible server"),

@@ -9,13 +9,15 @@ how often the semantic cache answers the wrong question.
 - semantic lookup at 10k and 100k entries in one scope, embedding included (the
   real MiniLM on the query; the stored entries are random unit vectors: embedding
   100k real sentences here would take most of an hour, and the search does not care);
-- quality on bench/data/cache_pairs_*.tsv (labelled pairs, English and Chinese):
-  precision, recall and false-hit rate at the configured threshold, with and without
-  the guards, and a threshold sweep;
+- quality on the labelled pairs in bench/data (English and Chinese; bench/cache_split.py):
+  the semantic threshold is chosen on the development pairs (cache_pairs_*, cache_dev2_*:
+  the lowest with false hits <= 1 %, guards on), recall, false-hit rate and precision are
+  reported on the held-out pairs (cache_heldout_*) at it and at the shipped default, per
+  language and kind, with the issue's goal met or not;
 - ``--parts verifier``: the same pairs through the verifier (cosine at its candidate
   threshold, the guards, then the judge's yes), per language and kind, and the judge's
   latency; the judge is ``--judge-url`` or, by default, llmesh's own mesh (llama.cpp, SmolLM2).
-  These pairs are the guards' development set: no held-out split exists in bench/data.
+  The candidate threshold is chosen on dev and the figures given on held-out, as for quality.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as the cache service runs (before numpy loads)
@@ -46,6 +50,9 @@ from llmesh.liveconfig.schema import CacheVerifier, MeshConfig
 from llmesh.cache.embedders import EmbedderSecrets
 from llmesh.cache.verifier import HttpJudge
 from llmesh.types import Message, Prompt, Sampling
+from bench.cache_split import GRID, at_threshold, load_split, score, split_report
+from bench.cache_latency import bench_latency
+from bench.cache_stream import bench_stream
 from bench.common import note, pct
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -207,50 +214,31 @@ async def _lookups(embedder: MiniLM, rng, size: int, hnsw_min: int, lookups: int
             "search_only": _ms(search_times), "fill_s": round(fill_s, 1)}
 
 
-# --- quality on the labelled pairs ----------------------------------------------------------
-def load_pairs() -> list[dict]:
-    rows = []
-    for path in sorted(DATA.glob("cache_pairs_*.tsv")):
-        lang = path.stem.rsplit("_", 1)[1]
-        for line in path.read_text().splitlines():
-            if line.startswith("#") or not line.strip():
-                continue
-            label, kind, a, b = line.split("\t")
-            rows.append({"hit": label == "hit", "kind": kind, "lang": lang, "a": a, "b": b})
-    return rows
+# --- quality on the labelled pairs: thresholds chosen on dev, figures on held-out -------------
+def load_pairs(data: Path = DATA) -> tuple[dict, list[dict]]:
+    """The development and held-out pairs, each with its cosine (``sim``) and the guards' refusal."""
+    files, rows = load_split(data)
+    return files, rows
 
 
-def _score(rows: list[dict], threshold: float, guards: bool) -> dict:
-    pos = [r for r in rows if r["hit"]]
-    neg = [r for r in rows if not r["hit"]]
-
-    def says_hit(r):
-        return r["sim"] >= threshold and (not guards or r["guard"] is None)
-
-    tp = sum(map(says_hit, pos))
-    fp = sum(map(says_hit, neg))
-    return {"pairs": len(rows), "should_hit": len(pos), "must_not_hit": len(neg),
-            "recall": round(tp / len(pos), 3) if pos else None,
-            "false_hit_rate": round(fp / len(neg), 3) if neg else None,
-            "precision": round(tp / (tp + fp), 3) if tp + fp else None}
-
-
-def bench_quality(embedder: MiniLM, threshold: float) -> dict:
-    rows = load_pairs()
+def _embed(embedder: MiniLM, rows: list[dict]) -> list[dict]:
     for r in rows:
         r["sim"] = float(embedder.encode(r["a"]) @ embedder.encode(r["b"]))
         r["guard"] = refusal(extract(r["a"]), extract(r["b"]))
-    out: dict = {"threshold": threshold}
-    for lang in ("en", "zh", "all"):
-        part = [r for r in rows if lang == "all" or r["lang"] == lang]
-        out[lang] = {"guards": _score(part, threshold, True), "cosine_only": _score(part, threshold, False)}
-    out["false_hits_by_kind_cosine_only"] = {
-        kind: sum(1 for r in rows if r["kind"] == kind and r["sim"] >= threshold)
-        for kind in sorted({r["kind"] for r in rows if not r["hit"]})}
-    out["refusals_by_guard"] = {g: sum(1 for r in rows if r["guard"] == g and not r["hit"])
-                                for g in sorted({r["guard"] for r in rows if r["guard"]})}
-    out["sweep_all_with_guards"] = {f"{t:.2f}": _score(rows, t, True) for t in (0.7, 0.75, 0.8, 0.85, 0.9, 0.95)}
-    out["sweep_all_cosine_only"] = {f"{t:.2f}": _score(rows, t, False) for t in (0.8, 0.85, 0.9, 0.95)}
+    return rows
+
+
+def bench_quality(embedder: MiniLM, threshold: float, data: Path = DATA) -> dict:
+    files, rows = load_pairs(data)
+    _embed(embedder, rows)
+    dev = [r for r in rows if r["split"] == "dev"]
+    out: dict = {"default_threshold": threshold, **split_report(files, rows, at_threshold, threshold)}
+    cosine = split_report(files, rows, lambda t: at_threshold(t, False), threshold)
+    out["cosine_only"] = {"calibration": cosine["calibration"], "goals": cosine["goals"],
+                          "heldout_at_calibrated": (cosine["heldout_at_calibrated"] or {}).get("all")}
+    out["dev_refusals_by_guard"] = {g: sum(1 for r in dev if r["guard"] == g and not r["hit"])
+                                    for g in sorted({r["guard"] for r in dev if r["guard"]})}
+    out["dev_sweep_with_guards"] = {f"{t:.2f}": score(dev, at_threshold(t)) for t in (0.7, 0.75, 0.8, 0.85, 0.9)}
     return out
 
 
@@ -277,37 +265,37 @@ async def _judge_pairs(rows: list[dict], verifier: CacheVerifier) -> None:
 
 
 def _verified(rows: list[dict]) -> dict:
-    pos = [r for r in rows if r["hit"]]
-    neg = [r for r in rows if not r["hit"]]
-    tp = sum(r.get("judge") == "yes" for r in pos)
-    fp = sum(r.get("judge") == "yes" for r in neg)
-    return {"pairs": len(rows), "recall": round(tp / len(pos), 3) if pos else None,
-            "false_hit_rate": round(fp / len(neg), 3) if neg else None,
-            "precision": round(tp / (tp + fp), 3) if tp + fp else None,
-            "candidates": sum("judge" in r for r in rows)}
+    s = score(rows, lambda r: r.get("judge") == "yes")
+    return {"pairs": s["pairs"], "recall": s["recall"], "false_hit_rate": s["false_hit_rate"],
+            "precision": s["precision"], "candidates": sum("judge" in r for r in rows)}
 
 
-def bench_verifier(embedder: MiniLM, verifier: CacheVerifier) -> dict:
-    """The pairs as the cache with its verifier sees them: cosine, guards, then the judge."""
-    rows = load_pairs()
-    for r in rows:
-        r["sim"] = float(embedder.encode(r["a"]) @ embedder.encode(r["b"]))
-        r["guard"] = refusal(extract(r["a"]), extract(r["b"]))
+def judged_at(t: float):
+    """The cache with its verifier: cosine at the candidate threshold ``t``, no guard refusal, the judge's yes."""
+    return lambda r: r["sim"] >= t and r["guard"] is None and r.get("judge") == "yes"
+
+
+def bench_verifier(embedder: MiniLM, verifier: CacheVerifier, data: Path = DATA) -> dict:
+    """The pairs as the cache with its verifier sees them: cosine, guards, then the judge. Every pair at
+    or over the candidate floor is judged once; the candidate threshold is then chosen on dev."""
+    files, rows = load_pairs(data)
+    _embed(embedder, rows)
     note(f"verifier: judging the candidates with {verifier.model} at {verifier.base_url}")
     asyncio.run(_judge_pairs(rows, verifier))
     times = [r["judge_s"] for r in rows if "judge_s" in r]
-    out: dict = {"model": verifier.model, "candidate_threshold": verifier.candidate_threshold,
+    floor = verifier.candidate_threshold
+    out: dict = {"model": verifier.model, "candidate_floor": floor,
                  "timeout_s": verifier.timeout_s, "judge_latency": _ms(times) if times else None,
-                 "verdicts": {v: sum(r.get("judge") == v for r in rows) for v in ("yes", "no", "timeout", "error")}}
-    for lang in ("en", "zh", "all"):
-        out[lang] = _verified([r for r in rows if lang == "all" or r["lang"] == lang])
-    out["by_kind"] = {kind: _verified([r for r in rows if r["kind"] == kind])
-                      for kind in sorted({r["kind"] for r in rows})}
+                 "verdicts": {v: sum(r.get("judge") == v for r in rows) for v in ("yes", "no", "timeout", "error")},
+                 "dev_at_floor": _verified([r for r in rows if r["split"] == "dev"])}
+    grid = [t for t in GRID if t >= floor - 1e-9]
+    out.update(split_report(files, rows, judged_at, floor, grid))
     return out
 
 
-def _judge_mesh(args: argparse.Namespace, verifier: CacheVerifier) -> dict:
-    """The verifier part with llmesh's own gateway and llama.cpp engine (SmolLM2) as the judge."""
+@contextmanager
+def judge_mesh() -> Iterator[str]:
+    """llmesh's own gateway and llama.cpp engine (SmolLM2) as the judge: its /v1 URL."""
     from llmesh.testing import Mesh, free_layout
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -315,11 +303,11 @@ def _judge_mesh(args: argparse.Namespace, verifier: CacheVerifier) -> dict:
         mesh = Mesh(layout=free_layout(1), engines="llamacpp", model_dir=(ROOT / "var" / "models").resolve(),
                     log_dir=Path(tmp) / "logs", env={"LLMESH_CONFIG_FILE": str(Path(tmp) / "llmesh.yaml")})
         try:
-            note("verifier: starting the mesh (llama.cpp engine) as the judge")
+            note("judge: starting a mesh (llama.cpp engine) as the judge")
             mesh.start()
             url = mesh.layout.http_url + "/v1"
             _wait_served(url, SMOL)
-            return bench_verifier(args.embedder, verifier.model_copy(update={"base_url": url, "model": SMOL}))
+            yield url
         finally:
             mesh.stop()
 
@@ -336,38 +324,63 @@ def _wait_served(url: str, model: str) -> None:
     raise RuntimeError(f"{model} was not served at {url}")
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print only the JSON result")
     parser.add_argument("--hits", type=int, default=200)
     parser.add_argument("--engine-runs", type=int, default=10)
     parser.add_argument("--sizes", default="10000,100000")
     parser.add_argument("--lookups", type=int, default=100)
-    parser.add_argument("--parts", default="quality,semantic,exact", help="which parts to run")
+    parser.add_argument("--parts", default="quality,semantic,exact",
+                        help="which parts to run: quality, verifier, latency, stream, semantic, exact")
+    parser.add_argument("--data", type=Path, default=DATA, help="the labelled pair files (dev and held-out)")
     parser.add_argument("--keep-logs", type=Path, help="copy the mesh's logs here")
     parser.add_argument("--engine", choices=("llamacpp", "sim"), default="llamacpp",
-                        help="the engine behind the gateway for the exact-hit part")
+                        help="the engine behind the gateway for the exact-hit and stream parts")
     parser.add_argument("--model-dir", type=Path, default=ROOT / "var" / "models" / "all-minilm-l6-v2")
-    parser.add_argument("--judge-url", help="verifier part: an OpenAI-compatible /v1 (default: a mesh of "
-                                            "llmesh's own with the llama.cpp engine and SmolLM2)")
+    parser.add_argument("--judge-url", help="verifier and latency parts: an OpenAI-compatible /v1 (default: a "
+                                            "mesh of llmesh's own with the llama.cpp engine and SmolLM2)")
     parser.add_argument("--judge-model", default=SMOL)
     parser.add_argument("--judge-threshold", type=float, default=CacheVerifier().candidate_threshold)
     parser.add_argument("--judge-timeout", type=float, default=5.0,
-                        help="per judgement here (quality first; the latency is reported apart)")
-    args = parser.parse_args()
+                        help="per judgement in the verifier part (quality first; the latency part keeps the "
+                             "shipped default)")
+    parser.add_argument("--latency-lookups", type=int, default=100, help="near-miss lookups, half each way")
+    parser.add_argument("--stream-requests", type=int, default=300, help="after the base set")
+    parser.add_argument("--stream-misses", type=int, default=24, help="fresh questions timed, cache on and off")
+    return parser
+
+
+def _verifier_parts(args: argparse.Namespace, parts: list[str], result: dict) -> None:
+    if "verifier" not in parts and "latency" not in parts:
+        return
+    with nullcontext(args.judge_url) if args.judge_url else judge_mesh() as url:
+        model = args.judge_model if args.judge_url else SMOL
+        if "verifier" in parts:
+            verifier = CacheVerifier(enabled=True, base_url=url, model=model,
+                                     candidate_threshold=args.judge_threshold, timeout_s=args.judge_timeout)
+            result["verifier"] = bench_verifier(args.embedder, verifier, args.data)
+        if "latency" in parts:
+            verifier = CacheVerifier(enabled=True, base_url=url, model=model, candidate_threshold=args.judge_threshold)
+            calibrated = result.get("quality", {}).get("calibration", {}).get("threshold")
+            note(f"latency: semantic threshold {calibrated or 'the default'}")
+            result["lookup_latency"] = bench_latency(args.model_dir, verifier, args.data, args.latency_lookups,
+                                                     calibrated)
+
+
+def main() -> None:
+    args = _parser().parse_args()
     embedder = args.embedder = MiniLM(args.model_dir)
     threshold = MeshConfig().cache.semantic_threshold
     result: dict = {"bench": "cache", "load_average": os.getloadavg(), "cpus": os.cpu_count()}
     parts = args.parts.split(",")
     if "quality" in parts:
         note("quality: labelled pairs")
-        result["quality"] = bench_quality(embedder, threshold)
-    if "verifier" in parts:
-        verifier = CacheVerifier(enabled=True, base_url=args.judge_url or "http://127.0.0.1:1/v1",
-                                 model=args.judge_model, candidate_threshold=args.judge_threshold,
-                                 timeout_s=args.judge_timeout)
-        result["verifier"] = (bench_verifier(embedder, verifier) if args.judge_url
-                              else _judge_mesh(args, verifier))
+        result["quality"] = bench_quality(embedder, threshold, args.data)
+    _verifier_parts(args, parts, result)
+    if "stream" in parts:
+        result["stream"] = bench_stream(args.data, args.engine, args.stream_requests, args.stream_misses,
+                                        ROOT / "var" / "models")
     if "semantic" in parts:
         result["semantic_lookup"] = bench_semantic(embedder, [int(s) for s in args.sizes.split(",")], args.lookups)
     if "exact" in parts:
