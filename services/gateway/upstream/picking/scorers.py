@@ -122,8 +122,11 @@ class LoraAffinity:
 
 
 # The scorers' names, as a model policy's ``scorers`` (live config) names them.
-ScorerName = Literal["least_load", "token_aware", "prefix_aware", "session_affinity", "round_robin", "lora_affinity"]
+ScorerName = Literal["least_load", "token_aware", "prefix_aware", "session_affinity", "round_robin", "lora_affinity",
+                     "token_load", "kv_cost", "sticky_affinity"]
 SCORERS: tuple[ScorerName, ...] = get_args(ScorerName)
+# The scorers that read the prompt's tokens (the picker then also counts what the chosen engine lacks).
+PROMPT_SCORERS: tuple[ScorerName, ...] = ("prefix_aware", "token_load", "kv_cost", "sticky_affinity")
 
 # Routing policy name -> scorer weights; a model's ``scorers`` in live config replaces them.
 PRESETS: dict[str, dict[ScorerName, float]] = {
@@ -135,4 +138,7 @@ PRESETS: dict[str, dict[ScorerName, float]] = {
     # (measured in bench.routing: 0.5 gave up cached prefixes too early at 80 % of saturation)
     "prefix_aware": {"prefix_aware": 0.75, "least_load": 1.0},
     "session_affinity": {"session_affinity": 1.0, "least_load": 0.1},
+    # re-implementations of the field's routers from their published descriptions (picking.load)
+    "llmd_sticky": {"sticky_affinity": 2.0, "token_load": 1.0},
+    "dynamo_kv": {"kv_cost": 1.0},
 }
