@@ -43,8 +43,8 @@ class Shape:
 
 
 SHAPES: dict[str, Shape] = {s.name: s for s in (
-    Shape("shared_prefix", groups=16, prefix_words=1500, own_words=60, answer_tokens=48),
-    Shape("code_gen", groups=6, prefix_words=3000, own_words=400, answer_tokens=64),
+    Shape("shared_prefix", groups=48, prefix_words=1500, own_words=60, answer_tokens=48),
+    Shape("code_gen", groups=24, prefix_words=3000, own_words=400, answer_tokens=64),
     Shape("reasoning", groups=4, prefix_words=120, own_words=80, answer_tokens=384),
     Shape("zero_reuse", groups=0, prefix_words=0, own_words=1200, answer_tokens=48),
     Shape("agentic", groups=4, prefix_words=1500, own_words=300, answer_tokens=64, turns=(4, 8), think_s=0.3),
