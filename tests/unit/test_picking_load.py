@@ -46,6 +46,23 @@ def test_the_ledger_queues_uncached_tokens_until_the_first_chunk_and_decoders_un
     assert not loc.prefill_tokens and not loc.decode_seqs
 
 
+def test_a_caller_acquiring_right_after_its_pick_books_what_the_pick_counted():
+    p = EndpointPicker()
+    p.replace_all([ep("a"), ep("b")])
+    p.kv.apply("a", True, H[:8], [])
+    r = req()
+    assert p.pick(r, "prefix_aware").endpoint_id == "a"
+    t = p.acquire("a", r.work_tokens)            # as the router does: no request passed
+    assert (t.uncached, t.context) == (32, 160) and p.local.prefill_tokens == {"a": 32}
+    p.release("a", r.work_tokens, t)
+    # a pick it did not acquire is not taken for a later request elsewhere or after another call
+    p.pick(req(), "prefix_aware")
+    assert p.acquire("b", 99).uncached == 99
+    p.pick(req(), "prefix_aware")
+    p.routable("a", req())
+    assert p.acquire("a", 77).uncached == 77
+
+
 def test_stale_reports_never_hide_the_ledger_and_others_work_counts_from_them():
     loc = LocalState(prefill_tokens={"a": 900}, prefill_requests={"a": 2}, decode_seqs={"a": 3})
     idle_report = ep("a")                        # the last report, from before our requests

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from llmesh.gateway.upstream.picking.filters import FILTERS, OPTIONAL_FILTERS, PREFERENCES, Filter
 from llmesh.gateway.upstream.picking.kvview import KvView
 from llmesh.gateway.upstream.picking.load import KvCost, StickyAffinity, TokenLoad, uncached
-from llmesh.gateway.upstream.picking.scorers import (PRESETS, PROMPT_SCORERS, LeastLoad, LoraAffinity, PrefixAware, RoundRobin,
-                                                     ScorerName, SessionAffinity, TokenAware)
+from llmesh.gateway.upstream.picking.scorers import (PRESETS, PROMPT_SCORERS, LeastLoad, LoraAffinity, PrefixAware,
+                                                     RoundRobin, ScorerName, SessionAffinity, TokenAware)
 from llmesh.gateway.upstream.picking.types import Endpoint, LocalState, PickInput
 
 
@@ -44,6 +44,7 @@ class EndpointPicker:
         self._rng = rng or random.Random()
         self._filters = filters
         self.on_table: list[Callable[[], None]] = []  # told after each new endpoint table
+        self._picked: tuple[str, PickInput] | None = None  # the last pick, until a request is acquired
         self._scorers = {s.name: s for s in (LeastLoad(), TokenAware(), PrefixAware(self.kv), SessionAffinity(),
                                              RoundRobin(), LoraAffinity(), TokenLoad(self.kv), KvCost(self.kv),
                                              StickyAffinity(self.kv, penalty_tokens=sticky_penalty_tokens))}
@@ -78,6 +79,7 @@ class EndpointPicker:
 
     def routable(self, endpoint_id: str, req: PickInput) -> Endpoint | None:
         """The endpoint, when every always-on filter keeps it for ``req``; else None."""
+        self._picked = None
         e = self._endpoints.get(endpoint_id)
         return e if e is not None and all(f.keep(e, req, self.local) for f in self._filters) else None
 
@@ -126,11 +128,13 @@ class EndpointPicker:
 
     def pick(self, req: PickInput, routing: str = "least_loaded",
              weights: Mapping[ScorerName, float] | None = None) -> Endpoint | None:
+        self._picked = None
         cands = self.candidates(req)
         weights = weights or PRESETS[routing]
         if len(cands) <= 1:
             if cands and self._prompt_known(weights):
                 req.uncached = uncached(self.kv, cands[0], req)
+                self._picked = (cands[0].endpoint_id, req)
             return cands[0] if cands else None
         total = [0.0] * len(cands)
         for name, w in weights.items():
@@ -141,6 +145,7 @@ class EndpointPicker:
         best = [e for e, t in zip(cands, total) if t >= top - 1e-9]
         chosen = best[0] if len(best) == 1 else self._rng.choice(best)
         req.uncached = uncached(self.kv, chosen, req) if self._prompt_known(weights) else None
+        self._picked = (chosen.endpoint_id, req) if req.uncached is not None else None
         if chosen.kv_hash is not None and chosen.kv_hash in req.hashed():
             # Its engine will hold the prompt's blocks before its KV events can say so.
             self.kv.expect(chosen.endpoint_id, req.block_hashes(chosen.kv_hash), req.now + self._expect_for)
@@ -164,8 +169,13 @@ class EndpointPicker:
         return any(weights.get(n) for n in PROMPT_SCORERS)
 
     def acquire(self, endpoint_id: str, tokens: int = 0, req: PickInput | None = None) -> Sent:
-        """Counts a request sent to ``endpoint_id``; given the ``req`` it was picked for, its
-        uncached prompt tokens join the ledger's queued prefill until ``started``."""
+        """Counts a request sent to ``endpoint_id``: the prompt tokens its engine lacks (as the
+        pick for ``req`` counted them; without ``req``, the last pick's when it chose this
+        endpoint and nothing was acquired since, as a caller that acquires right after picking
+        gets; else ``tokens``) join the ledger's queued prefill until ``started``."""
+        if req is None and self._picked is not None and self._picked[0] == endpoint_id:
+            req = self._picked[1]
+        self._picked = None
         prompt = len(req.prompt_tokens()) if req is not None and req.uncached is not None else tokens
         ticket = Sent(endpoint_id, req.uncached if req is not None and req.uncached is not None else tokens, prompt)
         loc = self.local

@@ -134,9 +134,13 @@ PRESETS: dict[str, dict[ScorerName, float]] = {
     "random": {},
     "round_robin": {"round_robin": 1.0},
     "token_aware": {"token_aware": 1.0},
-    # a whole cached prompt is worth what going from idle to 3 queued requests per slot costs
-    # (measured in bench.routing: 0.5 gave up cached prefixes too early at 80 % of saturation)
-    "prefix_aware": {"prefix_aware": 0.75, "least_load": 1.0},
+    # the prefix share, the prefill ahead of the first token (the load ledger: queued uncached tokens
+    # plus what this request lacks there) and requests per slot; bench.routing's field workloads
+    # (issue 32): TTFT p99 0.7-0.85x the re-implemented llm-d sticky-until-saturated's where the
+    # earlier blend (prefix_aware_v1) was 0.95-1.24x
+    "prefix_aware": {"prefix_aware": 1.5, "token_load": 1.0, "least_load": 1.0},
+    # until issue 32: a whole cached prompt worth going from idle to 3 queued requests per slot
+    "prefix_aware_v1": {"prefix_aware": 0.75, "least_load": 1.0},
     "session_affinity": {"session_affinity": 1.0, "least_load": 0.1},
     # re-implementations of the field's routers from their published descriptions (picking.load)
     "llmd_sticky": {"sticky_affinity": 2.0, "token_load": 1.0},
