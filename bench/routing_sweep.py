@@ -34,7 +34,8 @@ from bench.routing_workloads import Sessions, poisson_starts
 from bench.virtual_time import VirtualTimeLoop
 
 MODEL = "sim-bench"
-POLICIES = ("round_robin", "least_loaded", "llmd_sticky", "dynamo_kv", "prefix_aware", "prefix_oracle")
+POLICIES = ("round_robin", "least_loaded", "llmd_sticky", "dynamo_kv", "prefix_aware", "prefix_aware_v1",
+            "prefix_oracle")
 SUSTAINED = 0.98
 PROFILE = SimProfile(prefill_ms_per_token=0.1, decode_ms_base=15.0, decode_ms_per_seq=0.3, kv_blocks=4096,
                      max_batch=32, output_tokens=1024)
