@@ -119,3 +119,15 @@ def test_kv_cost_weighs_overlap_blocks_against_active_decode_blocks():
     assert KvCost(kv).scores(cands, req(), busy) == [0.0, 1.0]
     # the overlap weight tips it back: 4 x 2 + 30 < 4 x 10 + 10
     assert KvCost(kv, overlap_weight=4.0).scores(cands, req(), busy) == [1.0, 0.0]
+
+
+def test_live_config_weights_can_name_the_ledger_scorers():
+    from llmesh.liveconfig.schema import MeshConfig
+    policy = MeshConfig.model_validate({"models": {"m": {
+        "routing": "prefix_aware", "scorers": {"token_load": 1, "sticky_affinity": 2}}}}).policy("m")
+    p = EndpointPicker(sticky_penalty_tokens=1000)
+    p.replace_all([ep("a"), ep("b")])
+    p.kv.apply("a", True, H, [])
+    assert p.pick(req(), policy.routing, policy.scorers).endpoint_id == "a"
+    p.local.prefill_tokens, p.local.prefill_requests = {"a": 1500}, {"a": 2}   # a is saturated
+    assert p.pick(req(), policy.routing, policy.scorers).endpoint_id == "b"
