@@ -10,7 +10,7 @@ import time
 from dataclasses import asdict
 
 from bench.common import note
-from bench.routing_report import closed_loop, lag_study, summary, workload
+from bench.routing_report import closed_loop, lag_study, markdown, summary, workload
 from bench.routing_sweep import POLICIES, PROFILE, Setup, calibrate_prefill
 from bench.routing_workloads import WORKLOADS
 
@@ -62,4 +62,5 @@ def run_field(args: argparse.Namespace) -> dict:
         if args.closed_users and "agentic" in names:
             out["closed_loop"] = closed_loop("agentic", policies, args.closed_users, setup, scale)
     out["wall_s"] = round(time.monotonic() - t0, 1)
+    note(markdown(out))
     return out

@@ -103,3 +103,21 @@ def summary(per_workload: list[dict]) -> list[dict]:
                         **{f"peak_throughput_vs_{p}": _ratio(top, peak[p]["throughput_req_s"])
                            for p in peak if p != "prefix_aware"}})
     return out
+
+
+def markdown(out: dict) -> str:
+    """The sweep's cells as a markdown table (one row per workload, load and policy), then
+    each policy's peak throughput per workload."""
+    rows = ["| workload | load | policy | TTFT p50 ms | TTFT p99 ms | req/s | input tok/s | KV hit |",
+            "|---|---|---|---|---|---|---|---|"]
+    for w in out["workloads"]:
+        for r in w["results"]:
+            rows.append(f"| {w['workload']} | {r['load_of_saturation']:.0%} | {r['policy']} | {r['ttft_ms_p50']} | "
+                        f"{r['ttft_ms_p99']} | {r['throughput_req_s']} | {r['input_tokens_s']} | {r['kv_hit_rate']} |")
+    peaks = [w for w in out["workloads"] if w.get("peak")]
+    if peaks:
+        names = list(peaks[0]["peak"])
+        rows += ["", "| peak req/s | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+        rows += [f"| {w['workload']} | " + " | ".join(str(w["peak"][n]["throughput_req_s"]) for n in names) + " |"
+                 for w in peaks]
+    return "\n".join(rows)

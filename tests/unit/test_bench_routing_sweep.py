@@ -74,4 +74,6 @@ def test_a_quick_sweep_reports_every_cell_and_the_summary():
     assert w["saturation"]["rate_sessions_per_s"] > 0 and len(w["results"]) == 2 * 5
     assert {r["policy"] for r in w["results"]} == set(args.policies.split(","))
     assert {"best_anchor", "p99_vs_best_anchor", "p99_vs_round_robin", "hit_vs_oracle"} <= set(out["summary"][0])
+    from bench.routing_report import markdown
+    assert markdown(out).count("| shared_prefix |") == 2 * 5
     assert "re-implementation" in out["anchors"]["llmd_sticky"] and "re-implementation" in out["anchors"]["dynamo_kv"]
