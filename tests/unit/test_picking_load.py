@@ -131,3 +131,13 @@ def test_live_config_weights_can_name_the_ledger_scorers():
     assert p.pick(req(), policy.routing, policy.scorers).endpoint_id == "a"
     p.local.prefill_tokens, p.local.prefill_requests = {"a": 1500}, {"a": 2}   # a is saturated
     assert p.pick(req(), policy.routing, policy.scorers).endpoint_id == "b"
+
+
+def test_token_load_sends_nothing_to_wait_for_a_slot_a_cached_prefix_would_save():
+    kv = KvView()
+    kv.apply("full", True, H, [])               # holds the whole prompt, every slot taken
+    full = Endpoint("full", "full", frozenset({"m"}), running=8, max_running=8, kv_hash=LLMESH_SCHEME)
+    free = Endpoint("free", "free", frozenset({"m"}), running=7, max_running=8, kv_hash=LLMESH_SCHEME)
+    assert TokenLoad(kv).scores([full, free], req(), LocalState()) == [0.0, 1.0]
+    # without the slot term the cached prompt (160 tokens saved) outweighs one more decoder (16)
+    assert TokenLoad(kv, slot_tokens=0).scores([full, free], req(), LocalState()) == [1.0, 0.0]

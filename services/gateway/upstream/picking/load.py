@@ -45,18 +45,22 @@ def prefill_after(kv: KvView, e: Endpoint, req: PickInput, local: LocalState) ->
 
 
 class TokenLoad:
-    """Least estimated prefill work ahead of the request's first token (the ledger's uncached
-    tokens queued there, plus what the request itself would prefill there), then the fewest
-    decoding sequences per slot, in ``decode_tokens`` prompt-token equivalents each."""
+    """Least estimated work ahead of the request's first token: the prefill queued there and the
+    request's own (what the engine lacks of it), the decoding sequences at ``decode_tokens``
+    prompt-token equivalents each, and, where the request would find every slot taken (requests
+    there, ours from the ledger, others' from the report, over ``max_running``), ``slot_tokens``
+    for each request ahead of it in the queue: a wait for a sequence to end outweighs any
+    prefill saved (bench.routing's decode-heavy workload: TTFT p99 6x least_loaded's without it)."""
     name = "token_load"
 
-    def __init__(self, kv: KvView, decode_tokens: int = 16):
+    def __init__(self, kv: KvView, decode_tokens: int = 16, slot_tokens: int = 8192):
         self._kv = kv
         self._decode = decode_tokens
+        self._slot = slot_tokens
 
     def scores(self, cands: list[Endpoint], req: PickInput, local: LocalState) -> list[float]:
-        return _spread([float(prefill_after(self._kv, e, req, local) + self._decode * local.decoding(e))
-                        for e in cands])
+        return _spread([float(prefill_after(self._kv, e, req, local) + self._decode * local.decoding(e)
+                              + self._slot * max(local.requests(e) + 1 - e.max_running, 0)) for e in cands])
 
 
 class StickyAffinity:
