@@ -20,13 +20,22 @@ from llmesh.gateway.upstream.picking.kvview import KvView
 from llmesh.gateway.upstream.picking.types import Endpoint, LocalState, PickInput
 
 
+def held_blocks(kv: KvView, e: Endpoint, req: PickInput) -> int:
+    """The prompt's leading blocks ``e``'s engine holds (or is expected to), counted once a pick."""
+    n = req.matched.get(e.endpoint_id)
+    if n is None:
+        s = e.kv_hash
+        n = req.matched[e.endpoint_id] = 0 if s is None else kv.matched(e.endpoint_id, req.block_hashes(s), req.now)
+    return n
+
+
 def uncached(kv: KvView, e: Endpoint, req: PickInput) -> int:
     """The prompt tokens ``e``'s engine would have to prefill for ``req`` (unknown scheme: all)."""
     n = len(req.prompt_tokens())
     s = e.kv_hash
     if s is None or not n:
         return n
-    return max(n - kv.matched(e.endpoint_id, req.block_hashes(s), req.now) * s.block_size, 0)
+    return max(n - held_blocks(kv, e, req) * s.block_size, 0)
 
 
 def _spread(values: list[float]) -> list[float]:

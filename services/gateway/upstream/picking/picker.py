@@ -129,6 +129,7 @@ class EndpointPicker:
     def pick(self, req: PickInput, routing: str = "least_loaded",
              weights: Mapping[ScorerName, float] | None = None) -> Endpoint | None:
         self._picked = None
+        req.matched.clear()  # what the engines hold may have changed since an earlier pick for it
         cands = self.candidates(req)
         weights = weights or PRESETS[routing]
         if len(cands) <= 1:

@@ -10,6 +10,7 @@ from hashlib import blake2b
 from typing import Literal, get_args
 
 from llmesh.gateway.upstream.picking.kvview import KvView
+from llmesh.gateway.upstream.picking.load import held_blocks
 from llmesh.gateway.upstream.picking.types import Endpoint, LocalState, PickInput
 
 
@@ -57,8 +58,7 @@ class PrefixAware:
         out = []
         for e in cands:
             s = e.kv_hash
-            out.append(0.0 if s is None else
-                       self._kv.matched(e.endpoint_id, req.block_hashes(s), req.now) * s.block_size / n)
+            out.append(0.0 if s is None else held_blocks(self._kv, e, req) * s.block_size / n)
         return out
 
 

@@ -48,6 +48,8 @@ class PickInput:
     uncached: int | None = None                # set by a pick: the prompt tokens the chosen engine lacks
     _tokens: Sequence[int] | None = field(default=None, repr=False)
     _hashes: dict[HashScheme, list[int]] = field(default_factory=dict, repr=False)
+    # endpoint -> leading blocks its engine holds, as counted during the current pick (cleared by each pick)
+    matched: dict[str, int] = field(default_factory=dict, repr=False)
 
     def prompt_tokens(self) -> Sequence[int]:
         if self._tokens is None:
