@@ -42,6 +42,7 @@ from llmesh.types import Message, Prompt
 from llmesh.engine.backends.base import DecodeParams
 from llmesh.engine.backends.sim import SimBackend, SimProfile
 from bench.common import note, pct
+from bench.routing_field import field_args
 from bench.virtual_time import VirtualTimeLoop
 
 MODEL = "sim-bench"
@@ -343,17 +344,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backend", choices=("sim", "llamacpp"), default="sim",
                     help="sim: engines on a virtual clock; llamacpp: the real model, in real time")
-    ap.add_argument("--engines", type=int, default=8)
+    ap.add_argument("--engines", type=int, default=4)
     ap.add_argument("--rates", help="conversations started per second, comma-separated (skips the saturation "
                                     "search; needed with --backend llamacpp)")
-    ap.add_argument("--loads", default="0.4,0.6,0.8,1.0",
-                    help="rates to run as fractions of the saturation rate the search finds")
+    ap.add_argument("--loads", help="rates to run as fractions of the saturation rate the search finds "
+                                    "(default 0.5,0.8,1.0; --legacy-chat: 0.4,0.6,0.8,1.0)")
     ap.add_argument("--saturation-policies", default="round_robin,least_loaded,sglang_approx",
                     help="saturation is the highest rate any of these sustains (the best baseline's)")
     ap.add_argument("--start-rate", type=float, default=4.0, help="the saturation search's first rate")
-    ap.add_argument("--bisect", type=int, default=4, help="bisection steps of the saturation search")
-    ap.add_argument("--duration-s", type=float, default=60.0, help="arrivals for this long, per run")
-    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--bisect", type=int, help="bisection steps of the saturation search (default 3; legacy 4)")
+    ap.add_argument("--duration-s", type=float, help="arrivals for this long, per run (default 40; legacy 60)")
+    ap.add_argument("--policies", help="comma-separated (default: every policy of the sweep, or of --legacy-chat)")
     ap.add_argument("--profile", type=Path, help="a sim profile from `llmesh bench engine --calibrate`")
     ap.add_argument("--report-s", type=float, default=0.5, help="engine report interval (the picker's lag)")
     ap.add_argument("--max-tokens", type=int, default=16)
@@ -372,8 +373,18 @@ def main() -> None:
     ap.add_argument("--n-ctx", type=int, default=4096, help="llamacpp: context per sequence")
     ap.add_argument("--json", action="store_true", help="JSON only (the default prints JSON too)")
     ap.add_argument("--costs-only", action="store_true", help="only the per-request and memory costs")
+    ap.add_argument("--legacy-chat", action="store_true",
+                    help="the earlier single chat workload (tenants + documents) instead of the field's workloads")
+    field_args(ap)
     args = ap.parse_args()
-    policies = args.policies.split(",")
+    if not args.legacy_chat and args.backend == "sim" and not args.costs_only:
+        from bench.routing_field import run_field
+        print(json.dumps(run_field(args), indent=2))
+        return
+    policies = (args.policies or ",".join(POLICIES)).split(",")
+    args.loads = args.loads or "0.4,0.6,0.8,1.0"
+    args.bisect = 4 if args.bisect is None else args.bisect
+    args.duration_s = args.duration_s or 60.0
     for policy in policies + args.saturation_policies.split(","):
         if policy not in POLICIES:
             raise SystemExit(f"unknown policy {policy!r}; one of {', '.join(POLICIES)}")

@@ -26,7 +26,7 @@ class ModelPolicy(_Strict):
     routing: Literal["least_loaded", "random", "round_robin", "token_aware", "prefix_aware",
                      "session_affinity"] = Field(default="least_loaded", description="how an endpoint is picked")
     scorers: dict[Literal["least_load", "token_aware", "prefix_aware", "session_affinity", "round_robin",
-                          "lora_affinity"],
+                          "lora_affinity", "token_load", "kv_cost", "sticky_affinity"],
                   float] = Field(default={}, description="scorer weights (>= 0); set: replace the routing's own")
     filters: list[Literal["context_fits"]] = Field(default=[], description="optional endpoint filters, in "
                                                    "order; each narrows the candidates unless none would pass")

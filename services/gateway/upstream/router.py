@@ -253,8 +253,7 @@ class Router:
         first token is kept in ``state`` for the caller to try elsewhere, others raise."""
         if self._breakers is not None:
             self._breakers.attempt(key, started)
-        self._picker.acquire(key, work)
-        streamed = False
+        ticket, streamed = self._picker.acquire(key, work), False
         state.next_model = state.lost = False
         state.mid_stream = None
         try:
@@ -262,6 +261,7 @@ class Router:
                 async for item in items:
                     if not streamed:
                         streamed = True
+                        self._picker.started(ticket)  # the load ledger: its prefill is done
                         self._outcome(key, True, self._clock() - started)
                     yield item
             state.done = True
@@ -292,7 +292,7 @@ class Router:
                 state.busy = True
             state.last_error = exc
         finally:
-            self._picker.release(key, work)
+            self._picker.release(key, work, ticket)
 
     async def _lost(self, ctx: Context, req: CompletionRequest, key: str, model: str, state: _Attempts,
                     deadline: float) -> str | None:

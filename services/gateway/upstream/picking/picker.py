@@ -4,12 +4,24 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 from llmesh.gateway.upstream.picking.filters import FILTERS, OPTIONAL_FILTERS, PREFERENCES, Filter
 from llmesh.gateway.upstream.picking.kvview import KvView
-from llmesh.gateway.upstream.picking.scorers import (PRESETS, LeastLoad, LoraAffinity, PrefixAware, RoundRobin,
-                                                     ScorerName, SessionAffinity, TokenAware)
+from llmesh.gateway.upstream.picking.load import KvCost, StickyAffinity, TokenLoad, uncached
+from llmesh.gateway.upstream.picking.scorers import (PRESETS, PROMPT_SCORERS, LeastLoad, LoraAffinity, PrefixAware,
+                                                     RoundRobin, ScorerName, SessionAffinity, TokenAware)
 from llmesh.gateway.upstream.picking.types import Endpoint, LocalState, PickInput
+
+
+@dataclass(slots=True)
+class Sent:
+    """One request in the load ledger: where it went, the prompt tokens that engine lacked
+    (queued prefill until its first chunk) and the context it holds while it decodes."""
+    endpoint_id: str
+    uncached: int
+    context: int
+    started: bool = False
 
 
 class EndpointPicker:
@@ -17,7 +29,8 @@ class EndpointPicker:
     our own in-flight work) and picks one for a request by a routing policy."""
 
     def __init__(self, rng: random.Random | None = None, down_for_s: float = 2.0,
-                 filters: Sequence[Filter] = FILTERS, expect_for_s: float = 10.0):
+                 filters: Sequence[Filter] = FILTERS, expect_for_s: float = 10.0,
+                 sticky_penalty_tokens: int = 4096):
         self._endpoints: dict[str, Endpoint] = {}
         # endpoint id -> the table change at which it last became healthy (absent: gone or unhealthy)
         self._appeared: dict[str, int] = {}
@@ -31,8 +44,10 @@ class EndpointPicker:
         self._rng = rng or random.Random()
         self._filters = filters
         self.on_table: list[Callable[[], None]] = []  # told after each new endpoint table
+        self._picked: tuple[str, PickInput] | None = None  # the last pick, until a request is acquired
         self._scorers = {s.name: s for s in (LeastLoad(), TokenAware(), PrefixAware(self.kv), SessionAffinity(),
-                                             RoundRobin(), LoraAffinity())}
+                                             RoundRobin(), LoraAffinity(), TokenLoad(self.kv), KvCost(self.kv),
+                                             StickyAffinity(self.kv, penalty_tokens=sticky_penalty_tokens))}
 
     def replace_all(self, endpoints: Iterable[Endpoint]) -> None:
         old, self._endpoints = self._endpoints, {e.endpoint_id: e for e in endpoints}
@@ -64,6 +79,7 @@ class EndpointPicker:
 
     def routable(self, endpoint_id: str, req: PickInput) -> Endpoint | None:
         """The endpoint, when every always-on filter keeps it for ``req``; else None."""
+        self._picked = None
         e = self._endpoints.get(endpoint_id)
         return e if e is not None and all(f.keep(e, req, self.local) for f in self._filters) else None
 
@@ -112,10 +128,15 @@ class EndpointPicker:
 
     def pick(self, req: PickInput, routing: str = "least_loaded",
              weights: Mapping[ScorerName, float] | None = None) -> Endpoint | None:
+        self._picked = None
+        req.matched.clear()  # what the engines hold may have changed since an earlier pick for it
         cands = self.candidates(req)
-        if len(cands) <= 1:
-            return cands[0] if cands else None
         weights = weights or PRESETS[routing]
+        if len(cands) <= 1:
+            if cands and self._prompt_known(weights):
+                req.uncached = uncached(self.kv, cands[0], req)
+                self._picked = (cands[0].endpoint_id, req)
+            return cands[0] if cands else None
         total = [0.0] * len(cands)
         for name, w in weights.items():
             if w:
@@ -124,6 +145,8 @@ class EndpointPicker:
         top = max(total)
         best = [e for e, t in zip(cands, total) if t >= top - 1e-9]
         chosen = best[0] if len(best) == 1 else self._rng.choice(best)
+        req.uncached = uncached(self.kv, chosen, req) if self._prompt_known(weights) else None
+        self._picked = (chosen.endpoint_id, req) if req.uncached is not None else None
         if chosen.kv_hash is not None and chosen.kv_hash in req.hashed():
             # Its engine will hold the prompt's blocks before its KV events can say so.
             self.kv.expect(chosen.endpoint_id, req.block_hashes(chosen.kv_hash), req.now + self._expect_for)
@@ -140,14 +163,47 @@ class EndpointPicker:
             ours += self.local.inflight.get(e.endpoint_id, 0)
         return free, total, ours
 
-    def acquire(self, endpoint_id: str, tokens: int = 0) -> None:
+    @staticmethod
+    def _prompt_known(weights: Mapping[ScorerName, float]) -> bool:
+        """Whether the policy reads the prompt's tokens (so the pick can count what is uncached
+        at no extra cost); a policy that never tokenizes counts the request by its work estimate."""
+        return any(weights.get(n) for n in PROMPT_SCORERS)
+
+    def acquire(self, endpoint_id: str, tokens: int = 0, req: PickInput | None = None) -> Sent:
+        """Counts a request sent to ``endpoint_id``: the prompt tokens its engine lacks (as the
+        pick for ``req`` counted them; without ``req``, the last pick's when it chose this
+        endpoint and nothing was acquired since, as a caller that acquires right after picking
+        gets; else ``tokens``) join the ledger's queued prefill until ``started``."""
+        if req is None and self._picked is not None and self._picked[0] == endpoint_id:
+            req = self._picked[1]
+        self._picked = None
+        prompt = len(req.prompt_tokens()) if req is not None and req.uncached is not None else tokens
+        ticket = Sent(endpoint_id, req.uncached if req is not None and req.uncached is not None else tokens, prompt)
         loc = self.local
+        loc.add("prefill_tokens", endpoint_id, ticket.uncached)
+        loc.add("prefill_requests", endpoint_id, 1)
         loc.inflight[endpoint_id] = loc.inflight.get(endpoint_id, 0) + 1
         loc.inflight_tokens[endpoint_id] = loc.inflight_tokens.get(endpoint_id, 0) + tokens
         loc.since_report[endpoint_id] = loc.since_report.get(endpoint_id, 0) + 1
+        return ticket
 
-    def release(self, endpoint_id: str, tokens: int = 0) -> None:
+    def started(self, ticket: Sent) -> None:
+        """Its first chunk came: its prefill is done, it decodes, holding its context."""
+        if ticket.started:
+            return
+        ticket.started = True
+        loc, eid = self.local, ticket.endpoint_id
+        loc.add("prefill_tokens", eid, -ticket.uncached)
+        loc.add("prefill_requests", eid, -1)
+        loc.add("decode_seqs", eid, 1)
+        loc.add("decode_tokens", eid, ticket.context)
+
+    def release(self, endpoint_id: str, tokens: int = 0, ticket: Sent | None = None) -> None:
         loc = self.local
+        ticket = ticket or Sent(endpoint_id, tokens, tokens)  # what ``acquire`` booked without a request
+        self.started(ticket)  # a request that ended before its first chunk leaves the queue too
+        loc.add("decode_seqs", endpoint_id, -1)
+        loc.add("decode_tokens", endpoint_id, -ticket.context)
         loc.since_report[endpoint_id] = loc.since_report.get(endpoint_id, 0) - 1
         for counts, n in ((loc.inflight, 1), (loc.inflight_tokens, tokens)):
             left = counts.get(endpoint_id, 0) - n

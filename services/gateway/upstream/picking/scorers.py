@@ -10,6 +10,7 @@ from hashlib import blake2b
 from typing import Literal, get_args
 
 from llmesh.gateway.upstream.picking.kvview import KvView
+from llmesh.gateway.upstream.picking.load import held_blocks
 from llmesh.gateway.upstream.picking.types import Endpoint, LocalState, PickInput
 
 
@@ -57,8 +58,7 @@ class PrefixAware:
         out = []
         for e in cands:
             s = e.kv_hash
-            out.append(0.0 if s is None else
-                       self._kv.matched(e.endpoint_id, req.block_hashes(s), req.now) * s.block_size / n)
+            out.append(0.0 if s is None else held_blocks(self._kv, e, req) * s.block_size / n)
         return out
 
 
@@ -122,8 +122,11 @@ class LoraAffinity:
 
 
 # The scorers' names, as a model policy's ``scorers`` (live config) names them.
-ScorerName = Literal["least_load", "token_aware", "prefix_aware", "session_affinity", "round_robin", "lora_affinity"]
+ScorerName = Literal["least_load", "token_aware", "prefix_aware", "session_affinity", "round_robin", "lora_affinity",
+                     "token_load", "kv_cost", "sticky_affinity"]
 SCORERS: tuple[ScorerName, ...] = get_args(ScorerName)
+# The scorers that read the prompt's tokens (the picker then also counts what the chosen engine lacks).
+PROMPT_SCORERS: tuple[ScorerName, ...] = ("prefix_aware", "token_load", "kv_cost", "sticky_affinity")
 
 # Routing policy name -> scorer weights; a model's ``scorers`` in live config replaces them.
 PRESETS: dict[str, dict[ScorerName, float]] = {
@@ -131,8 +134,16 @@ PRESETS: dict[str, dict[ScorerName, float]] = {
     "random": {},
     "round_robin": {"round_robin": 1.0},
     "token_aware": {"token_aware": 1.0},
-    # a whole cached prompt is worth what going from idle to 3 queued requests per slot costs
-    # (measured in bench.routing: 0.5 gave up cached prefixes too early at 80 % of saturation)
-    "prefix_aware": {"prefix_aware": 0.75, "least_load": 1.0},
+    # the prefix share, the prefill ahead of the first token (the load ledger: queued uncached tokens
+    # plus what this request lacks there, and a wait for a slot) and requests per slot; bench.routing's
+    # field workloads (issue 32, docs/benchmarks.md): TTFT p99 0.62-0.92x the re-implemented llm-d
+    # sticky-until-saturated's on shared prefix, code generation and agents, where the earlier blend
+    # (prefix_aware_v1) was 0.46-1.34x, and 1.13x least_loaded's on reasoning at 80 % (v1: 67x)
+    "prefix_aware": {"prefix_aware": 1.5, "token_load": 1.0, "least_load": 1.0},
+    # until issue 32: a whole cached prompt worth going from idle to 3 queued requests per slot
+    "prefix_aware_v1": {"prefix_aware": 0.75, "least_load": 1.0},
     "session_affinity": {"session_affinity": 1.0, "least_load": 0.1},
+    # re-implementations of the field's routers from their published descriptions (picking.load)
+    "llmd_sticky": {"sticky_affinity": 2.0, "token_load": 1.0},
+    "dynamo_kv": {"kv_cost": 1.0},
 }

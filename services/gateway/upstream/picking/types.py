@@ -45,8 +45,11 @@ class PickInput:
     filters: tuple[str, ...] = ()              # the policy's optional filters (OPTIONAL_FILTERS), in order
     embed: bool = False                        # an embeddings request: only embedding models' endpoints
     tools: bool = False                        # the request needs tool calling: only endpoints that call tools
+    uncached: int | None = None                # set by a pick: the prompt tokens the chosen engine lacks
     _tokens: Sequence[int] | None = field(default=None, repr=False)
     _hashes: dict[HashScheme, list[int]] = field(default_factory=dict, repr=False)
+    # endpoint -> leading blocks its engine holds, as counted during the current pick (cleared by each pick)
+    matched: dict[str, int] = field(default_factory=dict, repr=False)
 
     def prompt_tokens(self) -> Sequence[int]:
         if self._tokens is None:
@@ -82,6 +85,33 @@ class LocalState:
     inflight_tokens: dict[str, int] = field(default_factory=dict)
     since_report: dict[str, int] = field(default_factory=dict)
     down_until: dict[str, float] = field(default_factory=dict)
+    # The load ledger: per endpoint, the uncached prompt tokens (and their requests) this gateway
+    # sent and has not yet seen start (released at the first streamed chunk), and the sequences
+    # that started and have not ended with the tokens of context they hold (released at the end).
+    prefill_tokens: dict[str, int] = field(default_factory=dict)
+    prefill_requests: dict[str, int] = field(default_factory=dict)
+    decode_seqs: dict[str, int] = field(default_factory=dict)
+    decode_tokens: dict[str, int] = field(default_factory=dict)
+
+    def add(self, counts: str, endpoint_id: str, n: int) -> None:
+        """Adds ``n`` (negative: takes) to one of the ledger's counts; nothing below zero is kept."""
+        table: dict[str, int] = getattr(self, counts)
+        left = table.get(endpoint_id, 0) + n
+        if left > 0:
+            table[endpoint_id] = left
+        else:
+            table.pop(endpoint_id, None)
+
+    def queued_prefill(self, e: Endpoint, each: int) -> int:
+        """Uncached prompt tokens waiting to start there: ours exactly, from the ledger, and the
+        requests the last report shows waiting beyond ours at ``each`` tokens (a report that
+        lags counts ours as waiting still: never less than the ledger, never the report alone)."""
+        ours = self.prefill_requests.get(e.endpoint_id, 0)
+        return self.prefill_tokens.get(e.endpoint_id, 0) + max(e.waiting - ours, 0) * each
+
+    def decoding(self, e: Endpoint) -> int:
+        """Sequences decoding there: the last report's running ones or our ledger's, the more."""
+        return max(e.running, self.decode_seqs.get(e.endpoint_id, 0))
 
     def requests(self, e: Endpoint) -> int:
         """Running + waiting there now: the last report (all gateways' work) corrected by

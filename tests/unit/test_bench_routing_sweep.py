@@ -1,0 +1,79 @@
+"""The routing sweep: its calibration reads the sim's prefill rate back, reports reach the
+picker as late as the lag knob says, the ledger is booked and released per request, and a
+quick run of the whole sweep reports every figure for every policy."""
+
+import argparse
+import asyncio
+
+from bench.routing_field import run_field
+from bench.routing_sweep import MODEL, POLICIES, Fleet, Setup, calibrate_prefill, run_sim
+from bench.routing_workloads import Sessions
+from bench.virtual_time import VirtualTimeLoop
+from llmesh.engine.backends.sim import SimBackend, SimProfile
+from llmesh.types import Message
+
+
+def test_calibration_reads_back_the_engines_peak_prefill_rate():
+    assert abs(calibrate_prefill(SimProfile(prefill_ms_per_token=0.1, decode_ms_base=15, max_batch=8,
+                                            kv_blocks=4096)) - 10_000) < 100
+    assert abs(calibrate_prefill(SimProfile(prefill_ms_per_token=0.5, decode_ms_base=15, max_batch=8,
+                                            kv_blocks=4096)) - 2_000) < 20
+
+
+def test_reports_reach_the_picker_lag_seconds_late_and_the_ledger_does_not_wait():
+    profile = SimProfile(prefill_ms_per_token=1.0, decode_ms_base=10, max_batch=4, output_tokens=400)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        engines = {"engine-0": SimBackend(MODEL, 1 << 14, profile)}
+        fleet = Fleet(engines, "prefix_aware", Setup(engines=1, report_s=0.5, lag_s=1.0), profile)
+        reporter = asyncio.create_task(fleet.reporter())
+        t0 = loop.time()
+        serving = asyncio.create_task(fleet.serve([Message("user", " ".join(f"w{i}" for i in range(300)))], 400))
+        seen = []
+        for at in (0.05, 0.45, 0.9, 1.2, 1.6, 2.1):
+            await asyncio.sleep(t0 + at - loop.time())
+            e = fleet.picker.all()[0]
+            seen.append((at, e.running + e.waiting, fleet.picker.local.decode_seqs.get("engine-0", 0),
+                         fleet.picker.local.prefill_tokens.get("engine-0", 0)))
+        reporter.cancel()
+        await engines["engine-0"].close()
+        serving.cancel()
+        return seen
+
+    with asyncio.Runner(loop_factory=VirtualTimeLoop) as runner:
+        seen = runner.run(main())
+    # the ledger: ~303 uncached tokens queued at once, then a decoding sequence after its ~0.3 s prefill
+    assert seen[0][3] > 300 and seen[0][2] == 0 and seen[1][2] == 1 and seen[1][3] == 0
+    # the reports: the first taken at 0.5 s arrives at 1.5 s; before it the picker saw an idle engine
+    assert [s[1] for s in seen[:4]] == [0, 0, 0, 0] and seen[4][1] == 1 and seen[5][1] == 1
+
+
+def test_every_policy_runs_and_reports_its_figures():
+    sessions = Sessions("agentic", seed=2, scale=0.1)
+    for policy in (*POLICIES, "prefix_aware/noledger"):
+        r = run_sim(sessions, policy, 2.0, Setup(engines=2, duration_s=4.0, report_s=0.2))
+        assert r["requests"] > 5 and r["ttft_ms_p50"] > 0 and 0 < r["kv_hit_rate"] < 1, policy
+        assert r["input_tokens_s"] > 0 and r["throughput_req_s"] > 0
+
+
+def test_a_closed_loop_keeps_its_users_busy():
+    sessions = Sessions("reasoning", seed=2, scale=0.1)
+    r = run_sim(sessions, "least_loaded", 0.0, Setup(engines=2, duration_s=5.0, users=3))
+    assert r["requests"] >= 6 and r["offered_req_s"] > 0
+
+
+def test_a_quick_sweep_reports_every_cell_and_the_summary():
+    args = argparse.Namespace(quick=True, policies="round_robin,llmd_sticky,dynamo_kv,prefix_aware,prefix_oracle",
+                              loads="0.5,1.0", engines=2, report_s=0.5, lag_s=0.0, duration_s=60.0, seed=3,
+                              bisect=1, start_rate=4.0, workloads="shared_prefix", sticky_bound_s=0.2, no_peaks=True,
+                              lags="", lag_workloads="", closed_users=0)
+    out = run_field(args)
+    assert out["calibration"]["sticky_penalty_tokens"] == 2000 and out["duration_s"] == 10.0
+    (w,) = out["workloads"]
+    assert w["saturation"]["rate_sessions_per_s"] > 0 and len(w["results"]) == 2 * 5
+    assert {r["policy"] for r in w["results"]} == set(args.policies.split(","))
+    assert {"best_anchor", "p99_vs_best_anchor", "p99_vs_round_robin", "hit_vs_oracle"} <= set(out["summary"][0])
+    from bench.routing_report import markdown
+    assert markdown(out).count("| shared_prefix |") == 2 * 5
+    assert "re-implementation" in out["anchors"]["llmd_sticky"] and "re-implementation" in out["anchors"]["dynamo_kv"]
