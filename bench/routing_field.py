@@ -10,6 +10,7 @@ import time
 from dataclasses import asdict
 
 from bench.common import note
+from bench.routing_dynamo import dynamo_reference
 from bench.routing_report import closed_loop, lag_study, markdown, summary, workload
 from bench.routing_sweep import POLICIES, PROFILE, Setup, calibrate_prefill
 from bench.routing_workloads import WORKLOADS
@@ -54,6 +55,7 @@ def run_field(args: argparse.Namespace) -> dict:
                              "dynamo_kv": "re-implementation of Dynamo's KV router cost from its published "
                                           "description (overlap-weighted prefill blocks + active decode blocks)"},
                  "workloads": per, "summary": summary(per)}
+    out["dynamo_reference"] = dynamo_reference(per, setup, scale)
     if not quick:
         lags = [float(x) for x in args.lags.split(",") if x]
         out["lag_study"] = [r for n in args.lag_workloads.split(",") if n in names and lags

@@ -70,7 +70,10 @@ class Tokenizer:
 
 
 class Fleet:
-    """The engines, the gateway's picker and the (lagging) reports it gets."""
+    """The engines, the gateway's picker and the (lagging) reports it gets. ``sent``, when a
+    list: each request's (arrival, prompt tokens, max_tokens), for Dynamo's replay."""
+
+    sent: list[tuple[float, list[int], int]] | None = None
 
     def __init__(self, engines: dict[str, SimBackend], policy: str, setup: Setup, profile: SimProfile):
         self.engines, self.setup, self.profile = engines, setup, profile
@@ -116,6 +119,8 @@ class Fleet:
         """One request: its TTFT and its answer's words."""
         loop = asyncio.get_running_loop()
         tokens = self.tokenize(history)
+        if self.sent is not None:
+            self.sent.append((loop.time(), tokens, max_tokens))
         if self.oracle:
             self._deliver(self._snapshot())  # the exact cache and load of every engine, right now
         routing = "prefix_aware" if self.oracle else self.routing
@@ -195,7 +200,8 @@ async def _drive(fleet: Fleet, sessions: Sessions, rate: float, setup: Setup, ta
     await asyncio.gather(*tasks)
 
 
-async def run_one(sessions: Sessions, policy: str, rate: float, setup: Setup, profile: SimProfile) -> dict:
+async def run_one(sessions: Sessions, policy: str, rate: float, setup: Setup, profile: SimProfile,
+                  sent: list | None = None) -> dict:
     """One policy at one rate (sessions started per second; ignored for a closed loop).
     Throughput and ``sustained`` are measured over the second half of the window: sustained
     while the requests finished there keep up with those that arrived (98 %, less two
@@ -203,6 +209,7 @@ async def run_one(sessions: Sessions, policy: str, rate: float, setup: Setup, pr
     loop = asyncio.get_running_loop()
     engines = {f"engine-{i}": SimBackend(MODEL, 1 << 17, profile) for i in range(setup.engines)}
     fleet = Fleet(engines, policy, setup, profile)
+    fleet.sent = sent
     reporter = asyncio.create_task(fleet.reporter())
     tally, t0 = Tally(), loop.time()
     try:
@@ -224,9 +231,15 @@ async def run_one(sessions: Sessions, policy: str, rate: float, setup: Setup, pr
             "load_imbalance_max_over_mean": round(max(served) / max(sum(served) / len(served), 1e-9), 2)}
 
 
-def run_sim(sessions: Sessions, policy: str, rate: float, setup: Setup, profile: SimProfile = PROFILE) -> dict:
+def run_sim(sessions: Sessions, policy: str, rate: float, setup: Setup, profile: SimProfile = PROFILE,
+            sent: list | None = None) -> dict:
+    """``sent``: a list to record each request in (arrival s from the run's start, tokens, max_tokens)."""
     with asyncio.Runner(loop_factory=VirtualTimeLoop) as runner:
-        return runner.run(run_one(sessions, policy, rate, setup, profile))
+        out = runner.run(run_one(sessions, policy, rate, setup, profile, sent))
+    if sent:
+        t0 = sent[0][0]
+        sent[:] = [(t - t0, tokens, m) for t, tokens, m in sent]
+    return out
 
 
 def calibrate_prefill(profile: SimProfile = PROFILE, prompt_tokens: int = 2000) -> float:

@@ -77,3 +77,6 @@ def test_a_quick_sweep_reports_every_cell_and_the_summary():
     from bench.routing_report import markdown
     assert markdown(out).count("| shared_prefix |") == 2 * 5
     assert "re-implementation" in out["anchors"]["llmd_sticky"] and "re-implementation" in out["anchors"]["dynamo_kv"]
+    (ref,) = out["dynamo_reference"]  # the same workload replayed in Dynamo, where make bench-tools installed it
+    assert ref["requests"] > 0 and ref["llmesh"]["ttft_p99_rr_over_prefix_aware"] > 0
+    assert ref["dynamo"] == {"skipped": "make bench-tools not run"} or ref["dynamo"]["ttft_p99_ms_rr_over_kv"] > 0
