@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from llmesh.cache.roles import arguments, ask, swapped_roles, times
+
 # --- numbers ---------------------------------------------------------------------------------
 _DIGITS = re.compile(r"(?<![\w.])[-+]?\d+(?:[,，]\d{3})*(?:\.\d+)?|\d+(?:\.\d+)?")
 _WORD_NUMBERS = {
@@ -191,6 +193,12 @@ _ZH_FUNCTION = frozenset("的了吗呢吧啊呀么是在我你他她它们这那
                          "知道需要应当可否啥吗嘛呗之其所以因此但是而且并且如果就是还是或者然后以及关于一个")
 
 
+def _phrases(lowered: str) -> str:
+    for phrase, token in _PHRASES:
+        lowered = lowered.replace(phrase, token)
+    return lowered
+
+
 def _stem(word: str) -> str:
     word = word.removesuffix("'s")
     if len(word) > 4 and word.endswith("ies"):
@@ -215,13 +223,13 @@ class Features:
     symbols: str               # the code-like punctuation, in order
     cjk_content: frozenset[str]  # Chinese content characters (function characters left out)
     cjk: bool
+    roles: frozenset[tuple[str, str]]  # (direction marker, the content word after it)
+    times: frozenset[str]      # the time classes named (yesterday, next month, 上午 ...)
 
 
 def extract(text: str) -> Features:
     text = text.replace("’", "'")
-    lowered = text.lower()
-    for phrase, token in _PHRASES:
-        lowered = lowered.replace(phrase, token)
+    lowered = _phrases(text.lower())
     latin = _LATIN_WORD.findall(text)
     tokens = set(_TOKEN.findall(lowered)) | {w.lower() for w in latin}
     measured = _QUESTION_UNITS.sub(" ", lowered)
@@ -234,8 +242,11 @@ def extract(text: str) -> Features:
             (c for w, c in _UNIT_WORDS.items() if not w.isascii() and unit.startswith(w)), None)
         if cls is not None:
             quantities.add((float(value), cls))
-    directions = {_DIRECTION_WORDS[t] for t in tokens if t in _DIRECTION_WORDS}
-    directions |= {c for w, c in _DIRECTION_WORDS.items() if not w.isascii() and w in text}
+    asked = ask(text)  # directions, times and roles: of the question, not of the context around it
+    asked_low = lowered if asked == text else _phrases(asked.lower())
+    asked_tokens = set(_TOKEN.findall(asked_low)) | {w.lower() for w in _LATIN_WORD.findall(asked)}
+    directions = {_DIRECTION_WORDS[t] for t in asked_tokens if t in _DIRECTION_WORDS}
+    directions |= {c for w, c in _DIRECTION_WORDS.items() if not w.isascii() and w in asked}
     scope = {_SCOPE_WORDS[t] for t in tokens if t in _SCOPE_WORDS}
     scope |= {c for w, c in _SCOPE_WORDS.items() if not w.isascii() and w in text}
     zh = _ZH_NOT_NEGATION.sub("", text)
@@ -256,7 +267,7 @@ def extract(text: str) -> Features:
     cjk_content = frozenset(c for c in _CJK.findall(text) if c not in _ZH_FUNCTION)
     return Features(numbers(lowered, [w.lower() for w in latin]), frozenset(quantities), frozenset(units), negated,
                     frozenset(directions), frozenset(scope), frozenset(names), words, content, code, symbols,
-                    cjk_content, has_cjk)
+                    cjk_content, has_cjk, arguments(asked, asked_low, _EN_FUNCTION, _stem), times(asked, asked_low))
 
 
 def refusal(a: Features, b: Features) -> str | None:
@@ -265,9 +276,12 @@ def refusal(a: Features, b: Features) -> str | None:
         return "number"
     if a.units != b.units or a.quantities != b.quantities:
         return "unit"
+    if a.times != b.times:
+        return "time"
     if a.negated != b.negated:
         return "negation"
-    if a.directions != b.directions:
+    if a.directions != b.directions or swapped_roles(a.roles, a.words | a.cjk_content, b.roles,
+                                                     b.words | b.cjk_content):
         return "direction"
     if a.scope != b.scope:
         return "scope"
