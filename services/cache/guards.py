@@ -10,7 +10,7 @@ Each guard is a feature extracted once per text; a match needs equal features.""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from llmesh.cache.roles import arguments, ask, swapped_roles, times
 
@@ -225,10 +225,21 @@ class Features:
     cjk: bool
     roles: frozenset[tuple[str, str]]  # (direction marker, the content word after it)
     times: frozenset[str]      # the time classes named (yesterday, next month, 上午 ...)
+    whole: Features | None = None  # the whole text's, where it holds more than the asking sentence
 
 
 def extract(text: str) -> Features:
+    """The guards' features of the asking sentence (``roles.ask``), with the words of the whole text;
+    where the text has more (context, pleasantries), the whole text's features in ``whole``."""
     text = text.replace("’", "'")
+    asked = ask(text)
+    if asked.strip() == text.strip():
+        return _extract(text)
+    part, whole = _extract(asked), _extract(text)
+    return replace(part, words=whole.words, content=whole.content, cjk_content=whole.cjk_content, whole=whole)
+
+
+def _extract(text: str) -> Features:
     lowered = _phrases(text.lower())
     latin = _LATIN_WORD.findall(text)
     tokens = set(_TOKEN.findall(lowered)) | {w.lower() for w in latin}
@@ -242,11 +253,8 @@ def extract(text: str) -> Features:
             (c for w, c in _UNIT_WORDS.items() if not w.isascii() and unit.startswith(w)), None)
         if cls is not None:
             quantities.add((float(value), cls))
-    asked = ask(text)  # directions, times and roles: of the question, not of the context around it
-    asked_low = lowered if asked == text else _phrases(asked.lower())
-    asked_tokens = set(_TOKEN.findall(asked_low)) | {w.lower() for w in _LATIN_WORD.findall(asked)}
-    directions = {_DIRECTION_WORDS[t] for t in asked_tokens if t in _DIRECTION_WORDS}
-    directions |= {c for w, c in _DIRECTION_WORDS.items() if not w.isascii() and w in asked}
+    directions = {_DIRECTION_WORDS[t] for t in tokens if t in _DIRECTION_WORDS}
+    directions |= {c for w, c in _DIRECTION_WORDS.items() if not w.isascii() and w in text}
     scope = {_SCOPE_WORDS[t] for t in tokens if t in _SCOPE_WORDS}
     scope |= {c for w, c in _SCOPE_WORDS.items() if not w.isascii() and w in text}
     zh = _ZH_NOT_NEGATION.sub("", text)
@@ -267,11 +275,15 @@ def extract(text: str) -> Features:
     cjk_content = frozenset(c for c in _CJK.findall(text) if c not in _ZH_FUNCTION)
     return Features(numbers(lowered, [w.lower() for w in latin]), frozenset(quantities), frozenset(units), negated,
                     frozenset(directions), frozenset(scope), frozenset(names), words, content, code, symbols,
-                    cjk_content, has_cjk, arguments(asked, asked_low, _EN_FUNCTION, _stem), times(asked, asked_low))
+                    cjk_content, has_cjk, arguments(text, lowered, _EN_FUNCTION, _stem), times(text, lowered))
 
 
 def refusal(a: Features, b: Features) -> str | None:
-    """None if the two questions may share an answer, else the guard that refused."""
+    """None if the two questions may share an answer, else the guard that refused. Two questions
+    that both carry context are compared whole; context only one of them adds is detail around the
+    same question (its words still count: the content guard refuses a swapped one)."""
+    if a.whole is not None and b.whole is not None:
+        return refusal(a.whole, b.whole)
     if a.numbers != b.numbers:
         return "number"
     if a.units != b.units or a.quantities != b.quantities:

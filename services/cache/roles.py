@@ -14,6 +14,7 @@ numbers are: equal or refused."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 # English markers whose object names a role: source, target, the compared side, the unit asked in
 _EN_MARKERS = frozenset("from to into onto towards toward than in for per versus vs via".split())
@@ -37,7 +38,7 @@ def ask(text: str) -> str:
     return (asking or sentences)[-1]
 
 
-def _en_arguments(lowered: str, function: frozenset[str], stem) -> frozenset[tuple[str, str]]:
+def _en_arguments(lowered: str, function: frozenset[str], stem: Callable[[str], str]) -> frozenset[tuple[str, str]]:
     tokens = [_ARROWS.sub("to", t) if _ARROWS.fullmatch(t) else t for t in _WORD.findall(lowered)]
     found = set()
     for i, t in enumerate(tokens):
@@ -72,7 +73,8 @@ def _zh_arguments(text: str) -> frozenset[tuple[str, str]]:
     return frozenset(found)
 
 
-def arguments(text: str, lowered: str, function: frozenset[str], stem) -> frozenset[tuple[str, str]]:
+def arguments(text: str, lowered: str, function: frozenset[str],
+              stem: Callable[[str], str]) -> frozenset[tuple[str, str]]:
     """(marker, argument) pairs: the first content word (Chinese: character) after each marker."""
     return _en_arguments(lowered, function, stem) | _zh_arguments(text)
 

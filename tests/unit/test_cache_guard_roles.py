@@ -62,3 +62,15 @@ def test_the_asking_sentence_leaves_out_context_and_greetings():
     # a time or side named in the context, not in the question, is not refused
     assert _refused("How do I descale a kettle?",
                     "hi, I spent the weekend cleaning. How do I descale a kettle?") is None
+
+
+def test_context_only_one_side_adds_is_left_out_of_the_guards():
+    short = "How do I oil a bicycle chain?"
+    chatty = "Ugh, it is 3am and my Raleigh squeaks all week. How do I oil a bicycle chain? Thanks!"
+    assert extract(chatty).whole is not None and extract(short).whole is None
+    assert _refused(short, chatty) is None
+    # both with context: compared whole, so the contexts' figures count
+    assert _refused("My bike is from 2019. How do I oil a bicycle chain?",
+                    "My bike is from 2021. How do I oil a bicycle chain?") == "number"
+    # a word the context swaps in the question still counts for the content guard
+    assert _refused("How do I oil a bicycle chain?", "It squeaks. How do I oil a scooter chain?") == "content"
