@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
+from llmesh.cache.lexical import swapped
 from llmesh.cache.roles import arguments, ask, swapped_roles, times
 
 # --- numbers ---------------------------------------------------------------------------------
@@ -187,10 +188,13 @@ is it okay ok hi hello hey yes no not do don't does doesn't can't cannot
 _EN_FUNCTION = _COMMON | frozenset("""into than then so very much many more most less least also just only
 ever even still again out up down over under off one ones thing things way ways someone something anything
 need needs want wants like best good better steps step mean means meaning kind sort type common usual happen
+they them their he she him her his us
+know understand wonder wondering inform advise kindly whether wish appreciate inquire curious
 """.split())
+# register: verbs and adverbs of a polite request ("I would like to know whether ...") carry no content
 _ZH_FUNCTION = frozenset("的了吗呢吧啊呀么是在我你他她它们这那有个和与及或请问一下能可以会要想应该该如何怎样么什"
                          "为谁哪些里中上下来去到对把被给让用从就都也还又很太更最多少几点时候怎办告诉帮助说明解释介绍"
-                         "知道需要应当可否啥吗嘛呗之其所以因此但是而且并且如果就是还是或者然后以及关于一个")
+                         "知道需要应当可否啥吗嘛呗之其所以因此但是而且并且如果就是还是或者然后以及关于一个咋")
 
 
 def _phrases(lowered: str) -> str:
@@ -268,7 +272,8 @@ def _extract(text: str) -> Features:
         if (proper or mixed or has_cjk) and low not in _COMMON and low not in _UNIT_WORDS:
             names.add(_stem(low))
     words = frozenset(_stem(w.lower()) for w in latin)
-    content = frozenset(w for w in words if w not in _EN_FUNCTION and w not in _UNIT_WORDS
+    words_seen = frozenset(w.lower() for w in latin) - _EN_FUNCTION  # "does" is function, its stem "doe" is not
+    content = frozenset(w for w in map(_stem, words_seen) if w not in _EN_FUNCTION and w not in _UNIT_WORDS
                         and w not in _DIRECTION_WORDS and w not in _SCOPE_WORDS and w not in _WORD_NUMBERS)
     code = _code(text)
     symbols = "".join(_SYMBOLS.findall(text))
@@ -301,7 +306,7 @@ def refusal(a: Features, b: Features) -> str | None:
         return "entity"
     if a.code != b.code or a.symbols != b.symbols:
         return "code"
-    if _swapped(a.content, b.content):
+    if swapped(a.content, b.content):
         return "content"
     if a.cjk and b.cjk and _swapped(a.cjk_content, b.cjk_content):
         return "content"
