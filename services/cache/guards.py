@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
-from llmesh.cache.lexical import swapped
+from llmesh.cache.lexical import covered, extra, poles_conflict, swapped
 from llmesh.cache.roles import arguments, ask, swapped_roles, times
 
 # --- numbers ---------------------------------------------------------------------------------
@@ -217,7 +217,7 @@ class Features:
     numbers: tuple[float, ...]
     quantities: frozenset[tuple[float, str]]  # a number and the unit written right after it
     units: frozenset[str]
-    negated: bool
+    negations: int             # how many negations ("支持无理由" holds one, "不支持无理由" two)
     directions: frozenset[str]
     scope: frozenset[str]
     names: frozenset[str]      # lower-cased proper nouns, acronyms, mixed-case terms
@@ -262,7 +262,7 @@ def _extract(text: str) -> Features:
     scope = {_SCOPE_WORDS[t] for t in tokens if t in _SCOPE_WORDS}
     scope |= {c for w, c in _SCOPE_WORDS.items() if not w.isascii() and w in text}
     zh = _ZH_NOT_NEGATION.sub("", text)
-    negated = bool(_NEGATION.search(lowered)) or bool(_ZH_NEGATION.search(zh)) or "无法" in text
+    negations = len(_NEGATION.findall(lowered)) + len(_ZH_NEGATION.findall(zh))
     has_cjk = bool(_CJK.search(text))
     names = set()
     for i, w in enumerate(latin):
@@ -278,7 +278,7 @@ def _extract(text: str) -> Features:
     code = _code(text)
     symbols = "".join(_SYMBOLS.findall(text))
     cjk_content = frozenset(c for c in _CJK.findall(text) if c not in _ZH_FUNCTION)
-    return Features(numbers(lowered, [w.lower() for w in latin]), frozenset(quantities), frozenset(units), negated,
+    return Features(numbers(lowered, [w.lower() for w in latin]), frozenset(quantities), frozenset(units), negations,
                     frozenset(directions), frozenset(scope), frozenset(names), words, content, code, symbols,
                     cjk_content, has_cjk, arguments(text, lowered, _EN_FUNCTION, _stem), times(text, lowered))
 
@@ -295,25 +295,39 @@ def refusal(a: Features, b: Features) -> str | None:
         return "unit"
     if a.times != b.times:
         return "time"
-    if a.negated != b.negated:
+    if a.negations != b.negations:
         return "negation"
-    if a.directions != b.directions or swapped_roles(a.roles, a.words | a.cjk_content, b.roles,
-                                                     b.words | b.cjk_content):
+    if a.directions != b.directions and _direction_differs(a, b):
+        return "direction"
+    if swapped_roles(a.roles, a.words | a.cjk_content, b.roles, b.words | b.cjk_content):
         return "direction"
     if a.scope != b.scope:
         return "scope"
-    if not (a.names <= b.words and b.names <= a.words):
+    if not (covered(a.names, b.words) and covered(b.names, a.words)):
         return "entity"
     if a.code != b.code or a.symbols != b.symbols:
         return "code"
     if swapped(a.content, b.content):
         return "content"
-    if a.cjk and b.cjk and _swapped(a.cjk_content, b.cjk_content):
+    if a.cjk and b.cjk and swapped(a.cjk_content, b.cjk_content):
         return "content"
     return None
 
 
-def _swapped(a: frozenset[str], b: frozenset[str]) -> bool:
-    """Paraphrases mostly reorder, add or drop words; a question that swaps a content
-    word for another (cats -> dogs, 北京 -> 上海) asks something else."""
-    return bool(a - b) and bool(b - a)
+def _direction_differs(a: Features, b: Features) -> bool:
+    """Opposite poles of one scale (enable/disable) differ; a direction word only one question
+    holds differs where the other holds a content word in its place (remove -> eliminate), not
+    where it only lacks it (context, a pleasantry: "am I right?")."""
+    if poles_conflict(a.directions, b.directions):
+        return True
+    a_more, b_more = a.directions - b.directions, b.directions - a.directions
+    if a_more and b_more:  # one direction word swapped for another
+        return True
+    return (bool(a_more) and _adds(b, a)) or (bool(b_more) and _adds(a, b))
+
+
+def _adds(a: Features, b: Features) -> bool:
+    """a holds a content word b has no near twin of."""
+    if a.cjk and b.cjk and a.cjk_content - b.cjk_content:
+        return True
+    return bool(extra(a.content, b.content))

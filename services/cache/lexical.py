@@ -43,13 +43,35 @@ def near(a: str, b: str) -> bool:
     return edits(a, b, 2 if len(short) >= 8 else 1) <= (2 if len(short) >= 8 else 1)
 
 
+def extra(a: frozenset[str], b: frozenset[str]) -> frozenset[str]:
+    """a's words b lacks and has no near twin of (all of them past ``MAX_PAIRING``)."""
+    only_a, only_b = a - b, b - a
+    if len(only_a) > MAX_PAIRING or len(only_b) > MAX_PAIRING:
+        return only_a
+    return frozenset(w for w in only_a if not any(near(w, v) for v in only_b))
+
+
 def swapped(a: frozenset[str], b: frozenset[str]) -> bool:
     """Each side holds a content word the other lacks, with no near twin there."""
-    only_a, only_b = a - b, b - a
-    if not only_a or not only_b:
+    return bool(a - b) and bool(b - a) and bool(extra(a, b)) and bool(extra(b, a))
+
+
+def covered(names: frozenset[str], words: frozenset[str]) -> bool:
+    """Every name is among words, or has a near twin there (a misspelt or inflected name)."""
+    missing = names - words
+    if len(missing) > MAX_PAIRING:
         return False
-    if len(only_a) > MAX_PAIRING or len(only_b) > MAX_PAIRING:
-        return True
-    left_a = {w for w in only_a if not any(near(w, v) for v in only_b)}
-    left_b = {w for w in only_b if not any(near(w, v) for v in only_a)}
-    return bool(left_a) and bool(left_b)
+    return all(any(near(n, w) for w in words) for n in missing)
+
+
+def poles_conflict(a: frozenset[str], b: frozenset[str]) -> bool:
+    """Direction classes (``amount+``, ``amount-``, ``compass_n`` ...) pointing opposite ways: a
+    scale both name, at different poles."""
+    def scales(classes: frozenset[str]) -> dict[str, set[str]]:
+        out: dict[str, set[str]] = {}
+        for c in classes:
+            base = c.split("_")[0] if "_" in c else c.rstrip("+-")
+            out.setdefault(base, set()).add(c)
+        return out
+    sa, sb = scales(a), scales(b)
+    return any(sa[s] != sb[s] for s in sa.keys() & sb.keys())

@@ -44,3 +44,35 @@ def test_long_words_are_not_paired_by_edits():
     blob = "q" * 5000
     assert not near(blob + "a", blob + "b")
     assert swapped(frozenset({blob + "a", "tree"}), frozenset({blob + "b", "tree"}))
+
+
+def test_covered_names_allow_a_near_twin():
+    from llmesh.cache.lexical import covered
+    assert covered(frozenset({"marseille"}), frozenset({"marseile", "port"}))
+    assert not covered(frozenset({"marseille"}), frozenset({"lyon", "port"}))
+
+
+def test_poles_conflict_on_a_shared_scale_only():
+    from llmesh.cache.lexical import poles_conflict
+    assert poles_conflict(frozenset({"toggle+"}), frozenset({"toggle-"}))
+    assert poles_conflict(frozenset({"compass_n"}), frozenset({"compass_e"}))
+    assert not poles_conflict(frozenset({"toggle+"}), frozenset({"toggle+", "temp-"}))
+    assert not poles_conflict(frozenset({"toggle+"}), frozenset())
+
+
+def test_direction_words_one_side_lacks():
+    # opposite poles, and one direction word in place of another, are refused
+    assert refusal(extract("How do I encrypt a zip archive?"),
+                   extract("How do I decrypt a zip archive?")) == "direction"
+    assert refusal(extract("How do I raise the awning?"), extract("How do I lower the awning?")) == "direction"
+    # a direction word in a pleasantry the other question lacks is not
+    assert refusal(extract("hey, am I right that you know? how do I waterproof boots?"),
+                   extract("How do I waterproof boots?")) is None
+    # ... but one the other replaces with a content word is
+    assert refusal(extract("How do I install the wallpaper?"), extract("How do I hang the wallpaper?")) == "direction"
+
+
+def test_negations_are_counted():
+    assert extract("哪些背包支持无条件换货").negations == 1
+    assert refusal(extract("哪些背包支持无条件换货？"), extract("哪些背包不支持无条件换货？")) == "negation"
+    assert refusal(extract("Why won't the blender start?"), extract("Why doesn't the blender start?")) is None
