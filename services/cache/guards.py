@@ -130,13 +130,13 @@ _DIRECTION_WORDS = _classes({
 })
 
 _SCOPE_WORDS = _classes({
-    "all": ("all", "every", "each", "entire", "whole", "everything",
+    "all": ("all", "every", "each", "entire", "whole", "everything", "everyone", "everybody",
             "所有", "全部", "每个", "每", "整个", "各", "一切"),
     "some": ("some", "several", "few", "一些", "部分", "几个", "某些"),
     "only": ("only", "just", "solely", "仅", "只", "仅仅", "唯一", "只有"),
     "first": ("first", "initial", "第一", "首个", "首次", "第一个"),
     "last": ("last", "final", "最后", "最后一个", "末尾"),
-    "any": ("any", "任何", "任意"),
+    "any": ("any", "anyone", "anybody", "anything", "任何", "任意"),
     "both": ("both", "两者", "两个都"),
     "average": ("average", "平均"),
     "total": ("total", "overall", "altogether", "总共", "总计", "一共", "总"),

@@ -4,7 +4,7 @@
 A paraphrase adds, drops or reorders words; one that holds a word the other lacks on BOTH sides
 asks something else, unless each such word has a near twin on the other side: one edit apart
 (insertion, deletion, substitution or adjacent transposition: the common typos) for words of 5
-letters or more, two for 8 or more, or one word the other's prefix with at most 3 letters more
+letters or more, two for 10 or more, or one word the other's prefix with at most 3 letters more
 (an inflection: charge/charged). Few words differ between paraphrases: past ``MAX_PAIRING``
 differing words on a side, no pairing is tried (and the texts are taken to differ)."""
 
@@ -40,7 +40,8 @@ def near(a: str, b: str) -> bool:
         return True
     if not (a.isalpha() and b.isalpha()) or a[0] != b[0] or len(short) < 5 or len(long_) > MAX_WORD:
         return False
-    return edits(a, b, 2 if len(short) >= 8 else 1) <= (2 if len(short) >= 8 else 1)
+    cap = 2 if len(short) >= 10 else 1
+    return edits(a, b, cap) <= cap
 
 
 def extra(a: frozenset[str], b: frozenset[str]) -> frozenset[str]:

@@ -74,3 +74,8 @@ def test_context_only_one_side_adds_is_left_out_of_the_guards():
                     "My bike is from 2021. How do I oil a bicycle chain?") == "number"
     # a word the context swaps in the question still counts for the content guard
     assert _refused("How do I oil a bicycle chain?", "It squeaks. How do I oil a scooter chain?") == "content"
+
+
+def test_everyone_and_anyone_are_scope_words():
+    assert _refused("How do I reset my locker code?", "How do I reset the locker codes for everyone here?") == "scope"
+    assert extract("does anyone sell kites").scope == {"any"}

@@ -16,7 +16,8 @@ def test_near_twins():
     assert near("telescpe", "telescope")
     assert near("recieve", "receive")
     assert near("harvest", "harvested")     # an inflection: the prefix with at most 3 letters more
-    assert near("compatibilty", "compatability")  # two edits allowed from 8 letters on
+    assert near("compatibilty", "compatability")  # two edits allowed from 10 letters on
+    assert not near("tasmania", "tanzania")    # but one only under 10
     assert not near("otter", "oyster")      # two edits in a short word
     assert not near("ferry", "berry")       # typos keep the first letter
     assert not near("tram", "trap")         # under 5 letters only the prefix rule applies
