@@ -28,14 +28,20 @@ _WORD = re.compile(r"[a-z][a-z0-9+#]*|->|=>|→|⇒|\d+")
 _SENTENCE_END = re.compile(r"(?<=[!?。！？])\s*|(?<=[.;；])\s+|\n+")
 _GREETING = re.compile(r"\bgood (?:morning|afternoon|evening|night|day)\b|早上好|早安|上午好|中午好|下午好|晚上好|晚安")
 
+_ASK_LEAD = re.compile(r"请问|想问一下|想问|问一下|请教一下|请教|：|:\s")
+
 
 def ask(text: str) -> str:
-    """The last sentence that asks (ends in ? or ？), else the last sentence; greetings left out."""
+    """The last sentence that asks (ends in ? or ？), else the last sentence, from its last lead-in
+    (请问, 想问, a colon) on; greetings left out."""
     sentences = [s for s in _SENTENCE_END.split(_GREETING.sub(" ", text)) if s.strip(" ,，.。!！")]
     if not sentences:
         return text
     asking = [s for s in sentences if s.rstrip().endswith(("?", "？"))]
-    return (asking or sentences)[-1]
+    sentence = (asking or sentences)[-1]
+    lead = list(_ASK_LEAD.finditer(sentence))  # "..., 请问 X？", "here goes: X?": the ask is X
+    rest = sentence[lead[-1].end():] if lead else ""
+    return rest if rest.strip(" ?？") else sentence
 
 
 def _en_arguments(lowered: str, function: frozenset[str], stem: Callable[[str], str]) -> frozenset[tuple[str, str]]:

@@ -79,3 +79,11 @@ def test_context_only_one_side_adds_is_left_out_of_the_guards():
 def test_everyone_and_anyone_are_scope_words():
     assert _refused("How do I reset my locker code?", "How do I reset the locker codes for everyone here?") == "scope"
     assert extract("does anyone sell kites").scope == {"any"}
+
+
+def test_the_ask_starts_after_its_lead_in():
+    assert ask("你好，我昨天刚搬家，请问燃气怎么开通？") == "燃气怎么开通？"
+    assert ask("Long story, short version: how do I patch a tent?") == "how do I patch a tent?"
+    assert ask("How do I use std::map in C++?") == "How do I use std::map in C++?"
+    assert ask("请问？") == "请问？"  # nothing after the lead-in: the sentence stays
+    assert _refused("燃气怎么开通？", "你好，我昨天刚搬家，请问燃气怎么开通？") is None
