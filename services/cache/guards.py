@@ -27,6 +27,8 @@ _WORD_NUMBERS = {
 _ZH_DIGITS = {"零": 0, "〇": 0, "一": 1, "二": 2, "两": 2, "三": 3, "四": 4, "五": 5, "六": 6, "七": 7, "八": 8,
               "九": 9}
 _ZH_UNITS = {"十": 10, "百": 100, "千": 1000, "万": 10_000, "亿": 100_000_000}
+# "how one applies", "should one tip": after these words "one" is the pronoun, not the figure
+_ONE_AS_PRONOUN = frozenset("how can could should would may might must does do will where when why".split())
 _ZH_NUMBER = re.compile(r"[零〇一二两三四五六七八九十百千万亿]+")
 # "一" alone is mostly the article "a" (一个, 一下); it counts only beside another numeral.
 
@@ -49,7 +51,8 @@ def _zh_value(s: str) -> float:
 
 def numbers(text: str, words: list[str]) -> tuple[float, ...]:
     found = [float(m.replace(",", "").replace("，", "")) for m in _DIGITS.findall(text)]
-    found += [float(_WORD_NUMBERS[w]) for w in words if w in _WORD_NUMBERS]
+    found += [float(_WORD_NUMBERS[w]) for i, w in enumerate(words) if w in _WORD_NUMBERS
+              and not (w == "one" and i and words[i - 1] in _ONE_AS_PRONOUN)]
     for m in _ZH_NUMBER.finditer(text):
         s = m.group()
         if s in ("一", "万", "千", "百", "十", "亿"):
@@ -146,7 +149,8 @@ _NEGATION = re.compile(r"\b(?:not|no|never|none|nothing|nobody|neither|nor|canno
                        r"|n't\b")
 _ZH_NEGATION = re.compile(r"不|没|无|未|别|非|勿|莫|否")
 # questions of the form A-not-A (是不是, 能不能, 有没有) and 是否/能否 ask, they do not deny
-_ZH_NOT_NEGATION = re.compile(r"(.)[不没]\1|是否|能否|可否|与否|要否|不同|无论|不管|非常|无线|别人|别的|区别")
+_ZH_NOT_NEGATION = re.compile(r"(.)[不没]\1|是否|能否|可否|与否|要否|不同|无论|不管|非常|无线|别人|别的|区别"
+                              r"|[不没](?=\s*[?？]|\s*$)")  # 能调休不？: a closing 不 asks, like 吗
 # question phrases that name a unit without measuring in it ("what year", "哪一年")
 _QUESTION_UNITS = re.compile(r"\b(?:what|which) (?:year|day|month|time)\b|哪一?年|哪一?天|几点|什么时候")
 

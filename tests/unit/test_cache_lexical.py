@@ -77,3 +77,10 @@ def test_negations_are_counted():
     assert extract("哪些背包支持无条件换货").negations == 1
     assert refusal(extract("哪些背包支持无条件换货？"), extract("哪些背包不支持无条件换货？")) == "negation"
     assert refusal(extract("Why won't the blender start?"), extract("Why doesn't the blender start?")) is None
+
+
+def test_one_as_a_pronoun_and_a_closing_bu_are_not_figures_or_negations():
+    assert extract("How should one season a wok?").numbers == ()
+    assert extract("Is one wok enough?").numbers == (1.0,)
+    assert extract("周末能加班不？").negations == 0
+    assert extract("周末不能加班吗？").negations == 1
