@@ -5,7 +5,11 @@ and "disable" questions, at 0.88-0.91: above many true paraphrases. So two
 questions only share an answer when what such near-misses differ in is equal:
 numbers, units, negation, direction words (enable/disable, max/min, ...), scope
 words (all/only/first/...), names, code, and (Chinese) the content characters.
-Each guard is a feature extracted once per text; a match needs equal features."""
+Each guard is a feature extracted once per text; a match needs equal features.
+Also: the time named (``roles.times``), and roles exchanged around direction markers
+("from A to B" / "from B to A", ``roles.swapped_roles``). The features are read from the asking
+sentence (``roles.ask``); context only one question adds is left out, and content words pair
+their typos and inflections (``lexical``) before two questions are said to swap one."""
 
 from __future__ import annotations
 
