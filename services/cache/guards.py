@@ -5,12 +5,19 @@ and "disable" questions, at 0.88-0.91: above many true paraphrases. So two
 questions only share an answer when what such near-misses differ in is equal:
 numbers, units, negation, direction words (enable/disable, max/min, ...), scope
 words (all/only/first/...), names, code, and (Chinese) the content characters.
-Each guard is a feature extracted once per text; a match needs equal features."""
+Each guard is a feature extracted once per text; a match needs equal features.
+Also: the time named (``roles.times``), and roles exchanged around direction markers
+("from A to B" / "from B to A", ``roles.swapped_roles``). The features are read from the asking
+sentence (``roles.ask``); context only one question adds is left out, and content words pair
+their typos and inflections (``lexical``) before two questions are said to swap one."""
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from llmesh.cache.lexical import covered, extra, poles_conflict, swapped
+from llmesh.cache.roles import arguments, ask, swapped_roles, times
 
 # --- numbers ---------------------------------------------------------------------------------
 _DIGITS = re.compile(r"(?<![\w.])[-+]?\d+(?:[,，]\d{3})*(?:\.\d+)?|\d+(?:\.\d+)?")
@@ -24,6 +31,8 @@ _WORD_NUMBERS = {
 _ZH_DIGITS = {"零": 0, "〇": 0, "一": 1, "二": 2, "两": 2, "三": 3, "四": 4, "五": 5, "六": 6, "七": 7, "八": 8,
               "九": 9}
 _ZH_UNITS = {"十": 10, "百": 100, "千": 1000, "万": 10_000, "亿": 100_000_000}
+# "how one applies", "should one tip": after these words "one" is the pronoun, not the figure
+_ONE_AS_PRONOUN = frozenset("how can could should would may might must does do will where when why".split())
 _ZH_NUMBER = re.compile(r"[零〇一二两三四五六七八九十百千万亿]+")
 # "一" alone is mostly the article "a" (一个, 一下); it counts only beside another numeral.
 
@@ -46,7 +55,8 @@ def _zh_value(s: str) -> float:
 
 def numbers(text: str, words: list[str]) -> tuple[float, ...]:
     found = [float(m.replace(",", "").replace("，", "")) for m in _DIGITS.findall(text)]
-    found += [float(_WORD_NUMBERS[w]) for w in words if w in _WORD_NUMBERS]
+    found += [float(_WORD_NUMBERS[w]) for i, w in enumerate(words) if w in _WORD_NUMBERS
+              and not (w == "one" and i and words[i - 1] in _ONE_AS_PRONOUN)]
     for m in _ZH_NUMBER.finditer(text):
         s = m.group()
         if s in ("一", "万", "千", "百", "十", "亿"):
@@ -127,13 +137,13 @@ _DIRECTION_WORDS = _classes({
 })
 
 _SCOPE_WORDS = _classes({
-    "all": ("all", "every", "each", "entire", "whole", "everything",
+    "all": ("all", "every", "each", "entire", "whole", "everything", "everyone", "everybody",
             "所有", "全部", "每个", "每", "整个", "各", "一切"),
     "some": ("some", "several", "few", "一些", "部分", "几个", "某些"),
     "only": ("only", "just", "solely", "仅", "只", "仅仅", "唯一", "只有"),
     "first": ("first", "initial", "第一", "首个", "首次", "第一个"),
     "last": ("last", "final", "最后", "最后一个", "末尾"),
-    "any": ("any", "任何", "任意"),
+    "any": ("any", "anyone", "anybody", "anything", "任何", "任意"),
     "both": ("both", "两者", "两个都"),
     "average": ("average", "平均"),
     "total": ("total", "overall", "altogether", "总共", "总计", "一共", "总"),
@@ -143,7 +153,8 @@ _NEGATION = re.compile(r"\b(?:not|no|never|none|nothing|nobody|neither|nor|canno
                        r"|n't\b")
 _ZH_NEGATION = re.compile(r"不|没|无|未|别|非|勿|莫|否")
 # questions of the form A-not-A (是不是, 能不能, 有没有) and 是否/能否 ask, they do not deny
-_ZH_NOT_NEGATION = re.compile(r"(.)[不没]\1|是否|能否|可否|与否|要否|不同|无论|不管|非常|无线|别人|别的|区别")
+_ZH_NOT_NEGATION = re.compile(r"(.)[不没]\1|是否|能否|可否|与否|要否|不同|无论|不管|非常|无线|别人|别的|区别"
+                              r"|[不没](?=\s*[?？]|\s*$)")  # 能调休不？: a closing 不 asks, like 吗
 # question phrases that name a unit without measuring in it ("what year", "哪一年")
 _QUESTION_UNITS = re.compile(r"\b(?:what|which) (?:year|day|month|time)\b|哪一?年|哪一?天|几点|什么时候")
 
@@ -185,10 +196,19 @@ is it okay ok hi hello hey yes no not do don't does doesn't can't cannot
 _EN_FUNCTION = _COMMON | frozenset("""into than then so very much many more most less least also just only
 ever even still again out up down over under off one ones thing things way ways someone something anything
 need needs want wants like best good better steps step mean means meaning kind sort type common usual happen
+they them their he she him her his us
+know understand wonder wondering inform advise kindly whether wish appreciate inquire curious
 """.split())
+# register: verbs and adverbs of a polite request ("I would like to know whether ...") carry no content
 _ZH_FUNCTION = frozenset("的了吗呢吧啊呀么是在我你他她它们这那有个和与及或请问一下能可以会要想应该该如何怎样么什"
                          "为谁哪些里中上下来去到对把被给让用从就都也还又很太更最多少几点时候怎办告诉帮助说明解释介绍"
-                         "知道需要应当可否啥吗嘛呗之其所以因此但是而且并且如果就是还是或者然后以及关于一个")
+                         "知道需要应当可否啥吗嘛呗之其所以因此但是而且并且如果就是还是或者然后以及关于一个咋")
+
+
+def _phrases(lowered: str) -> str:
+    for phrase, token in _PHRASES:
+        lowered = lowered.replace(phrase, token)
+    return lowered
 
 
 def _stem(word: str) -> str:
@@ -205,7 +225,7 @@ class Features:
     numbers: tuple[float, ...]
     quantities: frozenset[tuple[float, str]]  # a number and the unit written right after it
     units: frozenset[str]
-    negated: bool
+    negations: int             # how many negations ("支持无理由" holds one, "不支持无理由" two)
     directions: frozenset[str]
     scope: frozenset[str]
     names: frozenset[str]      # lower-cased proper nouns, acronyms, mixed-case terms
@@ -215,13 +235,24 @@ class Features:
     symbols: str               # the code-like punctuation, in order
     cjk_content: frozenset[str]  # Chinese content characters (function characters left out)
     cjk: bool
+    roles: frozenset[tuple[str, str]]  # (direction marker, the content word after it)
+    times: frozenset[str]      # the time classes named (yesterday, next month, 上午 ...)
+    whole: Features | None = None  # the whole text's, where it holds more than the asking sentence
 
 
 def extract(text: str) -> Features:
+    """The guards' features of the asking sentence (``roles.ask``), with the words of the whole text;
+    where the text has more (context, pleasantries), the whole text's features in ``whole``."""
     text = text.replace("’", "'")
-    lowered = text.lower()
-    for phrase, token in _PHRASES:
-        lowered = lowered.replace(phrase, token)
+    asked = ask(text)
+    if asked.strip() == text.strip():
+        return _extract(text)
+    part, whole = _extract(asked), _extract(text)
+    return replace(part, words=whole.words, content=whole.content, cjk_content=whole.cjk_content, whole=whole)
+
+
+def _extract(text: str) -> Features:
+    lowered = _phrases(text.lower())
     latin = _LATIN_WORD.findall(text)
     tokens = set(_TOKEN.findall(lowered)) | {w.lower() for w in latin}
     measured = _QUESTION_UNITS.sub(" ", lowered)
@@ -239,7 +270,7 @@ def extract(text: str) -> Features:
     scope = {_SCOPE_WORDS[t] for t in tokens if t in _SCOPE_WORDS}
     scope |= {c for w, c in _SCOPE_WORDS.items() if not w.isascii() and w in text}
     zh = _ZH_NOT_NEGATION.sub("", text)
-    negated = bool(_NEGATION.search(lowered)) or bool(_ZH_NEGATION.search(zh)) or "无法" in text
+    negations = len(_NEGATION.findall(lowered)) + len(_ZH_NEGATION.findall(zh))
     has_cjk = bool(_CJK.search(text))
     names = set()
     for i, w in enumerate(latin):
@@ -249,40 +280,62 @@ def extract(text: str) -> Features:
         if (proper or mixed or has_cjk) and low not in _COMMON and low not in _UNIT_WORDS:
             names.add(_stem(low))
     words = frozenset(_stem(w.lower()) for w in latin)
-    content = frozenset(w for w in words if w not in _EN_FUNCTION and w not in _UNIT_WORDS
+    words_seen = frozenset(w.lower() for w in latin) - _EN_FUNCTION  # "does" is function, its stem "doe" is not
+    content = frozenset(w for w in map(_stem, words_seen) if w not in _EN_FUNCTION and w not in _UNIT_WORDS
                         and w not in _DIRECTION_WORDS and w not in _SCOPE_WORDS and w not in _WORD_NUMBERS)
     code = _code(text)
     symbols = "".join(_SYMBOLS.findall(text))
     cjk_content = frozenset(c for c in _CJK.findall(text) if c not in _ZH_FUNCTION)
-    return Features(numbers(lowered, [w.lower() for w in latin]), frozenset(quantities), frozenset(units), negated,
+    return Features(numbers(lowered, [w.lower() for w in latin]), frozenset(quantities), frozenset(units), negations,
                     frozenset(directions), frozenset(scope), frozenset(names), words, content, code, symbols,
-                    cjk_content, has_cjk)
+                    cjk_content, has_cjk, arguments(text, lowered, _EN_FUNCTION, _stem), times(text, lowered))
 
 
 def refusal(a: Features, b: Features) -> str | None:
-    """None if the two questions may share an answer, else the guard that refused."""
+    """None if the two questions may share an answer, else the guard that refused. Two questions
+    that both carry context are compared whole; context only one of them adds is detail around the
+    same question (its words still count: the content guard refuses a swapped one)."""
+    if a.whole is not None and b.whole is not None:
+        return refusal(a.whole, b.whole)
     if a.numbers != b.numbers:
         return "number"
     if a.units != b.units or a.quantities != b.quantities:
         return "unit"
-    if a.negated != b.negated:
+    if a.times != b.times:
+        return "time"
+    if a.negations != b.negations:
         return "negation"
-    if a.directions != b.directions:
+    if a.directions != b.directions and _direction_differs(a, b):
+        return "direction"
+    if swapped_roles(a.roles, a.words | a.cjk_content, b.roles, b.words | b.cjk_content):
         return "direction"
     if a.scope != b.scope:
         return "scope"
-    if not (a.names <= b.words and b.names <= a.words):
+    if not (covered(a.names, b.words) and covered(b.names, a.words)):
         return "entity"
     if a.code != b.code or a.symbols != b.symbols:
         return "code"
-    if _swapped(a.content, b.content):
+    if swapped(a.content, b.content):
         return "content"
-    if a.cjk and b.cjk and _swapped(a.cjk_content, b.cjk_content):
+    if a.cjk and b.cjk and swapped(a.cjk_content, b.cjk_content):
         return "content"
     return None
 
 
-def _swapped(a: frozenset[str], b: frozenset[str]) -> bool:
-    """Paraphrases mostly reorder, add or drop words; a question that swaps a content
-    word for another (cats -> dogs, 北京 -> 上海) asks something else."""
-    return bool(a - b) and bool(b - a)
+def _direction_differs(a: Features, b: Features) -> bool:
+    """Opposite poles of one scale (enable/disable) differ; a direction word only one question
+    holds differs where the other holds a content word in its place (remove -> eliminate), not
+    where it only lacks it (context, a pleasantry: "am I right?")."""
+    if poles_conflict(a.directions, b.directions):
+        return True
+    a_more, b_more = a.directions - b.directions, b.directions - a.directions
+    if a_more and b_more:  # one direction word swapped for another
+        return True
+    return (bool(a_more) and _adds(b, a)) or (bool(b_more) and _adds(a, b))
+
+
+def _adds(a: Features, b: Features) -> bool:
+    """a holds a content word b has no near twin of."""
+    if a.cjk and b.cjk and a.cjk_content - b.cjk_content:
+        return True
+    return bool(extra(a.content, b.content))
