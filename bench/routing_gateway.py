@@ -30,6 +30,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,7 +38,7 @@ import grpc
 from openai import OpenAI
 
 from bench.common import child_pid, cpu_seconds, note, pct
-from llmesh.testing import Mesh, free_layout, wait_until, write_config_file
+from llmesh.testing import Mesh, free_layout, metric_values, wait_until, write_config_file
 from llmesh.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 MODEL = "sim-small"
@@ -144,9 +145,10 @@ def attach_endpoints(turns: list[Turn], log: Path) -> None:
         t.endpoint, t.gateway_ttft_ms = rec.get("endpoint", ""), rec.get("ttft_ms")
 
 
-def lone(client: OpenAI, plan: Plan) -> list[Turn]:
-    """Idle fleet: a conversation's first turn, then its follow-up alone, ``lone_reps`` times."""
-    out = []
+def lone(client: OpenAI, mesh: Mesh, plan: Plan) -> tuple[list[Turn], list[tuple[float, float]]]:
+    """Idle fleet: a conversation's first turn, then its follow-up alone, ``lone_reps`` times; and the
+    engines' TTFT totals (seconds, requests) around the follow-ups only."""
+    out, totals = [], [(0.0, 0.0), (0.0, 0.0)]
     for rep in range(plan.lone_reps):
         conv = f"lone{rep}"
         messages = [{"role": "system", "content": system_prompt(1000 + rep, plan.system_words)},
@@ -155,10 +157,14 @@ def lone(client: OpenAI, plan: Plan) -> list[Turn]:
         out.append(Turn(conv, 0, rid, ttft))
         time.sleep(1.0)  # a user reading the answer; the engine's block report arrives meanwhile
         messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": "and a follow-up?"}]
+        before = engine_ttft_totals(mesh)
         rid, ttft, _ = turn(client, messages)
+        after = engine_ttft_totals(mesh)
         out.append(Turn(conv, 1, rid, ttft))
+        totals = [(totals[0][0] + before[0], totals[0][1] + before[1]), (totals[1][0] + after[0],
+                                                                          totals[1][1] + after[1])]
         time.sleep(0.5)
-    return out
+    return out, totals
 
 
 def conversation_loop(client: OpenAI, plan: Plan, worker: int, stop_at: float, gauge: Gauge,
@@ -227,7 +233,7 @@ def summarize(turns: list[Turn]) -> dict:
                                                  if t.gateway_ttft_ms is not None], 50),
             "follow_ups_on_prefix_engine": len(same),
             "follow_up_prefix_hit_rate": round(len(same) / len(follow), 3) if follow else None,
-            "endpoints": sorted({t.endpoint for t in turns})}
+            "turns_per_endpoint": dict(sorted(Counter(t.endpoint for t in turns).items()))}
 
 
 def occupancy(gauge: Gauge, slots: int) -> dict:
@@ -261,6 +267,26 @@ class CpuWatch:
                 "machine_cores": os.cpu_count(), "loadavg_1m": round(os.getloadavg()[0], 2)}
 
 
+def engine_ttft_totals(mesh: Mesh) -> tuple[float, float]:
+    """(seconds, requests) summed over the engines' TTFT histograms (their own view: from a
+    request's arrival at the engine to its first token)."""
+    ports = [port for name, port in mesh.metrics_ports().items() if name.startswith("engine")]
+    total = sum(sum(metric_values(p, "vllm:time_to_first_token_seconds_sum")) for p in ports)
+    count = sum(sum(metric_values(p, "vllm:time_to_first_token_seconds_count")) for p in ports)
+    return total, count
+
+
+def ttft_split(turns: list[Turn], before: tuple[float, float], after: tuple[float, float]) -> dict:
+    """Mean TTFT over every turn of a phase as the client, the gateway and the engines saw it:
+    where the time between the client and the engine goes."""
+    gateway = [t.gateway_ttft_ms for t in turns if t.gateway_ttft_ms is not None]
+    served = after[1] - before[1]
+    return {"client_ms": round(statistics.fmean(t.ttft_s for t in turns) * 1000, 1) if turns else None,
+            "gateway_ms": round(statistics.fmean(gateway), 1) if gateway else None,
+            "engine_ms": round((after[0] - before[0]) / served * 1000, 1) if served else None,
+            "engine_requests": int(served)}
+
+
 def set_routing(mesh: Mesh, config: Path, policy: str) -> None:
     mesh.wait_for_config(write_config_file(config, f"models: {{{MODEL}: {{routing: {policy}}}}}\n"))
 
@@ -268,11 +294,12 @@ def set_routing(mesh: Mesh, config: Path, policy: str) -> None:
 def run_policy(client: OpenAI, mesh: Mesh, config: Path, plan: Plan, policy: str) -> dict:
     set_routing(mesh, config, policy)
     note(f"routing_gateway: {policy}, {plan.conversations} conversations for {plan.duration_s:.0f} s")
-    watch = CpuWatch(mesh)
+    watch, engines_before = CpuWatch(mesh), engine_ttft_totals(mesh)
     turns, gauge = loaded(client, mesh, plan)
-    cpu = watch.cores()
+    cpu, engines_after = watch.cores(), engine_ttft_totals(mesh)
     attach_endpoints(turns, mesh.log_dir / "gateway.log")
-    return {"policy": policy, **summarize(turns), "load": occupancy(gauge, plan.slots), "cpu": cpu}
+    return {"policy": policy, **summarize(turns), "load": occupancy(gauge, plan.slots), "cpu": cpu,
+            "mean_ttft_split": ttft_split(turns, engines_before, engines_after)}
 
 
 def start_mesh(root: Path, plan: Plan) -> tuple[Mesh, Path]:
@@ -296,13 +323,14 @@ def bench(plan: Plan) -> dict:
             client = OpenAI(base_url=mesh.layout.http_url + "/v1", api_key="unused", max_retries=0, timeout=60)
             note("routing_gateway: lone conversations on the idle fleet")
             watch = CpuWatch(mesh)
-            idle = lone(client, plan)
+            idle, totals = lone(client, mesh, plan)
             idle_cpu = watch.cores()
             attach_endpoints(idle, mesh.log_dir / "gateway.log")
+            idle_split = ttft_split([t for t in idle if t.index > 0], *totals)
             policies = [run_policy(client, mesh, config, plan, p) for p in ("prefix_aware", "round_robin")]
         finally:
             mesh.stop()
-    return report(plan, idle, policies) | {"idle_cpu": idle_cpu}
+    return report(plan, idle, policies) | {"idle_cpu": idle_cpu, "lone_follow_up_mean_ttft_split": idle_split}
 
 
 def lone_summary(plan: Plan, idle: list[Turn], cached_p50: float | None) -> dict:
