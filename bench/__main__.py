@@ -30,6 +30,8 @@ BENCHES = (
     Bench("cache", "response cache: hit latency, lookup at scale and with the verifier, quality (dev/held-out), "
                    "an FAQ stream through the gateway"),
     Bench("routing", "routing policies compared on one fleet of sim engines"),
+    Bench("routing_gateway", "multi-turn follow-ups' TTFT through the gateway at 80 % load next to a lone "
+                             "cached-prefix turn, prefix_aware and round_robin, 4 sim engines"),
     Bench("fairness", "flow control under 1.5x and 3x overload: tenants' token shares, TTFT, refusals"),
     Bench("provider", "the gateway in front of an instant OpenAI-compatible server"),
     Bench("shadow", "shadow traffic's cost on the hot path"),

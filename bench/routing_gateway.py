@@ -1,0 +1,372 @@
+"""Issue 32's check through the gateway: do multi-turn follow-ups keep the TTFT of a cached prefix
+while the fleet is at 80 % load? (``python -m bench.routing_gateway --json``)
+
+A mesh started as the README does (``llmesh up`` through ``llmesh.testing.Mesh``, ``sim:4``) with a
+costly prefill (``PREFILL_MS`` per uncached prompt token: a 600-word system prompt costs ~180 ms),
+driven through the HTTP front with the official ``openai`` client, streaming:
+
+1. idle: a lone conversation's first turn (uncached) and then its follow-up alone (its prefix cached):
+   TTFT p50 of each over a few repetitions;
+2. 80 % load: a closed loop of conversations (a few shared system prompts, 4-6 turns each, each turn
+   adding the answer and a new user message to the history), as many at once as 80 % of the fleet's
+   running slots (engines x max_running), no think time, so each keeps one request in flight. The load
+   is measured, not assumed: the client's in-flight count and the engines' reported running counts
+   (the scheduler's table) are sampled every 0.2 s. Per turn kind, TTFT p50/p90/p99; per follow-up,
+   whether the access log's endpoint for its x-request-id is the one that served the previous turn
+   (the engine holding its prefix);
+3. the same loop with ``routing: round_robin`` set in live config, for contrast.
+
+The JSON's ``ratio`` is follow-up p50 at 80 % over the lone cached-prefix p50; ``goal_met``: <= 1.3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from openai import OpenAI
+
+from bench.common import child_pid, cpu_seconds, note, pct
+from llmesh.testing import Mesh, free_layout, metric_values, wait_until, write_config_file
+from llmesh.v1 import scheduler_pb2, scheduler_pb2_grpc
+
+MODEL = "sim-small"
+PREFILL_MS = 0.3        # per uncached prompt token (a sim token is a word)
+DECODE_MS = 10.0        # a decode step
+OUTPUT_TOKENS = 8
+GOAL = 1.3
+
+
+@dataclass(frozen=True)
+class Plan:
+    engines: int = 4
+    max_running: int = 4
+    system_words: int = 600
+    prompts: int = 4          # shared system prompts
+    turns: tuple[int, int] = (4, 6)
+    load: float = 0.8
+    duration_s: float = 45.0  # per routing policy
+    lone_reps: int = 5
+
+    @property
+    def slots(self) -> int:
+        return self.engines * self.max_running
+
+    @property
+    def conversations(self) -> int:
+        return max(1, round(self.load * self.slots))
+
+
+QUICK = Plan(engines=2, max_running=2, system_words=300, prompts=2, turns=(3, 3), duration_s=6.0, lone_reps=2)
+
+
+@dataclass
+class Turn:
+    conv: str
+    index: int        # 0: the first turn
+    rid: str
+    ttft_s: float
+    endpoint: str = ""
+    gateway_ttft_ms: float | None = None  # the access log's ttft_ms: the gateway's own view
+
+
+@dataclass
+class Gauge:
+    """The client's in-flight requests and the engines' reported running counts, sampled."""
+    in_flight: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    client: list[int] = field(default_factory=list)
+    engines: list[int] = field(default_factory=list)
+    waiting: list[int] = field(default_factory=list)
+
+    def add(self, n: int) -> None:
+        with self.lock:
+            self.in_flight += n
+
+
+def system_prompt(i: int, words: int) -> str:
+    return " ".join(f"sys{i}w{k}" for k in range(words))
+
+
+def turn(client: OpenAI, messages: list[dict], gauge: Gauge | None = None) -> tuple[str, float, str]:
+    """(x-request-id, TTFT in s, answer) of one streamed chat completion."""
+    rid = uuid.uuid4().hex
+    if gauge:
+        gauge.add(1)
+    try:
+        started, ttft, parts = time.perf_counter(), None, []
+        for chunk in client.chat.completions.create(model=MODEL, messages=messages, max_tokens=OUTPUT_TOKENS,
+                                                    stream=True, extra_headers={"x-request-id": rid}):
+            if chunk.choices and chunk.choices[0].delta.content:
+                if ttft is None:
+                    ttft = time.perf_counter() - started
+                parts.append(chunk.choices[0].delta.content)
+    finally:
+        if gauge:
+            gauge.add(-1)
+    if ttft is None:
+        raise RuntimeError(f"request {rid} streamed no text")
+    return rid, ttft, "".join(parts)
+
+
+def served_by(log: Path) -> dict[str, dict]:
+    """x-request-id -> the gateway's access-log record of it."""
+    out = {}
+    for line in log.read_text().splitlines():
+        if '"msg":"request"' in line:
+            rec = json.loads(line)
+            if rec.get("request_id") and rec.get("endpoint"):
+                out[rec["request_id"]] = rec
+    return out
+
+
+def attach_endpoints(turns: list[Turn], log: Path) -> None:
+    wanted = {t.rid for t in turns}
+    found: dict[str, dict] = {}
+
+    def all_logged() -> bool:
+        found.update(served_by(log))
+        return wanted <= found.keys()
+
+    wait_until(all_logged, 10)
+    for t in turns:
+        rec = found.get(t.rid, {})
+        t.endpoint, t.gateway_ttft_ms = rec.get("endpoint", ""), rec.get("ttft_ms")
+
+
+def lone(client: OpenAI, mesh: Mesh, plan: Plan) -> tuple[list[Turn], list[tuple[float, float]]]:
+    """Idle fleet: a conversation's first turn, then its follow-up alone, ``lone_reps`` times; and the
+    engines' TTFT totals (seconds, requests) around the follow-ups only."""
+    out, totals = [], [(0.0, 0.0), (0.0, 0.0)]
+    for rep in range(plan.lone_reps):
+        conv = f"lone{rep}"
+        messages = [{"role": "system", "content": system_prompt(1000 + rep, plan.system_words)},
+                    {"role": "user", "content": f"conversation {conv}: the first question"}]
+        rid, ttft, answer = turn(client, messages)
+        out.append(Turn(conv, 0, rid, ttft))
+        time.sleep(1.0)  # a user reading the answer; the engine's block report arrives meanwhile
+        messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": "and a follow-up?"}]
+        before = engine_ttft_totals(mesh)
+        rid, ttft, _ = turn(client, messages)
+        after = engine_ttft_totals(mesh)
+        out.append(Turn(conv, 1, rid, ttft))
+        totals = [(totals[0][0] + before[0], totals[0][1] + before[1]), (totals[1][0] + after[0],
+                                                                          totals[1][1] + after[1])]
+        time.sleep(0.5)
+    return out, totals
+
+
+def conversation_loop(client: OpenAI, plan: Plan, worker: int, stop_at: float, gauge: Gauge,
+                      out: list[Turn]) -> None:
+    """One closed-loop user: conversations back to back until ``stop_at``, each on one of the
+    shared system prompts, ``turns`` long, each turn adding the answer and a new question."""
+    rng = random.Random(worker)
+    n = 0
+    while time.monotonic() < stop_at:
+        conv, n = f"w{worker}c{n}", n + 1
+        messages = [{"role": "system", "content": system_prompt(rng.randrange(plan.prompts), plan.system_words)},
+                    {"role": "user", "content": f"conversation {conv}: the first question"}]
+        for index in range(rng.randint(*plan.turns)):
+            if time.monotonic() >= stop_at:
+                break
+            rid, ttft, answer = turn(client, messages, gauge)
+            out.append(Turn(conv, index, rid, ttft))
+            messages += [{"role": "assistant", "content": answer},
+                         {"role": "user", "content": f"question {index + 2} of {conv}"}]
+
+
+def sample_load(scheduler: str, gauge: Gauge, stop: threading.Event) -> None:
+    with grpc.insecure_channel(scheduler) as ch:
+        stub = scheduler_pb2_grpc.SchedulerStub(ch)
+        while not stop.wait(0.2):
+            table = stub.ListEndpoints(scheduler_pb2.ListEndpointsRequest(), timeout=2)
+            gauge.engines.append(sum(e.load.running for e in table.endpoints if e.healthy))
+            gauge.waiting.append(sum(e.load.waiting for e in table.endpoints if e.healthy))
+            gauge.client.append(gauge.in_flight)
+
+
+def loaded(client: OpenAI, mesh: Mesh, plan: Plan) -> tuple[list[Turn], Gauge]:
+    """The closed loop at ``plan.conversations`` users for ``duration_s``, load sampled meanwhile."""
+    gauge, out, stop = Gauge(), [], threading.Event()
+    sampler = threading.Thread(target=sample_load, args=(mesh.layout.address("scheduler"), gauge, stop),
+                               daemon=True)
+    stop_at = time.monotonic() + plan.duration_s
+    users = [threading.Thread(target=conversation_loop, args=(client, plan, w, stop_at, gauge, out))
+             for w in range(plan.conversations)]
+    sampler.start()
+    for u in users:
+        u.start()
+    for u in users:
+        u.join()
+    stop.set()
+    sampler.join()
+    return out, gauge
+
+
+def ms(values: list[float], q: float) -> float | None:
+    return round(pct(values, q) * 1000, 1) if values else None
+
+
+def summarize(turns: list[Turn]) -> dict:
+    """TTFT percentiles of first turns and follow-ups; follow-ups served where the previous turn was."""
+    by_conv: dict[str, dict[int, Turn]] = {}
+    for t in turns:
+        by_conv.setdefault(t.conv, {})[t.index] = t
+    follow = [t for t in turns if t.index > 0]
+    first = [t.ttft_s for t in turns if t.index == 0]
+    same = [t for t in follow if t.endpoint and t.endpoint == by_conv[t.conv][t.index - 1].endpoint]
+    return {"first_turns": len(first), "follow_ups": len(follow),
+            "first_ttft_ms": {f"p{q}": ms(first, q) for q in (50, 90, 99)},
+            "follow_up_ttft_ms": {f"p{q}": ms([t.ttft_s for t in follow], q) for q in (50, 90, 99)},
+            "follow_up_gateway_ttft_ms_p50": ms([t.gateway_ttft_ms / 1000 for t in follow
+                                                 if t.gateway_ttft_ms is not None], 50),
+            "follow_ups_on_prefix_engine": len(same),
+            "follow_up_prefix_hit_rate": round(len(same) / len(follow), 3) if follow else None,
+            "turns_per_endpoint": dict(sorted(Counter(t.endpoint for t in turns).items()))}
+
+
+def occupancy(gauge: Gauge, slots: int) -> dict:
+    def mean(xs: list[int]) -> float | None:
+        return round(statistics.fmean(xs) / slots, 3) if xs else None
+
+    return {"slots": slots, "samples": len(gauge.client), "client_in_flight_share": mean(gauge.client),
+            "engines_running_share": mean(gauge.engines),
+            "engines_waiting_mean": round(statistics.fmean(gauge.waiting), 2) if gauge.waiting else None}
+
+
+class CpuWatch:
+    """Cores used over a phase by the mesh's processes (the gateway on its own too) and by this
+    bench's process (its client threads), and the machine's load average at the end: the shared
+    2-core machine's contention, measured."""
+
+    def __init__(self, mesh: Mesh) -> None:
+        assert mesh.proc is not None  # started
+        self.mesh_pid, self.gateway_pid = mesh.proc.pid, child_pid(mesh.proc.pid, "llmesh.gateway")
+        self.start = self._now()
+
+    def _now(self) -> tuple[float, float, float, float]:
+        mine = os.times()
+        return (time.monotonic(), cpu_seconds(self.mesh_pid), cpu_seconds(self.gateway_pid), mine.user + mine.system)
+
+    def cores(self) -> dict:
+        end = self._now()
+        wall = end[0] - self.start[0]
+        used = [round((b - a) / wall, 2) for a, b in zip(self.start[1:], end[1:])]
+        return {"mesh_cores": used[0], "gateway_cores": used[1], "bench_client_cores": used[2],
+                "machine_cores": os.cpu_count(), "loadavg_1m": round(os.getloadavg()[0], 2)}
+
+
+def engine_ttft_totals(mesh: Mesh) -> tuple[float, float]:
+    """(seconds, requests) summed over the engines' TTFT histograms (their own view: from a
+    request's arrival at the engine to its first token)."""
+    ports = [port for name, port in mesh.metrics_ports().items() if name.startswith("engine")]
+    total = sum(sum(metric_values(p, "vllm:time_to_first_token_seconds_sum")) for p in ports)
+    count = sum(sum(metric_values(p, "vllm:time_to_first_token_seconds_count")) for p in ports)
+    return total, count
+
+
+def ttft_split(turns: list[Turn], before: tuple[float, float], after: tuple[float, float]) -> dict:
+    """Mean TTFT over every turn of a phase as the client, the gateway and the engines saw it:
+    where the time between the client and the engine goes."""
+    gateway = [t.gateway_ttft_ms for t in turns if t.gateway_ttft_ms is not None]
+    served = after[1] - before[1]
+    return {"client_ms": round(statistics.fmean(t.ttft_s for t in turns) * 1000, 1) if turns else None,
+            "gateway_ms": round(statistics.fmean(gateway), 1) if gateway else None,
+            "engine_ms": round((after[0] - before[0]) / served * 1000, 1) if served else None,
+            "engine_requests": int(served)}
+
+
+def set_routing(mesh: Mesh, config: Path, policy: str) -> None:
+    mesh.wait_for_config(write_config_file(config, f"models: {{{MODEL}: {{routing: {policy}}}}}\n"))
+
+
+def run_policy(client: OpenAI, mesh: Mesh, config: Path, plan: Plan, policy: str) -> dict:
+    set_routing(mesh, config, policy)
+    note(f"routing_gateway: {policy}, {plan.conversations} conversations for {plan.duration_s:.0f} s")
+    watch, engines_before = CpuWatch(mesh), engine_ttft_totals(mesh)
+    turns, gauge = loaded(client, mesh, plan)
+    cpu, engines_after = watch.cores(), engine_ttft_totals(mesh)
+    attach_endpoints(turns, mesh.log_dir / "gateway.log")
+    return {"policy": policy, **summarize(turns), "load": occupancy(gauge, plan.slots), "cpu": cpu,
+            "mean_ttft_split": ttft_split(turns, engines_before, engines_after)}
+
+
+def start_mesh(root: Path, plan: Plan) -> tuple[Mesh, Path]:
+    config = root / "llmesh.yaml"
+    config.write_text(f"models: {{{MODEL}: {{routing: prefix_aware}}}}\n")
+    mesh = Mesh(layout=free_layout(n_engines=plan.engines), engines=f"sim:{plan.engines}",
+                model_dir=root / "models", log_dir=root / "logs", args=["--no-cache"],
+                env={"LLMESH_CONFIG_FILE": str(config), "LLMESH_ENGINE_MAX_RUNNING": str(plan.max_running),
+                     "LLMESH_ENGINE_MAX_WAITING": "256", "LLMESH_ENGINE_SIM_PREFILL_MS_PER_TOKEN": str(PREFILL_MS),
+                     "LLMESH_ENGINE_SIM_DECODE_MS_PER_TOKEN": str(DECODE_MS),
+                     "LLMESH_ENGINE_SIM_OUTPUT_TOKENS": str(OUTPUT_TOKENS),
+                     "LLMESH_ENGINE_SELF_TEST_INTERVAL_S": "600"})
+    mesh.start(timeout_s=120)
+    return mesh, config
+
+
+def bench(plan: Plan) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        mesh, config = start_mesh(Path(tmp), plan)
+        try:
+            client = OpenAI(base_url=mesh.layout.http_url + "/v1", api_key="unused", max_retries=0, timeout=60)
+            note("routing_gateway: lone conversations on the idle fleet")
+            watch = CpuWatch(mesh)
+            idle, totals = lone(client, mesh, plan)
+            idle_cpu = watch.cores()
+            attach_endpoints(idle, mesh.log_dir / "gateway.log")
+            idle_split = ttft_split([t for t in idle if t.index > 0], *totals)
+            policies = [run_policy(client, mesh, config, plan, p) for p in ("prefix_aware", "round_robin")]
+        finally:
+            mesh.stop()
+    return report(plan, idle, policies) | {"idle_cpu": idle_cpu, "lone_follow_up_mean_ttft_split": idle_split}
+
+
+def lone_summary(plan: Plan, idle: list[Turn], cached_p50: float | None) -> dict:
+    both = summarize(idle)
+    return {"reps": plan.lone_reps, "uncached_first_ttft_ms_p50": both["first_ttft_ms"]["p50"],
+            "cached_follow_up_ttft_ms_p50": cached_p50,
+            "cached_follow_up_gateway_ttft_ms_p50": both["follow_up_gateway_ttft_ms_p50"],
+            "follow_ups": both["follow_ups"], "follow_ups_on_prefix_engine": both["follow_ups_on_prefix_engine"]}
+
+
+def report(plan: Plan, idle: list[Turn], policies: list[dict]) -> dict:
+    lone_cached = ms([t.ttft_s for t in idle if t.index > 0], 50)
+    at_load = policies[0]["follow_up_ttft_ms"]["p50"]
+    ratio = round(at_load / lone_cached, 2) if lone_cached and at_load else None
+    return {"bench": "routing_gateway", "model": MODEL,
+            "fleet": {"engines": plan.engines, "max_running": plan.max_running, "slots": plan.slots,
+                      "sim_prefill_ms_per_token": PREFILL_MS, "sim_decode_ms_per_step": DECODE_MS,
+                      "output_tokens": OUTPUT_TOKENS, "system_prompt_words": plan.system_words,
+                      "shared_system_prompts": plan.prompts, "turns": list(plan.turns)},
+            "target_load": plan.load, "conversations": plan.conversations, "duration_s": plan.duration_s,
+            "lone": lone_summary(plan, idle, lone_cached),
+            "loaded": {p["policy"]: p for p in policies},
+            "ratio": ratio, "goal": GOAL, "goal_met": ratio is not None and ratio <= GOAL}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench.routing_gateway", description=__doc__.split("\n")[0])
+    ap.add_argument("--json", action="store_true", help="print the JSON document only (the default prints it too)")
+    ap.add_argument("--quick", action="store_true", help="a tiny run (2 engines, seconds): for tests")
+    ap.add_argument("--duration", type=float, help="seconds of load per routing policy")
+    args = ap.parse_args(argv)
+    plan = QUICK if args.quick else Plan()
+    if args.duration:
+        plan = Plan(**{**plan.__dict__, "duration_s": args.duration})
+    print(json.dumps(bench(plan), indent=2))
+
+
+if __name__ == "__main__":
+    main()

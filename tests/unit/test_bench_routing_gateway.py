@@ -1,0 +1,37 @@
+"""bench.routing_gateway's tallies: a follow-up counts as on its prefix's engine only when the
+access log puts it where the conversation's previous turn was served."""
+
+from __future__ import annotations
+
+from bench.routing_gateway import Gauge, Plan, Turn, occupancy, summarize, ttft_split
+
+
+def test_follow_ups_counted_on_the_previous_turns_engine():
+    turns = [Turn("a", 0, "r1", 0.200, "e0", 190.0), Turn("a", 1, "r2", 0.020, "e0", 15.0),
+             Turn("a", 2, "r3", 0.030, "e1", 25.0), Turn("b", 0, "r4", 0.100, "e1"),
+             Turn("b", 1, "r5", 0.040, "e1", 35.0), Turn("c", 1, "r6", 0.050, "", None)]
+    turns.insert(5, Turn("c", 0, "r0", 0.3, "e0"))
+    out = summarize(turns)
+    assert out["first_turns"] == 3 and out["follow_ups"] == 4
+    assert out["follow_ups_on_prefix_engine"] == 2  # r2 (e0 after e0), r5 (e1 after e1); r6 unlogged
+    assert out["follow_up_prefix_hit_rate"] == 0.5
+    assert out["follow_up_ttft_ms"]["p50"] == 40.0 and out["first_ttft_ms"]["p99"] == 300.0
+    assert out["follow_up_gateway_ttft_ms_p50"] == 25.0
+    assert out["turns_per_endpoint"] == {"": 1, "e0": 3, "e1": 3}
+
+
+def test_conversations_fill_the_target_share_of_slots_and_occupancy_is_measured():
+    assert Plan().slots == 16 and Plan().conversations == 13
+    gauge = Gauge(client=[12, 13, 14], engines=[8, 10, 12], waiting=[0, 1, 2])
+    out = occupancy(gauge, 16)
+    assert out == {"slots": 16, "samples": 3, "client_in_flight_share": 0.812, "engines_running_share": 0.625,
+                   "engines_waiting_mean": 1.0}
+
+
+def test_mean_ttft_split_by_who_saw_it():
+    turns = [Turn("a", 1, "r1", 0.040, "e0", 30.0), Turn("a", 2, "r2", 0.060, "e0", 50.0),
+             Turn("b", 1, "r3", 0.050, "e1", None)]
+    # the engines' histogram totals grew by 0.06 s over 3 requests
+    assert ttft_split(turns, (1.0, 10), (1.06, 13)) == {"client_ms": 50.0, "gateway_ms": 40.0, "engine_ms": 20.0,
+                                                        "engine_requests": 3}
+    assert ttft_split([], (0.0, 0), (0.0, 0))["engine_ms"] is None
