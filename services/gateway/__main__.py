@@ -44,9 +44,8 @@ def workers_problem(settings: GatewaySettings, mesh: MeshSettings) -> str | None
 def _keep_large_blocks() -> None:
     """In a process that serves (not the workers' supervisor, which reads no body): a large body's
     copies (read, pickled to a guard worker, its text back) reuse mapped memory instead of faulting
-    fresh pages in: 20-30 ms of the gateway's CPU for a 16 MiB body, not 50-80 ms; in every thread
-    (one arena, set before any thread starts)."""
-    keep_large_blocks(prefault=(MAX_BODY,) * 3, arenas=1)
+    fresh pages in: 20-30 ms of the gateway's CPU for a 16 MiB body, not 50-80 ms."""
+    keep_large_blocks(prefault=(MAX_BODY,) * 3)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -36,33 +36,3 @@ def test_a_freed_large_block_is_reused_without_faulting_its_pages_in_again():
     _, plain = _faults("plain")
     assert plain >= 6000        # 3 x 16 MiB of 4 KiB pages fault in afresh every time by default ...
     assert faults < 300         # ... and come back mapped once the thresholds are set
-
-
-THREAD_PROBE = """
-import resource, sys, threading
-from llmesh.malloc import keep_large_blocks
-assert keep_large_blocks(prefault=(16 << 20,) * 3, arenas=1 if sys.argv[1] == "one" else None)
-faults = []
-def copy():   # a thread's first large copy, as a process pool's feeder pickling a body does
-    before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
-    block = bytearray(16 << 20)
-    block[:] = b"x" * (16 << 20)
-    faults.append(resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before)
-for _ in range(2):
-    t = threading.Thread(target=copy)
-    t.start()
-    t.join()
-print(max(faults))
-"""
-
-
-def _thread_faults(mode: str) -> int:
-    return int(subprocess.run([sys.executable, "-c", THREAD_PROBE, mode], capture_output=True, text=True,
-                              check=True).stdout)
-
-
-def test_one_arena_lets_a_new_thread_reuse_the_prefaulted_memory():
-    if not _faults("tuned")[0]:
-        pytest.skip("not glibc")
-    assert _thread_faults("many") >= 3000  # a thread's own arena: its first 16 MiB block faults in afresh ...
-    assert _thread_faults("one") < 300     # ... the main arena's prefaulted pages are reused
