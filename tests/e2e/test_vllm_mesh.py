@@ -313,8 +313,11 @@ class Streams:
         assert not any(t.is_alive() for t in self._threads), "streams still running"
 
 
-def running(mesh: Mesh, engine: str) -> float:
-    return sum(metric_values(mesh.layout.metrics_port(engine), "vllm:num_requests_running"))
+def running(mesh: Mesh, engine: str) -> float | None:
+    """The engine's running requests by its /metrics page; None when the page did not answer (an
+    engine whose process is busy with vLLM's steps on a loaded CPU can take seconds to)."""
+    values = metric_values(mesh.layout.metrics_port(engine), "vllm:num_requests_running", timeout_s=15)
+    return sum(values) if values else None
 
 
 MAX_TOKENS = 320  # long enough that streams are still running when every one has its first token
@@ -329,19 +332,31 @@ def test_kill_9_of_a_vllm_engine_under_load(vllm_mesh):
     load = Streams(client, 4, max_tokens=MAX_TOKENS)
     load.start()
     chosen: list[str] = []
+    seen: list[dict] = []  # what each look saw, for the failure's message
 
     def victim_found() -> bool:
         """Every stream has tokens and an engine is still running some: it is the victim (streams can
         end early on a loaded CPU, so the choice is made while one is seen running, not after)."""
         assert not any(r["error"] for r in load.results), [r["error"] for r in load.results]
+        counts = {e: running(mesh, e) for e in ENGINES}
+        try:  # the scheduler's table, as the engines' reports left it: a second view of the same
+            table = {e.endpoint_id: e.load.running for e in endpoints(mesh)}
+        except grpc.RpcError as exc:
+            table = {"error": exc.code().name}
+        counts = {e: max(counts[e] or 0, table.get(e, 0)) if counts[e] is not None or e in table else None
+                  for e in ENGINES}
+        seen.append({"t": round(time.monotonic(), 2), "running": counts, "table": table,
+                     "streams": [(bool(r["first"]), len(r["text"]), r["finish"]) for r in load.results]})
         if not all(r["first"] for r in load.results):
             return False
-        counts = {e: running(mesh, e) for e in ENGINES}
-        best = max(counts, key=lambda e: counts[e])
-        chosen[:] = [best] if counts[best] > 0 else []
+        best = max(counts, key=lambda e: counts[e] or 0)
+        chosen[:] = [best] if (counts[best] or 0) > 0 else []
         return bool(chosen)
 
-    assert wait_until(victim_found, 90, interval_s=0.05), "no engine was seen running a stream"
+    if not wait_until(victim_found, 90, interval_s=0.05):
+        changes = [s for k, s in enumerate(seen) if k == 0 or {**s, "t": 0} != {**seen[k - 1], "t": 0}]
+        pytest.fail(f"no engine was seen running a stream once each had tokens; what was seen: {changes[-40:]}\n"
+                    + mesh.logs())
     victim = chosen[0]
     cores = children_of(pids[victim])  # vLLM's engine core: a process of its own
     os.kill(pids[victim], signal.SIGKILL)
