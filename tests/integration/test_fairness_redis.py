@@ -150,3 +150,56 @@ async def test_a_full_queue_sheds_the_longest_queue_in_the_class_for_a_shorter_o
     assert (await a.enter(entry("big"), rules, 0)).status == "queue_full"  # big (2) is not longer than small + 1
     owners = {big[0]: "big", big[1]: "big", small.eid: "small"}
     assert await drain(a, owners, rules) == ["big", "small", "big"]
+
+
+def _ms(t: float) -> int:
+    return round(t * 1000)
+
+
+async def _serve(q: SharedQueue, rules: Rules, running: list[tuple[float, str]], t: float, slots: int) -> list[str]:
+    """At time ``t``: the requests due end (served), the freed slots go to the queue's heads, each for 1 s."""
+    for end, eid in [r for r in running if r[0] <= t]:
+        running.remove((end, eid))
+        assert await q.leave(eid, now_ms=_ms(end), served=True) == "released"
+    released = await q.release(slots - len(running), slots, rules, _ms(t))
+    running += [(t + 1.0, eid) for eid in released]
+    return released
+
+
+async def test_the_shared_wait_estimate_is_close_to_the_real_wait(client):
+    """As the one-process queue's (tests/unit/test_fairness.py): 4 slots of 1 s, 8 requests a second
+    arriving at two workers; the throughput both measured gives a backlogged tenant's new entry a
+    wait within 50 % of the wait it then really has."""
+    rules = Rules()
+    a, b = workers(client, ttl_ms=10**9)  # b enters nothing after the probe: its heartbeat must not lapse
+    assert (await a.enter(entry("first"), rules, 0)).wait_s is None  # nothing served yet: no estimate
+    running: list[tuple[float, str]] = []
+    t, i = 0.0, 0
+    while t < 10.0:
+        while i / 8 <= t:  # the arrivals alternate between the workers
+            assert (await (a if i % 2 else b).enter(entry(f"t{i % 3}"), rules, _ms(i / 8))).status == "queued"
+            i += 1
+        await _serve(a, rules, running, t, 4)
+        t = round(t + 0.05, 6)
+    await _serve(a, rules, running, t, 4)
+    probe = await b.enter(entry("t0"), rules, _ms(t))  # a backlogged tenant's: behind its own and their turns
+    assert probe.wait_s is not None
+    start = t
+    t = round(t + 0.05, 6)
+    while probe.eid not in await _serve(a, rules, running, t, 4):  # the queue as it stands, no new arrivals
+        t = round(t + 0.05, 6)
+    real = t - start
+    assert abs(probe.wait_s - real) <= 0.5 * real, (probe.wait_s, real)
+    print(f"estimate {probe.wait_s:.2f} s, real wait {real:.2f} s")
+
+
+async def test_a_deadline_leave_does_not_take_a_slot_just_given(client):
+    rules = Rules()
+    a, b = workers(client)
+    got = await a.enter(entry("t"), rules, 0)
+    assert await b.release(1, 1, rules, 0) == [got.eid]
+    assert await a.leave(got.eid, "deadline", only_queued=True) == "released"  # it keeps its slot
+    assert await a.counts() == (0, 1)
+    queued = await a.enter(entry("t"), rules, 0)
+    assert await a.leave(queued.eid, "deadline", only_queued=True) == "queued"
+    assert await a.counts() == (0, 1)

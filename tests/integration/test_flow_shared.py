@@ -1,6 +1,7 @@
 """Flow control shared by two gateway workers through a real redis-server
 (services/gateway/stages/flow_shared.py): two SharedFlowControllers over the same engines' slots
-serve one fair order spanning both and share one queue depth; a worker that dies (its loop and
+serve one fair order spanning both and share one queue depth and one throughput (a request that
+cannot be served by its deadline is refused at once); a worker that dies (its loop and
 heartbeat stop) loses its queued entries and its slots; while Redis does not answer, requests
 queue in the worker and the fallback is counted."""
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 
 import pytest
 import redis.asyncio
@@ -123,6 +125,37 @@ async def test_the_queue_bound_counts_both_workers(client):
         await b.acquire(model, entry("w"), False)
     assert info.value.reason == "queue_full"
     assert await one_at_a_time(served, 3) == ["x", "y", "z"]
+    await asyncio.wait_for(asyncio.gather(*tasks), 10)
+    await stop(loops)
+
+
+async def test_a_request_that_cannot_be_served_by_its_deadline_is_refused_at_once(client):
+    """Once the requests both workers served give a throughput, one whose estimated wait runs past
+    its deadline gets 429 ``deadline`` at once, whichever worker it came to, with the estimate as
+    its Retry-After; it leaves the shared queue, and a slot given meanwhile is never taken back."""
+    model, slots = f"flow-shared-{next(_models)}", Slots(1)
+    (a, _), (b, _) = worker(client, slots), worker(client, slots)
+    loops = [asyncio.create_task(w.run()) for w in (a, b)]
+    served: list[tuple[str, asyncio.Event]] = []
+    tasks = [asyncio.create_task(serve(w, model, slots, "t", served)) for w in (a, b, a, b, a)]
+    await asyncio.sleep(0.2)
+    await one_at_a_time(served, 4)  # four served, one after another, over both workers; the fifth holds the slot
+    tasks += [asyncio.create_task(serve(w, model, slots, "t", served)) for w in (a, b) * 3]
+    await asyncio.sleep(0.3)
+    assert await SharedQueue(client, model, "probe").counts() == (6, 1)
+    now = time.monotonic()
+    late = Entry(tenant="t", klass=1, cost=100.0, arrived=now, deadline=now + 0.2, weight=1.0)
+    with pytest.raises(FlowRefused) as info:
+        await b.acquire(model, late, False)
+    assert time.monotonic() - now < 0.2  # at once, not when its deadline came
+    assert info.value.reason == "deadline"
+    # six requests of 100 tokens queued ahead of it and one more, at most 400 tokens a second
+    # measured (four served within a second or so): 1.75 s or more
+    retry = int(info.value.headers["retry-after-ms"]) / 1000
+    assert 1.5 <= retry <= 7.0, retry
+    print(f"retry after {retry:.2f} s")
+    assert await SharedQueue(client, model, "probe").counts() == (6, 1)  # it left the queue
+    assert len(await one_at_a_time(served, 11)) == 11  # the others are all served
     await asyncio.wait_for(asyncio.gather(*tasks), 10)
     await stop(loops)
 

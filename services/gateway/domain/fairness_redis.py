@@ -7,8 +7,10 @@ in the worker that holds them. Per model (one hash slot: ``llmesh:fq:{model}:``)
 - each class's virtual time and per-tenant finish tags, and a sorted set of its queued
   entries keyed by start tag (ties: the entry id, a zero-padded arrival number);
 - an entry hash per entry (tenant, class, cost, weight, quiet, owner, ``status``);
-- per-tenant queued counts (in all and per class), the model's queued count, and per class
-  the count of entries released and not yet done.
+- per-tenant queued counts (in all and per class), the model's queued count, per class the
+  count of entries released and not yet done and the cost queued;
+- the cost of the requests served, in one-second buckets over the last 30 s (the throughput
+  a new entry's wait is estimated from).
 
 Each step is one Lua script call, atomic across workers. ``release`` hands out the global
 head(s) whoever holds them: free slots are this worker's view capped by the slots in all
@@ -35,9 +37,11 @@ local function untag(eid, e)
   if num(redis.call('HGET', tags, e.tenant)) == num(e.finish) then redis.call('HSET', tags, e.tenant, e.start) end
 end
 local function entry(eid)
-  local v = redis.call('HMGET', P .. 'e:' .. eid, 'tenant', 'klass', 'start', 'finish', 'status', 'worker', 'quiet')
+  local v = redis.call('HMGET', P .. 'e:' .. eid, 'tenant', 'klass', 'start', 'finish', 'status', 'worker', 'quiet',
+                       'cost')
   if not v[1] then return nil end
-  return {tenant = v[1], klass = v[2], start = v[3], finish = v[4], status = v[5], worker = v[6], quiet = v[7]}
+  return {tenant = v[1], klass = v[2], start = v[3], finish = v[4], status = v[5], worker = v[6], quiet = v[7],
+          cost = num(v[8])}
 end
 local function unqueue(eid, e)
   redis.call('ZREM', P .. 'q' .. e.klass, eid)
@@ -47,14 +51,40 @@ local function unqueue(eid, e)
   local inclass = P .. 'pt' .. e.klass
   if redis.call('HINCRBY', inclass, e.tenant, -1) <= 0 then redis.call('HDEL', inclass, e.tenant) end
   redis.call('DECR', P .. 'n')
+  redis.call('HINCRBYFLOAT', P .. 'qc', e.klass, -e.cost)
 end
-local function enqueue(eid, tenant, klass, start, now)
+local function enqueue(eid, tenant, klass, start, now, cost)
   redis.call('ZADD', P .. 'q' .. klass, start, eid)
   redis.call('ZADD', P .. 'a' .. klass, now, eid)  -- when it joined its class (promotion counts from here)
   redis.call('ZADD', P .. 'tq' .. klass .. ':' .. tenant, start, eid)
   redis.call('HINCRBY', P .. 'pt', tenant, 1)
   redis.call('HINCRBY', P .. 'pt' .. klass, tenant, 1)
   redis.call('INCR', P .. 'n')
+  redis.call('HINCRBYFLOAT', P .. 'qc', klass, cost)  -- the cost queued in the class, for the wait estimate
+end
+-- Throughput: the cost of the requests served, in one-second buckets over the last WINDOW s.
+local WINDOW, MIN_SAMPLES = 30, 4
+local function served(now, cost)
+  local sec = math.floor(now / 1000)
+  redis.call('HINCRBYFLOAT', P .. 'tp', sec, cost)
+  redis.call('HINCRBY', P .. 'tn', sec, 1)
+  for _, b in ipairs(redis.call('HKEYS', P .. 'tn')) do
+    if tonumber(b) <= sec - WINDOW then redis.call('HDEL', P .. 'tp', b); redis.call('HDEL', P .. 'tn', b) end
+  end
+end
+local function rate(now)  -- cost per second, and a request's mean cost; 0 until MIN_SAMPLES finished
+  local sec, n, sum, oldest = math.floor(now / 1000), 0, 0, nil
+  local counts = redis.call('HGETALL', P .. 'tn')
+  for i = 1, #counts, 2 do
+    local b = tonumber(counts[i])
+    if b > sec - WINDOW then
+      n = n + tonumber(counts[i + 1])
+      sum = sum + num(redis.call('HGET', P .. 'tp', counts[i]))
+      if not oldest or b < oldest then oldest = b end
+    end
+  end
+  if n < MIN_SAMPLES then return 0, 0 end
+  return sum / math.max(now / 1000 - oldest, 1), sum / n
 end
 local function finish(eid, e, status)
   -- an entry leaves: the owner reads the status once, then it goes
@@ -116,9 +146,23 @@ redis.call('HSET', tags, tenant, fin)
 local quiet = num(redis.call('HGET', P .. 'pt' .. klass, tenant)) == 0 and '1' or '0'
 redis.call('HSET', P .. 'e:' .. eid, 'tenant', tenant, 'klass', klass, 'start', start, 'finish', fin,
            'status', 'queued', 'worker', worker, 'quiet', quiet, 'cost', cost, 'weight', weight)
-enqueue(eid, tenant, klass, start, now)
+enqueue(eid, tenant, klass, start, now, cost)
 redis.call('SADD', P .. 'w:' .. worker, eid)
-return {eid, 'queued', victim}
+-- its wait by the estimate: the cost queued ahead of it (higher classes, and its own class before it in
+-- fair order, at that class's mean queued cost) plus one request's, over the measured throughput
+local per_s, mean = rate(now)
+local wait = -1
+if per_s > 0 then
+  local ahead = 0
+  for k = klass + 1, NCLS - 1 do ahead = ahead + math.max(0, num(redis.call('HGET', P .. 'qc', k))) end
+  local others = redis.call('ZCARD', P .. 'q' .. klass) - 1
+  if others > 0 then
+    local before = redis.call('ZCOUNT', P .. 'q' .. klass, '-inf', '(' .. start)
+    ahead = ahead + before * math.max(0, num(redis.call('HGET', P .. 'qc', klass)) - cost) / others
+  end
+  wait = (ahead + mean) / per_s
+end
+return {eid, 'queued', victim, tostring(wait)}
 """
 
 # ARGV: now, worker, ttl, free (this worker's view), total, quiet share, reserved share per class
@@ -159,13 +203,18 @@ if #out > 0 then redis.call('PUBLISH', P .. 'wake', #out) end
 return out
 """
 
-# ARGV: eid, why (the status a queued entry leaves with). Returns the status it had.
+# ARGV: eid, why (the status a queued entry leaves with), now, '1' when it was served (its cost counts in the
+# throughput), '1' when it leaves only if still queued. Returns the status it had.
 LEAVE = COMMON + """
-local eid, why = ARGV[1], ARGV[2]
+local eid, why, now, was_served, only_queued = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
 local e = entry(eid)
 if not e then return '' end
+if only_queued == '1' and e.status ~= 'queued' then return e.status end
 if e.status == 'queued' then unqueue(eid, e); untag(eid, e)
-elseif e.status == 'released' then redis.call('HINCRBY', P .. 'inf', e.klass, -1) end
+elseif e.status == 'released' then
+  redis.call('HINCRBY', P .. 'inf', e.klass, -1)
+  if was_served == '1' then served(now, e.cost) end
+end
 if e.status == 'queued' or e.status == 'released' then redis.call('PUBLISH', P .. 'wake', 0) end
 redis.call('SREM', P .. 'w:' .. e.worker, eid)
 redis.call('DEL', P .. 'e:' .. eid)
@@ -182,14 +231,14 @@ for k = 0, NCLS - 2 do
   if limit >= 0 then
     for _, eid in ipairs(redis.call('ZRANGEBYSCORE', P .. 'a' .. k, '-inf', now - limit)) do
       local e = entry(eid)
-      local v = redis.call('HMGET', P .. 'e:' .. eid, 'cost', 'weight')
+      local weight = num(redis.call('HGET', P .. 'e:' .. eid, 'weight'))
       unqueue(eid, e)
       local start = num(redis.call('HGET', P .. 'vt', up))  -- at the front of the fair order: it waited long enough
-      local fin = start + num(v[1]) / num(v[2])
+      local fin = start + e.cost / weight
       local tags = P .. 'tags' .. up
       redis.call('HSET', tags, e.tenant, math.max(num(redis.call('HGET', tags, e.tenant)), fin))
       redis.call('HSET', P .. 'e:' .. eid, 'klass', up, 'start', start, 'finish', fin)
-      enqueue(eid, e.tenant, up, start, now)
+      enqueue(eid, e.tenant, up, start, now, e.cost)
       moved[#moved + 1] = eid
     end
   end
@@ -218,10 +267,13 @@ def prefix(model: str) -> str:
 @dataclass(frozen=True, slots=True)
 class Entered:
     """``status``: ``queued``, or why it was refused (``queue_full``, ``tenant_queue_full``);
-    ``victim``: the id of a queued entry (any worker's) it displaced, or ''."""
+    ``victim``: the id of a queued entry (any worker's) it displaced, or ''; ``wait_s``: its wait
+    by the estimate (the cost queued ahead of it over the model's throughput, measured from the
+    requests every worker served in the last 30 s), None until that throughput is known."""
     eid: str
     status: str
     victim: str
+    wait_s: float | None = None
 
 
 def _s(x: Any) -> str:
@@ -254,7 +306,8 @@ class SharedQueue:
         res = await self._enter(keys=[self._p], args=[
             now_ms, self.worker, self._ttl, e.tenant, e.klass, e.cost, e.weight, rules.burst_tokens,
             rules.max_queued_per_tenant, rules.max_queued])
-        return Entered(_s(res[0]), _s(res[1]), _s(res[2]))
+        wait = float(_s(res[3])) if len(res) > 3 else -1.0
+        return Entered(_s(res[0]), _s(res[1]), _s(res[2]), wait if wait >= 0 else None)
 
     async def release(self, free: int, total: int, rules: Rules, now_ms: int) -> list[str]:
         """Releases the global head(s) for up to ``free`` slots (capped by ``total`` less every
@@ -264,11 +317,15 @@ class SharedQueue:
             *(rules.rule(k).reserved_share for k in range(len(CLASSES)))])
         return [_s(x) for x in res]
 
-    async def leave(self, eid: str, why: str = "withdrawn") -> str:
+    async def leave(self, eid: str, why: str = "withdrawn", now_ms: int = 0, served: bool = False,
+                    only_queued: bool = False) -> str:
         """The entry goes: a queued one leaves the order (it charges its tenant nothing when it
-        was the last tagged), a released one frees its slot. Returns the status it had
-        (``queued``, ``released``, a refusal's reason, or '' when it was already gone)."""
-        return _s(await self._leave(keys=[self._p], args=[eid, why]))
+        was the last tagged), a released one frees its slot (``served``: its cost counts in the
+        throughput at ``now_ms``). ``only_queued``: it goes only if it is still queued (a refusal
+        that must not take a slot it was just given). Returns the status it had (``queued``,
+        ``released``, a refusal's reason, or '' when it was already gone)."""
+        return _s(await self._leave(keys=[self._p], args=[eid, why, now_ms, "1" if served else "0",
+                                                          "1" if only_queued else "0"]))
 
     async def promote(self, rules: Rules, now_ms: int) -> list[str]:
         """Moves each entry queued in its class past the class's ``promote_after_s`` up one class,

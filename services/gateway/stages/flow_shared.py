@@ -6,8 +6,9 @@ A worker learns that its entry was released or refused from the entry's status: 
 released it itself, else on the next wake (a PUBLISH on the model's channel) or tick (0.1 s).
 While Redis does not answer, requests queue in this worker's own FlowController (stages/flow.py),
 as limits do (FallbackLimiter), counted by ``llmesh_flow_shared_fallback``; those waiting in Redis
-then move there. What the shared queue does not do (yet): the deadline refusal on arrival from the
-estimated wait (a request still waits at most until its deadline: 504)."""
+then move there. A request that the estimate says cannot get a slot before its deadline (the cost
+queued ahead of it over the throughput every worker measured) is refused at once, as in one
+process; the estimate leaves out the bound from the tenant's own throughput that one process adds."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from typing import Any
 from llmesh.liveconfig.schema import MeshConfig
 from llmesh.gateway.domain.degrade import load_of
 from llmesh.gateway.domain.fairness import CLASSES, Entry, Refusal
-from llmesh.gateway.domain.fairness_redis import SharedQueue
+from llmesh.gateway.domain.fairness_redis import Entered, SharedQueue
 from llmesh.gateway.stages.flow import TICK_S, WHY, FlowController, FlowObserver, refusal_error
 
 log = logging.getLogger("llmesh.gateway.flow")
@@ -131,18 +132,30 @@ class SharedFlowController:
             if got.victim in m.waiting:
                 await self._settle(model, m, {got.victim: "preempted"})
             await self._release(model, m, free, total)
-            await fut
+            if not await self._too_late(model, m, got, entry):
+                await fut
         except _StoreDown:
             self._orphans.append((m, got.eid))  # it leaves the shared queue once Redis answers
             return await self._acquire_local(model, entry, embed)
         except BaseException:
-            self._forget(model, m, got.eid)
+            waiting = self._forget(model, m, got.eid) is not None  # else a refusal already took it out
             if entry.released:
                 self.done(model, entry, served=False)
-            else:
+            elif waiting:
                 self._spawn(self._leave(m, got.eid))
             raise
         return True
+
+    async def _too_late(self, model: str, m: _Model, got: Entered, entry: Entry) -> bool:
+        """Refuses ``entry`` (raises, 429 ``deadline``) when it is still queued and its estimated
+        wait runs past its deadline; False when it may wait."""
+        if got.wait_s is None or got.eid not in m.waiting or self._clock() + got.wait_s <= entry.deadline:
+            return False
+        if await m.queue.leave(got.eid, "deadline", only_queued=True) != "queued":
+            return False  # released (or gone) meanwhile: its status tells the waiter
+        self._forget(model, m, got.eid)
+        self._refused(model, entry, "deadline", got.wait_s)
+        return True  # not reached: _refused raises
 
     async def _acquire_local(self, model: str, entry: Entry, embed: bool) -> bool:
         entry.queued = entry.released = False
@@ -151,8 +164,8 @@ class SharedFlowController:
             self._local_entries.add(entry)
         return held
 
-    def _refused(self, model: str, entry: Entry, reason: str) -> None:
-        why = Refusal(reason, self._local.retry_after_s)
+    def _refused(self, model: str, entry: Entry, reason: str, retry_after_s: float | None = None) -> None:
+        why = Refusal(reason, self._local.retry_after_s if retry_after_s is None else retry_after_s)
         self._metrics.refused(model, entry.tenant, CLASSES[entry.klass], reason)
         log.info("request refused by flow control", extra={
             "model": model, "tenant": entry.tenant, "class": CLASSES[entry.klass], "reason": reason,
@@ -203,12 +216,12 @@ class SharedFlowController:
         eid = m.held.pop(entry, None)
         entry.released = False
         if eid is not None:
-            self._spawn(self._leave(m, eid))
+            self._spawn(self._leave(m, eid, served=served))
         self._poke_shared()
 
-    async def _leave(self, m: _Model, eid: str, why: str = "withdrawn") -> str:
+    async def _leave(self, m: _Model, eid: str, why: str = "withdrawn", served: bool = False) -> str:
         try:
-            return await m.queue.leave(eid, why)
+            return await m.queue.leave(eid, why, self._now_ms(), served)
         except self._errors as exc:  # it leaves once Redis answers again
             self._orphans.append((m, eid))
             self._failed(exc)
