@@ -255,7 +255,7 @@ class SharedFlowController:
         if beat:
             self._last_beat = now
         for model, m in self._models.items():
-            if not (m.waiting or m.queued or (beat and (m.held or m.busy))):  # a dead worker's slots: reaped
+            if not (m.waiting or m.queued or beat):  # each beat looks: a dead worker's entries are reaped
                 continue
             for eid, (entry, _) in list(m.waiting.items()):
                 if entry.deadline <= now and await m.queue.leave(eid, "expired") != "released":
