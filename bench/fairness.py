@@ -59,6 +59,7 @@ class Result:
     done_s: float | None = None  # when the answer (or refusal) ended, since the phase began
     answered_s: float | None = None  # when the first byte of the answer or refusal came, since it was sent
     tokens: int = 0
+    asked: int = 0  # its max_tokens: what it asked for
 
 
 @dataclass
@@ -114,9 +115,9 @@ async def run_phase(url: str, keys: dict[str, str], phase: Phase, deadline_s: fl
             t = rng.expovariate(rate)
             while t < phase.seconds:
                 await asyncio.sleep(max(0.0, t0 + t - time.perf_counter()))
-                r = Result(tenant, time.perf_counter() - t0)
-                phase.results.append(r)
                 max_tokens = rng.randint(TOKENS // 4, TOKENS * 7 // 4)  # answers of mixed lengths
+                r = Result(tenant, time.perf_counter() - t0, asked=max_tokens)
+                phase.results.append(r)
                 tasks.append(asyncio.create_task(one(client, url, keys[tenant], r, t0, deadline_s, max_tokens)))
                 t += rng.expovariate(rate)
 
@@ -156,7 +157,10 @@ def summary(phase: Phase, warmup_s: float, deadline_s: float) -> dict:
     std = served.get("heavy", 0) + served.get("light", 0)
     if std:
         capacity = std  # the standard class's served tokens/s: split max-min fairly, weights 1:1
-        asks = {t: phase.rates.get(t, 0) * TOKENS for t in ("heavy", "light")}
+        # each tenant's ask: the tokens its requests sent in the window asked for (the draws this run made,
+        # not the nominal rate's mean: a tenant under its share is owed what it really asked)
+        asks = {t: sum(r.asked for r in phase.results if r.tenant == t and warmup_s <= r.sent <= phase.seconds)
+                / window for t in ("heavy", "light")}
         fair = _max_min(capacity, asks)
         out["standard_share"] = {t: {"served": round(served[t] / std, 3), "expected": round(fair[t] / capacity, 3)}
                                  for t in ("heavy", "light") if t in phase.rates}
@@ -213,9 +217,10 @@ def _goals(report: dict) -> dict:
 
 def _virtual(phases: list[Phase], deadline_s: float) -> None:
     def record(i: int):
-        def add(tenant: str, sent: float, ttft: float | None, tokens: int, reason: str, done: float) -> None:
+        def add(tenant: str, sent: float, ttft: float | None, tokens: int, reason: str, done: float,
+                asked: int) -> None:
             phases[i].results.append(Result(tenant, sent, 429 if reason else 200, reason, ttft, done,
-                                            ttft if ttft is not None else done - sent, tokens))
+                                            ttft if ttft is not None else done - sent, tokens, asked))
         return add
 
     fleet = {"engines": ENGINES, "running": RUNNING, "waiting": WAITING, "tokens": TOKENS, "decode_ms": DECODE_MS}

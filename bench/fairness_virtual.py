@@ -90,7 +90,7 @@ async def _phase(fleet: Fleet, rates: dict[str, float], seconds: float, deadline
 
     async def one(tenant: str, sent: float, max_tokens: int) -> None:
         ttft, tokens, reason = await fleet.serve(tenant, deadline_s, max_tokens)
-        record(tenant, sent, ttft, tokens, reason, loop.time() - t0)
+        record(tenant, sent, ttft, tokens, reason, loop.time() - t0, max_tokens)
 
     async def arrivals(tenant: str, rate: float) -> None:
         t = rng.expovariate(rate)
