@@ -38,6 +38,7 @@ from pathlib import Path
 
 from llmesh.gateway.upstream.picking import Endpoint, EndpointPicker, PickInput
 from llmesh.kvhash import LLMESH_SCHEME, chain_hashes
+from bench.routing_sweep import apply_kv_events
 from llmesh.types import Message, Prompt
 from llmesh.engine.backends.base import DecodeParams
 from llmesh.engine.backends.sim import SimBackend, SimProfile
@@ -149,13 +150,7 @@ class Fleet:
                                          kv_hash=self.engines[eid].kv_blocks.scheme)
                                 for eid in self.engines for n in (self.inflight[eid],))
         for eid, backend in self.engines.items():
-            for ev in backend.kv_blocks.take_events():
-                if ev.kind == "cleared":
-                    self.picker.kv.apply(eid, True, (), ())
-                elif ev.kind == "stored":
-                    self.picker.kv.apply(eid, False, ev.hashes, ())
-                elif ev.kind == "removed":
-                    self.picker.kv.apply(eid, False, (), ev.hashes)
+            apply_kv_events(self.picker, eid, backend.kv_blocks.take_events())
 
     async def reporter(self) -> None:
         while True:

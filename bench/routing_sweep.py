@@ -22,6 +22,7 @@ import asyncio
 import math
 import random
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from llmesh.engine.backends.base import DecodeParams
@@ -51,6 +52,17 @@ class Setup:
     sticky_penalty_tokens: int = 2048
     users: int = 0  # > 0: a closed loop of this many users instead of Poisson session starts
 
+
+def apply_kv_events(picker: EndpointPicker, eid: str, events: Iterable) -> None:
+    """A sim engine's KV events (``kv_blocks.take_events()``) into the picker's view of ``eid``'s
+    blocks, as the scheduler's stream brings them to a gateway."""
+    for ev in events:
+        if ev.kind == "cleared":
+            picker.kv.apply(eid, True, (), ())
+        elif ev.kind == "stored":
+            picker.kv.apply(eid, False, ev.hashes, ())
+        elif ev.kind == "removed":
+            picker.kv.apply(eid, False, (), ev.hashes)
 
 class Tokenizer:
     """The sim engines' tokenizer (one token per word), remembering words it has seen."""
@@ -97,13 +109,7 @@ class Fleet:
         eps, events = snap
         self.picker.replace_all(eps)
         for eid, evs in events:
-            for ev in evs:
-                if ev.kind == "cleared":
-                    self.picker.kv.apply(eid, True, (), ())
-                elif ev.kind == "stored":
-                    self.picker.kv.apply(eid, False, ev.hashes, ())
-                elif ev.kind == "removed":
-                    self.picker.kv.apply(eid, False, (), ev.hashes)
+            apply_kv_events(self.picker, eid, evs)
 
     async def reporter(self) -> None:
         loop = asyncio.get_running_loop()

@@ -10,17 +10,13 @@ would match the old entries: the test would see it) and records what it was sent
 from __future__ import annotations
 
 import asyncio
-import uuid
 
 import pytest
 from aiohttp import web
 
 from llmesh.liveconfig.schema import MeshConfig
-from llmesh.platform import standalone_platform
-from llmesh.cache.app import CacheApp
-from llmesh.cache.config import CacheSettings
 from tests.component.helpers import serving
-from tests.component.test_cache_service import Running, query
+from tests.component.test_cache_service import CacheApps, Running, query
 
 QUESTION, PARAPHRASE = "How do I reset my password?", "How can I reset my password?"
 
@@ -63,24 +59,9 @@ def config(embedder: dict | None = None) -> MeshConfig:
 @pytest.fixture(params=["memory", "redis"])
 async def start(request, redis_server, minilm_dir, monkeypatch):
     monkeypatch.setenv("EMBED_TEST_KEY", "sk-test-embed")
-    namespace = f"test:{uuid.uuid4().hex}"
-    running: list[Running] = []
-
-    async def start(mesh: MeshConfig) -> Running:
-        platform = standalone_platform("cache")
-        platform.config.current = mesh
-        settings = CacheSettings(port=0, backend=request.param, redis_url=redis_server.url, namespace=namespace,
-                                 embed_model_dir=minilm_dir, store_budget_s=1.0, embed_key_envs="EMBED_TEST_KEY")
-        app = CacheApp(settings, platform)
-        await app.start()
-        r = Running(app)
-        r.app_platform = platform
-        running.append(r)
-        return r
-
-    yield start, request.param
-    for r in running:
-        await r.stop()
+    apps = CacheApps(redis_server.url, minilm_dir, backend=request.param, embed_key_envs="EMBED_TEST_KEY")
+    yield apps.start, request.param
+    await apps.stop()
 
 
 async def switch(r: Running, mesh: MeshConfig) -> None:

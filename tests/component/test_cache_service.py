@@ -55,27 +55,39 @@ class Running:
             await self.app.stop(1)
 
 
-@pytest.fixture
-async def start(redis_server, minilm_dir):
-    namespace = f"test:{uuid.uuid4().hex}"
-    running: list[Running] = []
+class CacheApps:
+    """Cache services started in process on free ports, over one fresh namespace of the Redis at
+    ``redis_url`` (``defaults``: CacheSettings fields for each); ``stop`` ends every one."""
 
-    async def start(config: MeshConfig = SEMANTIC, url: str | None = None, **overrides) -> Running:
+    def __init__(self, redis_url: str, minilm_dir, **defaults):
+        self._namespace = f"test:{uuid.uuid4().hex}"
+        self._redis_url, self._minilm_dir = redis_url, minilm_dir
+        # a generous store budget: this machine is shared, and a call over budget is (rightly) a miss
+        self._defaults = {"backend": "redis", "store_budget_s": 1.0, **defaults}
+        self._running: list[Running] = []
+
+    async def start(self, config: MeshConfig = SEMANTIC, url: str | None = None, **overrides) -> Running:
         platform = standalone_platform("cache")
         platform.config.current = config
-        # a generous store budget: this machine is shared, and a call over budget is (rightly) a miss
-        settings = CacheSettings(port=0, backend="redis", redis_url=url or redis_server.url, namespace=namespace,
-                                 embed_model_dir=minilm_dir, **{"store_budget_s": 1.0, **overrides})
+        settings = CacheSettings(port=0, redis_url=url or self._redis_url, namespace=self._namespace,
+                                 embed_model_dir=self._minilm_dir, **{**self._defaults, **overrides})
         app = CacheApp(settings, platform)
         await app.start()
         r = Running(app)
         r.app_platform = platform
-        running.append(r)
+        self._running.append(r)
         return r
 
-    yield start
-    for r in running:
-        await r.stop()
+    async def stop(self) -> None:
+        for r in self._running:
+            await r.stop()
+
+
+@pytest.fixture
+async def start(redis_server, minilm_dir):
+    apps = CacheApps(redis_server.url, minilm_dir)
+    yield apps.start
+    await apps.stop()
 
 
 async def _rebuilt(r: Running, n: int) -> None:
