@@ -356,15 +356,20 @@ def report(plan: Plan, idle: list[Turn], policies: list[dict]) -> dict:
             "ratio": ratio, "goal": GOAL, "goal_met": ratio is not None and ratio <= GOAL}
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m bench.routing_gateway", description=__doc__.split("\n")[0])
+def plan_from_args(prog: str, description: str, argv: list[str] | None, per: str) -> Plan:
+    """The command line of a bench that runs a Plan (this one and bench.routing_replicas):
+    ``--quick`` for QUICK, ``--duration`` seconds of load ``per`` run."""
+    ap = argparse.ArgumentParser(prog=prog, description=description)
     ap.add_argument("--json", action="store_true", help="print the JSON document only (the default prints it too)")
     ap.add_argument("--quick", action="store_true", help="a tiny run (2 engines, seconds): for tests")
-    ap.add_argument("--duration", type=float, help="seconds of load per routing policy")
+    ap.add_argument("--duration", type=float, help=f"seconds of load per {per}")
     args = ap.parse_args(argv)
     plan = QUICK if args.quick else Plan()
-    if args.duration:
-        plan = Plan(**{**plan.__dict__, "duration_s": args.duration})
+    return Plan(**{**plan.__dict__, "duration_s": args.duration}) if args.duration else plan
+
+
+def main(argv: list[str] | None = None) -> None:
+    plan = plan_from_args("python -m bench.routing_gateway", __doc__.split("\n")[0], argv, "routing policy")
     print(json.dumps(bench(plan), indent=2))
 
 

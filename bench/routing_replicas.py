@@ -16,7 +16,6 @@ whose connection broke before its answer began is retried, a stream cut by the k
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -32,8 +31,8 @@ from pathlib import Path
 from openai import OpenAI
 
 from bench.common import note
-from bench.routing_gateway import (DECODE_MS, MODEL, OUTPUT_TOKENS, PREFILL_MS, QUICK, Plan, Turn,
-                                   attach_endpoints, served_by, summarize, system_prompt, turn)
+from bench.routing_gateway import (DECODE_MS, MODEL, OUTPUT_TOKENS, PREFILL_MS, Plan, Turn, attach_endpoints,
+                                   plan_from_args, served_by, summarize, system_prompt, turn)
 from llmesh.testing import Mesh, RedisServer, free_layout, metric_values, wait_until
 
 GOAL = 0.95
@@ -147,14 +146,7 @@ def measure(mesh: Mesh, plan: Plan, name: str, workers: int, kill: bool, key: st
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m bench.routing_replicas", description=__doc__.split("\n")[0])
-    ap.add_argument("--json", action="store_true", help="print the JSON document only (the default prints it too)")
-    ap.add_argument("--quick", action="store_true", help="a tiny run (2 engines, seconds): for tests")
-    ap.add_argument("--duration", type=float, help="seconds of load per run")
-    args = ap.parse_args(argv)
-    plan = QUICK if args.quick else Plan()
-    if args.duration:
-        plan = Plan(**{**plan.__dict__, "duration_s": args.duration})
+    plan = plan_from_args("python -m bench.routing_replicas", __doc__.split("\n")[0], argv, "run")
     runs = {name: run(plan, name, workers, kill) for name, workers, kill in RUNS}
     one = runs["one"]["kv_hit_rate"]
     ratios = {name: round(r["kv_hit_rate"] / one, 3) if one and r["kv_hit_rate"] is not None else None
