@@ -104,18 +104,24 @@ def test_a_killed_workers_queued_requests_leave_the_shared_queue(gateway):
     victim = gateway.ready_pids()[1]
     held: list[bytes] = []
 
-    async def run() -> list[int]:
+    async def attempt() -> list[int] | None:
+        """One burst; SIGKILL the victim once it holds an entry of it. None: the kernel gave this
+        burst's every connection to the other worker (1 in 32 for six connections), so it ran whole."""
         burst = asyncio.ensure_future(_burst(gateway, SLOTS + MAX_QUEUED))
-        for _ in range(40):  # two hold the slots, four wait, spread over both workers
+        while not burst.done():  # two hold the slots, four wait, spread over both workers
             await asyncio.sleep(0.05)
             held[:] = _owned(r, victim)
             if held:
-                break
-        os.kill(victim, signal.SIGKILL)
-        return await burst
+                os.kill(victim, signal.SIGKILL)
+                return await burst
+        await burst
+        return None
 
-    codes = asyncio.run(run())
-    assert held, "the kernel gave every connection to the other worker"
+    for _ in range(6):
+        codes = asyncio.run(attempt())
+        if codes is not None:
+            break
+    assert held, "six bursts in a row went whole to the other worker"
     assert not pid_alive(victim)
     # the killed worker's connections broke (0); the other worker's requests were answered, or refused
     # with 429 when the kernel gave the victim enough connections to fill the shared queue
