@@ -132,8 +132,8 @@ class SharedFlowController:
             if got.victim in m.waiting:
                 await self._settle(model, m, {got.victim: "preempted"})
             await self._release(model, m, free, total)
-            if not await self._too_late(model, m, got, entry):
-                await fut
+            await self._refuse_if_too_late(model, m, got, entry)
+            await fut
         except _StoreDown:
             self._orphans.append((m, got.eid))  # it leaves the shared queue once Redis answers
             return await self._acquire_local(model, entry, embed)
@@ -146,16 +146,15 @@ class SharedFlowController:
             raise
         return True
 
-    async def _too_late(self, model: str, m: _Model, got: Entered, entry: Entry) -> bool:
+    async def _refuse_if_too_late(self, model: str, m: _Model, got: Entered, entry: Entry) -> None:
         """Refuses ``entry`` (raises, 429 ``deadline``) when it is still queued and its estimated
-        wait runs past its deadline; False when it may wait."""
+        wait runs past its deadline; returns when it may wait."""
         if got.wait_s is None or got.eid not in m.waiting or self._clock() + got.wait_s <= entry.deadline:
-            return False
+            return
         if await m.queue.leave(got.eid, "deadline", only_queued=True) != "queued":
-            return False  # released (or gone) meanwhile: its status tells the waiter
+            return  # released (or gone) meanwhile: its status tells the waiter
         self._forget(model, m, got.eid)
         self._refused(model, entry, "deadline", got.wait_s)
-        return True  # not reached: _refused raises
 
     async def _acquire_local(self, model: str, entry: Entry, embed: bool) -> bool:
         entry.queued = entry.released = False
