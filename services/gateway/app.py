@@ -72,6 +72,7 @@ from llmesh.gateway.domain.listing import ListedModel, listed_models
 from llmesh.gateway.upstream.demand import DemandReporter
 from llmesh.gateway.upstream.engines import EngineClients
 from llmesh.gateway.upstream.feed import SchedulerFeed
+from llmesh.gateway.upstream.ledger_share import LedgerShare
 from llmesh.gateway.upstream.picking import EndpointPicker, PickInput
 from llmesh.gateway.upstream.provider_secrets import ProviderSecrets
 from llmesh.gateway.upstream.providers import ProviderClients
@@ -164,6 +165,7 @@ class GatewayApp:
         self.metrics = GatewayMetrics(platform.metrics, known=self._known_model)
         mesh = platform.settings
         self.redis = _redis(mesh.redis_url) if mesh.redis_url else None
+        self.ledger = self._ledger_share(settings)
         self._authentication(settings, mesh)
         prompt_tokens = PromptTokens(settings.model_dir)  # one tokenizer per model for limits and picking
         self.audit = (AuditLog(settings.audit_file or mesh.state_dir / "audit.jsonl", fsync=settings.audit_fsync,
@@ -197,6 +199,12 @@ class GatewayApp:
             access_log=False, lifespan="off", http="httptools", loop="none", interface="asgi3",
             proxy_headers=False, timeout_graceful_shutdown=int(settings.grace_s) or 1))
         self._tasks: list[asyncio.Task] = []
+
+    def _ledger_share(self, settings: GatewaySettings) -> LedgerShare | None:
+        """With a Redis: the picker's in-flight load shared with the other gateway processes."""
+        if self.redis is None or not settings.ledger_share_s:
+            return None
+        return LedgerShare(self.redis, self.picker.local, settings.ledger_share_s, errors=STORE_ERRORS)
 
     def _authentication(self, settings: GatewaySettings, mesh: MeshSettings) -> None:
         """The key store and the authenticator; local mode is decided here, from settings only."""
@@ -330,6 +338,8 @@ class GatewayApp:
                        asyncio.create_task(self.model_catalog.run(), name="model-catalog"),
                        asyncio.create_task(self.demand.run(), name="demand-reporter"),
                        asyncio.create_task(self.flow.run(), name="flow-control")]
+        if self.ledger is not None:
+            self._tasks.append(asyncio.create_task(self.ledger.run(), name="ledger-share"))
         if self.settings.loop_watch_ms:
             self._tasks.append(asyncio.create_task(watch_loop(self.settings.loop_watch_ms / 1000), name="loop-watch"))
         if self.guard_workers is not None:
@@ -370,6 +380,8 @@ class GatewayApp:
         await self.providers.close()
         if self.cache:
             await self.cache.close()
+        if self.ledger is not None:
+            await self.ledger.leave()
         if self.redis is not None:
             await self.redis.aclose()
         if self.audit is not None:

@@ -76,6 +76,10 @@ class GatewaySettings(ServiceSettings):
     injection_scan_chars: int = Field(default=128 * 1024, ge=1, description="characters of a message the "
                                       "prompt-injection screen reads; past them it decides on what it read and the "
                                       "request's record says injection_truncated")
+    ledger_share_s: float = Field(default=0.05, ge=0, le=5, description="with Redis: how often each gateway "
+                                  "process publishes its in-flight load per engine and reads the other processes' "
+                                  "(workers and replicas), so every one routes on all of it (0: on its own share "
+                                  "and the engines' reports only)")
     loop_watch_ms: float = Field(default=0, ge=0, description="log a warning each time the event loop wakes this "
                                  "much late, with the CPU its thread and the process spent meanwhile (0: off)")
     injection_scan_total_chars: int = Field(default=512 * 1024, ge=1, description="characters of a request the "

@@ -113,8 +113,8 @@ class KvCost:
         for e in cands:
             size = e.kv_hash.block_size if e.kv_hash is not None else self._block
             prefill = math.ceil(prefill_after(self._kv, e, req, local) / size)
-            held = local.decode_tokens.get(e.endpoint_id, 0)
-            others = max(e.running - local.decode_seqs.get(e.endpoint_id, 0), 0)  # reported, not ours
+            held = local.all_of("decode_tokens", e.endpoint_id)
+            others = max(e.running - local.all_of("decode_seqs", e.endpoint_id), 0)  # reported, not the ledgers'
             decode = math.ceil((held + others * prompt + prompt) / size)
             costs.append(self.overlap_weight * prefill + decode)
         return _spread(costs)

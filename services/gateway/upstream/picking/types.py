@@ -92,6 +92,15 @@ class LocalState:
     prefill_requests: dict[str, int] = field(default_factory=dict)
     decode_seqs: dict[str, int] = field(default_factory=dict)
     decode_tokens: dict[str, int] = field(default_factory=dict)
+    # The other gateways' ledgers (workers and replicas sharing a Redis, picking.peers): per
+    # endpoint, their counts summed, in PEER_COUNTS order; empty with no peers.
+    peers: dict[str, tuple[int, ...]] = field(default_factory=dict)
+
+    def all_of(self, counts: str, endpoint_id: str) -> int:
+        """One of the ledger's counts over every gateway: ours and the peers' last published."""
+        own: int = getattr(self, counts).get(endpoint_id, 0)
+        theirs = self.peers.get(endpoint_id)
+        return own + theirs[PEER_COUNTS.index(counts)] if theirs else own
 
     def add(self, counts: str, endpoint_id: str, n: int) -> None:
         """Adds ``n`` (negative: takes) to one of the ledger's counts; nothing below zero is kept."""
@@ -103,26 +112,29 @@ class LocalState:
             table.pop(endpoint_id, None)
 
     def queued_prefill(self, e: Endpoint, each: int) -> int:
-        """Uncached prompt tokens waiting to start there: ours exactly, from the ledger, and the
-        requests the last report shows waiting beyond ours at ``each`` tokens (a report that
-        lags counts ours as waiting still: never less than the ledger, never the report alone)."""
-        ours = self.prefill_requests.get(e.endpoint_id, 0)
-        return self.prefill_tokens.get(e.endpoint_id, 0) + max(e.waiting - ours, 0) * each
+        """Uncached prompt tokens waiting to start there: every gateway's, from the ledgers, and
+        the requests the last report shows waiting beyond those at ``each`` tokens (a report that
+        lags counts ours as waiting still: never less than the ledgers, never the report alone)."""
+        ours = self.all_of("prefill_requests", e.endpoint_id)
+        return self.all_of("prefill_tokens", e.endpoint_id) + max(e.waiting - ours, 0) * each
 
     def decoding(self, e: Endpoint) -> int:
-        """Sequences decoding there: the last report's running ones or our ledger's, the more."""
-        return max(e.running, self.decode_seqs.get(e.endpoint_id, 0))
+        """Sequences decoding there: the last report's running ones or the ledgers', the more."""
+        return max(e.running, self.all_of("decode_seqs", e.endpoint_id))
 
     def requests(self, e: Endpoint) -> int:
         """Running + waiting there now: the last report (all gateways' work) corrected by
-        what we started and finished since, and never less than our own in flight."""
-        return max(e.running + e.waiting + self.since_report.get(e.endpoint_id, 0),
-                   self.inflight.get(e.endpoint_id, 0), 0)
+        what every gateway started and finished since, and never less than their work in flight."""
+        eid = e.endpoint_id
+        return max(e.running + e.waiting + self.all_of("since_report", eid), self.all_of("inflight", eid), 0)
 
     def load(self, e: Endpoint) -> float:
         """Requests per slot."""
         return self.requests(e) / max(e.max_running, 1)
 
+
+# The counts a gateway publishes to its peers (picking.peers), in this order.
+PEER_COUNTS = ("prefill_tokens", "prefill_requests", "decode_seqs", "decode_tokens", "inflight", "since_report")
 
 DEFAULT_OUTPUT_TOKENS = 256  # a request that sets no max_tokens is expected to ask for this many
 
