@@ -6,7 +6,9 @@ through a gateway of 1 worker process and of 3 (``llmesh up --gateway-workers 3`
 the ports, each with its own picker and load ledger, each fed the scheduler's KV-block stream; the
 kernel gives each of the client's connections to one of them, so a conversation's turns cross
 workers), and of 3 with one worker SIGKILLed halfway through (the gateway's supervisor restarts it).
-Each on a fresh mesh, with a Redis (several workers need one) and an API key.
+The workers share their in-flight load through the Redis (``LLMESH_GATEWAY_LEDGER_SHARE_S``); a
+fourth run of 3 workers with that off shows what the sharing does. Each on a fresh mesh, with a
+Redis (several workers need one) and an API key.
 
 Per run: the engines' KV hit rate (their prefix-cache hit tokens over the prompt tokens they were
 asked for), follow-ups served on their previous turn's engine, TTFT p50/p99, and the requests that
@@ -36,7 +38,9 @@ from bench.routing_gateway import (DECODE_MS, MODEL, OUTPUT_TOKENS, PREFILL_MS, 
 from llmesh.testing import Mesh, RedisServer, free_layout, metric_values, wait_until
 
 GOAL = 0.95
-RUNS = (("one", 1, False), ("three", 3, False), ("three_one_killed", 3, True))
+# name, gateway workers, one of them killed halfway, in-flight load shared over Redis
+RUNS = (("one", 1, False, True), ("three", 3, False, True), ("three_one_killed", 3, True, True),
+        ("three_unshared", 3, False, False))
 
 
 def prefix_totals(mesh: Mesh) -> tuple[float, float]:
@@ -81,7 +85,7 @@ def users(client: OpenAI, plan: Plan, stop_at: float, out: list[Turn], errors: l
     return [threading.Thread(target=user, args=(w,)) for w in range(plan.conversations)]
 
 
-def start_mesh(root: Path, plan: Plan, workers: int, redis_url: str) -> Mesh:
+def start_mesh(root: Path, plan: Plan, workers: int, redis_url: str, share: bool) -> Mesh:
     config = root / "llmesh.yaml"
     config.write_text(f'tenants: {{"bench": {{}}}}\nmodels: {{{MODEL}: {{routing: prefix_aware}}}}\n')
     mesh = Mesh(layout=free_layout(n_engines=plan.engines), engines=f"sim:{plan.engines}",
@@ -92,7 +96,8 @@ def start_mesh(root: Path, plan: Plan, workers: int, redis_url: str) -> Mesh:
                      "LLMESH_ENGINE_SIM_PREFILL_MS_PER_TOKEN": str(PREFILL_MS),
                      "LLMESH_ENGINE_SIM_DECODE_MS_PER_TOKEN": str(DECODE_MS),
                      "LLMESH_ENGINE_SIM_OUTPUT_TOKENS": str(OUTPUT_TOKENS),
-                     "LLMESH_ENGINE_SELF_TEST_INTERVAL_S": "600"})
+                     "LLMESH_ENGINE_SELF_TEST_INTERVAL_S": "600",
+                     **({} if share else {"LLMESH_GATEWAY_LEDGER_SHARE_S": "0"})})
     mesh.start(timeout_s=120)
     if workers > 1 and not wait_until(lambda: len(workers_ready(mesh)) == workers, 60):  # one: no supervisor
         mesh.stop()
@@ -100,7 +105,7 @@ def start_mesh(root: Path, plan: Plan, workers: int, redis_url: str) -> Mesh:
     return mesh
 
 
-def run(plan: Plan, name: str, workers: int, kill: bool) -> dict:
+def run(plan: Plan, name: str, workers: int, kill: bool, share: bool) -> dict:
     with tempfile.TemporaryDirectory(prefix="llmesh-bench-replicas-") as tmp:
         redis = RedisServer(Path(tmp) / "redis")
         redis.start()
@@ -108,9 +113,9 @@ def run(plan: Plan, name: str, workers: int, kill: bool) -> dict:
             key = subprocess.run([sys.executable, "-m", "llmesh", "keys", "create", "--tenant", "bench", "--redis-url",
                                   redis.url], capture_output=True, text=True, check=True,
                                  stdin=subprocess.DEVNULL).stdout.strip().splitlines()[-1]
-            mesh = start_mesh(Path(tmp), plan, workers, redis.url)
+            mesh = start_mesh(Path(tmp), plan, workers, redis.url, share)
             try:
-                return measure(mesh, plan, name, workers, kill, key)
+                return {**measure(mesh, plan, name, workers, kill, key), "load_shared": share}
             finally:
                 mesh.stop()
         finally:
@@ -147,13 +152,17 @@ def measure(mesh: Mesh, plan: Plan, name: str, workers: int, kill: bool, key: st
 
 def main(argv: list[str] | None = None) -> None:
     plan = plan_from_args("python -m bench.routing_replicas", __doc__.split("\n")[0], argv, "run")
-    runs = {name: run(plan, name, workers, kill) for name, workers, kill in RUNS}
+    runs = {name: run(plan, name, workers, kill, share) for name, workers, kill, share in RUNS}
     one = runs["one"]["kv_hit_rate"]
     ratios = {name: round(r["kv_hit_rate"] / one, 3) if one and r["kv_hit_rate"] is not None else None
-              for name, r in runs.items() if name != "one"}
+              for name, r in runs.items() if name != "one" and r["load_shared"]}
     print(json.dumps({"bench": "routing_replicas", "model": MODEL, "engines": plan.engines,
                       "max_running": plan.max_running, "conversations": plan.conversations,
-                      "duration_s": plan.duration_s, "runs": runs, "hit_rate_vs_one": ratios, "goal": GOAL,
+                      "duration_s": plan.duration_s, "runs": runs, "hit_rate_vs_one": ratios,
+                      "follow_ups_on_prefix_engine_vs_one": {
+                          name: round(r["follow_up_prefix_hit_rate"] / runs["one"]["follow_up_prefix_hit_rate"], 3)
+                          if runs["one"]["follow_up_prefix_hit_rate"] and r["follow_up_prefix_hit_rate"] is not None
+                          else None for name, r in runs.items() if name != "one"}, "goal": GOAL,
                       "goal_met": all(x is not None and x >= GOAL for x in ratios.values())}, indent=2))
 
 
