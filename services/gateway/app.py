@@ -165,7 +165,7 @@ class GatewayApp:
         self.metrics = GatewayMetrics(platform.metrics, known=self._known_model)
         mesh = platform.settings
         self.redis = _redis(mesh.redis_url) if mesh.redis_url else None
-        self.ledger = self._ledger_share(settings)
+        self.ledger = self._ledger_share(settings, mesh.redis_url)
         self._authentication(settings, mesh)
         prompt_tokens = PromptTokens(settings.model_dir)  # one tokenizer per model for limits and picking
         self.audit = (AuditLog(settings.audit_file or mesh.state_dir / "audit.jsonl", fsync=settings.audit_fsync,
@@ -200,11 +200,15 @@ class GatewayApp:
             proxy_headers=False, timeout_graceful_shutdown=int(settings.grace_s) or 1))
         self._tasks: list[asyncio.Task] = []
 
-    def _ledger_share(self, settings: GatewaySettings) -> LedgerShare | None:
-        """With a Redis: the picker's in-flight load shared with the other gateway processes."""
-        if self.redis is None or not settings.ledger_share_s:
+    def _ledger_share(self, settings: GatewaySettings, redis_url: str | None) -> LedgerShare | None:
+        """With a Redis: the picker's in-flight load shared with the other gateway processes, on a
+        client of its own (a round never waits for the request path's connections); a drop in the
+        peers' work in flight tells flow control, as a new endpoint table does."""
+        if not redis_url or not settings.ledger_share_s:
             return None
-        return LedgerShare(self.redis, self.picker.local, settings.ledger_share_s, errors=STORE_ERRORS)
+        self._ledger_redis = redis.asyncio.Redis.from_url(redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
+        return LedgerShare(self._ledger_redis, self.picker.local, settings.ledger_share_s,
+                           on_drop=lambda: self.flow.poke())
 
     def _authentication(self, settings: GatewaySettings, mesh: MeshSettings) -> None:
         """The key store and the authenticator; local mode is decided here, from settings only."""
@@ -382,6 +386,7 @@ class GatewayApp:
             await self.cache.close()
         if self.ledger is not None:
             await self.ledger.leave()
+            await self._ledger_redis.aclose()
         if self.redis is not None:
             await self.redis.aclose()
         if self.audit is not None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from llmesh.settings import DEFAULT_PORTS, ServiceSettings, default_address
@@ -79,7 +79,7 @@ class GatewaySettings(ServiceSettings):
     ledger_share_s: float = Field(default=0.05, ge=0, le=5, description="with Redis: how often each gateway "
                                   "process publishes its in-flight load per engine and reads the other processes' "
                                   "(workers and replicas), so every one routes on all of it (0: on its own share "
-                                  "and the engines' reports only)")
+                                  "and the engines' reports only; at least 0.01 otherwise)")
     loop_watch_ms: float = Field(default=0, ge=0, description="log a warning each time the event loop wakes this "
                                  "much late, with the CPU its thread and the process spent meanwhile (0: off)")
     injection_scan_total_chars: int = Field(default=512 * 1024, ge=1, description="characters of a request the "
@@ -99,6 +99,13 @@ class GatewaySettings(ServiceSettings):
                                       "worker and not done this long (the worker died) is run by another")
     batch_retention_s: int = Field(default=30 * 86400, ge=60, description="with Redis: batch files and state "
                                    "expire this long after their last change")
+
+    @field_validator("ledger_share_s")
+    @classmethod
+    def _ledger_share_not_a_busy_loop(cls, v: float) -> float:
+        if 0 < v < 0.01:
+            raise ValueError("ledger_share_s is 0 (off) or at least 0.01")
+        return v
 
     @model_validator(mode="after")
     def _workers_share_fixed_ports(self) -> GatewaySettings:

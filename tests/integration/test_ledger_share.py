@@ -1,29 +1,34 @@
 """Gateway processes sharing their load ledgers through a real redis-server
 (services/gateway/upstream/ledger_share.py): one's requests in flight show in the other's
-peers within a few rounds and leave with them; a process that stops publishing (killed) is
-left out once its snapshot stops changing, and one that leaves takes its field out; while
-Redis does not answer, a process routes on its own counts."""
+peers within a few rounds and leave with them (telling flow control); a process that stops
+publishing (killed) is left out once its snapshot stops changing, and one that leaves takes
+its field out; while Redis does not answer, answers late (a server busy for seconds) or
+answers with an error, a process routes on its own counts, and shares again after."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import signal
 import time
 
 import pytest
 import redis.asyncio
-import redis.exceptions
 
 from llmesh.testing import RedisServer
 from llmesh.gateway.upstream.ledger_share import KEY, LedgerShare
 from llmesh.gateway.upstream.picking import Endpoint, EndpointPicker, PickInput
-
-ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 
 
 def picker() -> EndpointPicker:
     p = EndpointPicker()
     p.replace_all([Endpoint(e, e, frozenset({"m"}), max_running=4) for e in ("e1", "e2")])
     return p
+
+
+def e1(p: EndpointPicker) -> Endpoint:
+    return next(e for e in p.all() if e.endpoint_id == "e1")
 
 
 async def until(check, timeout_s: float = 5.0) -> bool:
@@ -33,6 +38,12 @@ async def until(check, timeout_s: float = 5.0) -> bool:
             return True
         await asyncio.sleep(0.01)
     return check()
+
+
+async def stop(tasks: list[asyncio.Task]) -> None:
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 @pytest.fixture
@@ -46,59 +57,100 @@ async def client(redis_server):
 
 async def test_each_process_sees_the_others_work_in_flight_and_a_killed_one_lapses(client):
     a, b = picker(), picker()
-    share_a = LedgerShare(client, a.local, interval_s=0.02, errors=ERRORS, name="a")
-    share_b = LedgerShare(client, b.local, interval_s=0.02, errors=ERRORS, name="b")
+    drops: list[int] = []
+    share_a = LedgerShare(client, a.local, interval_s=0.02, name="a")
+    share_b = LedgerShare(client, b.local, interval_s=0.02, name="b", on_drop=lambda: drops.append(1))
     tasks = [asyncio.create_task(share_a.run()), asyncio.create_task(share_b.run())]
     try:
         tickets = [a.acquire("e1", 100) for _ in range(3)]
-        e1 = next(e for e in b.all() if e.endpoint_id == "e1")
-        assert await until(lambda: b.local.requests(e1) == 3), b.local.peers
-        assert b.local.all_of("prefill_tokens", "e1") == 300 and a.local.peers == {}  # a sees none of b's
+        b.acquire("e2", 10)
+        assert await until(lambda: b.local.requests(e1(b)) == 3), b.local.peers
+        assert b.local.all_of("prefill_tokens", "e1") == 300 and b.local.all_of("prefill_tokens", "e2") == 10
+        assert await until(lambda: a.local.peers.get("e2") == (10, 1, 0, 0, 1))  # and a sees b's
         assert b.pick(PickInput("m", 0.0, work_tokens=10), "least_loaded").endpoint_id == "e2"
+        assert b.capacity(PickInput("m", 0.0))[0] == 8 - 3 - 1  # flow control's free slots count a's too
         for t in tickets:
             a.started(t)
-        assert await until(lambda: b.local.decoding(e1) == 3 and b.local.all_of("prefill_tokens", "e1") == 0)
+        assert await until(lambda: b.local.decoding(e1(b)) == 3 and b.local.all_of("prefill_tokens", "e1") == 0)
+        assert not drops
         for t in tickets:
             a.release("e1", 100, t)
-        assert await until(lambda: b.local.requests(e1) == 0)
+        assert await until(lambda: b.local.requests(e1(b)) == 0)
+        assert drops  # the peers' work in flight went down: flow control is told
         # a is killed: its loop stops, its field stays, unchanged; b leaves it out after 1 s (20 rounds, at least 1 s)
         a.acquire("e1", 100)
-        assert await until(lambda: b.local.requests(e1) == 1)
+        assert await until(lambda: b.local.requests(e1(b)) == 1)
         tasks[0].cancel()
         stopped = time.monotonic()
-        assert await until(lambda: b.local.requests(e1) == 0, 5.0)
+        assert await until(lambda: b.local.requests(e1(b)) == 0, 5.0)
         assert time.monotonic() - stopped >= 0.9
-        assert await client.hexists(KEY, "a")  # until forget_s (60 s) it stays in the store
+        assert await client.hexists(KEY, "a")  # until it has been unchanged for a minute
+        # a process started after a's death never counts a's last snapshot
+        c = picker()
+        share_c = LedgerShare(client, c.local, interval_s=0.02, name="c")
+        tasks.append(asyncio.create_task(share_c.run()))
+        await asyncio.sleep(0.3)
+        assert c.local.requests(e1(c)) == 0 and c.local.peers.get("e2") == (10, 1, 0, 0, 1)
     finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await stop(tasks)
     assert await client.hexists(KEY, "b")
     await share_b.leave()  # a clean stop takes its field out
     assert not await client.hexists(KEY, "b")
 
 
-async def test_without_redis_a_process_routes_on_its_own_counts(tmp_path):
+async def test_a_field_unchanged_for_a_minute_is_dropped_from_the_store(client):
+    clock = [0.0]
+    b = picker()
+    share_b = LedgerShare(client, b.local, interval_s=0.02, name="b", clock=lambda: clock[0])
+    await client.hset(KEY, mapping={"dead": json.dumps({"v": 1, "s": 5, "i": 0.05, "e": {}}), "junk": "x"})
+    await share_b.sync()
+    assert await client.hlen(KEY) == 3
+    clock[0] = 61.0
+    await share_b.sync()
+    assert sorted(await client.hkeys(KEY)) == [b"b"]
+
+
+async def test_a_store_that_errs_stalls_or_goes_leaves_each_process_on_its_own_then_shares_again(tmp_path):
     server = RedisServer(tmp_path / "redis")
     server.start()
-    c = redis.asyncio.from_url(server.url, socket_timeout=0.3, socket_connect_timeout=0.3)
+    c = redis.asyncio.from_url(server.url, socket_timeout=10, socket_connect_timeout=2)  # production's patience
+    admin = redis.asyncio.from_url(server.url)
     b = picker()
-    share_b = LedgerShare(c, b.local, interval_s=0.02, errors=ERRORS, retry_s=0.1, name="b")
+    share_b = LedgerShare(c, b.local, interval_s=0.02, retry_s=0.1, name="b")
+    peer = {"e1": [0, 0, 0, 0, 2]}
 
     async def peer_a() -> None:  # another process publishing two requests in flight on e1, round after round
-        for n in range(1, 100_000):
-            await c.hset(KEY, "a", '{"s": %d, "e": {"e1": [0, 0, 0, 0, 2, 0]}}' % n)
+        for n in range(1, 1_000_000):
+            try:
+                await admin.hset(KEY, "a", json.dumps({"v": 1, "s": n, "i": 0.02, "e": peer}))
+            except redis.exceptions.RedisError:
+                pass
             await asyncio.sleep(0.02)
 
+    shared = lambda: b.local.peers == {"e1": (0, 0, 0, 0, 2)}  # noqa: E731
     tasks = [asyncio.create_task(share_b.run()), asyncio.create_task(peer_a())]
     try:
-        assert await until(lambda: b.local.peers == {"e1": (0, 0, 0, 0, 2, 0)})
-        server.stop()
-        assert await until(lambda: b.local.peers == {}, 5.0)  # Redis gone: its own view only
-        assert not tasks[0].done()  # and it keeps trying
+        assert await until(shared)
+        # an error reply (the key overwritten with another type): alone, and the loop goes on
+        await admin.delete(KEY)
+        await admin.set(KEY, "not a hash")
+        assert await until(lambda: b.local.peers == {}, 3.0)
+        await admin.delete(KEY)
+        assert await until(shared, 5.0) and not tasks[0].done()
+        # a server that stops answering (SIGSTOP) for 3 s: the round gives up after 1 s, not the client's 10
+        os.kill(server.proc.pid, signal.SIGSTOP)
+        try:
+            began = time.monotonic()
+            assert await until(lambda: b.local.peers == {}, 2.5)
+            assert time.monotonic() - began < 2.0
+            await asyncio.sleep(3 - (time.monotonic() - began))
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
+        assert await until(shared, 5.0)
+        server.stop()  # gone
+        assert await until(lambda: b.local.peers == {}, 5.0) and not tasks[0].done()
     finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await stop(tasks)
         await c.aclose()
+        await admin.aclose()
         server.stop()

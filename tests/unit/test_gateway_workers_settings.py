@@ -71,3 +71,13 @@ def test_reuse_port_sockets_share_a_port_that_others_cannot_take():
     finally:
         first.close()
         second.close()
+
+
+@pytest.mark.parametrize("value, ok", [(0, True), (0.01, True), (0.05, True), (5, True), (0.001, False),
+                                       (-1, False), (6, False)])
+def test_the_ledger_share_interval_is_off_or_not_a_busy_loop(value, ok):
+    if ok:
+        assert GatewaySettings(ledger_share_s=value).ledger_share_s == value
+    else:
+        with pytest.raises(ValidationError, match="ledger_share_s"):
+            GatewaySettings(ledger_share_s=value)

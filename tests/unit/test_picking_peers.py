@@ -1,11 +1,14 @@
 """Active-active gateways' shared in-flight load (picking.peers): a gateway's ledger as it is
-published, the peers' snapshots summed per endpoint, a peer that stops changing left out and
-then forgotten, and pickers that, given each other's counts, route as one gateway would."""
+published, the peers' snapshots summed per endpoint, a peer counted only while its snapshot
+changes (never a dead one's last), unreadable or hostile snapshots bounded and never counted,
+and a picker that, given its peers' counts, routes around their work."""
 
 import json
 
+import pytest
+
 from llmesh.gateway.upstream.picking import Endpoint, EndpointPicker, PickInput
-from llmesh.gateway.upstream.picking.peers import PeerLoads, snapshot
+from llmesh.gateway.upstream.picking.peers import FORGET_S, MAX_BYTES, MAX_ENDPOINTS, PeerLoads, parse, snapshot
 from llmesh.gateway.upstream.picking.types import PEER_COUNTS, LocalState
 from llmesh.kvhash import LLMESH_SCHEME
 
@@ -22,59 +25,92 @@ def req(first: int = 0) -> PickInput:
     return PickInput("m", 0.0, work_tokens=len(tokens) + 8, tokens=lambda: tokens)
 
 
+def snap(seq: int, counts: dict, interval: float = 0.05) -> str:
+    return json.dumps({"v": 1, "s": seq, "i": interval, "e": counts})
+
+
 def test_a_snapshot_carries_every_count_of_each_endpoint_with_work_in_flight():
     p = EndpointPicker()
     p.replace_all([ep("a"), ep("b")])
     r = req()
     t = p.acquire(p.pick(r, "prefix_aware").endpoint_id, r.work_tokens, r)
-    doc = json.loads(snapshot(p.local, 7))
-    assert doc["s"] == 7 and list(doc["e"]) == [t.endpoint_id]
+    doc = json.loads(snapshot(p.local, 7, 0.05))
+    assert (doc["v"], doc["s"], doc["i"], list(doc["e"])) == (1, 7, 0.05, [t.endpoint_id])
     assert dict(zip(PEER_COUNTS, doc["e"][t.endpoint_id])) == {
-        "prefill_tokens": 160, "prefill_requests": 1, "decode_seqs": 0, "decode_tokens": 0, "inflight": 1,
-        "since_report": 1}
+        "prefill_tokens": 160, "prefill_requests": 1, "decode_seqs": 0, "decode_tokens": 0, "inflight": 1}
     p.release(t.endpoint_id, r.work_tokens, t)
-    assert json.loads(snapshot(p.local, 8))["e"] == {}  # since_report -> 0 as well: nothing left in flight
+    assert json.loads(snapshot(p.local, 8, 0.05))["e"] == {}
+    assert parse(snapshot(p.local, 8, 0.05)).seq == 8
 
 
-def test_peers_are_summed_per_endpoint_and_a_gateway_skips_its_own():
+def test_peers_count_once_they_change_and_are_summed_per_endpoint_skipping_our_own():
     peers = PeerLoads("me")
-    one = {"s": 1, "e": {"a": [10, 1, 2, 50, 3, 3], "b": [0, 0, 1, 20, 1, -1]}}
-    two = {"s": 4, "e": {"a": [5, 1, 0, 0, 1, 1]}}
-    mine = {"s": 9, "e": {"a": [1000, 9, 9, 9, 9, 9]}}
-    sums, forget = peers.update({b"x": json.dumps(one), b"y": json.dumps(two), b"me": json.dumps(mine)}, 0.0)
-    assert sums == {"a": (15, 2, 2, 50, 4, 4), "b": (0, 0, 1, 20, 1, -1)} and forget == []
+    one = {"a": [10, 1, 2, 50, 3], "b": [0, 0, 1, 20, 1]}
+    two = {"a": [5, 1, 0, 0, 1]}
+    mine = snap(9, {"a": [1000, 9, 9, 9, 9]})
+    # first seen: not counted yet (a killed process's last snapshot looks just like this)
+    assert peers.update({b"x": snap(1, one), b"y": snap(4, two), b"me": mine}, 0.0) == ({}, [])
+    sums, forget = peers.update({b"x": snap(2, one), b"y": snap(5, two), b"me": mine}, 0.05)
+    assert sums == {"a": (15, 2, 2, 50, 4), "b": (0, 0, 1, 20, 1)} and forget == [] and peers.live == 2
 
 
-def test_a_peer_that_stops_changing_is_left_out_then_forgotten_and_junk_is_dropped():
-    peers = PeerLoads("me", stale_s=1.0, forget_s=10.0)
-    alive = {"s": 1, "e": {"a": [0, 0, 1, 10, 1, 0]}}
-    dead = json.dumps({"s": 5, "e": {"a": [0, 0, 2, 20, 2, 0]}})
-    junk = [b"not json", json.dumps({"s": 1}), json.dumps({"s": "x", "e": {}})]
-    bad_counts = [json.dumps({"s": 1, "e": {"a": [1, 2]}}), json.dumps({"s": 1, "e": {"a": [-1, 0, 0, 0, 0, 0]}}),
-                  json.dumps({"s": 1, "e": {"a": "many"}})]
-    for now in (0.0, 0.5):
-        alive["s"] += 1
-        sums, forget = peers.update({"alive": json.dumps(alive), "dead": dead}, now)
-        assert sums == {"a": (0, 0, 3, 30, 3, 0)} and forget == []
-    alive["s"] += 1
-    sums, forget = peers.update({"alive": json.dumps(alive), "dead": dead}, 1.2)
-    assert sums == {"a": (0, 0, 1, 10, 1, 0)} and forget == []  # unchanged for 1.2 s: not counted
-    alive["s"] += 1
-    assert peers.update({"alive": json.dumps(alive), "dead": dead}, 10.0)[1] == ["dead"]
-    for n, raw in enumerate(junk):  # not a snapshot: dropped from the store
-        assert peers.update({f"junk{n}": raw}, 11.0) == ({}, [f"junk{n}"])
-    for n, raw in enumerate(bad_counts):  # a snapshot whose counts for an endpoint are not counts: those skipped
-        assert peers.update({f"odd{n}": raw}, 11.0) == ({}, [])
+def test_a_peer_that_stops_changing_is_left_out_after_twenty_of_its_rounds_then_forgotten():
+    peers = PeerLoads("me")
+    dead_counts = {"a": [0, 0, 2, 20, 2]}
+    for seq, now in ((1, 0.0), (2, 0.1)):  # both seen changing
+        sums, _ = peers.update({"alive": snap(seq, {"a": [0, 0, 1, 10, 1]}), "dead": snap(seq, dead_counts)}, now)
+    assert sums == {"a": (0, 0, 3, 30, 3)}
+    sums, forget = peers.update({"alive": snap(3, {"a": [0, 0, 1, 10, 1]}), "dead": snap(2, dead_counts)}, 1.05)
+    assert sums == {"a": (0, 0, 3, 30, 3)} and forget == []  # unchanged 0.95 s = 19 rounds of 0.05: in ...
+    sums, forget = peers.update({"alive": snap(4, {"a": [0, 0, 1, 10, 1]}), "dead": snap(2, dead_counts)}, 1.1)
+    assert sums == {"a": (0, 0, 1, 10, 1)}  # ... at 1 s (20 rounds, at least 1 s) it is out
+    slow = PeerLoads("me")  # a peer publishing every 0.5 s is stale after 10 s, not 1
+    for seq, now in ((1, 0.0), (2, 0.5), (2, 9.0)):
+        sums, _ = slow.update({"slow": snap(seq, dead_counts, interval=0.5)}, now)
+    assert sums == {"a": (0, 0, 2, 20, 2)}
+    assert slow.update({"slow": snap(2, dead_counts, interval=0.5)}, 10.6)[0] == {}
+    assert peers.update({"dead": snap(2, dead_counts)}, 0.1 + FORGET_S)[1] == ["dead"]
+
+
+@pytest.mark.parametrize("raw", [
+    b"not json", "[1, 2]", snap(1, {})[:-1], json.dumps({"s": 1, "i": 0.05, "e": {}}),  # no version
+    json.dumps({"v": 2, "s": 1, "i": 0.05, "e": {}}), json.dumps({"v": 1, "s": "1", "i": 0.05, "e": {}}),
+    json.dumps({"v": 1, "s": 1, "i": 0, "e": {}}), json.dumps({"v": 1, "s": 1, "i": 1e9, "e": {}}),
+    '{"v": 1, "s": 1, "i": NaN, "e": {}}', '{"v": 1, "s": 1, "i": Infinity, "e": {}}',
+    json.dumps({"v": 1, "s": 1, "i": True, "e": {}}), json.dumps({"v": 1, "s": 1, "i": 0.05, "e": []}),
+    "[" * 100_000 + "]" * 100_000, " " * (MAX_BYTES + 1) + snap(1, {})])
+def test_what_is_not_a_snapshot_of_this_version_is_never_counted_and_forgotten_only_when_unchanged(raw):
+    assert parse(raw) is None
+    peers = PeerLoads("me")
+    assert peers.update({"odd": raw}, 0.0) == ({}, [])
+    assert peers.update({"odd": raw}, 1.0) == ({}, [])  # not counted, not dropped (a newer version's?) ...
+    assert peers.update({"odd": raw}, FORGET_S) == ({}, ["odd"])  # ... until unchanged for a minute
+
+
+@pytest.mark.parametrize("counts", [[1, 2], [-1, 0, 0, 0, 0], [0, 0, 0, 0, 1 << 31], [0, 0, 0, 0, 10 ** 400],
+                                    [0, 0, 0, 0, 1.5], [0, 0, 0, 0, True], [0, 0, 0, 0, "3"], "many", None])
+def test_an_endpoint_whose_counts_are_not_counts_is_skipped_the_rest_counted(counts):
+    peers = PeerLoads("me")
+    body = {"bad": counts, "good": [1, 1, 0, 0, 1]}
+    peers.update({"p": snap(1, body)}, 0.0)
+    assert peers.update({"p": snap(2, body)}, 0.05) == ({"good": (1, 1, 0, 0, 1)}, [])
+
+
+def test_a_snapshot_is_read_up_to_its_endpoint_bound():
+    body = {f"e{n}": [0, 0, 0, 0, 1] for n in range(MAX_ENDPOINTS + 10)}
+    assert len(parse(snap(1, body)).counts) == MAX_ENDPOINTS
 
 
 def test_counts_over_every_gateway_feed_the_load_the_scorers_read():
     loc = LocalState(prefill_tokens={"a": 100}, prefill_requests={"a": 1}, inflight={"a": 1}, since_report={"a": 1})
-    loc.peers = {"a": (300, 2, 3, 900, 5, 2)}
+    loc.peers = {"a": (300, 2, 3, 900, 5)}
     e = ep("a", running=1, waiting=1)
     assert loc.all_of("prefill_tokens", "a") == 400 and loc.all_of("decode_tokens", "b") == 0
     assert loc.queued_prefill(e, each=50) == 400  # the report's one waiting is one of the ledgers' three
     assert loc.decoding(e) == 3
     assert loc.requests(e) == 6  # never less than the six in flight the ledgers count
+    loc.peers = {}
+    assert loc.requests(e) == 3  # the report's two and the one we started since
 
 
 def test_a_gateway_given_its_peers_counts_routes_around_their_work():
@@ -86,9 +122,12 @@ def test_a_gateway_given_its_peers_counts_routes_around_their_work():
     for n in range(4):
         r = req(1000 * n)
         a.acquire("e1", r.work_tokens, r)
+    peers = PeerLoads("b")
+    peers.update({"a": snapshot(a.local, 1, 0.05)}, 0.0)
+    shared, _ = peers.update({"a": snapshot(a.local, 2, 0.05)}, 0.05)
     for policy in ("prefix_aware", "least_loaded", "llmd_sticky", "dynamo_kv"):
         alone = {b.pick(req(10_000 * k), policy).endpoint_id for k in range(1, 41)}  # prompts held nowhere
         assert alone == {"e1", "e2"}, policy  # a tie, broken at random
-        b.local.peers, _ = PeerLoads("b").update({"a": snapshot(a.local, 1)}, 0.0)
+        b.local.peers = shared
         assert {b.pick(req(10_000 * k), policy).endpoint_id for k in range(41, 81)} == {"e2"}, policy
         b.local.peers = {}

@@ -1,8 +1,10 @@
 """Shares the picker's load ledger with the other gateway processes on the same Redis (workers
 and replicas; picking.peers): every ``interval_s`` one pipelined round trip writes this
 process's counts into one hash and reads everyone's. Off the request path: a pick reads the
-last sums. While Redis does not answer, the peers' counts are dropped and each process routes
-on its own ledger and the engines' reports, as a lone gateway does."""
+last sums. A round that does not finish within a second, or fails in any way, drops the
+peers' counts until one does: each process then routes on its own ledger and the engines'
+reports, as a lone gateway does. Give it a client of its own, so that it neither waits for
+nor takes the request path's connections."""
 
 from __future__ import annotations
 
@@ -16,53 +18,70 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from llmesh.gateway.upstream.picking.peers import PeerLoads, snapshot
-from llmesh.gateway.upstream.picking.types import LocalState
+from llmesh.gateway.upstream.picking.peers import MIN_STALE_S, PeerLoads, snapshot
+from llmesh.gateway.upstream.picking.types import PEER_COUNTS, LocalState
 
 log = logging.getLogger("llmesh.gateway.ledger")
 
 KEY = "llmesh:ledger"
+_INFLIGHT = PEER_COUNTS.index("inflight")
+_NONE = (0,) * len(PEER_COUNTS)
 
 
 class LedgerShare:
-    def __init__(self, redis: Any, local: LocalState, interval_s: float = 0.05,
-                 errors: tuple[type[BaseException], ...] = (OSError,), retry_s: float = 2.0,
-                 name: str | None = None, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, redis: Any, local: LocalState, interval_s: float = 0.05, retry_s: float = 2.0,
+                 name: str | None = None, clock: Callable[[], float] = time.monotonic,
+                 on_drop: Callable[[], None] = lambda: None):
         self._redis = redis
         self._local = local
         self._interval = interval_s
-        self._errors = errors
         self._retry_s = retry_s
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self._peers = PeerLoads(self.name, stale_s=max(1.0, 20 * interval_s))
+        self._peers = PeerLoads(self.name)
         self._seq = itertools.count(1)
         self._clock = clock
+        self._on_drop = on_drop  # told when the peers' work in flight went down (slots may have freed)
         self._failing = False
 
     async def sync(self) -> None:
-        """Publishes ours, reads theirs, drops the long-dead."""
-        pipe = self._redis.pipeline(transaction=False)
-        pipe.hset(KEY, self.name, snapshot(self._local, next(self._seq)))
-        pipe.hgetall(KEY)
-        _, published = await pipe.execute()
-        self._local.peers, forget = self._peers.update(published, self._clock())
+        """Publishes ours, reads theirs (within a second), drops the long-dead (best effort)."""
+        async with asyncio.timeout(MIN_STALE_S):
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.hset(KEY, self.name, snapshot(self._local, next(self._seq), self._interval))
+            pipe.hgetall(KEY)
+            _, published = await pipe.execute()
+        peers, forget = self._peers.update(published, self._clock())
+        self._set(peers)
         if forget:
-            await self._redis.hdel(KEY, *forget)
+            await self._forget(forget)
+
+    def _set(self, peers: dict[str, tuple[int, ...]]) -> None:
+        before, self._local.peers = self._local.peers, peers
+        if any(peers.get(eid, _NONE)[_INFLIGHT] < counts[_INFLIGHT] for eid, counts in before.items()):
+            self._on_drop()
+
+    async def _forget(self, names: list[str]) -> None:
+        try:
+            async with asyncio.timeout(MIN_STALE_S):
+                await self._redis.hdel(KEY, *names)
+        except Exception:  # noqa: BLE001 - best effort: the next round tries again
+            pass
 
     async def run(self) -> None:
         try:
             while True:
                 try:
                     await self.sync()
-                except self._errors as exc:
-                    self._local.peers = {}
+                except Exception as exc:  # noqa: BLE001 - any failure (timeout, refused, an error reply): alone
+                    self._set({})
                     if not self._failing:
-                        log.warning("load ledger not shared: Redis does not answer", extra={"error": repr(exc)})
+                        log.warning("load ledger not shared: each gateway process routes on its own",
+                                    extra={"error": repr(exc)})
                     self._failing = True
                     await asyncio.sleep(self._retry_s)
                     continue
                 if self._failing:
-                    log.info("load ledger shared again")
+                    log.info("load ledger shared again", extra={"peers": self._peers.live})
                     self._failing = False
                 await asyncio.sleep(self._interval)
         finally:
@@ -71,6 +90,7 @@ class LedgerShare:
     async def leave(self) -> None:
         """Takes this process's counts out of the store (a clean stop; a killed one lapses)."""
         try:
-            await self._redis.hdel(KEY, self.name)
-        except self._errors:
+            async with asyncio.timeout(MIN_STALE_S):
+                await self._redis.hdel(KEY, self.name)
+        except Exception:  # noqa: BLE001 - a store that does not answer: its field lapses
             pass

@@ -4,9 +4,14 @@ into ``LocalState.peers``, so each routes on what every gateway sent and has not
 or end, not on its own share and the engines' lagging reports. Pure: the publishing and
 reading go through ``ledger_share``.
 
-A peer is alive while its snapshot keeps changing (each one carries a sequence number): one
-that has not changed for ``stale_s`` by our own clock is left out, so no clocks are compared
-across hosts, and after ``forget_s`` its snapshot is dropped from the store."""
+A peer counts once its snapshot has changed while we watched (each carries a sequence number),
+and while it keeps changing: one unchanged for ``STALE_ROUNDS`` of its own publishing interval
+(at least ``MIN_STALE_S``) by our clock is left out, so no clocks are compared across hosts and
+a killed process's last snapshot is never counted by one that starts after it. A field that
+stays unchanged (or unreadable) for ``FORGET_S`` (or three times its staleness) is dropped from
+the store; an unreadable one is never counted (a newer version's, or junk) nor dropped while it
+changes. What is read is bounded: a
+snapshot's size, its endpoints, each count."""
 
 from __future__ import annotations
 
@@ -16,78 +21,100 @@ from dataclasses import dataclass, field
 
 from llmesh.gateway.upstream.picking.types import PEER_COUNTS, LocalState
 
-MAX_ENDPOINTS = 4096  # endpoints read from one peer's snapshot; more are ignored (a bound, not a fleet size)
+VERSION = 1
+MAX_BYTES = 256 * 1024     # a snapshot larger than this is not read
+MAX_ENDPOINTS = 4096       # endpoints read from one snapshot; more are ignored (a bound, not a fleet size)
+MAX_COUNT = 1 << 31        # a count at or over this is not a count
+MIN_STALE_S = 1.0
+MAX_STALE_S = 30.0
+STALE_ROUNDS = 20
+FORGET_S = 60.0
 
 
-def snapshot(local: LocalState, seq: int) -> str:
-    """This gateway's own ledger as published: ``{"s": seq, "e": {endpoint: [counts...]}}`` in
-    ``PEER_COUNTS`` order, endpoints with nothing in flight left out."""
+def snapshot(local: LocalState, seq: int, interval_s: float) -> str:
+    """This gateway's own ledger as published: ``{"v", "s": seq, "i": interval_s, "e": {endpoint:
+    [counts...]}}`` in ``PEER_COUNTS`` order, endpoints with nothing in flight left out."""
     tables = [getattr(local, name) for name in PEER_COUNTS]
-    eids = set().union(*tables)
-    counts = {eid: [t.get(eid, 0) for t in tables] for eid in sorted(eids)}
-    return json.dumps({"s": seq, "e": {eid: c for eid, c in counts.items() if any(c)}}, separators=(",", ":"))
+    counts = {eid: [t.get(eid, 0) for t in tables] for eid in sorted(set().union(*tables))}
+    return json.dumps({"v": VERSION, "s": seq, "i": interval_s, "e": {e: c for e, c in counts.items() if any(c)}},
+                      separators=(",", ":"))
 
 
-_SIGNED = PEER_COUNTS.index("since_report")  # requests finished since a report: may be below zero
+def _count(v: object) -> bool:
+    return type(v) is int and 0 <= v < MAX_COUNT
 
 
-def _parse(raw: bytes | str) -> tuple[int, dict[str, tuple[int, ...]]] | None:
-    """A peer's snapshot, or None when it is not one (each count an int, only ``since_report``
-    below zero)."""
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    seq: int
+    interval_s: float
+    counts: dict[str, tuple[int, ...]]
+
+
+def parse(raw: bytes | str) -> Snapshot | None:
+    """A peer's snapshot of this version, or None (junk, too large, another version). An
+    endpoint whose counts are not ``len(PEER_COUNTS)`` ints in [0, 2**31) is skipped."""
+    if len(raw) > MAX_BYTES:
+        return None
     try:
         doc = json.loads(raw)
-        seq, endpoints = int(doc["s"]), doc["e"]
-        out: dict[str, tuple[int, ...]] = {}
-        for eid, counts in list(endpoints.items())[:MAX_ENDPOINTS]:
-            if isinstance(counts, list) and len(counts) == len(PEER_COUNTS):
-                values = tuple(int(c) for c in counts)
-                if all(v >= 0 or n == _SIGNED for n, v in enumerate(values)):
-                    out[str(eid)] = values
-        return seq, out
-    except (ValueError, TypeError, KeyError, AttributeError):
+    except (ValueError, RecursionError):
         return None
+    if not isinstance(doc, dict) or doc.get("v") != VERSION:
+        return None
+    seq, interval, endpoints = doc.get("s"), doc.get("i"), doc.get("e")
+    if type(seq) is not int or not isinstance(endpoints, dict):
+        return None
+    if not isinstance(interval, (int, float)) or isinstance(interval, bool) or not 0 < interval <= 60:
+        return None  # finite too: NaN and the infinities fail the range
+    counts: dict[str, tuple[int, ...]] = {}
+    for n, (eid, values) in enumerate(endpoints.items()):
+        if n == MAX_ENDPOINTS:
+            break
+        if isinstance(values, list) and len(values) == len(PEER_COUNTS) and all(_count(v) for v in values):
+            counts[eid] = tuple(values)
+    return Snapshot(seq, float(interval), counts)
 
 
 @dataclass(slots=True)
 class _Seen:
-    seq: int
+    mark: object           # the snapshot's sequence number, or the raw value of one not readable
     changed_at: float
+    changed: bool = False  # has changed while we watched
+    interval_s: float = MIN_STALE_S / STALE_ROUNDS
 
 
 @dataclass(slots=True)
 class PeerLoads:
     """Reads the published snapshots: ``me`` is this gateway's own field in the store."""
     me: str
-    stale_s: float = 1.0
-    forget_s: float = 60.0
     _seen: dict[str, _Seen] = field(default_factory=dict)
+    live: int = 0  # peers counted by the last update
 
     def update(self, published: Mapping[bytes | str, bytes | str], now: float) -> tuple[
             dict[str, tuple[int, ...]], list[str]]:
-        """The live peers' counts summed per endpoint, and the peers to drop from the store
-        (unchanged for ``forget_s``, or not a snapshot)."""
+        """The live peers' counts summed per endpoint, and the fields to drop from the store."""
         sums: dict[str, list[int]] = {}
         forget: list[str] = []
         names: set[str] = set()
+        self.live = 0
         for key, raw in published.items():
-            name = key.decode() if isinstance(key, bytes) else key
+            name = key.decode(errors="replace") if isinstance(key, bytes) else key
             if name == self.me:
                 continue
             names.add(name)
-            parsed = _parse(raw)
-            if parsed is None:
+            snap = parse(raw)
+            seen = self._watch(name, snap.seq if snap is not None else ("raw", hash(raw)), now)
+            if snap is not None:
+                seen.interval_s = snap.interval_s
+            quiet = now - seen.changed_at
+            stale = min(max(MIN_STALE_S, STALE_ROUNDS * seen.interval_s), MAX_STALE_S)
+            if quiet >= max(FORGET_S, 3 * stale):
                 forget.append(name)
+            if snap is None or not seen.changed or quiet >= stale:
                 continue
-            seq, counts = parsed
-            seen = self._seen.get(name)
-            if seen is None or seen.seq != seq:
-                # a peer first seen counts from now: one that is dead already lapses after stale_s
-                seen = self._seen[name] = _Seen(seq, now)
-            if now - seen.changed_at >= self.forget_s:
-                forget.append(name)
-            if now - seen.changed_at >= self.stale_s:
-                continue
-            for eid, values in counts.items():
+            self.live += 1
+            for eid, values in snap.counts.items():
                 total = sums.setdefault(eid, [0] * len(PEER_COUNTS))
                 for n, v in enumerate(values):
                     total[n] += v
@@ -96,3 +123,11 @@ class PeerLoads:
         for name in forget:
             self._seen.pop(name, None)
         return {eid: tuple(v) for eid, v in sums.items()}, forget
+
+    def _watch(self, name: str, mark: object, now: float) -> _Seen:
+        seen = self._seen.get(name)
+        if seen is None:
+            seen = self._seen[name] = _Seen(mark, now)
+        elif seen.mark != mark:
+            seen.mark, seen.changed_at, seen.changed = mark, now, True
+        return seen

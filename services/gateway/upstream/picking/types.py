@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 from llmesh.kvhash import HashScheme
 from llmesh.types import Prompt
@@ -75,6 +76,14 @@ class PickInput:
         return self._hashes[scheme]
 
 
+# The counts a gateway publishes to its peers (picking.peers), in this order. Not ``since_report``:
+# each process's is relative to the last report it saw, so a peer's would be counted twice, or
+# missed, around each report (the in-flight counts bound requests from below instead).
+PeerCount = Literal["prefill_tokens", "prefill_requests", "decode_seqs", "decode_tokens", "inflight"]
+PEER_COUNTS: tuple[PeerCount, ...] = get_args(PeerCount)
+_INDEX = {name: n for n, name in enumerate(PEER_COUNTS)}
+
+
 @dataclass(slots=True)
 class LocalState:
     """What this gateway knows that the scheduler's reports lag on: its own work in
@@ -96,11 +105,11 @@ class LocalState:
     # endpoint, their counts summed, in PEER_COUNTS order; empty with no peers.
     peers: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
-    def all_of(self, counts: str, endpoint_id: str) -> int:
+    def all_of(self, counts: PeerCount, endpoint_id: str) -> int:
         """One of the ledger's counts over every gateway: ours and the peers' last published."""
         own: int = getattr(self, counts).get(endpoint_id, 0)
         theirs = self.peers.get(endpoint_id)
-        return own + theirs[PEER_COUNTS.index(counts)] if theirs else own
+        return own + theirs[_INDEX[counts]] if theirs else own
 
     def add(self, counts: str, endpoint_id: str, n: int) -> None:
         """Adds ``n`` (negative: takes) to one of the ledger's counts; nothing below zero is kept."""
@@ -124,17 +133,14 @@ class LocalState:
 
     def requests(self, e: Endpoint) -> int:
         """Running + waiting there now: the last report (all gateways' work) corrected by
-        what every gateway started and finished since, and never less than their work in flight."""
+        what we started and finished since, and never less than every gateway's work in flight."""
         eid = e.endpoint_id
-        return max(e.running + e.waiting + self.all_of("since_report", eid), self.all_of("inflight", eid), 0)
+        return max(e.running + e.waiting + self.since_report.get(eid, 0), self.all_of("inflight", eid), 0)
 
     def load(self, e: Endpoint) -> float:
         """Requests per slot."""
         return self.requests(e) / max(e.max_running, 1)
 
-
-# The counts a gateway publishes to its peers (picking.peers), in this order.
-PEER_COUNTS = ("prefill_tokens", "prefill_requests", "decode_seqs", "decode_tokens", "inflight", "since_report")
 
 DEFAULT_OUTPUT_TOKENS = 256  # a request that sets no max_tokens is expected to ask for this many
 
