@@ -207,8 +207,10 @@ class GatewayApp:
         if not redis_url or not settings.ledger_share_s:
             return None
         self._ledger_redis = redis.asyncio.Redis.from_url(redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
-        return LedgerShare(self._ledger_redis, self.picker.local, settings.ledger_share_s,
-                           on_drop=lambda: self.flow.poke())
+        share = LedgerShare(self._ledger_redis, self.picker.local, settings.ledger_share_s,
+                            on_drop=lambda: self.flow.poke())
+        self.picker.on_ledger.append(share.changed)
+        return share
 
     def _authentication(self, settings: GatewaySettings, mesh: MeshSettings) -> None:
         """The key store and the authenticator; local mode is decided here, from settings only."""

@@ -154,3 +154,29 @@ async def test_a_store_that_errs_stalls_or_goes_leaves_each_process_on_its_own_t
         await c.aclose()
         await admin.aclose()
         server.stop()
+
+
+async def test_a_change_reaches_the_others_between_rounds_even_after_a_quiet_spell(client, redis_server):
+    """Rounds every 2 s: a request started, then ended, shows in the other's view within
+    a fraction of a round, pushed, also after longer than the client's socket timeout idle."""
+    client = redis.asyncio.from_url(redis_server.url, socket_timeout=2.0, socket_connect_timeout=2.0)  # the gateway's
+    a, b = picker(), picker()
+    share_a = LedgerShare(client, a.local, interval_s=2.0, name="a")
+    share_b = LedgerShare(client, b.local, interval_s=2.0, name="b")
+    a.on_ledger.append(share_a.changed)
+    tasks = [asyncio.create_task(share_a.run()), asyncio.create_task(share_b.run())]
+    try:
+        await asyncio.sleep(0.3)
+        a.acquire("e1", 100)  # a's first change: b has seen a's snapshot once, unchanged, so not yet counted
+        assert await until(lambda: b.local.requests(e1(b)) == 1, 1.0), b.local.peers
+        for _ in range(2):
+            await asyncio.sleep(2.5)  # quiet for longer than the socket timeout (2 s in the gateway)
+            began = time.monotonic()
+            t = a.acquire("e1", 100)
+            assert await until(lambda: b.local.requests(e1(b)) == 2, 1.0), b.local.peers
+            a.release("e1", 100, t)
+            assert await until(lambda: b.local.requests(e1(b)) == 1, 1.0), b.local.peers
+            assert time.monotonic() - began < 0.5
+    finally:
+        await stop(tasks)
+        await client.aclose()

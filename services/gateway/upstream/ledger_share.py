@@ -1,7 +1,11 @@
 """Shares the picker's load ledger with the other gateway processes on the same Redis (workers
 and replicas; picking.peers): every ``interval_s`` one pipelined round trip writes this
-process's counts into one hash and reads everyone's. Off the request path: a pick reads the
-last sums. A round that does not finish within a second, or fails in any way, drops the
+process's counts into one hash and reads everyone's (who is alive, and a start from nothing);
+between rounds each change of the ledger is pushed at once on a channel (coalesced while one is
+on its way) and the others take it as it comes: a request that just ended on an engine is not
+counted there by the next process a follow-up reaches (at 50 ms rounds alone, bench.routing_replicas'
+follow-ups kept their engine 0.54 of the time with 3 workers, 0.80 with one). Off the request path:
+a pick reads the last sums. A round that does not finish within a second, or fails in any way, drops the
 peers' counts until one does: each process then routes on its own ledger and the engines'
 reports, as a lone gateway does. Give it a client of its own, so that it neither waits for
 nor takes the request path's connections."""
@@ -24,6 +28,7 @@ from llmesh.gateway.upstream.picking.types import PEER_COUNTS, LocalState
 log = logging.getLogger("llmesh.gateway.ledger")
 
 KEY = "llmesh:ledger"
+CHANNEL = "llmesh:ledger:push"  # messages: "<name>\n<snapshot>"
 _INFLIGHT = PEER_COUNTS.index("inflight")
 _NONE = (0,) * len(PEER_COUNTS)
 
@@ -42,12 +47,53 @@ class LedgerShare:
         self._clock = clock
         self._on_drop = on_drop  # told when the peers' work in flight went down (slots may have freed)
         self._failing = False
+        self._dirty = asyncio.Event()
+
+    def changed(self) -> None:
+        """The ledger changed: push it (the picker's ``on_ledger``)."""
+        self._dirty.set()
+
+    async def _push(self) -> None:
+        while True:
+            await self._dirty.wait()
+            self._dirty.clear()
+            async with asyncio.timeout(MIN_STALE_S):
+                await self._redis.publish(CHANNEL, f"{self.name}\n{self._snapshot()}")
+
+    def _snapshot(self) -> str:
+        return snapshot(self._local, next(self._seq), self._interval)
+
+    async def _listen(self) -> None:
+        pubsub = self._redis.pubsub()
+        try:
+            await pubsub.subscribe(CHANNEL)
+            while True:  # a wait of its own, not the client's socket timeout: a quiet channel is no error
+                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                if message is None or message.get("type") != "message" or self._failing:
+                    continue
+                name, _, raw = message["data"].partition(b"\n")
+                self._peers.offer(name.decode(errors="replace"), raw, self._clock())
+                self._set(self._peers.sums(self._clock()))
+        finally:
+            await pubsub.aclose()
+
+    async def _pushing(self) -> None:
+        """Pushes and takes pushes for as long as Redis answers; the rounds notice when it does not."""
+        while True:
+            tasks = [asyncio.create_task(self._push()), asyncio.create_task(self._listen())]
+            try:
+                await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.sleep(self._retry_s)
 
     async def sync(self) -> None:
         """Publishes ours, reads theirs (within a second), drops the long-dead (best effort)."""
         async with asyncio.timeout(MIN_STALE_S):
             pipe = self._redis.pipeline(transaction=False)
-            pipe.hset(KEY, self.name, snapshot(self._local, next(self._seq), self._interval))
+            pipe.hset(KEY, self.name, self._snapshot())
             pipe.hgetall(KEY)
             _, published = await pipe.execute()
         peers, forget = self._peers.update(published, self._clock())
@@ -68,6 +114,7 @@ class LedgerShare:
             pass
 
     async def run(self) -> None:
+        pushing = asyncio.create_task(self._pushing())
         try:
             while True:
                 try:
@@ -85,6 +132,8 @@ class LedgerShare:
                     self._failing = False
                 await asyncio.sleep(self._interval)
         finally:
+            pushing.cancel()
+            await asyncio.gather(pushing, return_exceptions=True)
             self._local.peers = {}
 
     async def leave(self) -> None:

@@ -81,7 +81,12 @@ class _Seen:
     mark: object           # the snapshot's sequence number, or the raw value of one not readable
     changed_at: float
     changed: bool = False  # has changed while we watched
-    interval_s: float = MIN_STALE_S / STALE_ROUNDS
+    snap: Snapshot | None = None
+
+    @property
+    def stale_s(self) -> float:
+        interval = self.snap.interval_s if self.snap is not None else MIN_STALE_S / STALE_ROUNDS
+        return min(max(MIN_STALE_S, STALE_ROUNDS * interval), MAX_STALE_S)
 
 
 @dataclass(slots=True)
@@ -89,45 +94,54 @@ class PeerLoads:
     """Reads the published snapshots: ``me`` is this gateway's own field in the store."""
     me: str
     _seen: dict[str, _Seen] = field(default_factory=dict)
-    live: int = 0  # peers counted by the last update
+    live: int = 0  # peers counted by the last ``sums``
 
     def update(self, published: Mapping[bytes | str, bytes | str], now: float) -> tuple[
             dict[str, tuple[int, ...]], list[str]]:
-        """The live peers' counts summed per endpoint, and the fields to drop from the store."""
-        sums: dict[str, list[int]] = {}
+        """The store's fields read (every peer's last snapshot): the live peers' counts summed per
+        endpoint, and the fields to drop from the store."""
         forget: list[str] = []
         names: set[str] = set()
-        self.live = 0
         for key, raw in published.items():
             name = key.decode(errors="replace") if isinstance(key, bytes) else key
             if name == self.me:
                 continue
             names.add(name)
-            snap = parse(raw)
-            seen = self._watch(name, snap.seq if snap is not None else ("raw", hash(raw)), now)
-            if snap is not None:
-                seen.interval_s = snap.interval_s
-            quiet = now - seen.changed_at
-            stale = min(max(MIN_STALE_S, STALE_ROUNDS * seen.interval_s), MAX_STALE_S)
-            if quiet >= max(FORGET_S, 3 * stale):
+            seen = self._see(name, raw, parse(raw), now)
+            if now - seen.changed_at >= max(FORGET_S, 3 * seen.stale_s):
                 forget.append(name)
-            if snap is None or not seen.changed or quiet >= stale:
+        for name in (set(self._seen) - names) | set(forget):
+            del self._seen[name]
+        return self.sums(now), forget
+
+    def offer(self, name: str, raw: bytes | str, now: float) -> None:
+        """A snapshot a peer pushed between rounds: taken when it is newer than the one held."""
+        snap = parse(raw)
+        if name != self.me and snap is not None:
+            self._see(name, raw, snap, now)
+
+    def sums(self, now: float) -> dict[str, tuple[int, ...]]:
+        """The live peers' counts summed per endpoint."""
+        sums: dict[str, list[int]] = {}
+        self.live = 0
+        for seen in self._seen.values():
+            if seen.snap is None or not seen.changed or now - seen.changed_at >= seen.stale_s:
                 continue
             self.live += 1
-            for eid, values in snap.counts.items():
+            for eid, values in seen.snap.counts.items():
                 total = sums.setdefault(eid, [0] * len(PEER_COUNTS))
                 for n, v in enumerate(values):
                     total[n] += v
-        for name in set(self._seen) - names:
-            del self._seen[name]
-        for name in forget:
-            self._seen.pop(name, None)
-        return {eid: tuple(v) for eid, v in sums.items()}, forget
+        return {eid: tuple(v) for eid, v in sums.items()}
 
-    def _watch(self, name: str, mark: object, now: float) -> _Seen:
+    def _see(self, name: str, raw: bytes | str, snap: Snapshot | None, now: float) -> _Seen:
         seen = self._seen.get(name)
+        if snap is not None and seen is not None and seen.snap is not None and snap.seq < seen.snap.seq:
+            return seen  # a push already brought a newer one
+        mark = snap.seq if snap is not None else ("raw", hash(raw))
         if seen is None:
             seen = self._seen[name] = _Seen(mark, now)
         elif seen.mark != mark:
             seen.mark, seen.changed_at, seen.changed = mark, now, True
+        seen.snap = snap
         return seen

@@ -44,6 +44,7 @@ class EndpointPicker:
         self._rng = rng or random.Random()
         self._filters = filters
         self.on_table: list[Callable[[], None]] = []  # told after each new endpoint table
+        self.on_ledger: list[Callable[[], None]] = []  # told after each change of the load ledger
         self._picked: tuple[str, PickInput] | None = None  # the last pick, until a request is acquired
         self._scorers = {s.name: s for s in (LeastLoad(), TokenAware(), PrefixAware(self.kv), SessionAffinity(),
                                              RoundRobin(), LoraAffinity(), TokenLoad(self.kv), KvCost(self.kv),
@@ -185,6 +186,7 @@ class EndpointPicker:
         loc.inflight[endpoint_id] = loc.inflight.get(endpoint_id, 0) + 1
         loc.inflight_tokens[endpoint_id] = loc.inflight_tokens.get(endpoint_id, 0) + tokens
         loc.since_report[endpoint_id] = loc.since_report.get(endpoint_id, 0) + 1
+        self._ledger_changed()
         return ticket
 
     def started(self, ticket: Sent) -> None:
@@ -197,6 +199,7 @@ class EndpointPicker:
         loc.add("prefill_requests", eid, -1)
         loc.add("decode_seqs", eid, 1)
         loc.add("decode_tokens", eid, ticket.context)
+        self._ledger_changed()
 
     def release(self, endpoint_id: str, tokens: int = 0, ticket: Sent | None = None) -> None:
         loc = self.local
@@ -211,6 +214,11 @@ class EndpointPicker:
                 counts[endpoint_id] = left
             else:
                 counts.pop(endpoint_id, None)
+        self._ledger_changed()
+
+    def _ledger_changed(self) -> None:
+        for listener in self.on_ledger:
+            listener()
 
     def mark_down(self, endpoint_id: str, now: float) -> None:
         """Skip an endpoint that refused a connection until the scheduler catches up."""
