@@ -131,3 +131,36 @@ def test_a_gateway_given_its_peers_counts_routes_around_their_work():
         b.local.peers = shared
         assert {b.pick(req(10_000 * k), policy).endpoint_id for k in range(41, 81)} == {"e2"}, policy
         b.local.peers = {}
+
+
+def test_a_peers_requests_since_a_report_count_only_against_that_same_report():
+    """A peer ended a request on e1 after the report that still shows it running: while we hold that
+    report too, its -1 corrects it (a follow-up is not kept off the engine its previous turn just
+    left); once we hold a newer report, which counts that end already, it is not added again."""
+    a, b = EndpointPicker(), EndpointPicker()
+    for p in (a, b):
+        p.replace_all([ep("e1", running=2), ep("e2", running=1)])
+    t = a.acquire("e1", 10)
+    for p in (a, b):  # the report counts a's request
+        p.replace_all([ep("e1", running=3), ep("e2", running=1)])
+    a.started(t)
+    a.release("e1", 10, t)
+    a.acquire("e2", 10)
+    doc = json.loads(snapshot(a.local, 1, 0.05))
+    assert doc["r"] == {"e1": [-1, 3, 0], "e2": [1, 1, 0]}
+    peers = PeerLoads("b")
+    peers.update({"a": snapshot(a.local, 1, 0.05)}, 0.0)
+    peers.update({"a": snapshot(a.local, 2, 0.05)}, 0.05)
+    b.local.peer_since = peers.since(0.05)
+    e1, e2 = (next(e for e in b.all() if e.endpoint_id == n) for n in ("e1", "e2"))
+    assert (b.local.requests(e1), b.local.requests(e2)) == (2, 2)
+    b.replace_all([ep("e1", running=2), ep("e2", running=2)])  # the reports caught up; a's still counts from the old
+    e1, e2 = (next(e for e in b.all() if e.endpoint_id == n) for n in ("e1", "e2"))
+    assert (b.local.requests(e1), b.local.requests(e2)) == (2, 2)
+
+
+@pytest.mark.parametrize("r", [{"e1": [1, 2]}, {"e1": [1 << 31, 0, 0]}, {"e1": [1, -1, 0]}, {"e1": [1.0, 0, 0]},
+                               {"e1": "x"}, [1, 2, 3], "x"])
+def test_requests_since_a_report_that_are_not_counts_are_skipped(r):
+    raw = json.dumps({"v": 1, "s": 1, "i": 0.05, "e": {}, "r": r})
+    assert parse(raw).since == {}

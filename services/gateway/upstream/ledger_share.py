@@ -73,7 +73,7 @@ class LedgerShare:
                     continue
                 name, _, raw = message["data"].partition(b"\n")
                 self._peers.offer(name.decode(errors="replace"), raw, self._clock())
-                self._set(self._peers.sums(self._clock()))
+                self._set(self._peers.sums(self._clock()), self._peers.since(self._clock()))
         finally:
             await pubsub.aclose()
 
@@ -97,12 +97,12 @@ class LedgerShare:
             pipe.hgetall(KEY)
             _, published = await pipe.execute()
         peers, forget = self._peers.update(published, self._clock())
-        self._set(peers)
+        self._set(peers, self._peers.since(self._clock()))
         if forget:
             await self._forget(forget)
 
-    def _set(self, peers: dict[str, tuple[int, ...]]) -> None:
-        before, self._local.peers = self._local.peers, peers
+    def _set(self, peers: dict[str, tuple[int, ...]], since: dict[str, tuple[tuple[int, int, int], ...]]) -> None:
+        before, self._local.peers, self._local.peer_since = self._local.peers, peers, since
         if any(peers.get(eid, _NONE)[_INFLIGHT] < counts[_INFLIGHT] for eid, counts in before.items()):
             self._on_drop()
 
@@ -120,7 +120,7 @@ class LedgerShare:
                 try:
                     await self.sync()
                 except Exception as exc:  # noqa: BLE001 - any failure (timeout, refused, an error reply): alone
-                    self._set({})
+                    self._set({}, {})
                     if not self._failing:
                         log.warning("load ledger not shared: each gateway process routes on its own",
                                     extra={"error": repr(exc)})
@@ -134,7 +134,7 @@ class LedgerShare:
         finally:
             pushing.cancel()
             await asyncio.gather(pushing, return_exceptions=True)
-            self._local.peers = {}
+            self._local.peers, self._local.peer_since = {}, {}
 
     async def leave(self) -> None:
         """Takes this process's counts out of the store (a clean stop; a killed one lapses)."""

@@ -33,11 +33,15 @@ FORGET_S = 60.0
 
 def snapshot(local: LocalState, seq: int, interval_s: float) -> str:
     """This gateway's own ledger as published: ``{"v", "s": seq, "i": interval_s, "e": {endpoint:
-    [counts...]}}`` in ``PEER_COUNTS`` order, endpoints with nothing in flight left out."""
+    [counts...]}, "r": {endpoint: [since_report, running, waiting]}}``: the counts in
+    ``PEER_COUNTS`` order, endpoints with nothing in flight left out; and the requests it started
+    less those it ended since the report it last saw of an endpoint, with that report's running
+    and waiting (a peer adds them only while its own last report of the endpoint says the same)."""
     tables = [getattr(local, name) for name in PEER_COUNTS]
     counts = {eid: [t.get(eid, 0) for t in tables] for eid in sorted(set().union(*tables))}
-    return json.dumps({"v": VERSION, "s": seq, "i": interval_s, "e": {e: c for e, c in counts.items() if any(c)}},
-                      separators=(",", ":"))
+    since = {eid: [n, *local.reported.get(eid, (0, 0))] for eid, n in sorted(local.since_report.items()) if n}
+    return json.dumps({"v": VERSION, "s": seq, "i": interval_s, "e": {e: c for e, c in counts.items() if any(c)},
+                       "r": since}, separators=(",", ":"))
 
 
 def _count(v: object) -> bool:
@@ -49,6 +53,7 @@ class Snapshot:
     seq: int
     interval_s: float
     counts: dict[str, tuple[int, ...]]
+    since: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # since_report, running, waiting
 
 
 def parse(raw: bytes | str) -> Snapshot | None:
@@ -73,7 +78,19 @@ def parse(raw: bytes | str) -> Snapshot | None:
             break
         if isinstance(values, list) and len(values) == len(PEER_COUNTS) and all(_count(v) for v in values):
             counts[eid] = tuple(values)
-    return Snapshot(seq, float(interval), counts)
+    return Snapshot(seq, float(interval), counts, _since(doc.get("r")))
+
+
+def _since(r: object) -> dict[str, tuple[int, int, int]]:
+    out: dict[str, tuple[int, int, int]] = {}
+    if isinstance(r, dict):
+        for n, (eid, v) in enumerate(r.items()):
+            if n == MAX_ENDPOINTS:
+                break
+            if (isinstance(v, list) and len(v) == 3 and type(v[0]) is int and -MAX_COUNT < v[0] < MAX_COUNT
+                    and _count(v[1]) and _count(v[2])):
+                out[eid] = (v[0], v[1], v[2])
+    return out
 
 
 @dataclass(slots=True)
@@ -120,15 +137,26 @@ class PeerLoads:
         if name != self.me and snap is not None:
             self._see(name, raw, snap, now)
 
+    def _live(self, now: float) -> list[Snapshot]:
+        return [seen.snap for seen in self._seen.values()
+                if seen.snap is not None and seen.changed and now - seen.changed_at < seen.stale_s]
+
+    def since(self, now: float) -> dict[str, tuple[tuple[int, int, int], ...]]:
+        """The live peers' requests started less ended since a report, per endpoint, each with
+        that report's running and waiting."""
+        out: dict[str, list[tuple[int, int, int]]] = {}
+        for snap in self._live(now):
+            for eid, v in snap.since.items():
+                out.setdefault(eid, []).append(v)
+        return {eid: tuple(v) for eid, v in out.items()}
+
     def sums(self, now: float) -> dict[str, tuple[int, ...]]:
         """The live peers' counts summed per endpoint."""
         sums: dict[str, list[int]] = {}
-        self.live = 0
-        for seen in self._seen.values():
-            if seen.snap is None or not seen.changed or now - seen.changed_at >= seen.stale_s:
-                continue
-            self.live += 1
-            for eid, values in seen.snap.counts.items():
+        live = self._live(now)
+        self.live = len(live)
+        for snap in live:
+            for eid, values in snap.counts.items():
                 total = sums.setdefault(eid, [0] * len(PEER_COUNTS))
                 for n, v in enumerate(values):
                     total[n] += v

@@ -61,6 +61,7 @@ class EndpointPicker:
             if e.healthy:  # healthy before too: it keeps its number
                 appeared[eid] = self._appeared.get(eid, self._changes)
         self._appeared = appeared
+        self.local.reported = {eid: (e.running, e.waiting) for eid, e in self._endpoints.items()}
         contexts: dict[str, int] = {}
         for e in self._endpoints.values():
             self._seen_models |= e.models

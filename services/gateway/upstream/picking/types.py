@@ -76,9 +76,8 @@ class PickInput:
         return self._hashes[scheme]
 
 
-# The counts a gateway publishes to its peers (picking.peers), in this order. Not ``since_report``:
-# each process's is relative to the last report it saw, so a peer's would be counted twice, or
-# missed, around each report (the in-flight counts bound requests from below instead).
+# The counts a gateway publishes to its peers (picking.peers), in this order; ``since_report``
+# goes apart, with the report it counts from (``peer_since``).
 PeerCount = Literal["prefill_tokens", "prefill_requests", "decode_seqs", "decode_tokens", "inflight"]
 PEER_COUNTS: tuple[PeerCount, ...] = get_args(PeerCount)
 _INDEX = {name: n for n, name in enumerate(PEER_COUNTS)}
@@ -104,6 +103,10 @@ class LocalState:
     # The other gateways' ledgers (workers and replicas sharing a Redis, picking.peers): per
     # endpoint, their counts summed, in PEER_COUNTS order; empty with no peers.
     peers: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    # Theirs since a report: per endpoint, each live peer's (since_report, running, waiting) of
+    # the report it last saw; and ours: the running and waiting of the last report of each endpoint.
+    peer_since: dict[str, tuple[tuple[int, int, int], ...]] = field(default_factory=dict)
+    reported: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def all_of(self, counts: PeerCount, endpoint_id: str) -> int:
         """One of the ledger's counts over every gateway: ours and the peers' last published."""
@@ -132,10 +135,13 @@ class LocalState:
         return max(e.running, self.all_of("decode_seqs", e.endpoint_id))
 
     def requests(self, e: Endpoint) -> int:
-        """Running + waiting there now: the last report (all gateways' work) corrected by
-        what we started and finished since, and never less than every gateway's work in flight."""
+        """Running + waiting there now: the last report (all gateways' work) corrected by what
+        every gateway started and finished since (a peer's only while the report it counts from
+        is the one we hold), and never less than every gateway's work in flight."""
         eid = e.endpoint_id
-        return max(e.running + e.waiting + self.since_report.get(eid, 0), self.all_of("inflight", eid), 0)
+        since = self.since_report.get(eid, 0) + sum(n for n, running, waiting in self.peer_since.get(eid, ())
+                                                    if (running, waiting) == (e.running, e.waiting))
+        return max(e.running + e.waiting + since, self.all_of("inflight", eid), 0)
 
     def load(self, e: Endpoint) -> float:
         """Requests per slot."""
