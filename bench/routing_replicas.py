@@ -143,7 +143,8 @@ def measure(mesh: Mesh, plan: Plan, name: str, workers: int, kill: bool, key: st
     attach_endpoints(out, mesh.log_dir / "gateway.log")
     records = served_by(mesh.log_dir / "gateway.log")
     per_worker = Counter(str(records[t.rid].get("worker", 0)) for t in out if t.rid in records)
-    restarted = kill and workers_ready(mesh).get(1) not in (None, killed)
+    # its supervisor restarts it within seconds (a worker's start: imports, the first table); a short run may end sooner
+    restarted = kill and wait_until(lambda: workers_ready(mesh).get(1) not in (None, killed), 30)
     return {"workers": workers, "killed_worker": killed is not None, "killed_worker_restarted": restarted,
             "kv_hit_rate": round(hits / queries, 3) if queries else None, "requests": len(out),
             "client_errors": len(errors), "client_error_kinds": sorted(set(errors)),
