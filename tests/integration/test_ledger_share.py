@@ -66,7 +66,7 @@ async def test_each_process_sees_the_others_work_in_flight_and_a_killed_one_laps
         b.acquire("e2", 10)
         assert await until(lambda: b.local.requests(e1(b)) == 3), b.local.peers
         assert b.local.all_of("prefill_tokens", "e1") == 300 and b.local.all_of("prefill_tokens", "e2") == 10
-        assert await until(lambda: a.local.peers.get("e2") == (10, 1, 0, 0, 1))  # and a sees b's
+        assert await until(lambda: a.local.peers.get("e2 e2") == (10, 1, 0, 0, 1))  # and a sees b's
         assert b.pick(PickInput("m", 0.0, work_tokens=10), "least_loaded").endpoint_id == "e2"
         assert b.capacity(PickInput("m", 0.0))[0] == 8 - 3 - 1  # flow control's free slots count a's too
         for t in tickets:
@@ -90,7 +90,7 @@ async def test_each_process_sees_the_others_work_in_flight_and_a_killed_one_laps
         share_c = LedgerShare(client, c.local, interval_s=0.02, name="c")
         tasks.append(asyncio.create_task(share_c.run()))
         await asyncio.sleep(0.3)
-        assert c.local.requests(e1(c)) == 0 and c.local.peers.get("e2") == (10, 1, 0, 0, 1)
+        assert c.local.requests(e1(c)) == 0 and c.local.peers.get("e2 e2") == (10, 1, 0, 0, 1)
     finally:
         await stop(tasks)
     assert await client.hexists(KEY, "b")
@@ -117,7 +117,7 @@ async def test_a_store_that_errs_stalls_or_goes_leaves_each_process_on_its_own_t
     admin = redis.asyncio.from_url(server.url)
     b = picker()
     share_b = LedgerShare(c, b.local, interval_s=0.02, retry_s=0.1, name="b")
-    peer = {"e1": [0, 0, 0, 0, 2]}
+    peer = {"e1 e1": [0, 0, 0, 0, 2]}  # engine e1 at address e1
 
     async def peer_a() -> None:  # another process publishing two requests in flight on e1, round after round
         for n in range(1, 1_000_000):
@@ -127,7 +127,7 @@ async def test_a_store_that_errs_stalls_or_goes_leaves_each_process_on_its_own_t
                 pass
             await asyncio.sleep(0.02)
 
-    shared = lambda: b.local.peers == {"e1": (0, 0, 0, 0, 2)}  # noqa: E731
+    shared = lambda: b.local.peers == {"e1 e1": (0, 0, 0, 0, 2)}  # noqa: E731
     tasks = [asyncio.create_task(share_b.run()), asyncio.create_task(peer_a())]
     try:
         assert await until(shared)
@@ -167,8 +167,8 @@ async def test_a_change_reaches_the_others_between_rounds_even_after_a_quiet_spe
     tasks = [asyncio.create_task(share_a.run()), asyncio.create_task(share_b.run())]
     try:
         await asyncio.sleep(0.3)
-        a.acquire("e1", 100)  # a's first change: b has seen a's snapshot once, unchanged, so not yet counted
-        assert await until(lambda: b.local.requests(e1(b)) == 1, 1.0), b.local.peers
+        a.acquire("e1", 100)  # b counts a once it has seen a's snapshot change: by a's next round at the latest
+        assert await until(lambda: b.local.requests(e1(b)) == 1, 3.0), b.local.peers
         for _ in range(2):
             await asyncio.sleep(2.5)  # quiet for longer than the socket timeout (2 s in the gateway)
             began = time.monotonic()

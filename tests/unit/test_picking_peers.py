@@ -35,8 +35,9 @@ def test_a_snapshot_carries_every_count_of_each_endpoint_with_work_in_flight():
     r = req()
     t = p.acquire(p.pick(r, "prefix_aware").endpoint_id, r.work_tokens, r)
     doc = json.loads(snapshot(p.local, 7, 0.05))
-    assert (doc["v"], doc["s"], doc["i"], list(doc["e"])) == (1, 7, 0.05, [t.endpoint_id])
-    assert dict(zip(PEER_COUNTS, doc["e"][t.endpoint_id])) == {
+    name = f"{t.endpoint_id} {t.endpoint_id}"  # its id and its address (here the same)
+    assert (doc["v"], doc["s"], doc["i"], list(doc["e"])) == (1, 7, 0.05, [name])
+    assert dict(zip(PEER_COUNTS, doc["e"][name])) == {
         "prefill_tokens": 160, "prefill_requests": 1, "decode_seqs": 0, "decode_tokens": 0, "inflight": 1}
     p.release(t.endpoint_id, r.work_tokens, t)
     assert json.loads(snapshot(p.local, 8, 0.05))["e"] == {}
@@ -147,7 +148,7 @@ def test_a_peers_requests_since_a_report_count_only_against_that_same_report():
     a.release("e1", 10, t)
     a.acquire("e2", 10)
     doc = json.loads(snapshot(a.local, 1, 0.05))
-    assert doc["r"] == {"e1": [-1, 3, 0], "e2": [1, 1, 0]}
+    assert doc["r"] == {"e1 e1": [-1, 3, 0], "e2 e2": [1, 1, 0]}
     peers = PeerLoads("b")
     peers.update({"a": snapshot(a.local, 1, 0.05)}, 0.0)
     peers.update({"a": snapshot(a.local, 2, 0.05)}, 0.05)

@@ -32,14 +32,16 @@ FORGET_S = 60.0
 
 
 def snapshot(local: LocalState, seq: int, interval_s: float) -> str:
-    """This gateway's own ledger as published: ``{"v", "s": seq, "i": interval_s, "e": {endpoint:
+    """This gateway's own ledger as published (each endpoint by its ``shared_name``):
+    ``{"v", "s": seq, "i": interval_s, "e": {endpoint:
     [counts...]}, "r": {endpoint: [since_report, running, waiting]}}``: the counts in
     ``PEER_COUNTS`` order, endpoints with nothing in flight left out; and the requests it started
     less those it ended since the report it last saw of an endpoint, with that report's running
     and waiting (a peer adds them only while its own last report of the endpoint says the same)."""
     tables = [getattr(local, name) for name in PEER_COUNTS]
-    counts = {eid: [t.get(eid, 0) for t in tables] for eid in sorted(set().union(*tables))}
-    since = {eid: [n, *local.reported.get(eid, (0, 0))] for eid, n in sorted(local.since_report.items()) if n}
+    counts = {local.shared_name(eid): [t.get(eid, 0) for t in tables] for eid in sorted(set().union(*tables))}
+    since = {local.shared_name(eid): [n, *local.reported.get(eid, (0, 0))]
+             for eid, n in sorted(local.since_report.items()) if n}
     return json.dumps({"v": VERSION, "s": seq, "i": interval_s, "e": {e: c for e, c in counts.items() if any(c)},
                        "r": since}, separators=(",", ":"))
 

@@ -62,6 +62,7 @@ class EndpointPicker:
                 appeared[eid] = self._appeared.get(eid, self._changes)
         self._appeared = appeared
         self.local.reported = {eid: (e.running, e.waiting) for eid, e in self._endpoints.items()}
+        self.local.shared_names = {eid: f"{eid} {e.address}" for eid, e in self._endpoints.items()}
         contexts: dict[str, int] = {}
         for e in self._endpoints.values():
             self._seen_models |= e.models

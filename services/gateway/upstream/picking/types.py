@@ -107,11 +107,17 @@ class LocalState:
     # the report it last saw; and ours: the running and waiting of the last report of each endpoint.
     peer_since: dict[str, tuple[tuple[int, int, int], ...]] = field(default_factory=dict)
     reported: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # How each endpoint is named to peers: its id and address (two engines of one name at two
+    # addresses, as two meshes on one Redis have, are not one); an endpoint not in the table: its id.
+    shared_names: dict[str, str] = field(default_factory=dict)
+
+    def shared_name(self, endpoint_id: str) -> str:
+        return self.shared_names.get(endpoint_id, endpoint_id)
 
     def all_of(self, counts: PeerCount, endpoint_id: str) -> int:
         """One of the ledger's counts over every gateway: ours and the peers' last published."""
         own: int = getattr(self, counts).get(endpoint_id, 0)
-        theirs = self.peers.get(endpoint_id)
+        theirs = self.peers.get(self.shared_name(endpoint_id))
         return own + theirs[_INDEX[counts]] if theirs else own
 
     def add(self, counts: str, endpoint_id: str, n: int) -> None:
@@ -139,7 +145,8 @@ class LocalState:
         every gateway started and finished since (a peer's only while the report it counts from
         is the one we hold), and never less than every gateway's work in flight."""
         eid = e.endpoint_id
-        since = self.since_report.get(eid, 0) + sum(n for n, running, waiting in self.peer_since.get(eid, ())
+        theirs = self.peer_since.get(self.shared_name(eid), ())
+        since = self.since_report.get(eid, 0) + sum(n for n, running, waiting in theirs
                                                     if (running, waiting) == (e.running, e.waiting))
         return max(e.running + e.waiting + since, self.all_of("inflight", eid), 0)
 
