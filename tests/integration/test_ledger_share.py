@@ -16,7 +16,7 @@ import time
 import pytest
 import redis.asyncio
 
-from llmesh.testing import RedisServer
+from llmesh.testing import RedisServer, wait_until_async
 from llmesh.gateway.upstream.ledger_share import KEY, LedgerShare
 from llmesh.gateway.upstream.picking import Endpoint, EndpointPicker, PickInput
 
@@ -29,15 +29,6 @@ def picker() -> EndpointPicker:
 
 def e1(p: EndpointPicker) -> Endpoint:
     return next(e for e in p.all() if e.endpoint_id == "e1")
-
-
-async def until(check, timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        await asyncio.sleep(0.01)
-    return check()
 
 
 async def stop(tasks: list[asyncio.Task]) -> None:
@@ -64,25 +55,26 @@ async def test_each_process_sees_the_others_work_in_flight_and_a_killed_one_laps
     try:
         tickets = [a.acquire("e1", 100) for _ in range(3)]
         b.acquire("e2", 10)
-        assert await until(lambda: b.local.requests(e1(b)) == 3), b.local.peers
+        assert await wait_until_async(lambda: b.local.requests(e1(b)) == 3), b.local.peers
         assert b.local.all_of("prefill_tokens", "e1") == 300 and b.local.all_of("prefill_tokens", "e2") == 10
-        assert await until(lambda: a.local.peers.get("e2 e2") == (10, 1, 0, 0, 1))  # and a sees b's
+        assert await wait_until_async(lambda: a.local.peers.get("e2 e2") == (10, 1, 0, 0, 1))  # and a sees b's
         assert b.pick(PickInput("m", 0.0, work_tokens=10), "least_loaded").endpoint_id == "e2"
         assert b.capacity(PickInput("m", 0.0))[0] == 8 - 3 - 1  # flow control's free slots count a's too
         for t in tickets:
             a.started(t)
-        assert await until(lambda: b.local.decoding(e1(b)) == 3 and b.local.all_of("prefill_tokens", "e1") == 0)
+        assert await wait_until_async(lambda: b.local.decoding(e1(b)) == 3
+                                      and b.local.all_of("prefill_tokens", "e1") == 0)
         assert not drops
         for t in tickets:
             a.release("e1", 100, t)
-        assert await until(lambda: b.local.requests(e1(b)) == 0)
+        assert await wait_until_async(lambda: b.local.requests(e1(b)) == 0)
         assert drops  # the peers' work in flight went down: flow control is told
         # a is killed: its loop stops, its field stays, unchanged; b leaves it out after 1 s (20 rounds, at least 1 s)
         a.acquire("e1", 100)
-        assert await until(lambda: b.local.requests(e1(b)) == 1)
+        assert await wait_until_async(lambda: b.local.requests(e1(b)) == 1)
         tasks[0].cancel()
         stopped = time.monotonic()
-        assert await until(lambda: b.local.requests(e1(b)) == 0, 5.0)
+        assert await wait_until_async(lambda: b.local.requests(e1(b)) == 0, 5.0)
         assert time.monotonic() - stopped >= 0.9
         assert await client.hexists(KEY, "a")  # until it has been unchanged for a minute
         # a process started after a's death never counts a's last snapshot
@@ -130,25 +122,25 @@ async def test_a_store_that_errs_stalls_or_goes_leaves_each_process_on_its_own_t
     shared = lambda: b.local.peers == {"e1 e1": (0, 0, 0, 0, 2)}  # noqa: E731
     tasks = [asyncio.create_task(share_b.run()), asyncio.create_task(peer_a())]
     try:
-        assert await until(shared)
+        assert await wait_until_async(shared)
         # an error reply (the key overwritten with another type): alone, and the loop goes on
         await admin.delete(KEY)
         await admin.set(KEY, "not a hash")
-        assert await until(lambda: b.local.peers == {}, 3.0)
+        assert await wait_until_async(lambda: b.local.peers == {}, 3.0)
         await admin.delete(KEY)
-        assert await until(shared, 5.0) and not tasks[0].done()
+        assert await wait_until_async(shared, 5.0) and not tasks[0].done()
         # a server that stops answering (SIGSTOP) for 3 s: the round gives up after 1 s, not the client's 10
         os.kill(server.proc.pid, signal.SIGSTOP)
         try:
             began = time.monotonic()
-            assert await until(lambda: b.local.peers == {}, 2.5)
+            assert await wait_until_async(lambda: b.local.peers == {}, 2.5)
             assert time.monotonic() - began < 2.0
             await asyncio.sleep(3 - (time.monotonic() - began))
         finally:
             os.kill(server.proc.pid, signal.SIGCONT)
-        assert await until(shared, 5.0)
+        assert await wait_until_async(shared, 5.0)
         server.stop()  # gone
-        assert await until(lambda: b.local.peers == {}, 5.0) and not tasks[0].done()
+        assert await wait_until_async(lambda: b.local.peers == {}, 5.0) and not tasks[0].done()
     finally:
         await stop(tasks)
         await c.aclose()
@@ -168,14 +160,14 @@ async def test_a_change_reaches_the_others_between_rounds_even_after_a_quiet_spe
     try:
         await asyncio.sleep(0.3)
         a.acquire("e1", 100)  # b counts a once it has seen a's snapshot change: by a's next round at the latest
-        assert await until(lambda: b.local.requests(e1(b)) == 1, 3.0), b.local.peers
+        assert await wait_until_async(lambda: b.local.requests(e1(b)) == 1, 3.0), b.local.peers
         for _ in range(2):
             await asyncio.sleep(2.5)  # quiet for longer than the socket timeout (2 s in the gateway)
             began = time.monotonic()
             t = a.acquire("e1", 100)
-            assert await until(lambda: b.local.requests(e1(b)) == 2, 1.0), b.local.peers
+            assert await wait_until_async(lambda: b.local.requests(e1(b)) == 2, 1.0), b.local.peers
             a.release("e1", 100, t)
-            assert await until(lambda: b.local.requests(e1(b)) == 1, 1.0), b.local.peers
+            assert await wait_until_async(lambda: b.local.requests(e1(b)) == 1, 1.0), b.local.peers
             assert time.monotonic() - began < 0.5
     finally:
         await stop(tasks)
