@@ -34,7 +34,7 @@ def e1(p: EndpointPicker) -> Endpoint:
 async def stop(tasks: list[asyncio.Task]) -> None:
     for t in tasks:
         t.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    await asyncio.wait(tasks, timeout=5)  # bounded: CI once saw this cleanup hang until pytest's 300 s timeout
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ nor takes the request path's connections."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
@@ -74,8 +75,10 @@ class LedgerShare:
                 name, _, raw = message["data"].partition(b"\n")
                 self._peers.offer(name.decode(errors="replace"), raw, self._clock())
                 self._set(self._peers.sums(self._clock()), self._peers.since(self._clock()))
-        finally:
-            await pubsub.aclose()
+        finally:  # bounded: a subscription cut mid-read must not hold up a stop
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(MIN_STALE_S):
+                    await pubsub.aclose()
 
     async def _pushing(self) -> None:
         """Pushes and takes pushes for as long as Redis answers; the rounds notice when it does not."""
@@ -133,7 +136,7 @@ class LedgerShare:
                 await asyncio.sleep(self._interval)
         finally:
             pushing.cancel()
-            await asyncio.gather(pushing, return_exceptions=True)
+            await asyncio.wait([pushing], timeout=2 * MIN_STALE_S)
             self._local.peers, self._local.peer_since = {}, {}
 
     async def leave(self) -> None:
