@@ -17,7 +17,7 @@ import pytest
 import redis.asyncio
 
 from llmesh.testing import RedisServer, wait_until_async
-from llmesh.gateway.upstream.ledger_share import KEY, LedgerShare
+from llmesh.gateway.upstream.ledger_share import CHANNEL, KEY, LedgerShare
 from llmesh.gateway.upstream.picking import Endpoint, EndpointPicker, PickInput
 
 
@@ -35,6 +35,17 @@ async def stop(tasks: list[asyncio.Task]) -> None:
     for t in tasks:
         t.cancel()
     await asyncio.wait(tasks, timeout=5)  # bounded: CI once saw this cleanup hang until pytest's 300 s timeout
+
+
+async def subscribed(client, n: int, timeout_s: float = 5.0) -> bool:
+    """Whether ``n`` processes listen for pushes within ``timeout_s`` (a push sent before a
+    listener subscribed is not heard: the channel keeps nothing)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if dict(await client.pubsub_numsub(CHANNEL)).get(CHANNEL.encode(), 0) >= n:
+            return True
+        await asyncio.sleep(0.02)
+    return False
 
 
 @pytest.fixture
@@ -158,9 +169,9 @@ async def test_a_change_reaches_the_others_between_rounds_even_after_a_quiet_spe
     a.on_ledger.append(share_a.changed)
     tasks = [asyncio.create_task(share_a.run()), asyncio.create_task(share_b.run())]
     try:
-        await asyncio.sleep(0.3)
-        a.acquire("e1", 100)  # b counts a once it has seen a's snapshot change: by a's next round at the latest
-        assert await wait_until_async(lambda: b.local.requests(e1(b)) == 1, 3.0), b.local.peers
+        assert await subscribed(client, 2)
+        a.acquire("e1", 100)  # pushed: b counts a at once, whether or not its first round read a's field
+        assert await wait_until_async(lambda: b.local.requests(e1(b)) == 1, 1.0), b.local.peers
         for _ in range(2):
             await asyncio.sleep(2.5)  # quiet for longer than the socket timeout (2 s in the gateway)
             began = time.monotonic()

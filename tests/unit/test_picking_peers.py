@@ -55,6 +55,21 @@ def test_peers_count_once_they_change_and_are_summed_per_endpoint_skipping_our_o
     assert sums == {"a": (15, 2, 2, 50, 4), "b": (0, 0, 1, 20, 1)} and forget == [] and peers.live == 2
 
 
+def test_a_pushed_snapshot_counts_at_once_an_older_one_never_replaces_a_newer():
+    peers = PeerLoads("me")
+    # a round read the store before x first wrote, then x pushed: x is alive now, counted now
+    assert peers.update({b"me": snap(1, {})}, 0.0) == ({}, [])
+    peers.offer("x", snap(3, {"a": [1, 1, 0, 0, 1]}), 0.1)
+    assert peers.sums(0.1) == {"a": (1, 1, 0, 0, 1)} and peers.live == 1
+    # a round that then reads x's older field keeps the pushed one; one of our own is never taken
+    assert peers.update({b"x": snap(2, {"a": [9, 9, 9, 9, 9]})}, 0.2)[0] == {"a": (1, 1, 0, 0, 1)}
+    peers.offer("me", snap(9, {"a": [5, 5, 5, 5, 5]}), 0.3)
+    peers.offer("x", "not a snapshot", 0.3)
+    assert peers.sums(0.3) == {"a": (1, 1, 0, 0, 1)}
+    # pushed, then silent: it lapses like any peer that stops changing
+    assert peers.sums(0.1 + 1.0) == {} and peers.live == 0
+
+
 def test_a_peer_that_stops_changing_is_left_out_after_twenty_of_its_rounds_then_forgotten():
     peers = PeerLoads("me")
     dead_counts = {"a": [0, 0, 2, 20, 2]}

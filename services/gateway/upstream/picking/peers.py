@@ -134,10 +134,13 @@ class PeerLoads:
         return self.sums(now), forget
 
     def offer(self, name: str, raw: bytes | str, now: float) -> None:
-        """A snapshot a peer pushed between rounds: taken when it is newer than the one held."""
+        """A snapshot a peer pushed between rounds: taken when it is newer than the one held. A
+        push is sent as it arrives (the channel keeps nothing), so its sender is alive now and
+        counts at once: no wait for a change (a round that read the store just before the
+        sender's first write would otherwise leave a new peer out for a round or more)."""
         snap = parse(raw)
         if name != self.me and snap is not None:
-            self._see(name, raw, snap, now)
+            self._see(name, raw, snap, now, pushed=True)
 
     def _live(self, now: float) -> list[Snapshot]:
         return [seen.snap for seen in self._seen.values()
@@ -164,14 +167,15 @@ class PeerLoads:
                     total[n] += v
         return {eid: tuple(v) for eid, v in sums.items()}
 
-    def _see(self, name: str, raw: bytes | str, snap: Snapshot | None, now: float) -> _Seen:
+    def _see(self, name: str, raw: bytes | str, snap: Snapshot | None, now: float,
+             pushed: bool = False) -> _Seen:
         seen = self._seen.get(name)
         if snap is not None and seen is not None and seen.snap is not None and snap.seq < seen.snap.seq:
             return seen  # a push already brought a newer one
         mark = snap.seq if snap is not None else ("raw", hash(raw))
         if seen is None:
-            seen = self._seen[name] = _Seen(mark, now)
-        elif seen.mark != mark:
+            seen = self._seen[name] = _Seen(mark, now, changed=pushed)
+        elif seen.mark != mark or pushed:
             seen.mark, seen.changed_at, seen.changed = mark, now, True
         seen.snap = snap
         return seen
