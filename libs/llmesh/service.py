@@ -9,6 +9,8 @@ import logging
 import os
 import signal
 import socket
+import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
@@ -26,6 +28,29 @@ from llmesh.discovery.base import Registry
 
 log = logging.getLogger("llmesh.service")
 S = TypeVar("S", bound=ServiceSettings)
+# A worker drains within grace_s and then closes its clients; past this margin its supervisor
+# kills it, still inside what `llmesh up` (grace + 2 s) and the Helm chart (grace + 5 s) give a service.
+STOP_MARGIN_S = 1.5
+# Past grace_s + this after its stop began, a process ends itself (exit 1). A stop that hangs (a
+# task that swallows its cancellation, an executor thread blocked in a read that asyncio.run's
+# teardown waits for) would otherwise run on where nobody is left to kill it: a worker, or a
+# service under `llmesh up`, whose parent was SIGKILLed gets SIGTERM from the kernel
+# (PR_SET_PDEATHSIG) and no SIGKILL after it. Later than the supervisor's and `llmesh up`'s kill,
+# no later than Kubernetes' (grace + 5 s in the charts).
+STOP_DEADLINE_MARGIN_S = 4.0
+
+
+def exit_if_stop_overruns(after_s: float) -> threading.Timer:
+    """Ends this process with status 1 (logged) unless it has exited within ``after_s``."""
+    def overran() -> None:
+        log.error("stop overran its deadline; exiting", extra={"after_s": after_s})
+        sys.stderr.flush()
+        os._exit(1)
+
+    timer = threading.Timer(after_s, overran)
+    timer.daemon = True  # never holds up an exit that comes in time
+    timer.start()
+    return timer
 
 
 class App(Protocol):
@@ -147,6 +172,7 @@ async def serve(name: str, build: Callable[[Platform], App], settings: ServiceSe
         worker.ready()
     await stopping.wait()
     log.info("stopping", extra={"grace_s": grace})
+    exit_if_stop_overruns(grace + STOP_DEADLINE_MARGIN_S)
     if registration is not None:
         await registration.end()
     await app.stop(grace)

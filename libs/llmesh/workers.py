@@ -49,16 +49,13 @@ from llmesh.platform import build_registry
 from llmesh.ports import foreign_listeners, split_address
 from llmesh.restarts import RestartBudget, RestartPolicy
 from llmesh.serving import ServingState
-from llmesh.service import Registration, StartFailed, check_advertisable, check_health_endpoint
+from llmesh.service import STOP_MARGIN_S, Registration, StartFailed, check_advertisable, check_health_endpoint
 from llmesh.settings import MeshSettings, ServiceSettings
 
 log = logging.getLogger("llmesh.workers")
 READY = b"r"
 _PR_SET_PDEATHSIG = 1
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
-# A worker drains within grace_s and then closes its clients; past this margin it is killed, still
-# inside what `llmesh up` (grace + 2 s) and the Helm chart (grace + 5 s) give the whole gateway.
-STOP_MARGIN_S = 1.5
 
 
 class WorkersFailed(RuntimeError):

@@ -116,3 +116,41 @@ async def _one(instances) -> bool:
 async def _ready_again(log, dead: int) -> bool:
     ready = [r for r in log() if r.get("msg") == "worker ready"]
     return len(ready) == 3 and ready[-1]["pid"] != dead
+
+
+def test_the_workers_of_a_killed_supervisor_drain_and_exit_on_their_own(redis_server, tmp_path):
+    """SIGKILL leaves the supervisor no time to stop its workers: the kernel sends each SIGTERM
+    (PR_SET_PDEATHSIG), and each drains and exits within its grace period and the stop
+    deadline, sharing its ledger through Redis until then; none is left running."""
+    from llmesh.service import STOP_DEADLINE_MARGIN_S
+    from llmesh.testing import Service, pid_alive, wait_until
+
+    grpc_port, http_port, metrics_port = free_ports(3)
+    svc = Service("llmesh.gateway", {
+        "LLMESH_GATEWAY_WORKERS": "2", "LLMESH_REDIS_URL": redis_server.url, "LLMESH_CONFIG_BACKEND": "none",
+        "LLMESH_STATE_DIR": str(tmp_path / "state"), "LLMESH_TRUST": "local",
+        "LLMESH_GATEWAY_PORT": str(grpc_port), "LLMESH_GATEWAY_HTTP_PORT": str(http_port),
+        "LLMESH_GATEWAY_METRICS_PORT": str(metrics_port), "LLMESH_GATEWAY_CACHE_ADDRESS": "",
+        "LLMESH_GATEWAY_GRACE_S": "2"}, tmp_path / "gateway.log")
+
+    def log() -> list[dict]:
+        return [json.loads(x) for x in svc.log_path.read_text().splitlines() if x.startswith("{")]
+
+    def workers() -> list[int]:
+        return [r["pid"] for r in log() if r.get("msg") == "worker ready"]
+
+    svc.start()
+    try:
+        assert wait_until(lambda: len(workers()) == 2, 60), svc.log_path.read_text()[-3000:]
+        pids = workers()
+        svc.proc.kill()
+        svc.proc.wait(10)
+        assert wait_until(lambda: not any(pid_alive(p) for p in pids), 2 + STOP_DEADLINE_MARGIN_S + 5), \
+            svc.log_path.read_text()[-3000:]
+        stopped = [r for r in log() if r.get("msg") == "stopped" and r.get("logger") == "llmesh.service"]
+        assert len(stopped) == 2 and "overran" not in svc.log_path.read_text(), svc.log_path.read_text()[-3000:]
+    finally:
+        svc.stop()
+        for p in workers():
+            if pid_alive(p):
+                os.kill(p, 9)
