@@ -15,6 +15,7 @@ from pathlib import Path
 import redis.asyncio
 import redis.exceptions
 import uvicorn
+from prometheus_client import CollectorRegistry
 
 from llmesh.audit import AuditLog
 from llmesh.keys import FileKeyStore, KeyStore, RedisKeyStore
@@ -48,7 +49,7 @@ from llmesh.gateway.fronts.http import HttpFront
 from llmesh.gateway.fronts.servicer import GatewayServicer
 from llmesh.gateway.guard_workers import GuardWorkers
 from llmesh.gateway.loop_watch import watch_loop
-from llmesh.gateway.metrics import DegradeMetrics, FlowMetrics, GatewayMetrics
+from llmesh.gateway.metrics import DegradeMetrics, FlowMetrics, GatewayMetrics, LedgerMetrics
 from llmesh.gateway.pipeline import Pipeline
 from llmesh.gateway.stages.audit import AuditStage
 from llmesh.gateway.stages.auth import AuthenticateStage, Authenticator, JwtSettings, JwtVerifier
@@ -165,7 +166,7 @@ class GatewayApp:
         self.metrics = GatewayMetrics(platform.metrics, known=self._known_model)
         mesh = platform.settings
         self.redis = _redis(mesh.redis_url) if mesh.redis_url else None
-        self.ledger = self._ledger_share(settings, mesh.redis_url)
+        self.ledger = self._ledger_share(settings, mesh.redis_url, platform.metrics)
         self._authentication(settings, mesh)
         prompt_tokens = PromptTokens(settings.model_dir)  # one tokenizer per model for limits and picking
         self.audit = (AuditLog(settings.audit_file or mesh.state_dir / "audit.jsonl", fsync=settings.audit_fsync,
@@ -200,7 +201,8 @@ class GatewayApp:
             proxy_headers=False, timeout_graceful_shutdown=int(settings.grace_s) or 1))
         self._tasks: list[asyncio.Task] = []
 
-    def _ledger_share(self, settings: GatewaySettings, redis_url: str | None) -> LedgerShare | None:
+    def _ledger_share(self, settings: GatewaySettings, redis_url: str | None,
+                      registry: CollectorRegistry) -> LedgerShare | None:
         """With a Redis: the picker's in-flight load shared with the other gateway processes, on a
         client of its own (a round never waits for the request path's connections); a drop in the
         peers' work in flight tells flow control, as a new endpoint table does."""
@@ -208,7 +210,7 @@ class GatewayApp:
             return None
         self._ledger_redis = redis.asyncio.Redis.from_url(redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
         share = LedgerShare(self._ledger_redis, self.picker.local, settings.ledger_share_s,
-                            on_drop=lambda: self.flow.poke())
+                            on_drop=lambda: self.flow.poke(), on_round=LedgerMetrics(registry).round)
         self.picker.on_ledger.append(share.changed)
         return share
 

@@ -122,6 +122,25 @@ class GatewayMetrics:
                 of(self.tpot, model).observe((r.duration_ms - r.ttft_ms) / 1000 / (r.completion_tokens - 1))
 
 
+class LedgerMetrics:
+    """Load-ledger sharing between gateway processes (upstream/ledger_share.py): the peers each
+    counts, and the rounds that failed."""
+
+    def __init__(self, registry: CollectorRegistry):
+        self.peers = Gauge("llmesh_ledger_peers", "Other gateway processes (workers, replicas) whose requests "
+                           "in flight this one counts when it routes, from the last round through Redis; 0 "
+                           "while sharing is down.", registry=registry, multiprocess_mode="liveall")
+        self.failures = Counter("llmesh_ledger_share_failures", "Rounds of load-ledger sharing that failed (Redis "
+                                "did not answer within a second, or answered an error); the process routes on "
+                                "its own counts until one succeeds.", registry=registry)
+
+    def round(self, peers: int | None) -> None:
+        """A round of sharing: the live peers it counted, or None when it failed."""
+        self.peers.set(peers or 0)
+        if peers is None:
+            self.failures.inc()
+
+
 class FlowMetrics:
     """Flow control's queues (stages/flow.py): depth and wait per model, tenant and class, and the
     requests it turned away by reason, and the weight of each tenant that waited (its served-token

@@ -121,9 +121,9 @@ async def _ready_again(log, dead: int) -> bool:
 def test_the_workers_of_a_killed_supervisor_drain_and_exit_on_their_own(redis_server, tmp_path):
     """SIGKILL leaves the supervisor no time to stop its workers: the kernel sends each SIGTERM
     (PR_SET_PDEATHSIG), and each drains and exits within its grace period and the stop
-    deadline, sharing its ledger through Redis until then; none is left running."""
+    deadline; none is left running. Until then each counts the other's load ledger."""
     from llmesh.service import STOP_DEADLINE_MARGIN_S
-    from llmesh.testing import Service, pid_alive, wait_until
+    from llmesh.testing import Service, metric_values, pid_alive, wait_until
 
     grpc_port, http_port, metrics_port = free_ports(3)
     svc = Service("llmesh.gateway", {
@@ -143,6 +143,10 @@ def test_the_workers_of_a_killed_supervisor_drain_and_exit_on_their_own(redis_se
     try:
         assert wait_until(lambda: len(workers()) == 2, 60), svc.log_path.read_text()[-3000:]
         pids = workers()
+        # each worker counts the other's ledger (llmesh_ledger_peers, one series per worker)
+        assert wait_until(lambda: metric_values(metrics_port, "llmesh_ledger_peers") == [1.0, 1.0], 10), \
+            metric_values(metrics_port, "llmesh_ledger_peers")
+        assert metric_values(metrics_port, "llmesh_ledger_share_failures_total") in ([], [0.0])
         svc.proc.kill()
         svc.proc.wait(10)
         assert wait_until(lambda: not any(pid_alive(p) for p in pids), 2 + STOP_DEADLINE_MARGIN_S + 5), \

@@ -119,7 +119,8 @@ async def test_a_store_that_errs_stalls_or_goes_leaves_each_process_on_its_own_t
     c = redis.asyncio.from_url(server.url, socket_timeout=10, socket_connect_timeout=2)  # production's patience
     admin = redis.asyncio.from_url(server.url)
     b = picker()
-    share_b = LedgerShare(c, b.local, interval_s=0.02, retry_s=0.1, name="b")
+    rounds: list[int | None] = []  # what the gateway's llmesh_ledger_peers and _share_failures are fed
+    share_b = LedgerShare(c, b.local, interval_s=0.02, retry_s=0.1, name="b", on_round=rounds.append)
     peer = {"e1 e1": [0, 0, 0, 0, 2]}  # engine e1 at address e1
 
     async def peer_a() -> None:  # another process publishing two requests in flight on e1, round after round
@@ -138,8 +139,10 @@ async def test_a_store_that_errs_stalls_or_goes_leaves_each_process_on_its_own_t
         await admin.delete(KEY)
         await admin.set(KEY, "not a hash")
         assert await wait_until_async(lambda: b.local.peers == {}, 3.0)
+        assert 1 in rounds and rounds[-1] is None  # a's counted, then the failures
         await admin.delete(KEY)
         assert await wait_until_async(shared, 5.0) and not tasks[0].done()
+        assert await wait_until_async(lambda: rounds[-1] == 1)
         # a server that stops answering (SIGSTOP) for 3 s: the round gives up after 1 s, not the client's 10
         os.kill(server.proc.pid, signal.SIGSTOP)
         try:

@@ -37,7 +37,7 @@ _NONE = (0,) * len(PEER_COUNTS)
 class LedgerShare:
     def __init__(self, redis: Any, local: LocalState, interval_s: float = 0.05, retry_s: float = 2.0,
                  name: str | None = None, clock: Callable[[], float] = time.monotonic,
-                 on_drop: Callable[[], None] = lambda: None):
+                 on_drop: Callable[[], None] = lambda: None, on_round: Callable[[int | None], None] = lambda n: None):
         self._redis = redis
         self._local = local
         self._interval = interval_s
@@ -47,6 +47,7 @@ class LedgerShare:
         self._seq = itertools.count(1)
         self._clock = clock
         self._on_drop = on_drop  # told when the peers' work in flight went down (slots may have freed)
+        self._on_round = on_round  # told each round's live peers, or None for a failed one
         self._failing = False
         self._dirty = asyncio.Event()
 
@@ -124,12 +125,14 @@ class LedgerShare:
                     await self.sync()
                 except Exception as exc:  # noqa: BLE001 - any failure (timeout, refused, an error reply): alone
                     self._set({}, {})
+                    self._on_round(None)
                     if not self._failing:
                         log.warning("load ledger not shared: each gateway process routes on its own",
                                     extra={"error": repr(exc)})
                     self._failing = True
                     await asyncio.sleep(self._retry_s)
                     continue
+                self._on_round(self._peers.live)
                 if self._failing:
                     log.info("load ledger shared again", extra={"peers": self._peers.live})
                     self._failing = False
