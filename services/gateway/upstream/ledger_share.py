@@ -90,7 +90,7 @@ class LedgerShare:
             finally:
                 for t in tasks:
                     t.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
+                await asyncio.wait(tasks, timeout=2 * MIN_STALE_S)  # each ends within a second once cancelled
             await asyncio.sleep(self._retry_s)
 
     async def sync(self) -> None:
