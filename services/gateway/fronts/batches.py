@@ -102,7 +102,7 @@ class BatchFront:
             return 200, await s.cancel(caller, path[1])
         raise NotFound(f"No route {scope['method']} {scope['path'][:256]}.", reason="not_found")
 
-    async def _read(self, scope: dict, receive: Receive, cap: int, what: str) -> bytearray:
+    async def _read(self, scope: dict, receive: Receive, cap: int, what: str) -> bytes:
         def too_large() -> InvalidArgument:
             return InvalidArgument(f"{what} is larger than {cap} bytes.", reason="file_too_large", param="file")
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}

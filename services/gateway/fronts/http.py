@@ -148,7 +148,7 @@ class HttpFront:
                            lambda raw: self._bodies.read(body_cls, raw), answer)
 
     async def _embeddings(self, scope: dict, receive: Receive, send: Send) -> None:
-        async def parse(raw: bytearray) -> EmbeddingsCall:
+        async def parse(raw: bytes) -> EmbeddingsCall:
             return await self._bodies.parse(read_embeddings, EmbeddingsBody, raw)
 
         async def answer(rid: str, headers: dict[str, str], call: EmbeddingsCall, client_rid: str | None) -> None:
@@ -156,7 +156,7 @@ class HttpFront:
         await self._handle(scope, receive, send, "embeddings", parse, answer)
 
     async def _handle(self, scope: dict, receive: Receive, send: Send, operation: str,
-                      parse: Callable[[bytearray], Awaitable[Any]], answer: Callable[..., Awaitable[None]]) -> None:
+                      parse: Callable[[bytes], Awaitable[Any]], answer: Callable[..., Awaitable[None]]) -> None:
         """A POST's body read (within the body timeout) and parsed, then ``answer``ed; a body
         refused before the pipeline gets its record (``Pipeline.refused``) and its error."""
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
