@@ -5,9 +5,10 @@ or end, not on its own share and the engines' lagging reports. Pure: the publish
 reading go through ``ledger_share``.
 
 A peer counts once its snapshot has changed while we watched (each carries a sequence number),
-and while it keeps changing: one unchanged for ``STALE_ROUNDS`` of its own publishing interval
-(at least ``MIN_STALE_S``) by our clock is left out, so no clocks are compared across hosts and
-a killed process's last snapshot is never counted by one that starts after it. A field that
+or once it pushed one (a push is live: the channel keeps nothing), and while it keeps changing:
+one unchanged for ``STALE_ROUNDS`` of its own publishing interval (at least ``MIN_STALE_S``) by
+our clock is left out, so no clocks are compared across hosts and a killed process's last
+snapshot is never counted by one that starts after it. A field that
 stays unchanged (or unreadable) for ``FORGET_S`` (or three times its staleness) is dropped from
 the store; an unreadable one is never counted (a newer version's, or junk) nor dropped while it
 changes. What is read is bounded: a
