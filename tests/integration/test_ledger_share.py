@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import signal
 import time
 
@@ -173,6 +174,7 @@ async def test_a_change_reaches_the_others_between_rounds_even_after_a_quiet_spe
     tasks = [asyncio.create_task(share_a.run()), asyncio.create_task(share_b.run())]
     try:
         assert await subscribed(client, 2)
+        assert await wait_until_async(lambda: share_a.others == 1, 5.0)  # a pushes once it knows of b
         a.acquire("e1", 100)  # pushed: b counts a at once, whether or not its first round read a's field
         assert await wait_until_async(lambda: b.local.requests(e1(b)) == 1, 1.0), b.local.peers
         for _ in range(2):
@@ -186,3 +188,55 @@ async def test_a_change_reaches_the_others_between_rounds_even_after_a_quiet_spe
     finally:
         await stop(tasks)
         await client.aclose()
+
+
+async def test_a_process_alone_in_the_store_pushes_nothing_until_another_appears(client):
+    """Pushes cost CPU on every change of the ledger: a lone gateway process (one replica, one
+    worker, with a Redis) sends none; once another process's field is in the store, it does."""
+    a = picker()
+    share_a = LedgerShare(client, a.local, interval_s=0.02, name="a")
+    a.on_ledger.append(share_a.changed)
+    listener = client.pubsub()
+    await listener.subscribe(CHANNEL)
+
+    async def pushes(within_s: float) -> int:
+        n, deadline = 0, time.monotonic() + within_s
+        while time.monotonic() < deadline:
+            message = await listener.get_message(ignore_subscribe_messages=True, timeout=0.05)
+            n += message is not None
+        return n
+
+    tasks = [asyncio.create_task(share_a.run())]
+    try:
+        assert await wait_until_async(lambda: share_a.others == 0 and a.local.peers == {}, 1.0)
+        await asyncio.sleep(0.1)  # some rounds, alone
+        t = a.acquire("e1", 100)
+        a.release("e1", 100, t)
+        assert await pushes(0.5) == 0 and await client.hexists(KEY, "a")  # its rounds still write
+        await client.hset(KEY, "b", json.dumps({"v": 1, "s": 1, "i": 0.02, "e": {}}))
+        assert await wait_until_async(lambda: share_a.others == 1)
+        a.acquire("e1", 100)
+        assert await pushes(0.5) >= 1
+    finally:
+        await stop(tasks)
+        await listener.aclose()
+
+
+async def test_a_cancelled_share_always_stops_whenever_the_cancel_lands(client):
+    """redis-py 8.1's pipeline can swallow a cancellation (``execute`` returning normally while its
+    task is being cancelled): without ``_keep_cancel`` one start-and-cancel in 5-25 left a share
+    looping for good here (a stop that hung a test's cleanup, a worker that never exited)."""
+    rng = random.Random(7)
+    for n in range(150):
+        a, b = picker(), picker()
+        shares = [LedgerShare(client, a.local, interval_s=0.02, name="a"),
+                  LedgerShare(client, b.local, interval_s=0.02, name="b")]
+        a.on_ledger.append(shares[0].changed)
+        tasks = [asyncio.create_task(s.run()) for s in shares]
+        await asyncio.sleep(rng.uniform(0.0, 0.05))
+        t = a.acquire("e1", 10)
+        a.release("e1", 10, t)
+        for task in tasks:
+            task.cancel()
+        _, pending = await asyncio.wait(tasks, timeout=3)
+        assert not pending, f"still running after its cancel, start {n}"

@@ -34,6 +34,16 @@ _INFLIGHT = PEER_COUNTS.index("inflight")
 _NONE = (0,) * len(PEER_COUNTS)
 
 
+def _keep_cancel() -> None:
+    """Raises CancelledError if this task is being cancelled. redis-py (8.1) can swallow a
+    cancellation: a pipeline's ``execute`` was seen returning normally while its task was being
+    cancelled, so a loop over it never stopped (a gateway worker that never exited; a test's
+    cleanup that hung). Called after each Redis call in this module's loops."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 class LedgerShare:
     def __init__(self, redis: Any, local: LocalState, interval_s: float = 0.05, retry_s: float = 2.0,
                  name: str | None = None, clock: Callable[[], float] = time.monotonic,
@@ -51,9 +61,17 @@ class LedgerShare:
         self._failing = False
         self._dirty = asyncio.Event()
 
+    @property
+    def others(self) -> int:
+        """Other processes' fields in the store at the last round (alive or lapsing)."""
+        return self._peers.others
+
     def changed(self) -> None:
-        """The ledger changed: push it (the picker's ``on_ledger``)."""
-        self._dirty.set()
+        """The ledger changed: push it (the picker's ``on_ledger``), unless no other process's field
+        was in the store at the last round: nobody to tell (a snapshot and its PUBLISH cost ~80 us
+        of CPU here, up to three a request); a newcomer reads our rounds and is seen by our next."""
+        if self._peers.others:
+            self._dirty.set()
 
     async def _push(self) -> None:
         while True:
@@ -61,6 +79,7 @@ class LedgerShare:
             self._dirty.clear()
             async with asyncio.timeout(MIN_STALE_S):
                 await self._redis.publish(CHANNEL, f"{self.name}\n{self._snapshot()}")
+            _keep_cancel()
 
     def _snapshot(self) -> str:
         return snapshot(self._local, next(self._seq), self._interval)
@@ -71,6 +90,7 @@ class LedgerShare:
             await pubsub.subscribe(CHANNEL)
             while True:  # a wait of its own, not the client's socket timeout: a quiet channel is no error
                 message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                _keep_cancel()
                 if message is None or message.get("type") != "message" or self._failing:
                     continue
                 name, _, raw = message["data"].partition(b"\n")
@@ -100,6 +120,7 @@ class LedgerShare:
             pipe.hset(KEY, self.name, self._snapshot())
             pipe.hgetall(KEY)
             _, published = await pipe.execute()
+        _keep_cancel()
         peers, forget = self._peers.update(published, self._clock())
         self._set(peers, self._peers.since(self._clock()))
         if forget:
@@ -114,6 +135,7 @@ class LedgerShare:
         try:
             async with asyncio.timeout(MIN_STALE_S):
                 await self._redis.hdel(KEY, *names)
+            _keep_cancel()
         except Exception:  # noqa: BLE001 - best effort: the next round tries again
             pass
 

@@ -115,6 +115,7 @@ class PeerLoads:
     me: str
     _seen: dict[str, _Seen] = field(default_factory=dict)
     live: int = 0  # peers counted by the last ``sums``
+    others: int = 0  # other fields in the store at the last ``update``, counted or not
 
     def update(self, published: Mapping[bytes | str, bytes | str], now: float) -> tuple[
             dict[str, tuple[int, ...]], list[str]]:
@@ -132,6 +133,7 @@ class PeerLoads:
                 forget.append(name)
         for name in (set(self._seen) - names) | set(forget):
             del self._seen[name]
+        self.others = len(names) - len(forget)
         return self.sums(now), forget
 
     def offer(self, name: str, raw: bytes | str, now: float) -> None:
