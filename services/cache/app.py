@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from llmesh.background import cancel_all
 from llmesh.backoff import Backoff
 from llmesh.platform import Platform, standalone_platform
 from llmesh.rpc.server import GrpcServer, ServiceBinding
@@ -122,9 +123,7 @@ class CacheApp:
 
     async def stop(self, grace: float) -> None:
         await self.server.stop(grace)
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_all(self._tasks)
         await self.cache.drain()
         await self.embedders.close()
         await self.judge.close()

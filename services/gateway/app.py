@@ -18,6 +18,7 @@ import uvicorn
 from prometheus_client import CollectorRegistry
 
 from llmesh.audit import AuditLog
+from llmesh.background import cancel_all
 from llmesh.keys import FileKeyStore, KeyStore, RedisKeyStore
 from llmesh.liveconfig.schema import MeshConfig
 from llmesh.platform import Platform, standalone_platform
@@ -379,9 +380,7 @@ class GatewayApp:
             self._batch_task.cancel()  # no new lines; those in flight get the grace
         await asyncio.gather(self.grpc.stop(grace), self._tasks[-1], self.batch_runner.stop(grace),
                              return_exceptions=True)
-        for task in self._tasks[:-1]:
-            task.cancel()
-        await asyncio.gather(*self._tasks[:-1], return_exceptions=True)
+        await cancel_all(self._tasks[:-1])
         await self.pipeline.drain()  # the stages' finishes and the cache's stores
         await self.shadow.close()  # shadow copies in flight
         await self.engines.close()

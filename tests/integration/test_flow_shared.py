@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import random
 import time
 
 import pytest
@@ -17,7 +18,7 @@ import redis.exceptions
 
 from llmesh.errors import FlowRefused
 from llmesh.liveconfig.schema import FlowClass, FlowControl, MeshConfig
-from llmesh.testing import RedisServer, free_ports
+from llmesh.testing import RedisServer, free_ports, wait_until_async
 from llmesh.gateway.domain.fairness import Entry
 from llmesh.gateway.domain.fairness_redis import SharedQueue
 from llmesh.gateway.stages.flow import FlowController
@@ -249,3 +250,74 @@ async def test_a_request_waiting_in_redis_moves_to_the_worker_when_redis_stalls_
         await stalling.aclose()
         await admin.aclose()
         server.stop()
+
+
+async def test_a_shared_queue_call_being_cancelled_never_returns(client):
+    """redis-py 8.1's pipeline can swallow a cancellation (``execute`` returning normally while its
+    task is being cancelled; llmesh.background.honour_cancel): every call cancelled before it
+    returned raises CancelledError, whenever the cancel lands."""
+    rng = random.Random(3)
+    queue = SharedQueue(client, f"flow-shared-{next(_models)}", "probe")
+    cancelled = n = 0
+    while cancelled < 50 and n < 3000:  # until 50 cancels landed before Redis had answered
+        n += 1
+        call = asyncio.create_task(queue.counts() if n % 2 else queue.statuses(["a", "b", "c"]))
+        await asyncio.sleep(rng.uniform(0.0, 0.001))
+        if call.cancel():
+            cancelled += 1
+            with pytest.raises(asyncio.CancelledError):
+                await call
+        else:
+            await call
+    assert cancelled == 50
+
+
+async def test_cancelled_loops_always_stop_whenever_the_cancel_lands(client):
+    """redis-py 8.1's pipeline can swallow a cancellation (llmesh.background.honour_cancel): the
+    workers' loops, cancelled at random moments while requests come and go, all stop."""
+    rng = random.Random(11)
+    for n in range(30):
+        model, slots = f"flow-shared-{next(_models)}", Slots(1)
+        (a, _), (b, _) = worker(client, slots), worker(client, slots)
+        loops = [asyncio.create_task(w.run()) for w in (a, b)]
+        served: list[tuple[str, asyncio.Event]] = []
+        requests = [asyncio.create_task(serve(w, model, slots, t, served)) for w, t in ((a, "x"), (b, "y"))]
+        await asyncio.sleep(rng.uniform(0.0, 0.15))
+        for task in loops:
+            task.cancel()
+        _, pending = await asyncio.wait(loops, timeout=3)
+        assert not pending, f"a loop still ran after its cancel, start {n}"
+        await stop(requests)
+
+
+async def test_a_request_cancelled_while_it_enters_leaves_nothing_in_the_shared_queue(client):
+    """A client that goes while its entry is on its way to Redis: the entry is taken out once
+    Redis has answered, so it holds neither a place nor, later, a slot."""
+    rng = random.Random(5)
+    model, slots = f"flow-shared-{next(_models)}", Slots(1)
+    (a, _), (b, _) = worker(client, slots), worker(client, slots)
+    loops = [asyncio.create_task(w.run()) for w in (a, b)]
+    served: list[tuple[str, asyncio.Event]] = []
+    holder = asyncio.create_task(serve(b, model, slots, "holder", served))  # the slot is taken: others queue
+    assert await wait_until_async(lambda: len(served) == 1)
+    for _ in range(40):
+        req = asyncio.create_task(a.acquire(model, entry("gone"), False))
+        await asyncio.sleep(rng.uniform(0.0, 0.002))
+        req.cancel()
+        await asyncio.gather(req, return_exceptions=True)
+    probe = SharedQueue(client, model, "probe")
+    counts: list[tuple[int, int]] = []
+
+    async def settled() -> bool:
+        counts.append(await probe.counts())
+        return counts[-1] == (0, 1)  # only the holder's slot
+
+    for _ in range(100):
+        if await settled():
+            break
+        await asyncio.sleep(0.02)
+    assert counts[-1] == (0, 1), counts[-1]
+    served[0][1].set()
+    await asyncio.wait_for(holder, 5)
+    assert await probe.counts() == (0, 0)
+    await stop(loops)

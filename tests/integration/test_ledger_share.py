@@ -224,7 +224,7 @@ async def test_a_process_alone_in_the_store_pushes_nothing_until_another_appears
 
 async def test_a_cancelled_share_always_stops_whenever_the_cancel_lands(client):
     """redis-py 8.1's pipeline can swallow a cancellation (``execute`` returning normally while its
-    task is being cancelled): without ``_keep_cancel`` one start-and-cancel in 5-25 left a share
+    task is being cancelled): without ``honour_cancel`` one start-and-cancel in 5-25 left a share
     looping for good here (a stop that hung a test's cleanup, a worker that never exited)."""
     rng = random.Random(7)
     for n in range(150):

@@ -19,13 +19,17 @@ same slot. The worker holding an entry learns it was released or refused from it
 ``status``; a PUBLISH on the model's channel wakes the others (their tick polls as a
 backstop). Each worker keeps a heartbeat in the model's ``alive`` set: a worker whose
 heartbeat lapsed has its queued entries dropped and its released ones' slots freed by
-whichever worker calls next. Pure of the transport: it takes a ``redis.asyncio`` client."""
+whichever worker calls next. Pure of the transport: it takes a ``redis.asyncio`` client. A call
+whose task is being cancelled raises CancelledError once Redis has answered, even where redis-py
+swallowed the cancellation (llmesh.background.honour_cancel): the loops over it stop."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from collections.abc import Awaitable
+from typing import Any, Protocol, TypeVar
 
+from llmesh.background import honour_cancel
 from llmesh.gateway.domain.fairness import CLASSES, Entry, Rules
 
 COMMON = """
@@ -276,6 +280,15 @@ class Entered:
     wait_s: float | None = None
 
 
+T = TypeVar("T")
+
+
+async def _call(aw: Awaitable[T]) -> T:
+    res = await aw
+    honour_cancel()
+    return res
+
+
 def _s(x: Any) -> str:
     return x.decode() if isinstance(x, bytes) else str(x)
 
@@ -303,18 +316,18 @@ class SharedQueue:
 
     async def enter(self, e: Entry, rules: Rules, now_ms: int) -> Entered:
         """Tags ``e`` against the shared virtual time and queues it, within the bounds."""
-        res = await self._enter(keys=[self._p], args=[
+        res = await _call(self._enter(keys=[self._p], args=[
             now_ms, self.worker, self._ttl, e.tenant, e.klass, e.cost, e.weight, rules.burst_tokens,
-            rules.max_queued_per_tenant, rules.max_queued])
+            rules.max_queued_per_tenant, rules.max_queued]))
         wait = float(_s(res[3])) if len(res) > 3 else -1.0
         return Entered(_s(res[0]), _s(res[1]), _s(res[2]), wait if wait >= 0 else None)
 
     async def release(self, free: int, total: int, rules: Rules, now_ms: int) -> list[str]:
         """Releases the global head(s) for up to ``free`` slots (capped by ``total`` less every
         worker's released entries); returns their ids, whichever worker holds them."""
-        res = await self._release(keys=[self._p], args=[
+        res = await _call(self._release(keys=[self._p], args=[
             now_ms, self.worker, self._ttl, free, total, rules.quiet_share,
-            *(rules.rule(k).reserved_share for k in range(len(CLASSES)))])
+            *(rules.rule(k).reserved_share for k in range(len(CLASSES)))]))
         return [_s(x) for x in res]
 
     async def leave(self, eid: str, why: str = "withdrawn", now_ms: int = 0, served: bool = False,
@@ -324,27 +337,27 @@ class SharedQueue:
         throughput at ``now_ms``). ``only_queued``: it goes only if it is still queued (a refusal
         that must not take a slot it was just given). Returns the status it had (``queued``,
         ``released``, a refusal's reason, or '' when it was already gone)."""
-        return _s(await self._leave(keys=[self._p], args=[eid, why, now_ms, "1" if served else "0",
-                                                          "1" if only_queued else "0"]))
+        return _s(await _call(self._leave(keys=[self._p], args=[
+            eid, why, now_ms, "1" if served else "0", "1" if only_queued else "0"])))
 
     async def promote(self, rules: Rules, now_ms: int) -> list[str]:
         """Moves each entry queued in its class past the class's ``promote_after_s`` up one class,
         at the front of that class's fair order; returns their ids."""
         limits = [rules.rule(k).promote_after_s for k in range(len(CLASSES) - 1)]
-        res = await self._promote(keys=[self._p], args=[
-            now_ms, self.worker, self._ttl, *(-1 if x is None else int(x * 1000) for x in limits)])
+        res = await _call(self._promote(keys=[self._p], args=[
+            now_ms, self.worker, self._ttl, *(-1 if x is None else int(x * 1000) for x in limits)]))
         return [_s(x) for x in res]
 
     async def heartbeat(self, now_ms: int) -> None:
         """Keeps this worker's entries alive, and drops those of workers whose heartbeat lapsed."""
-        await self._beat(keys=[self._p], args=[now_ms, self.worker, self._ttl])
+        await _call(self._beat(keys=[self._p], args=[now_ms, self.worker, self._ttl]))
 
     async def statuses(self, eids: list[str]) -> dict[str, str]:
         """Each entry's status ('' when it is gone)."""
         pipe = self._redis.pipeline(transaction=False)
         for eid in eids:
             pipe.hget(self._p + "e:" + eid, "status")
-        res = await pipe.execute()
+        res = await _call(pipe.execute())
         return {eid: "" if s is None else _s(s) for eid, s in zip(eids, res)}
 
     async def counts(self) -> tuple[int, int]:
@@ -352,5 +365,5 @@ class SharedQueue:
         pipe = self._redis.pipeline(transaction=False)
         pipe.get(self._p + "n")
         pipe.hvals(self._p + "inf")
-        n, inf = await pipe.execute()
+        n, inf = await _call(pipe.execute())
         return int(n or 0), sum(int(x) for x in inf)

@@ -22,9 +22,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from llmesh.background import honour_cancel
 from llmesh.liveconfig.schema import MeshConfig
 from llmesh.gateway.domain.degrade import load_of
-from llmesh.gateway.domain.fairness import CLASSES, Entry, Refusal
+from llmesh.gateway.domain.fairness import CLASSES, Entry, Refusal, Rules
 from llmesh.gateway.domain.fairness_redis import Entered, SharedQueue
 from llmesh.gateway.stages.flow import TICK_S, WHY, FlowController, FlowObserver, refusal_error
 
@@ -116,7 +117,7 @@ class SharedFlowController:
             return False
         rules = self._local.rules()
         try:
-            got = await m.queue.enter(entry, rules, self._now_ms())
+            got = await self._enter(m, entry, rules)
         except self._errors as exc:
             self._failed(exc)
             return await self._acquire_local(model, entry, embed)
@@ -145,6 +146,25 @@ class SharedFlowController:
                 self._spawn(self._leave(m, got.eid))
             raise
         return True
+
+    async def _enter(self, m: _Model, entry: Entry, rules: Rules) -> Entered:
+        """Queues ``entry`` in Redis. A cancel (the client went) that lands before Redis answered
+        takes the entry out once it has: else it would keep its place, then a slot, until this
+        worker dies."""
+        call = asyncio.ensure_future(m.queue.enter(entry, rules, self._now_ms()))
+        try:
+            return await asyncio.shield(call)
+        except asyncio.CancelledError:
+            self._spawn(self._withdraw(m, call))
+            raise
+
+    async def _withdraw(self, m: _Model, call: asyncio.Future[Entered]) -> None:
+        try:
+            got = await call
+        except self._errors:
+            return  # Redis did not answer: as in acquire, whether it queued the entry is not known
+        if got.status == "queued":
+            await self._leave(m, got.eid)
 
     async def _refuse_if_too_late(self, model: str, m: _Model, got: Entered, entry: Entry) -> None:
         """Refuses ``entry`` (raises, 429 ``deadline``) when it is still queued and its estimated
@@ -316,6 +336,7 @@ class SharedFlowController:
             try:
                 await pubsub.psubscribe("llmesh:fq:*wake")
                 async for message in pubsub.listen():
+                    honour_cancel()
                     if message.get("type") == "pmessage":
                         self._poke_shared()
             except self._errors:

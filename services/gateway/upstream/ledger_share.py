@@ -23,6 +23,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from llmesh.background import honour_cancel
 from llmesh.gateway.upstream.picking.peers import MIN_STALE_S, PeerLoads, snapshot
 from llmesh.gateway.upstream.picking.types import PEER_COUNTS, LocalState
 
@@ -32,16 +33,6 @@ KEY = "llmesh:ledger"
 CHANNEL = "llmesh:ledger:push"  # messages: "<name>\n<snapshot>"
 _INFLIGHT = PEER_COUNTS.index("inflight")
 _NONE = (0,) * len(PEER_COUNTS)
-
-
-def _keep_cancel() -> None:
-    """Raises CancelledError if this task is being cancelled. redis-py (8.1) can swallow a
-    cancellation: a pipeline's ``execute`` was seen returning normally while its task was being
-    cancelled, so a loop over it never stopped (a gateway worker that never exited; a test's
-    cleanup that hung). Called after each Redis call in this module's loops."""
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError
 
 
 class LedgerShare:
@@ -79,7 +70,7 @@ class LedgerShare:
             self._dirty.clear()
             async with asyncio.timeout(MIN_STALE_S):
                 await self._redis.publish(CHANNEL, f"{self.name}\n{self._snapshot()}")
-            _keep_cancel()
+            honour_cancel()
 
     def _snapshot(self) -> str:
         return snapshot(self._local, next(self._seq), self._interval)
@@ -90,7 +81,7 @@ class LedgerShare:
             await pubsub.subscribe(CHANNEL)
             while True:  # a wait of its own, not the client's socket timeout: a quiet channel is no error
                 message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
-                _keep_cancel()
+                honour_cancel()
                 if message is None or message.get("type") != "message" or self._failing:
                     continue
                 name, _, raw = message["data"].partition(b"\n")
@@ -120,7 +111,7 @@ class LedgerShare:
             pipe.hset(KEY, self.name, self._snapshot())
             pipe.hgetall(KEY)
             _, published = await pipe.execute()
-        _keep_cancel()
+        honour_cancel()
         peers, forget = self._peers.update(published, self._clock())
         self._set(peers, self._peers.since(self._clock()))
         if forget:
@@ -135,7 +126,7 @@ class LedgerShare:
         try:
             async with asyncio.timeout(MIN_STALE_S):
                 await self._redis.hdel(KEY, *names)
-            _keep_cancel()
+            honour_cancel()
         except Exception:  # noqa: BLE001 - best effort: the next round tries again
             pass
 
