@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -128,7 +129,25 @@ def models_deploy(ctx: Context) -> str:
     time.sleep(2)  # the gateways apply the config's revision
     answer = ctx.openai().chat.completions.create(model="smollm2@1", messages=PROMPT, max_tokens=8)
     expect(answer.choices[0].message.content, f"smollm2@1 answered {answer}")
-    return f"smollm2@1 deployed from modelmgr and answered: {answer.choices[0].message.content[:30]!r}"
+    fetched = {svc: rec for svc in ("engine-1", "engine-2") for rec in _records(ctx.mesh.logs(svc, tail=5000))
+               if rec.get("msg") == "model fetched" and str(rec.get("model", "")).startswith("smollm2")}
+    expect(fetched, "no engine logged 'model fetched' for smollm2: the version reached no engine over the wire")
+    svc, rec = next(iter(fetched.items()))
+    return (f"smollm2@1 deployed from modelmgr, fetched by {svc} over gRPC ({rec.get('bytes')} bytes, no shared "
+            f"volume), answered: {answer.choices[0].message.content[:30]!r}")
+
+
+def _records(logs: str) -> list[dict]:
+    """The JSON log records in a container's output (llmesh logs one JSON object a line)."""
+    out = []
+    for line in logs.splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
 
 
 class Load:

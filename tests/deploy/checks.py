@@ -97,9 +97,16 @@ def value_problems(where: str, env: dict[str, str]) -> list[str]:
         try:
             cls.model_validate(given)
         except ValidationError as exc:
-            problems += [f"{where}: {prefix}{'_'.join(map(str, e['loc'])).upper()}={given.get(e['loc'][0])!r}: "
-                         f"{e['msg']}" for e in exc.errors()]
+            problems += [_value_problem(where, prefix, e, given) for e in exc.errors()]
     return problems
+
+
+def _value_problem(where: str, prefix: str, error: typing.Any, given: dict[str, object]) -> str:
+    """One validation error: the variable and its value, or (a rule over several settings, with no
+    field of its own, such as a certificate without its key) the settings given."""
+    if not error["loc"]:
+        return f"{where}: {', '.join(sorted(prefix + n.upper() for n in given))}: {error['msg']}"
+    return f"{where}: {prefix}{'_'.join(map(str, error['loc'])).upper()}={given.get(error['loc'][0])!r}: {error['msg']}"
 
 
 def live_config_problems(where: str, text: str) -> list[str]:
@@ -248,10 +255,13 @@ def compose_modules(doc: dict) -> set[str]:
 # --- Dockerfile ----------------------------------------------------------------------------
 
 def python_modules(command) -> set[str]:
-    """`python -m X` / `python3 -m X` in an exec-form list or a shell string."""
+    """`python -m X` / `python3 -m X` in an exec-form list or a shell string, also where a list
+    hands a script to a shell (``["/bin/sh", "-c", "... exec python -m X"]``)."""
     if not command:
         return set()
-    words = command if isinstance(command, list) else shlex.split(str(command))
+    words: list[str] = []
+    for item in command if isinstance(command, list) else [command]:
+        words += shlex.split(str(item)) if re.search(r"\s", str(item)) else [str(item)]
     return {words[i + 1] for i, w in enumerate(words[:-1])
             if w == "-m" and i > 0 and re.fullmatch(r"(.*/)?python[0-9.]*", words[i - 1])}
 

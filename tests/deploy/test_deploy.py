@@ -89,6 +89,23 @@ def test_missing_healthcheck_unknown_setting_and_bad_dependency_fail(compose_doc
     assert len(problems) == 11
 
 
+def test_a_branch_with_a_broken_entrypoint_or_env_name_fails(compose_doc, allowed_env):
+    """What a branch breaks in the compose file fails here, before any image is built (the live
+    smoke fails on it too: docs/deploy.md): an entrypoint's module misspelt inside its shell script,
+    and a variable renamed so that a rule over several settings fails (a message, not a traceback)."""
+    doc = _unshared(compose_doc)
+    svc = doc["services"]["scheduler"]
+    svc["entrypoint"] = [w.replace("llmesh.scheduler", "llmesh.schedulr") for w in svc["entrypoint"]]
+    env = svc["environment"]
+    env["LLMESH_TLS_CERT"] = env.pop("LLMESH_TLS_CERT_FILE")
+    assert "llmesh.schedulr" in checks.compose_modules(doc)
+    [imports] = checks.import_problems(checks.compose_modules(doc))
+    assert "llmesh.schedulr" in imports
+    problems = checks.compose_problems(doc, allowed_env, checks.stage_names())
+    assert any("LLMESH_TLS_CERT is not a setting" in p for p in problems), problems
+    assert any(p.startswith("service scheduler: ") and "LLMESH_TLS_KEY_FILE" in p for p in problems), problems
+
+
 def test_compose_schema_violation_fails(compose_doc, tmp_path):
     doc = _unshared(compose_doc)
     doc["services"]["gateway"]["ports"] = {"http": 8080}  # must be a list
