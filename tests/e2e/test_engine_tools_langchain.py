@@ -1,8 +1,13 @@
 """LangChain (langchain-openai's ChatOpenAI) on an llmesh engine: structured output by function
 calling, and a two-step agent (a tool call, the tool's result, the answer), on SmolLM2 served by
-the mesh's llama.cpp engine (tests/e2e/langchain_cases.py; on vLLM: test_vllm_mesh.py)."""
+the mesh's llama.cpp engine (tests/e2e/langchain_cases.py; on vLLM: test_vllm_mesh.py); and
+examples/python/langchain_agent.py runs."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
 
 from tests.e2e.conftest import SMOL
 from tests.e2e.langchain_cases import structured_output, two_step_agent
@@ -14,3 +19,14 @@ def test_structured_output_by_function_calling(mesh):
 
 def test_a_two_step_agent_runs_to_completion(mesh):
     two_step_agent(mesh, SMOL)
+
+
+def test_the_langchain_agent_example_runs(mesh):
+    example = Path(__file__).resolve().parents[2] / "examples" / "python" / "langchain_agent.py"
+    out = subprocess.run([sys.executable, str(example), "--base-url", mesh.layout.http_url + "/v1",
+                          "What is the weather in Paris?"], capture_output=True, text=True, timeout=180,
+                         stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("[structured: Weather(city=")
+    assert lines[1].startswith("[get_weather({") and lines[-1].strip() and not lines[-1].startswith("[")
