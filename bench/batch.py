@@ -4,7 +4,12 @@ while a batch of ``--lines`` requests runs through the Batch API on the same eng
 without again (against drift). The goal (issue 29): the interactive p99 TTFT with the batch
 within 1.5x of without. Also: the batch's wall time and counts.
 
-    python -m bench.batch [--lines 500] [--streams 4] [--tokens 16] [--decode-ms 10] [--json]
+    python -m bench.batch [--lines 500] [--streams 4] [--tokens 16] [--decode-ms 10] [--per-seq-ms 1]
+                          [--max-running 8] [--json]
+
+By default the engine has fewer slots (8) than the batch's lines in flight (8) and the interactive
+streams (4) together, and each sequence in a step costs time: the batch competes for slots and for
+step time, and must yield (with 16 free slots and steps of fixed cost it never had to).
 
 The batch is sent with the official openai client (files.create, batches.create) and the
 interactive requests over httpx, as in bench.gateway; the mesh is `llmesh up` on this machine
@@ -100,20 +105,26 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=4, help="interactive streams at once")
     parser.add_argument("--tokens", type=int, default=16, help="tokens per answer (interactive and batch)")
     parser.add_argument("--decode-ms", type=float, default=10.0, help="sim time per decode step")
+    parser.add_argument("--per-seq-ms", type=float, default=1.0, help="sim time added per sequence in a step")
+    parser.add_argument("--max-running", type=int, default=8, help="the engine's slots (sequences at once)")
     parser.add_argument("--baseline-s", type=float, default=8.0, help="seconds of interactive traffic alone, "
                         "before and after the batch")
     parser.add_argument("--json", action="store_true", help="print only the JSON result on stdout")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        mesh = Mesh(layout=free_layout(1), engines="sim", model_dir=Path(tmp) / "models", log_dir=Path(tmp) / "logs",
+        mesh = Mesh(layout=free_layout(1), engines="sim", model_dir=Path(tmp) / "models",
+                    log_dir=Path(tmp) / "logs",
                     env={"LLMESH_ENGINE_SIM_DECODE_MS_PER_TOKEN": str(args.decode_ms),
+                         "LLMESH_ENGINE_SIM_DECODE_MS_PER_SEQ": str(args.per_seq_ms),
+                         "LLMESH_ENGINE_MAX_RUNNING": str(args.max_running),
                          "LLMESH_GATEWAY_LOG_LEVEL": "warning", "LLMESH_ENGINE_LOG_LEVEL": "warning"})
         mesh.start(timeout_s=90)
         try:
             results = asyncio.run(measure(mesh.layout.http_url, args))
         finally:
             mesh.stop(signal.SIGINT)
-    out = {"bench": "batch", "backend": "sim", "sim_decode_ms_per_token": args.decode_ms, "streams": args.streams,
+    out = {"bench": "batch", "backend": "sim", "sim_decode_ms_per_token": args.decode_ms,
+           "sim_decode_ms_per_seq": args.per_seq_ms, "max_running": args.max_running, "streams": args.streams,
            "tokens": args.tokens, "results": results}
     print(json.dumps(out, indent=None if args.json else 2))
 

@@ -92,9 +92,11 @@ class GatewaySettings(ServiceSettings):
     batch_max_lines: int = Field(default=50_000, ge=1, le=1_000_000, description="requests in one batch file")
     batch_max_files: int = Field(default=1000, ge=1, description="files a tenant keeps (inputs and outputs)")
     batch_in_flight: int = Field(default=8, ge=1, le=1024, description="batch lines one gateway process runs "
-                                 "at once while the engines report no waiting requests")
+                                 "at once at most")
     batch_busy_in_flight: int = Field(default=1, ge=1, le=1024, description="batch lines one gateway process "
-                                      "runs at once while some engine reports waiting requests")
+                                      "runs at once however busy the engines are")
+    batch_headroom: float = Field(default=0.25, ge=0, le=1, description="share of the engines' slots batch "
+                                  "lines leave free for interactive requests")
     batch_claim_idle_s: float = Field(default=300.0, gt=0, description="with Redis: a batch line taken by a "
                                       "worker and not done this long (the worker died) is run by another")
     batch_retention_s: int = Field(default=30 * 86400, ge=60, description="with Redis: batch files and state "

@@ -1,5 +1,5 @@
 """The Batch API's pure parts: input lines as OpenAI checks them, multipart bodies, the
-local store's once-per-line results and paging, the runner's pressure rule."""
+local store's once-per-line results and paging, the runner's headroom rule."""
 
 from __future__ import annotations
 
@@ -93,11 +93,13 @@ async def test_swap_and_pages(tmp_path):
     assert await kv.index_page("ix", "m1", 2) == (["m0"], False)
 
 
-def test_fewer_lines_in_flight_while_engines_report_waiting_requests():
-    waiting = [0]
-    runner = BatchRunner(None, None, None, lambda: waiting[0], RunnerSettings(in_flight=8, busy_in_flight=1))
-    assert runner.limit() == 8
-    waiting[0] = 3
+def test_lines_in_flight_leave_the_headroom_free_within_the_bounds():
+    room = [20]
+    runner = BatchRunner(None, None, None, lambda: room[0], RunnerSettings(in_flight=8, busy_in_flight=1))
+    assert runner.limit() == 8  # idle engines: up to in_flight
+    room[0] = 3
+    assert runner.limit() == 3  # what the headroom leaves
+    room[0] = -4  # interactive work ate into the headroom: no line beyond busy_in_flight
     assert runner.limit() == 1
     assert line_id("batch_x", 3) == line_id("batch_x", 3) != line_id("batch_x", 4)
 
@@ -115,7 +117,7 @@ async def test_a_batch_whose_finalizing_worker_died_is_finalized_by_another(tmp_
     batch = await store.move(await store.move(batch, "in_progress"), "finalizing")  # its worker died here
     await store.record("batch_1", 0, "completed", b'{"custom_id":"a"}')
     await store.record("batch_1", 1, "failed", b'{"custom_id":"b"}')
-    runner = BatchRunner(store, LocalQueue(), None, lambda: 0, RunnerSettings(stale_finalizing_s=60),
+    runner = BatchRunner(store, LocalQueue(), None, lambda: 8, RunnerSettings(stale_finalizing_s=60),
                          clock=lambda: now[0])
     await runner.finish("batch_1")
     assert (await store.batch("batch_1")).status == "finalizing"  # not stale yet: its worker may be at it
@@ -142,7 +144,7 @@ async def test_a_line_whose_run_raises_is_recorded_as_a_500_once(tmp_path):
 
     async def broken(*_):
         raise RuntimeError("a bug")
-    runner = BatchRunner(store, queue, broken, lambda: 0, RunnerSettings())
+    runner = BatchRunner(store, queue, broken, lambda: 8, RunnerSettings())
     task = asyncio.create_task(runner.run())
     for _ in range(200):
         done = await store.batch("batch_2")

@@ -46,6 +46,21 @@ def test_the_ledger_queues_uncached_tokens_until_the_first_chunk_and_decoders_un
     assert not loc.prefill_tokens and not loc.decode_seqs
 
 
+def test_lowest_priority_requests_are_counted_apart_until_released():
+    """Batch lines (``low``) count in the ledger like any request and in ``low_inflight`` too: the
+    gateway keeps a headroom of slots from them by the rest of the work."""
+    p = EndpointPicker()
+    p.replace_all([ep("a"), ep("b")])
+    low = [p.acquire("a", 10, low=True), p.acquire("b", 10, low=True)]
+    normal = p.acquire("a", 10)
+    assert p.local.low_inflight == 2 and p.local.inflight == {"a": 2, "b": 1}
+    p.release("a", 10, low[0])
+    p.release("a", 10, normal)
+    assert p.local.low_inflight == 1 and p.local.inflight == {"b": 1}
+    p.release("b", 10, low[1])
+    assert p.local.low_inflight == 0 and not p.local.inflight
+
+
 def test_a_caller_acquiring_right_after_its_pick_books_what_the_pick_counted():
     p = EndpointPicker()
     p.replace_all([ep("a"), ep("b")])

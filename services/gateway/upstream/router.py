@@ -41,6 +41,7 @@ from llmesh.types import Delta, Finish, FinishReason, Prompt, Usage
 from llmesh.tool_prompt import render  # tools as an engine shows them (its prompt tokens, for prefix affinity)
 from llmesh.validation import uses_tools
 from llmesh.gateway.context import CompletionRequest, Context, Items, Upstream, Wrap
+from llmesh.types import Priority
 from llmesh.gateway.record import RequestRecord
 from llmesh.gateway.upstream.lost import LostEngineHold
 from llmesh.gateway.upstream.picking import EndpointPicker, PickInput
@@ -164,7 +165,8 @@ class Router:
                     key, call = chosen
                     remaining = self._begin(state, key, model, target, req, tried, deadline - now, ctx)
                     state.can_continue = provider is None and not req.embeds and needs_tools is None
-                    async with aclosing(self._attempt(key, call(target, remaining), now, state, work)) as items:
+                    async with aclosing(self._attempt(key, call(target, remaining), now, state, work,
+                                                           req.priority is Priority.LOW)) as items:
                         async for item in items:
                             if isinstance(item, Delta):
                                 emitted.append(item.text)
@@ -248,12 +250,13 @@ class Router:
             ctx.headers[FALLBACK_HEADER] = model
         return remaining
 
-    async def _attempt(self, key: str, items: Items, started: float, state: _Attempts, work: int) -> Items:
+    async def _attempt(self, key: str, items: Items, started: float, state: _Attempts, work: int,
+                       low: bool = False) -> Items:
         """One upstream call. Sets ``state.done`` when it answered; a failure before the
         first token is kept in ``state`` for the caller to try elsewhere, others raise."""
         if self._breakers is not None:
             self._breakers.attempt(key, started)
-        ticket, streamed = self._picker.acquire(key, work), False
+        ticket, streamed = self._picker.acquire(key, work, low=low), False
         state.next_model = state.lost = False
         state.mid_stream = None
         try:

@@ -3,9 +3,13 @@ gateway's pipeline, as the batch's caller, at the lowest priority), records its 
 once, and finalizes a batch when every line has one (output and error files, counts,
 the last status).
 
-A bounded number of lines is in flight: ``in_flight`` while the engines report nothing
-waiting, ``busy_in_flight`` while they do (``pressure``), so interactive traffic finds
-the engines' slots free; the engines admit it first anyway (Priority.LOW). A line refused
+A bounded number of lines is in flight: at most ``in_flight``, and no more than keeps a
+headroom of the engines' slots free (``room()``: the lines this runner may hold, which the
+gateway reads from its picker's ledger; a line taken counts from then on, before it reaches an
+engine), so an interactive request arriving finds a slot instead of waiting for a batch line
+to end; at least ``busy_in_flight``,
+so a batch still moves while interactive traffic fills every slot (the engines admit that
+first anyway: Priority.LOW). A line refused
 for a reason that passes (429: a limit, queue full; 503) is tried again after a pause,
 ``retries`` times, before it counts as failed."""
 
@@ -46,20 +50,21 @@ def line_id(batch_id: str, index: int) -> str:
 
 
 class BatchRunner:
-    def __init__(self, store: BatchStore, queue: WorkQueue, run_line: LineRun, pressure: Callable[[], int],
+    def __init__(self, store: BatchStore, queue: WorkQueue, run_line: LineRun, room: Callable[[], int],
                  settings: RunnerSettings, clock: Callable[[], float] = time.time):
         self._store = store
         self._queue = queue
         self._run_line = run_line
-        self._pressure = pressure
+        self._room_for = room
         self._settings = settings
         self._clock = clock
         self._tasks: set[asyncio.Task[None]] = set()
         self._room = asyncio.Event()
 
     def limit(self) -> int:
+        """Lines that may be in flight now, within the bounds."""
         s = self._settings
-        return s.busy_in_flight if self._pressure() > 0 else s.in_flight
+        return max(s.busy_in_flight, min(s.in_flight, self._room_for()))
 
     @property
     def in_flight(self) -> int:

@@ -22,6 +22,7 @@ class Sent:
     uncached: int
     context: int
     started: bool = False
+    low: bool = False  # a lowest-priority request (a batch line)
 
 
 class EndpointPicker:
@@ -172,17 +173,20 @@ class EndpointPicker:
         at no extra cost); a policy that never tokenizes counts the request by its work estimate."""
         return any(weights.get(n) for n in PROMPT_SCORERS)
 
-    def acquire(self, endpoint_id: str, tokens: int = 0, req: PickInput | None = None) -> Sent:
+    def acquire(self, endpoint_id: str, tokens: int = 0, req: PickInput | None = None, low: bool = False) -> Sent:
         """Counts a request sent to ``endpoint_id``: the prompt tokens its engine lacks (as the
         pick for ``req`` counted them; without ``req``, the last pick's when it chose this
         endpoint and nothing was acquired since, as a caller that acquires right after picking
-        gets; else ``tokens``) join the ledger's queued prefill until ``started``."""
+        gets; else ``tokens``) join the ledger's queued prefill until ``started``. ``low``: a
+        lowest-priority request, counted in ``low_inflight`` too."""
         if req is None and self._picked is not None and self._picked[0] == endpoint_id:
             req = self._picked[1]
         self._picked = None
         prompt = len(req.prompt_tokens()) if req is not None and req.uncached is not None else tokens
-        ticket = Sent(endpoint_id, req.uncached if req is not None and req.uncached is not None else tokens, prompt)
+        ticket = Sent(endpoint_id, req.uncached if req is not None and req.uncached is not None else tokens, prompt,
+                      low=low)
         loc = self.local
+        loc.low_inflight += low
         loc.add("prefill_tokens", endpoint_id, ticket.uncached)
         loc.add("prefill_requests", endpoint_id, 1)
         loc.inflight[endpoint_id] = loc.inflight.get(endpoint_id, 0) + 1
@@ -210,6 +214,7 @@ class EndpointPicker:
         loc.add("decode_seqs", endpoint_id, -1)
         loc.add("decode_tokens", endpoint_id, -ticket.context)
         loc.since_report[endpoint_id] = loc.since_report.get(endpoint_id, 0) - 1
+        loc.low_inflight -= ticket.low
         for counts, n in ((loc.inflight, 1), (loc.inflight_tokens, tokens)):
             left = counts.get(endpoint_id, 0) - n
             if left > 0:

@@ -91,6 +91,7 @@ class LocalState:
     saw refuse."""
     inflight: dict[str, int] = field(default_factory=dict)
     inflight_tokens: dict[str, int] = field(default_factory=dict)
+    low_inflight: int = 0  # of those, the lowest-priority ones (batch lines), over every endpoint
     since_report: dict[str, int] = field(default_factory=dict)
     down_until: dict[str, float] = field(default_factory=dict)
     # The load ledger: per endpoint, the uncached prompt tokens (and their requests) this gateway
