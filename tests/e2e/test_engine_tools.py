@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 
 from llmesh.v1 import common_pb2, engine_pb2, engine_pb2_grpc, gateway_pb2, gateway_pb2_grpc
 from tests.e2e.conftest import SMOL
-from tests.e2e.tool_cases import ASK, NAMED, SCHEMA, TIME, TOOLS, agent_loop, valid
+from tests.e2e.tool_cases import ASK, NAMED, SCHEMA, TIME, TOOLS, agent_loop, grpc_chat, required_call, valid
 
 
 @pytest.fixture(scope="module")
@@ -55,33 +55,15 @@ def test_named_and_required_calls_parse_and_match_streamed_and_not(client):
     assert len({c.id for c in calls}) == len(calls)
 
 
-def grpc_chat(stub, tools: list[dict], choice: gateway_pb2.ToolChoice, content: str = ASK[0]["content"],
-              parallel: bool = False, **sampling) -> tuple[list, list]:
-    """A chat with ``tools`` on the gRPC front: (the replies, the calls joined from them by id)."""
-    request = gateway_pb2.ChatRequest(
-        model=SMOL, messages=[common_pb2.ChatMessage(role="user", content=content)],
-        sampling=common_pb2.SamplingParams(**sampling),
-        tools=[gateway_pb2.Tool(name=t["function"]["name"], description=t["function"].get("description", ""),
-                                parameters=json.dumps(t["function"]["parameters"])) for t in tools],
-        tool_choice=choice, parallel_tool_calls=parallel)
-    replies = list(stub.Chat(request, timeout=180))
-    calls: dict[int, list] = {}
-    for tc in (tc for r in replies for tc in r.tool_calls):
-        calls.setdefault(tc.index, []).append(tc)
-    joined = [("".join(p.id for p in pieces), "".join(p.name for p in pieces), "".join(p.arguments for p in pieces))
-              for _, pieces in sorted(calls.items())]
-    return replies, joined
-
-
 def test_named_and_required_calls_on_the_grpc_front(stub):
-    replies, calls = grpc_chat(stub, TOOLS, gateway_pb2.ToolChoice(mode="function", function="get_time"),
+    replies, calls = grpc_chat(stub, SMOL, TOOLS, gateway_pb2.ToolChoice(mode="function", function="get_time"),
                                temperature=0.0, max_tokens=80)
     assert len(calls) == 1 and calls[0][0].startswith("call_") and calls[0][1] == "get_time"
     jsonschema.validate(json.loads(calls[0][2]), TIME)
     assert [r.finish_reason for r in replies if r.finish_reason] == [common_pb2.FINISH_REASON_TOOL_CALLS]
     assert not "".join(r.text for r in replies)
     # required with parallel calls: one or more, each valid against its own function, each its own id
-    replies, calls = grpc_chat(stub, TOOLS, gateway_pb2.ToolChoice(mode="required"), parallel=True,
+    replies, calls = grpc_chat(stub, SMOL, TOOLS, gateway_pb2.ToolChoice(mode="required"), parallel=True,
                                temperature=0.7, seed=3, max_tokens=200)
     assert calls and [r.finish_reason for r in replies if r.finish_reason] == [common_pb2.FINISH_REASON_TOOL_CALLS]
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
@@ -154,36 +136,13 @@ def test_a_backend_that_cannot_call_tools_refuses_them_by_name(client, stub):
 
 
 
-def required_call(client, stub, schema: dict, front: str) -> tuple[list[str], list[str], str]:
-    """A required call of one tool with ``schema`` on ``front``: (finish reasons, names, arguments)."""
-    tool = {"type": "function", "function": {"name": "act", "description": "Do it", "parameters": schema}}
-    kwargs = dict(model=SMOL, messages=[{"role": "user", "content": "Call the tool."}], tools=[tool],
-                  tool_choice="required", parallel_tool_calls=False, temperature=0.8, seed=1, max_tokens=1000)
-    if front == "grpc":  # gRPC streams always
-        replies, joined = grpc_chat(stub, [tool], gateway_pb2.ToolChoice(mode="required"), "Call the tool.",
-                                    temperature=0.8, seed=1, max_tokens=1000)
-        return ([common_pb2.FinishReason.Name(r.finish_reason).removeprefix("FINISH_REASON_").lower()
-                 for r in replies if r.finish_reason], [c[1] for c in joined], "".join(c[2] for c in joined))
-    if front == "http-stream":
-        chunks = list(client.chat.completions.create(stream=True, **kwargs))
-        pieces = [tc for c in chunks if c.choices and c.choices[0].delta.tool_calls
-                  for tc in c.choices[0].delta.tool_calls]
-        return ([c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason],
-                [p.function.name for p in pieces if p.function.name],
-                "".join(p.function.arguments or "" for p in pieces))
-    resp = client.chat.completions.create(**kwargs)
-    calls = resp.choices[0].message.tool_calls or []
-    names = [c.function.name for c in calls]
-    return [resp.choices[0].finish_reason], names, "".join(c.function.arguments for c in calls)
-
-
 @settings(max_examples=4, deadline=None, derandomize=True, phases=[Phase.generate],  # a real model: no shrinking
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(schema=SCHEMA)
 def test_a_required_call_always_matches_a_generated_schema(client, stub, schema):
     """On every front, HTTP streamed and not and gRPC, a required call parses and matches the schema."""
     for front in ("http", "http-stream", "grpc"):
-        finish, names, arguments = required_call(client, stub, schema, front)
+        finish, names, arguments = required_call(client, stub, SMOL, schema, front)
         assert finish == ["tool_calls"] and names == ["act"], (front, schema, finish)
         jsonschema.validate(json.loads(arguments), schema)
 

@@ -6,7 +6,8 @@ publisher -> the engine's relay -> the scheduler -> the gateway), sends each con
 follow-up turn to the engine that holds its prefix, and vLLM's prefix cache hits there; kill -9
 of one engine under a few concurrent streams: streams that had tokens fail over and finish,
 every request completes, the supervisor restarts the engine and it serves again. Tool calls (named,
-required, an agent loop, a hostile schema) on both fronts, and LangChain's structured output and agent. Run with
+required, generated schemas, an agent loop, a hostile schema) on both fronts, and LangChain's
+structured output and agent. Run with
 .venv-vllm's interpreter (`make test` does):
 
     LLMESH_VLLM_TEST_MODEL=~/.cache/llmesh/models/smollm2-135m-instruct-hf-fp32 \\
@@ -27,6 +28,7 @@ import grpc
 import jsonschema
 import openai
 import pytest
+from hypothesis import HealthCheck, Phase, given, settings
 
 from llmesh.convert import kv_hash_from_pb
 from llmesh.prompt_tokens import HfChatTokenizer
@@ -36,7 +38,7 @@ from llmesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, scheduler_pb2, 
 from tests.component.vllm_faults import require_vllm
 from tests.e2e.conftest import endpoints, openai_client
 from tests.e2e.langchain_cases import structured_output, two_step_agent
-from tests.e2e.tool_cases import ASK, NAMED, TIME, TOOLS, agent_loop, valid
+from tests.e2e.tool_cases import ASK, NAMED, SCHEMA, TIME, TOOLS, agent_loop, required_call, valid
 
 MODEL = "smollm2-135m-instruct-hf-fp32"  # `llmesh up --vllm-model`'s default: served under its folder's name
 BLOCK = 128  # vLLM's KV block on CPUs
@@ -202,6 +204,22 @@ def test_tool_calls_through_the_mesh_on_both_fronts(vllm_mesh):
     assert [c.name for c in calls] == ["get_time"] and not "".join(r.text for r in replies)
     jsonschema.validate(json.loads(calls[0].arguments), TIME)
     assert [r.finish_reason for r in replies if r.finish_reason] == [common_pb2.FINISH_REASON_TOOL_CALLS]
+
+
+@settings(max_examples=3, deadline=None, derandomize=True, phases=[Phase.generate],  # a real model: no shrinking
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(schema=SCHEMA)
+def test_a_required_call_always_matches_a_generated_schema_on_every_front(vllm_mesh, schema):
+    """Generated schemas within the bounds, each on HTTP streamed and not and on gRPC: a required
+    call on vLLM's engines parses and matches its schema (the engine-core property test:
+    test_vllm_tools.py)."""
+    client = openai_client(vllm_mesh, timeout=180)
+    with grpc.insecure_channel(vllm_mesh.layout.address("gateway")) as ch:
+        stub = gateway_pb2_grpc.GatewayStub(ch)
+        for front in ("http", "http-stream", "grpc"):
+            finish, names, arguments = required_call(client, stub, MODEL, schema, front)
+            assert finish == ["tool_calls"] and names == ["act"], (front, schema, finish)
+            jsonschema.validate(json.loads(arguments), schema)
 
 
 def test_an_agent_loop_and_a_hostile_schema_on_vllm(vllm_mesh):

@@ -7,6 +7,8 @@ import json
 import jsonschema
 from hypothesis import strategies as st
 
+from llmesh.v1 import common_pb2, gateway_pb2
+
 WEATHER = {"type": "object", "required": ["city", "unit"], "additionalProperties": False,
            "properties": {"city": {"type": "string", "maxLength": 20}, "unit": {"enum": ["celsius", "fahrenheit"]}}}
 TIME = {"type": "object", "required": ["zone"], "properties": {"zone": {"type": "string", "maxLength": 12}}}
@@ -26,6 +28,47 @@ def valid(call, names=tuple(SCHEMAS)) -> dict:
     jsonschema.validate(args, SCHEMAS[call.function.name])
     return args
 
+
+def grpc_chat(stub, model: str, tools: list[dict], choice, content: str = ASK[0]["content"],
+              parallel: bool = False, **sampling) -> tuple[list, list]:
+    """A chat with ``tools`` on the gRPC front: (the replies, each call's (id, name, arguments),
+    joined from its pieces by index)."""
+    request = gateway_pb2.ChatRequest(
+        model=model, messages=[common_pb2.ChatMessage(role="user", content=content)],
+        sampling=common_pb2.SamplingParams(**sampling),
+        tools=[gateway_pb2.Tool(name=t["function"]["name"], description=t["function"].get("description", ""),
+                                parameters=json.dumps(t["function"]["parameters"])) for t in tools],
+        tool_choice=choice, parallel_tool_calls=parallel)
+    replies = list(stub.Chat(request, timeout=180))
+    calls: dict[int, list] = {}
+    for tc in (tc for r in replies for tc in r.tool_calls):
+        calls.setdefault(tc.index, []).append(tc)
+    joined = [("".join(p.id for p in pieces), "".join(p.name for p in pieces), "".join(p.arguments for p in pieces))
+              for _, pieces in sorted(calls.items())]
+    return replies, joined
+
+
+def required_call(client, stub, model: str, schema: dict, front: str) -> tuple[list[str], list[str], str]:
+    """A required call of one tool with ``schema`` on ``front``: (finish reasons, names, arguments)."""
+    tool = {"type": "function", "function": {"name": "act", "description": "Do it", "parameters": schema}}
+    kwargs = dict(model=model, messages=[{"role": "user", "content": "Call the tool."}], tools=[tool],
+                  tool_choice="required", parallel_tool_calls=False, temperature=0.8, seed=1, max_tokens=1000)
+    if front == "grpc":  # gRPC streams always
+        replies, joined = grpc_chat(stub, model, [tool], gateway_pb2.ToolChoice(mode="required"), "Call the tool.",
+                                    temperature=0.8, seed=1, max_tokens=1000)
+        return ([common_pb2.FinishReason.Name(r.finish_reason).removeprefix("FINISH_REASON_").lower()
+                 for r in replies if r.finish_reason], [c[1] for c in joined], "".join(c[2] for c in joined))
+    if front == "http-stream":
+        chunks = list(client.chat.completions.create(stream=True, **kwargs))
+        pieces = [tc for c in chunks if c.choices and c.choices[0].delta.tool_calls
+                  for tc in c.choices[0].delta.tool_calls]
+        return ([c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason],
+                [p.function.name for p in pieces if p.function.name],
+                "".join(p.function.arguments or "" for p in pieces))
+    resp = client.chat.completions.create(**kwargs)
+    calls = resp.choices[0].message.tool_calls or []
+    names = [c.function.name for c in calls]
+    return [resp.choices[0].finish_reason], names, "".join(c.function.arguments for c in calls)
 
 
 def agent_loop(client, model: str, choices: tuple[str, ...] = ("required", "auto", "auto", "none")) -> tuple:
