@@ -62,6 +62,10 @@ def build_backend(settings: EngineSettings) -> Backend:
     if settings.backend == "minilm":
         from llmesh.engine.backends.minilm import MiniLMBackend
         return MiniLMBackend.from_store(settings.model_dir, settings.model)
+    if settings.backend == "llamacpp_embed":
+        from llmesh.engine.backends.llamacpp_embed import LlamaCppEmbedBackend
+        return LlamaCppEmbedBackend.from_store(settings.model_dir, settings.model, n_ctx=settings.n_ctx,
+                                               n_threads=settings.n_threads, pooling=settings.embed_pooling)
     from llmesh.engine.backends.llamacpp import LlamaCppBackend
     return LlamaCppBackend.from_store(settings.model_dir, settings.model, n_ctx=settings.n_ctx,
                                       n_threads=settings.n_threads, n_batch=settings.n_batch,

@@ -16,7 +16,8 @@ class EngineSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="LLMESH_ENGINE_", extra="ignore", frozen=True)
 
     port: int = DEFAULT_PORTS["engine"]
-    backend: Literal["llamacpp", "sim", "vllm", "minilm"] = "llamacpp"  # minilm: embeddings only
+    # minilm and llamacpp_embed: embeddings only
+    backend: Literal["llamacpp", "sim", "vllm", "minilm", "llamacpp_embed"] = "llamacpp"
     model: str = "smollm2-135m-instruct"
     model_dir: Path = Path("var/models")
     endpoint_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-engine")
@@ -53,6 +54,9 @@ class EngineSettings(ServiceSettings):
     n_ctx: int = Field(default=2048, ge=16, description="context window; capped by the model's own")
     n_threads: int = Field(default=2, ge=1)
     n_batch: int = Field(default=512, ge=1, description="tokens per decode step, prompt chunks included")
+    embed_pooling: Literal["model", "mean", "cls", "last"] = Field(
+        default="model", description="llamacpp_embed: how a GGUF's token vectors make one; model: as the GGUF "
+        "says (a generative model's GGUF names none: choose one)")
     unified_kv: bool = Field(default=False, description="one KV pool: busy sequences share a common prefix, "
                              "but every token attends over all cells (slower beyond a few sequences)")
 

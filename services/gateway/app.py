@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import gc
 import logging
-import math
 import os
 import socket
 import time
@@ -245,23 +244,12 @@ class GatewayApp:
         store = BatchStore(kv)
         # each line through the HTTP front's own parsing, pipeline and encoding (built after this)
         self.batch_runner = BatchRunner(store, self._batch_queue, lambda *line: self.http.run_line(*line),
-                                        self._batch_room,
+                                        lambda: self.picker.low_room(settings.batch_headroom, settings.batch_in_flight),
                                         RunnerSettings(settings.batch_in_flight, settings.batch_busy_in_flight,
                                                        stale_finalizing_s=settings.batch_claim_idle_s / 2))
         self._batch_task: asyncio.Task[None] | None = None
         return BatchService(store, self._batch_queue, BatchLimits(
             settings.batch_max_file_bytes, settings.batch_max_lines, settings.batch_max_files))
-
-    def _batch_room(self) -> int:
-        """Batch lines this process may hold: the healthy generating engines' slots less
-        ``batch_headroom`` of them and less the other work there (every gateway's, as the picker
-        counts it, but this process's own batch lines). No engine (providers only): no bound here."""
-        engines = [e for e in self.picker.all() if e.healthy and e.models - e.embeds]
-        if not engines:
-            return self.settings.batch_in_flight
-        slots = sum(e.max_running for e in engines)
-        others = max(0, sum(self.picker.local.requests(e) for e in engines) - self.picker.local.low_inflight)
-        return slots - math.ceil(self.settings.batch_headroom * slots) - others
 
     def _current(self) -> MeshConfig:
         return self.config.current

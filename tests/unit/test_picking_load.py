@@ -61,6 +61,24 @@ def test_lowest_priority_requests_are_counted_apart_until_released():
     assert p.local.low_inflight == 0 and not p.local.inflight
 
 
+def test_low_room_leaves_the_headroom_beside_the_other_work():
+    """Batch lines may fill the generating engines' slots less a headroom and less the rest of
+    the work there; their own lines do not count against them; with no engine, no bound."""
+    p = EndpointPicker()
+    assert p.low_room(0.25, 8) == 8  # providers only
+    p.replace_all([ep("a"), ep("b"),
+                   Endpoint("e", "e", frozenset({"emb"}), max_running=8, embeds=frozenset({"emb"}))])
+    assert p.low_room(0.25, 8) == 16 - 4  # two engines of 8 slots, a quarter kept; the embedder is not counted
+    interactive = [p.acquire("a", 10) for _ in range(3)]
+    lows = [p.acquire("b", 10, low=True) for _ in range(5)]
+    assert p.low_room(0.25, 8) == 12 - 3  # the 5 batch lines are this room's own
+    for t in interactive:
+        p.release("a", 10, t)
+    assert p.low_room(0.25, 8) == 12 and p.low_room(0.0, 8) == 16
+    for t in lows:
+        p.release("b", 10, t)
+
+
 def test_a_caller_acquiring_right_after_its_pick_books_what_the_pick_counted():
     p = EndpointPicker()
     p.replace_all([ep("a"), ep("b")])

@@ -12,8 +12,7 @@ that serves it), then from each fallback model's, until one answers.
   (the same engine: not one more of ``max_attempts``), else elsewhere as an ordinary retry.
   An engine lost after the first token: the answer goes on on another replica (below).
   A second engine lost under the request, before or after its first token, refuses it
-  (``PoisonRequest``, 400 naming the request id): it goes nowhere else, not to a fallback
-  model either.
+  (``PoisonRequest``, 400 naming the request id): it goes nowhere else, nor to a fallback.
 - A context-length refusal moves on to the next model (a larger context may come next).
 - An engine that dies mid-stream: the answer goes on on another replica of the same
   model, from the prompt plus the text the client already has.
@@ -37,11 +36,10 @@ from opentelemetry.trace import INVALID_SPAN, Span
 from llmesh.errors import (DeadlineExceeded, EngineLost, Internal, InvalidArgument, LlmeshError, NotEmbedding,
                            NotGenerative, Overloaded, PoisonRequest, QueueFull, Unavailable)
 from llmesh.liveconfig.schema import MeshConfig, ModelPolicy, Provider
-from llmesh.types import Delta, Finish, FinishReason, Prompt, Usage
+from llmesh.types import Delta, Finish, FinishReason, Priority, Prompt, Usage
 from llmesh.tool_prompt import render  # tools as an engine shows them (its prompt tokens, for prefix affinity)
 from llmesh.validation import uses_tools
 from llmesh.gateway.context import CompletionRequest, Context, Items, Upstream, Wrap
-from llmesh.types import Priority
 from llmesh.gateway.record import RequestRecord
 from llmesh.gateway.upstream.lost import LostEngineHold
 from llmesh.gateway.upstream.picking import EndpointPicker, PickInput
@@ -90,6 +88,7 @@ class _Attempts:
     lost: bool = False  # the last attempt's engine went away under it (EngineLost)
     incarnation: int | None = None  # then: that endpoint's incarnation (LostEngineHold) when it was lost
     only: str | None = None  # the next attempt goes to this endpoint only: it came back after a loss
+    low: bool = False  # a lowest-priority request (a batch line): counted apart in the load ledger
 
 
 class Router:
@@ -140,7 +139,7 @@ class Router:
             budget.deposit()
         try:
             (record := ctx.record).policy = ctx.policy.routing
-            state, emitted = _Attempts(), []
+            state, emitted = _Attempts(low=req.priority is Priority.LOW), []
             work = work_tokens(req.prompt, req.sampling.max_tokens, inputs=req.inputs)  # what a queue gains from it
             chain = (req.model, *policy.fallbacks)
             needs_tools = uses_tools(req.prompt, req.tools)
@@ -165,8 +164,7 @@ class Router:
                     key, call = chosen
                     remaining = self._begin(state, key, model, target, req, tried, deadline - now, ctx)
                     state.can_continue = provider is None and not req.embeds and needs_tools is None
-                    async with aclosing(self._attempt(key, call(target, remaining), now, state, work,
-                                                           req.priority is Priority.LOW)) as items:
+                    async with aclosing(self._attempt(key, call(target, remaining), now, state, work)) as items:
                         async for item in items:
                             if isinstance(item, Delta):
                                 emitted.append(item.text)
@@ -250,13 +248,12 @@ class Router:
             ctx.headers[FALLBACK_HEADER] = model
         return remaining
 
-    async def _attempt(self, key: str, items: Items, started: float, state: _Attempts, work: int,
-                       low: bool = False) -> Items:
+    async def _attempt(self, key: str, items: Items, started: float, state: _Attempts, work: int) -> Items:
         """One upstream call. Sets ``state.done`` when it answered; a failure before the
         first token is kept in ``state`` for the caller to try elsewhere, others raise."""
         if self._breakers is not None:
             self._breakers.attempt(key, started)
-        ticket, streamed = self._picker.acquire(key, work, low=low), False
+        ticket, streamed = self._picker.acquire(key, work, low=state.low), False
         state.next_model = state.lost = False
         state.mid_stream = None
         try:

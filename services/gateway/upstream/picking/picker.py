@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -172,6 +173,18 @@ class EndpointPicker:
         """Whether the policy reads the prompt's tokens (so the pick can count what is uncached
         at no extra cost); a policy that never tokenizes counts the request by its work estimate."""
         return any(weights.get(n) for n in PROMPT_SCORERS)
+
+    def low_room(self, headroom: float, unbounded: int) -> int:
+        """Lowest-priority requests (batch lines) this process may have in flight: the healthy
+        generating engines' slots less ``headroom`` of them and less the other work there (every
+        gateway's, as ``requests`` counts it, but this process's own low ones); ``unbounded``
+        with no such engine (providers only)."""
+        engines = [e for e in self._endpoints.values() if e.healthy and e.models - e.embeds]
+        if not engines:
+            return unbounded
+        slots = sum(e.max_running for e in engines)
+        others = max(0, sum(self.local.requests(e) for e in engines) - self.local.low_inflight)
+        return slots - math.ceil(headroom * slots) - others
 
     def acquire(self, endpoint_id: str, tokens: int = 0, req: PickInput | None = None, low: bool = False) -> Sent:
         """Counts a request sent to ``endpoint_id``: the prompt tokens its engine lacks (as the
