@@ -109,6 +109,15 @@ class ModelStore:
                 records.append(record)
         return records
 
+    def gguf(self, name: str) -> Path:
+        """The GGUF file of model ``name``; ModelNotFound when the store has no GGUF of that name."""
+        from llmesh.errors import ModelNotFound
+
+        record = self.get(name)
+        if record is None or record.format != "gguf":
+            raise ModelNotFound(name)
+        return record.path
+
     def get(self, name: str) -> ModelRecord | None:
         folder = self.root / name
         if "/" in name or not folder.is_dir():

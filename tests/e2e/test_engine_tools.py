@@ -7,9 +7,6 @@ schema is a 400; a backend that cannot call tools (the sim) refuses them by name
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import grpc
 import jsonschema
@@ -19,7 +16,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 
 from llmesh.v1 import common_pb2, engine_pb2, engine_pb2_grpc, gateway_pb2, gateway_pb2_grpc
 from tests.e2e.conftest import SMOL
-from tests.e2e.tool_cases import ASK, NAMED, SCHEMA, TIME, TOOLS, agent_loop, grpc_chat, required_call, valid
+from tests.e2e.tool_cases import (ASK, NAMED, SCHEMA, TIME, TOOLS, agent_loop, grpc_chat, required_call, run_example,
+                                  valid)
 
 
 @pytest.fixture(scope="module")
@@ -148,10 +146,5 @@ def test_a_required_call_always_matches_a_generated_schema(client, stub, schema)
 
 
 def test_the_agent_example_runs(mesh):
-    example = Path(__file__).resolve().parents[2] / "examples" / "python" / "agent.py"
-    out = subprocess.run([sys.executable, str(example), "--base-url", mesh.layout.http_url + "/v1",
-                          "What is the weather in Paris?"], capture_output=True, text=True, timeout=180,
-                         stdin=subprocess.DEVNULL)
-    assert out.returncode == 0, out.stderr
-    lines = out.stdout.splitlines()
+    lines = run_example(mesh, "agent.py")
     assert lines[0].startswith("[get_weather({") and lines[-1].strip() and not lines[-1].startswith("[")

@@ -5,12 +5,9 @@ examples/python/langchain_agent.py runs."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 from tests.e2e.conftest import SMOL
 from tests.e2e.langchain_cases import structured_output, two_step_agent
+from tests.e2e.tool_cases import run_example
 
 
 def test_structured_output_by_function_calling(mesh):
@@ -22,11 +19,6 @@ def test_a_two_step_agent_runs_to_completion(mesh):
 
 
 def test_the_langchain_agent_example_runs(mesh):
-    example = Path(__file__).resolve().parents[2] / "examples" / "python" / "langchain_agent.py"
-    out = subprocess.run([sys.executable, str(example), "--base-url", mesh.layout.http_url + "/v1",
-                          "What is the weather in Paris?"], capture_output=True, text=True, timeout=180,
-                         stdin=subprocess.DEVNULL)
-    assert out.returncode == 0, out.stderr
-    lines = out.stdout.splitlines()
+    lines = run_example(mesh, "langchain_agent.py")
     assert lines[0].startswith("[structured: Weather(city=")
     assert lines[1].startswith("[get_weather({") and lines[-1].strip() and not lines[-1].startswith("[")

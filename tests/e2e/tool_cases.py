@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import jsonschema
 from hypothesis import strategies as st
@@ -69,6 +72,15 @@ def required_call(client, stub, model: str, schema: dict, front: str) -> tuple[l
     calls = resp.choices[0].message.tool_calls or []
     names = [c.function.name for c in calls]
     return [resp.choices[0].finish_reason], names, "".join(c.function.arguments for c in calls)
+
+
+def run_example(mesh, name: str, question: str = "What is the weather in Paris?") -> list[str]:
+    """examples/python/``name`` against the mesh's gateway: its output's lines (it must exit 0)."""
+    example = Path(__file__).resolve().parents[2] / "examples" / "python" / name
+    out = subprocess.run([sys.executable, str(example), "--base-url", mesh.layout.http_url + "/v1", question],
+                         capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.splitlines()
 
 
 def agent_loop(client, model: str, choices: tuple[str, ...] = ("required", "auto", "auto", "none")) -> tuple:

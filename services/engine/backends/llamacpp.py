@@ -11,7 +11,7 @@ from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from pathlib import Path
 
-from llmesh.errors import Internal, ModelNotFound, NotFound
+from llmesh.errors import Internal, NotFound
 from llmesh.modelstore import ModelStore, quiet_native_stderr
 from llmesh.prompt_tokens import GgufChatTokenizer
 from llmesh.tool_prompt import render
@@ -56,10 +56,7 @@ class LlamaCppBackend:
 
     @classmethod
     def from_store(cls, model_dir: Path, model: str, **kwargs) -> LlamaCppBackend:
-        record = ModelStore(model_dir).get(model)
-        if record is None or record.format != "gguf":
-            raise ModelNotFound(model)
-        return cls(record.path, model, **kwargs)
+        return cls(ModelStore(model_dir).gguf(model), model, **kwargs)
 
     def _on_blocks(self, slot: int, tokens: list[int], reset: bool) -> None:
         if reset:

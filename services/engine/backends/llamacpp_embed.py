@@ -15,7 +15,7 @@ from typing import Literal
 
 import numpy as np
 
-from llmesh.errors import Internal, ModelNotFound
+from llmesh.errors import Internal
 from llmesh.modelstore import ModelStore, quiet_native_stderr
 from llmesh.engine.backends.base import Capabilities, EmbeddingOnly
 from llmesh.engine.kvblocks import KvEventLog
@@ -69,10 +69,7 @@ class LlamaCppEmbedBackend(EmbeddingOnly):
 
     @classmethod
     def from_store(cls, model_dir: Path, model: str, **kwargs) -> LlamaCppEmbedBackend:
-        record = ModelStore(model_dir).get(model)
-        if record is None or record.format != "gguf":
-            raise ModelNotFound(model)
-        return cls(record.path, model, **kwargs)
+        return cls(ModelStore(model_dir).gguf(model), model, **kwargs)
 
     def tokenize_inputs(self, texts: list[str]) -> list[list[int]]:
         return [self._vocab.tokenize(text.encode("utf-8"), add_bos=True, special=False) for text in texts]

@@ -7,10 +7,9 @@ A bounded number of lines is in flight: at most ``in_flight``, and no more than 
 headroom of the engines' slots free (``room()``: the lines this runner may hold, which the
 gateway reads from its picker's ledger; a line taken counts from then on, before it reaches an
 engine), so an interactive request arriving finds a slot instead of waiting for a batch line
-to end; at least ``busy_in_flight``,
-so a batch still moves while interactive traffic fills every slot (the engines admit that
-first anyway: Priority.LOW). A line refused
-for a reason that passes (429: a limit, queue full; 503) is tried again after a pause,
+to end; at least ``busy_in_flight``, so a batch still moves while interactive traffic fills
+every slot (the engines admit that first anyway: Priority.LOW). A line refused for a reason
+that passes (429: a limit, queue full; 503) is tried again after a pause,
 ``retries`` times, before it counts as failed."""
 
 from __future__ import annotations

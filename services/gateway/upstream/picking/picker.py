@@ -191,7 +191,8 @@ class EndpointPicker:
         pick for ``req`` counted them; without ``req``, the last pick's when it chose this
         endpoint and nothing was acquired since, as a caller that acquires right after picking
         gets; else ``tokens``) join the ledger's queued prefill until ``started``. ``low``: a
-        lowest-priority request, counted in ``low_inflight`` too."""
+        lowest-priority request, counted in ``low_inflight`` too when it goes to an engine."""
+        low = low and endpoint_id in self._endpoints  # a provider's call takes no engine slot
         if req is None and self._picked is not None and self._picked[0] == endpoint_id:
             req = self._picked[1]
         self._picked = None
