@@ -193,6 +193,30 @@ async def test_the_shared_wait_estimate_is_close_to_the_real_wait(client):
     print(f"estimate {probe.wait_s:.2f} s, real wait {real:.2f} s")
 
 
+async def test_a_backlogged_tenants_estimate_counts_its_own_share(client):
+    """As the one-process queue's (tests/unit/test_fairness.py): the model served 1,000 tokens a
+    second over both workers, of which this tenant got 100; with 1,000 of its own tokens queued
+    ahead, its new entry waits (1,000 + 100) / 100 = 11 s by the estimate, not the 1.1 s the
+    model's throughput alone says. Another tenant with nothing queued goes at the model's rate."""
+    rules = Rules(max_queued_per_tenant=100)
+    a, b = workers(client, ttl_ms=10**9)
+    for sec in range(4):  # 4 s of service: 40 requests of 100 tokens, 4 of them this tenant's
+        for i in range(10):
+            q = a if i % 2 else b
+            got = await q.enter(entry("heavy" if i == 0 else f"other{i}"), rules, _ms(sec))
+            assert await q.release(1, 100, rules, _ms(sec)) == [got.eid]
+            assert await q.leave(got.eid, "done", _ms(sec), served=True) == "released"
+    for _ in range(10):
+        assert (await a.enter(entry("heavy"), rules, _ms(4))).status == "queued"
+    probe = await b.enter(entry("heavy"), rules, _ms(4))
+    assert probe.wait_s == pytest.approx(11.0)
+    light = await b.enter(entry("light"), rules, _ms(4))
+    assert light.wait_s is not None and light.wait_s < 1.0
+    for eid in (probe.eid, light.eid):  # a tenant's queued cost leaves with its entries
+        assert await b.leave(eid) == "queued"
+    assert float(await client.hget(a._p + f"ptc{STANDARD}", "heavy")) == 1000.0
+
+
 async def test_a_deadline_leave_does_not_take_a_slot_just_given(client):
     rules = Rules()
     a, b = workers(client)

@@ -9,8 +9,10 @@ in the worker that holds them. Per model (one hash slot: ``llmesh:fq:{model}:``)
 - an entry hash per entry (tenant, class, cost, weight, quiet, owner, ``status``);
 - per-tenant queued counts (in all and per class), the model's queued count, per class the
   count of entries released and not yet done and the cost queued;
-- the cost of the requests served, in one-second buckets over the last 30 s (the throughput
-  a new entry's wait is estimated from).
+- the cost of the requests served, in one-second buckets over the last 30 s, the model's and
+  each tenant's, and each tenant's cost queued per class (what a new entry's wait is estimated
+  from: the queue ahead of it over the model's throughput, and at least its tenant's own queue
+  ahead of it over what that tenant is being served at).
 
 Each step is one Lua script call, atomic across workers. ``release`` hands out the global
 head(s) whoever holds them: free slots are this worker's view capped by the slots in all
@@ -56,6 +58,9 @@ local function unqueue(eid, e)
   if redis.call('HINCRBY', inclass, e.tenant, -1) <= 0 then redis.call('HDEL', inclass, e.tenant) end
   redis.call('DECR', P .. 'n')
   redis.call('HINCRBYFLOAT', P .. 'qc', e.klass, -e.cost)
+  local costs = P .. 'ptc' .. e.klass
+  if num(redis.call('HGET', inclass, e.tenant)) <= 0 then redis.call('HDEL', costs, e.tenant)
+  else redis.call('HINCRBYFLOAT', costs, e.tenant, -e.cost) end
 end
 local function enqueue(eid, tenant, klass, start, now, cost)
   redis.call('ZADD', P .. 'q' .. klass, start, eid)
@@ -65,30 +70,48 @@ local function enqueue(eid, tenant, klass, start, now, cost)
   redis.call('HINCRBY', P .. 'pt' .. klass, tenant, 1)
   redis.call('INCR', P .. 'n')
   redis.call('HINCRBYFLOAT', P .. 'qc', klass, cost)  -- the cost queued in the class, for the wait estimate
+  redis.call('HINCRBYFLOAT', P .. 'ptc' .. klass, tenant, cost)  -- and each tenant's part of it
 end
--- Throughput: the cost of the requests served, in one-second buckets over the last WINDOW s.
+-- Throughput: the cost of the requests served, in one-second buckets over the last WINDOW s: the model's
+-- (tp, tn) and each tenant's (ts:<tenant>, fields c<sec> and n<sec>, expiring with the window).
 local WINDOW, MIN_SAMPLES = 30, 4
-local function served(now, cost)
+local function served(now, cost, tenant)
   local sec = math.floor(now / 1000)
   redis.call('HINCRBYFLOAT', P .. 'tp', sec, cost)
   redis.call('HINCRBY', P .. 'tn', sec, 1)
   for _, b in ipairs(redis.call('HKEYS', P .. 'tn')) do
     if tonumber(b) <= sec - WINDOW then redis.call('HDEL', P .. 'tp', b); redis.call('HDEL', P .. 'tn', b) end
   end
+  local key = P .. 'ts:' .. tenant
+  redis.call('HINCRBYFLOAT', key, 'c' .. sec, cost)
+  redis.call('HINCRBY', key, 'n' .. sec, 1)
+  for _, f in ipairs(redis.call('HKEYS', key)) do
+    if tonumber(string.sub(f, 2)) <= sec - WINDOW then redis.call('HDEL', key, f) end
+  end
+  redis.call('PEXPIRE', key, WINDOW * 1000)
 end
-local function rate(now)  -- cost per second, and a request's mean cost; 0 until MIN_SAMPLES finished
+local function over(now, flat)  -- cost per second and a request's mean cost from {sec, n, cost} triples
   local sec, n, sum, oldest = math.floor(now / 1000), 0, 0, nil
-  local counts = redis.call('HGETALL', P .. 'tn')
-  for i = 1, #counts, 2 do
-    local b = tonumber(counts[i])
-    if b > sec - WINDOW then
-      n = n + tonumber(counts[i + 1])
-      sum = sum + num(redis.call('HGET', P .. 'tp', counts[i]))
-      if not oldest or b < oldest then oldest = b end
+  for _, t in ipairs(flat) do
+    if t[1] > sec - WINDOW then
+      n, sum = n + t[2], sum + t[3]
+      if not oldest or t[1] < oldest then oldest = t[1] end
     end
   end
   if n < MIN_SAMPLES then return 0, 0 end
   return sum / math.max(now / 1000 - oldest, 1), sum / n
+end
+local function rate(now, key)  -- the model's (no key), else a tenant's; 0 until MIN_SAMPLES finished
+  local flat, fields = {}, redis.call('HGETALL', key or P .. 'tn')
+  for i = 1, #fields, 2 do
+    if not key then
+      flat[#flat + 1] = {tonumber(fields[i]), tonumber(fields[i + 1]), num(redis.call('HGET', P .. 'tp', fields[i]))}
+    elseif string.sub(fields[i], 1, 1) == 'n' then
+      local sec = string.sub(fields[i], 2)
+      flat[#flat + 1] = {tonumber(sec), tonumber(fields[i + 1]), num(redis.call('HGET', key, 'c' .. sec))}
+    end
+  end
+  return over(now, flat)
 end
 local function finish(eid, e, status)
   -- an entry leaves: the owner reads the status once, then it goes
@@ -165,6 +188,13 @@ if per_s > 0 then
     ahead = ahead + before * math.max(0, num(redis.call('HGET', P .. 'qc', klass)) - cost) / others
   end
   wait = (ahead + mean) / per_s
+  -- at least its own tenant's cost ahead of it (every earlier entry of the tenant in the class) over what
+  -- that tenant is being served at: a backlogged tenant gets its share, not the model's throughput
+  local mine = num(redis.call('HGET', P .. 'ptc' .. klass, tenant)) - cost
+  if mine > 0.5 then  -- (not a float sum's residue)
+    local own = rate(now, P .. 'ts:' .. tenant)
+    if own > 0 then wait = math.max(wait, (mine + cost) / own) end
+  end
 end
 return {eid, 'queued', victim, tostring(wait)}
 """
@@ -217,7 +247,7 @@ if only_queued == '1' and e.status ~= 'queued' then return e.status end
 if e.status == 'queued' then unqueue(eid, e); untag(eid, e)
 elseif e.status == 'released' then
   redis.call('HINCRBY', P .. 'inf', e.klass, -1)
-  if was_served == '1' then served(now, e.cost) end
+  if was_served == '1' then served(now, e.cost, e.tenant) end
 end
 if e.status == 'queued' or e.status == 'released' then redis.call('PUBLISH', P .. 'wake', 0) end
 redis.call('SREM', P .. 'w:' .. e.worker, eid)
@@ -273,7 +303,8 @@ class Entered:
     """``status``: ``queued``, or why it was refused (``queue_full``, ``tenant_queue_full``);
     ``victim``: the id of a queued entry (any worker's) it displaced, or ''; ``wait_s``: its wait
     by the estimate (the cost queued ahead of it over the model's throughput, measured from the
-    requests every worker served in the last 30 s), None until that throughput is known."""
+    requests every worker served in the last 30 s, and at least its tenant's own cost queued ahead
+    of it over what that tenant was served), None until the model's throughput is known."""
     eid: str
     status: str
     victim: str

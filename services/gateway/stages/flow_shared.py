@@ -7,8 +7,8 @@ released it itself, else on the next wake (a PUBLISH on the model's channel) or 
 While Redis does not answer, requests queue in this worker's own FlowController (stages/flow.py),
 as limits do (FallbackLimiter), counted by ``llmesh_flow_shared_fallback``; those waiting in Redis
 then move there. A request that the estimate says cannot get a slot before its deadline (the cost
-queued ahead of it over the throughput every worker measured) is refused at once, as in one
-process; the estimate leaves out the bound from the tenant's own throughput that one process adds."""
+queued ahead of it over the throughput every worker measured, and at least its tenant's own queue
+ahead of it over what that tenant was served) is refused at once, as in one process."""
 
 from __future__ import annotations
 
