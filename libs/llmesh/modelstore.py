@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from llmesh.errors import ModelNotFound
+
 log = logging.getLogger("llmesh.modelstore")
 
 FORMATS = {".gguf": "gguf", ".safetensors": "safetensors"}
@@ -111,8 +113,6 @@ class ModelStore:
 
     def gguf(self, name: str) -> Path:
         """The GGUF file of model ``name``; ModelNotFound when the store has no GGUF of that name."""
-        from llmesh.errors import ModelNotFound
-
         record = self.get(name)
         if record is None or record.format != "gguf":
             raise ModelNotFound(name)

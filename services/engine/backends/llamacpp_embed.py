@@ -32,14 +32,12 @@ class LlamaCppEmbedBackend(EmbeddingOnly):
 
     def __init__(self, model_path: Path, model: str, *, n_ctx: int, n_threads: int, pooling: Pooling = "model"):
         import llama_cpp as lc
-        from llama_cpp import Llama
 
         self._lc = lc
         self.model = model
         self.models = (model,)
         self.kv_blocks = KvEventLog()  # no prefix cache kept between inputs: no events
         with quiet_native_stderr():
-            self._vocab = Llama(model_path=str(model_path), vocab_only=True, verbose=False)
             self._model_p = lc.llama_model_load_from_file(str(model_path).encode(), lc.llama_model_default_params())
         if not self._model_p:
             raise RuntimeError(f"llama.cpp could not load {model_path}")
@@ -61,6 +59,7 @@ class LlamaCppEmbedBackend(EmbeddingOnly):
             self._free()
             raise ValueError(f"{model_path} names no pooling (a generative model's GGUF): set "
                              "LLMESH_ENGINE_EMBED_POOLING to mean, cls or last")
+        self._vocab = lc.llama_model_get_vocab(self._model_p)
         self.dim = lc.llama_model_n_embd(self._model_p)
         self.max_input_tokens = self.context_length = n
         self._mem = lc.llama_get_memory(self._ctx)
@@ -72,7 +71,19 @@ class LlamaCppEmbedBackend(EmbeddingOnly):
         return cls(ModelStore(model_dir).gguf(model), model, **kwargs)
 
     def tokenize_inputs(self, texts: list[str]) -> list[list[int]]:
-        return [self._vocab.tokenize(text.encode("utf-8"), add_bos=True, special=False) for text in texts]
+        """Each text's ids by the loaded model's own vocabulary, its special tokens added (BOS, and
+        EOS or SEP where the GGUF asks for them), text that looks like a special token kept as text."""
+        return [self._tokens(text.encode("utf-8")) for text in texts]
+
+    def _tokens(self, data: bytes) -> list[int]:
+        lc = self._lc
+        room = len(data) + 8  # a token is at least one byte; the special tokens besides
+        while True:
+            buf = (lc.llama_token * room)()
+            n = lc.llama_tokenize(self._vocab, data, len(data), buf, room, True, False)
+            if n >= 0:
+                return buf[:n]
+            room = -n  # llama.cpp says how many it needs
 
     def embed(self, token_ids: list[list[int]]) -> list[list[float]]:
         """Each input's pooled, L2-normalised vector (in a thread: llama.cpp releases the GIL)."""
