@@ -55,8 +55,9 @@ def gateway(slow_mesh, redis_server, tmp_path_factory):
     gw.service.stop(signal.SIGKILL)
 
 
-async def _burst(gw: Gateway, n: int) -> list[int]:
-    """``n`` streams at once, each on a connection of its own (the kernel spreads them over the workers)."""
+async def _burst(gw: Gateway, n: int, refusals: list[httpx.Response] | None = None) -> list[int]:
+    """``n`` streams at once, each on a connection of its own (the kernel spreads them over the workers);
+    the answers other than 200 go to ``refusals``."""
     body = {"model": MODEL, "max_tokens": 8, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
 
     async def one() -> int:
@@ -65,6 +66,8 @@ async def _burst(gw: Gateway, n: int) -> list[int]:
                 async with client.stream("POST", gw.url + "/v1/chat/completions", json=body,
                                          headers=gw.headers) as r:
                     await r.aread()
+                    if r.status_code != 200 and refusals is not None:
+                        refusals.append(r)
                     return r.status_code
         except httpx.HTTPError:  # its worker was killed under it
             return 0
@@ -85,13 +88,19 @@ def _served_by(gw: Gateway) -> set[int]:
 
 
 def test_the_queue_bound_holds_over_both_workers(gateway):
-    codes = asyncio.run(_burst(gateway, 12))
+    refused: list[httpx.Response] = []
+    codes = asyncio.run(_burst(gateway, 12, refused))
     # two run, four wait (over both workers together), the rest are refused. With a queue per worker
     # each worker bounds and releases on its own view (run that way: 5 answered, some refused by the
     # engine that both workers sent to at once)
     why = _refusals(gateway)
     assert codes.count(200) == SLOTS + MAX_QUEUED, (codes, why)
     assert codes.count(429) == 12 - SLOTS - MAX_QUEUED, (codes, why)
+    for r in refused:  # OpenAI's shape, a reason the client can read, and when to come back
+        error = r.json()["error"]
+        assert error["type"] == "rate_limit_error" and error["code"] == "queue_full", error
+        assert MODEL in error["message"]
+        assert int(r.headers["retry-after"]) >= 1 and int(r.headers["retry-after-ms"]) >= 1
     assert _served_by(gateway) == {0, 1}
     assert gateway.metric("llmesh_flow_shared_fallback_total") == 0
     r = redis.Redis.from_url(gateway.service.env["LLMESH_REDIS_URL"])

@@ -94,6 +94,19 @@ async def test_bounds_per_tenant_and_preemption_of_a_lower_class(client):
     assert await a.counts() == (3, 0)
 
 
+async def test_at_its_bound_a_tenants_higher_class_entry_displaces_its_own_lower_class_one(client):
+    """As the one-process queue's (tests/unit/test_fairness.py), over two workers."""
+    rules = Rules(max_queued_per_tenant=2)
+    a, b = workers(client)
+    low = await a.enter(entry("t", klass=BATCH), rules, 0)
+    await b.enter(entry("t"), rules, 0)
+    high = await b.enter(entry("t", klass=CRITICAL), rules, 0)
+    assert high.status == "queued" and high.victim == low.eid
+    assert await a.leave(low.eid) == "preempted"
+    assert (await a.enter(entry("t", klass=BATCH), rules, 0)).status == "tenant_queue_full"
+    assert await a.counts() == (2, 0)
+
+
 async def test_a_class_reservation_is_held_back_from_the_others(client):
     rules = Rules(classes={"critical": ClassRule(reserved_share=0.5)})
     a, b = workers(client)

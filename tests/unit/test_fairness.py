@@ -111,6 +111,17 @@ def test_a_tenant_bound_refuses_the_tenant_not_the_others():
     assert out == [] and light.queued
 
 
+def test_at_its_bound_a_tenants_higher_class_request_displaces_its_own_lower_class_one():
+    q = FairQueue(Rules(max_queued_per_tenant=2))
+    q.offer(low := entry("t", klass=BATCH), 0.0, free=0, total=1)
+    q.offer(entry("t"), 0.0, free=0, total=1)
+    out = q.offer(high := entry("t", klass=CRITICAL), 0.0, free=0, total=1)
+    assert [(e, r.reason) for e, r in out if r is not None] == [(low, "preempted")]
+    assert high.queued and q.tenant_queued("t") == 2
+    out = q.offer(entry("t", klass=BATCH), 0.0, free=0, total=1)  # nothing of its own below: refused
+    assert out[0][1] is not None and out[0][1].reason == "tenant_queue_full"
+
+
 def test_a_starved_request_is_promoted_past_its_class_limit():
     q = FairQueue(Rules(classes={"batch": ClassRule(promote_after_s=10)}))
     q.offer(old := entry("batch", klass=BATCH), 0.0, free=0, total=1)
