@@ -75,6 +75,23 @@ def die_with_parent() -> None:
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+def lower_priority(nice: int) -> None:
+    """This process ``nice`` steps nicer than it was, against every other process of the machine.
+    Where Linux schedules each session as one group (``/proc/sys/kernel/sched_autogroup_enabled``,
+    on by default on many distributions' kernels), a nice value only weighs against the other
+    threads of its own session: a niced worker in its parent's session took that session's whole
+    share of the cores whenever the parent idled. So the process leads a session of its own and
+    gives it its nice value. (In a container's cgroup sessions are not grouped: the nice value
+    alone does it.) A process that leads its process group already cannot: it is only niced."""
+    level = os.nice(nice)
+    try:
+        os.setsid()
+    except OSError:
+        return
+    with contextlib.suppress(OSError):  # no autogroups in this kernel
+        Path("/proc/self/autogroup").write_text(str(level))
+
+
 @dataclass
 class _Slot:
     index: int
