@@ -18,8 +18,9 @@ context gets there. A job whose worst-case bound (``screening.worst_seconds``) i
 the time left is refused at once, so a hopeless prompt costs a worker ~0.1 s, not the deadline.
 More jobs than ``queue`` waiting is a 429 (``guards_busy``).
 
-The workers run at a lower priority (``NICE``): on a busy machine the gateway's event loop, and
-so every other request, gets the CPU before an attacker's prompt does."""
+The workers run at a lower priority (``NICE``, against every process of the machine:
+``llmesh.workers.lower_priority``): on a busy machine the gateway's event loop, and so every other
+request, gets the CPU before an attacker's prompt does."""
 
 from __future__ import annotations
 
