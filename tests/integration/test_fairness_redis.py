@@ -206,6 +206,33 @@ async def test_the_shared_wait_estimate_is_close_to_the_real_wait(client):
     print(f"estimate {probe.wait_s:.2f} s, real wait {real:.2f} s")
 
 
+async def _four_seconds_served(a: SharedQueue, b: SharedQueue, rules: Rules) -> None:
+    """4 s of service over both workers: 40 requests of 100 tokens (the model's 1,000 tokens a
+    second, 100 a request), 4 of them tenant ``heavy``'s (its 100 a second)."""
+    for sec in range(4):
+        for i in range(10):
+            q = a if i % 2 else b
+            got = await q.enter(entry("heavy" if i == 0 else f"other{i}"), rules, _ms(sec))
+            assert await q.release(1, 100, rules, _ms(sec)) == [got.eid]
+            assert await q.leave(got.eid, "done", _ms(sec), served=True) == "released"
+
+
+async def test_a_refusal_at_a_full_queue_carries_its_estimated_wait(client):
+    """As in one process, a request turned away (refused on arrival, or displaced from the queue
+    by a higher class's) gets the wait the estimate gives the back of its class, as Retry-After."""
+    rules = Rules(max_queued=3, max_queued_per_tenant=100)
+    a, b = workers(client, ttl_ms=10**9)
+    await _four_seconds_served(a, b, rules)
+    low = await a.enter(entry("u", klass=BATCH), rules, _ms(4))
+    for tenant in ("v", "w"):
+        await a.enter(entry(tenant), rules, _ms(4))
+    high = await b.enter(entry("x", klass=CRITICAL), rules, _ms(4))  # full: the batch entry gives way
+    assert high.victim == low.eid
+    assert await a.refusal_wait(low.eid) == pytest.approx(0.3)  # (200 queued at or above it + 100) / 1,000
+    refused = await b.enter(entry("y", klass=BATCH), rules, _ms(4))  # nothing lower to displace
+    assert refused.status == "queue_full" and refused.wait_s == pytest.approx(0.4)  # (300 + 100) / 1,000
+
+
 async def test_a_backlogged_tenants_estimate_counts_its_own_share(client):
     """As the one-process queue's (tests/unit/test_fairness.py): the model served 1,000 tokens a
     second over both workers, of which this tenant got 100; with 1,000 of its own tokens queued
@@ -213,12 +240,7 @@ async def test_a_backlogged_tenants_estimate_counts_its_own_share(client):
     model's throughput alone says. Another tenant with nothing queued goes at the model's rate."""
     rules = Rules(max_queued_per_tenant=100)
     a, b = workers(client, ttl_ms=10**9)
-    for sec in range(4):  # 4 s of service: 40 requests of 100 tokens, 4 of them this tenant's
-        for i in range(10):
-            q = a if i % 2 else b
-            got = await q.enter(entry("heavy" if i == 0 else f"other{i}"), rules, _ms(sec))
-            assert await q.release(1, 100, rules, _ms(sec)) == [got.eid]
-            assert await q.leave(got.eid, "done", _ms(sec), served=True) == "released"
+    await _four_seconds_served(a, b, rules)
     for _ in range(10):
         assert (await a.enter(entry("heavy"), rules, _ms(4))).status == "queued"
     probe = await b.enter(entry("heavy"), rules, _ms(4))

@@ -161,6 +161,35 @@ async def test_a_request_that_cannot_be_served_by_its_deadline_is_refused_at_onc
     await stop(loops)
 
 
+async def test_a_preempted_request_gets_the_estimate_as_its_retry_after(client):
+    """A queued batch request that a critical one displaces (the queue is full) is refused in the
+    worker that held it with 429 ``preempted`` and, once the workers' requests give a throughput,
+    the wait the estimate gives the back of its class as Retry-After, not the fixed default (1 s)."""
+    model, slots = f"flow-shared-{next(_models)}", Slots(1)
+    (a, _), (b, _) = worker(client, slots, max_queued=2), worker(client, slots, max_queued=2)
+    loops = [asyncio.create_task(w.run()) for w in (a, b)]
+    served: list[tuple[str, asyncio.Event]] = []
+    tasks = []
+    for i, w in enumerate((a, b, a, b, a)):  # 400 tokens served within a second or so; the fifth holds the slot
+        tasks.append(asyncio.create_task(serve(w, model, slots, "t", served)))
+        assert await wait_until_async(lambda: len(served) > i, 5)
+        if i < 4:
+            served[i][1].set()
+    low = asyncio.create_task(a.acquire(model, entry("u", klass=0), False))
+    tasks.append(asyncio.create_task(serve(b, model, slots, "v", served)))
+    await asyncio.sleep(0.2)
+    tasks.append(asyncio.create_task(serve(b, model, slots, "w", served, klass=2)))
+    with pytest.raises(FlowRefused) as info:
+        await asyncio.wait_for(low, 5)
+    assert info.value.reason == "preempted"
+    # at the back of the batch class: one standard request queued and one more, at 300-400 tokens a second
+    retry = int(info.value.headers["retry-after-ms"]) / 1000
+    assert 0.3 <= retry <= 0.9, retry
+    assert await one_at_a_time(served, 7) == ["t"] * 5 + ["w", "v"]
+    await asyncio.wait_for(asyncio.gather(*tasks), 10)
+    await stop(loops)
+
+
 async def test_a_starved_request_is_promoted_whichever_worker_holds_it(client):
     model, slots = f"flow-shared-{next(_models)}", Slots(1)
     classes = {"batch": FlowClass(promote_after_s=0.5)}

@@ -43,6 +43,8 @@ class RedisClient(Protocol):
 
     def pipeline(self, transaction: bool = True) -> Any: ...
 
+    def hget(self, name: str, key: str) -> Any: ...
+
 
 def prefix(model: str) -> str:
     return f"llmesh:fq:{{{model}}}:"
@@ -54,7 +56,8 @@ class Entered:
     ``victim``: the id of a queued entry (any worker's) it displaced, or ''; ``wait_s``: its wait
     by the estimate (the cost queued ahead of it over the model's throughput, measured from the
     requests every worker served in the last 30 s, and at least its tenant's own cost queued ahead
-    of it over what that tenant was served), None until the model's throughput is known."""
+    of it over what that tenant was served; refused: the wait at the back of its class), None until
+    the model's throughput is known."""
     eid: str
     status: str
     victim: str
@@ -132,6 +135,12 @@ class SharedQueue:
     async def heartbeat(self, now_ms: int) -> None:
         """Keeps this worker's entries alive, and drops those of workers whose heartbeat lapsed."""
         await _call(self._beat(keys=[self._p], args=[now_ms, self.worker, self._ttl]))
+
+    async def refusal_wait(self, eid: str) -> float | None:
+        """The wait the estimate gave an entry preempted or shed by another's arrival (its
+        Retry-After), None when unknown."""
+        wait = await _call(self._redis.hget(self._p + "e:" + eid, "wait"))
+        return None if wait is None or float(wait) < 0 else float(wait)
 
     async def statuses(self, eids: list[str]) -> dict[str, str]:
         """Each entry's status ('' when it is gone)."""

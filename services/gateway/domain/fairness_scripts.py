@@ -83,6 +83,13 @@ local function rate(now, key)  -- the model's (no key), else a tenant's; 0 until
   end
   return over(now, flat)
 end
+local function back_of(now, klass)  -- a refused request's wait, were it at the back of ``klass``; -1: unknown
+  local per_s, mean = rate(now)
+  if per_s <= 0 then return -1 end
+  local ahead = 0
+  for k = klass, NCLS - 1 do ahead = ahead + math.max(0, num(redis.call('HGET', P .. 'qc', k))) end
+  return (ahead + mean) / per_s
+end
 local function finish(eid, e, status)
   -- an entry leaves: the owner reads the status once, then it goes
   redis.call('SREM', P .. 'w:' .. e.worker, eid)
@@ -138,10 +145,11 @@ elseif num(redis.call('GET', P .. 'n')) >= max_queued then
     end
   end
 end
-if full then
-  if victim == '' then return {eid, full, ''} end
+if full then  -- a refusal's Retry-After: its wait by the estimate (the victim's kept for its worker to read)
+  if victim == '' then return {eid, full, '', tostring(back_of(now, klass))} end
   local v = entry(victim)
   unqueue(victim, v); untag(victim, v); finish(victim, v, why)
+  redis.call('HSET', P .. 'e:' .. victim, 'wait', back_of(now, tonumber(v.klass)))
 end
 local tags = P .. 'tags' .. klass
 local vt = num(redis.call('HGET', P .. 'vt', klass))

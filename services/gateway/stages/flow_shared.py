@@ -13,6 +13,7 @@ ahead of it over what that tenant was served) is refused at once, as in one proc
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -123,7 +124,7 @@ class SharedFlowController:
             return await self._acquire_local(model, entry, embed)
         klass = CLASSES[entry.klass]
         if got.status != "queued":
-            self._refused(model, entry, got.status)
+            self._refused(model, entry, got.status, got.wait_s)
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         m.waiting[got.eid] = (entry, fut)
         entry.queued = True
@@ -218,9 +219,13 @@ class SharedFlowController:
                 if not fut.done():
                     fut.set_result(None)
                 continue
+            wait = None
+            if status in ("preempted", "shed"):  # another's arrival displaced it: the estimate it was given
+                with contextlib.suppress(*self._errors):
+                    wait = await m.queue.refusal_wait(eid)
             self._spawn(self._leave(m, eid))  # read: the entry goes
             try:
-                self._refused(model, entry, status if status in WHY else "expired")
+                self._refused(model, entry, status if status in WHY else "expired", wait)
             except Exception as exc:  # noqa: BLE001 - the waiter gets its refusal
                 if not fut.done():
                     fut.set_exception(exc)
