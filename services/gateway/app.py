@@ -272,7 +272,7 @@ class GatewayApp:
                 AuthenticateStage(self.authenticator), ValidateStage(), AuthorizeStage(current),
                 CascadeStage(current, CascadeMetrics(platform.metrics)),  # a cascade alias -> its cheap model
                 RouteStage(self.catalog, current),
-                # under load: a capped max_tokens or a smaller variant, seen by every stage after it
+                # under load: capped max_tokens, a smaller variant or a looser cache match, seen by the stages after
                 DegradeStage(current, self.flow.load, self.catalog, DegradeMetrics(platform.metrics)),
                 # before anything that scales with the prompt (token counting, guards, cache key)
                 ContextLengthStage(self.picker.context_length, prompt_tokens.floor, current),

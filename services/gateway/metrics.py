@@ -175,7 +175,7 @@ class FlowMetrics:
 
 class DegradeMetrics:
     """Degradation under load (stages/degrade.py): each policy applied, by the model asked for
-    (as routed), the request's class and the policy (max_tokens, variant)."""
+    (as routed), the request's class and the policy (max_tokens, variant, cache)."""
 
     def __init__(self, registry: CollectorRegistry):
         self.requests = Counter("llmesh_degraded_requests", "Requests degraded under load, by model, class and "
