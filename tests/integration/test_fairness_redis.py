@@ -107,6 +107,20 @@ async def test_at_its_bound_a_tenants_higher_class_entry_displaces_its_own_lower
     assert await a.counts() == (2, 0)
 
 
+async def test_entries_a_free_slot_will_take_do_not_count_against_the_queue_bound(client):
+    """A burst whose entries all enter before any release: with two slots free and room for four to
+    wait, six enter (two of them leave at the next release), the seventh is refused. Counted
+    naively the bound refused the fifth and sixth, which would never have waited."""
+    rules = Rules(max_queued=4)
+    a, b = workers(client)
+    got = [await (a if i % 2 else b).enter(entry(f"t{i}"), rules, 0, free=2, total=2) for i in range(7)]
+    assert [g.status for g in got] == ["queued"] * 6 + ["queue_full"]
+    assert len(await a.release(2, 2, rules, 0)) == 2
+    assert await a.counts() == (4, 2)
+    late = await b.enter(entry("late"), rules, 0, free=2, total=2)  # both slots taken: the bound is whole
+    assert late.status == "queue_full"
+
+
 async def test_a_class_reservation_is_held_back_from_the_others(client):
     rules = Rules(classes={"critical": ClassRule(reserved_share=0.5)})
     a, b = workers(client)

@@ -98,11 +98,13 @@ class SharedQueue:
         """Published to when entries leave the queue or free a slot."""
         return self._p + "wake"
 
-    async def enter(self, e: Entry, rules: Rules, now_ms: int) -> Entered:
-        """Tags ``e`` against the shared virtual time and queues it, within the bounds."""
+    async def enter(self, e: Entry, rules: Rules, now_ms: int, free: int = 0, total: int = 0) -> Entered:
+        """Tags ``e`` against the shared virtual time and queues it, within the bounds; ``free``
+        (this worker's view) and ``total``: the slots, of which those free now (capped as
+        ``release`` caps them) leave the queue at the next release, so they wait past no bound."""
         res = await _call(self._enter(keys=[self._p], args=[
             now_ms, self.worker, self._ttl, e.tenant, e.klass, e.cost, e.weight, rules.burst_tokens,
-            rules.max_queued_per_tenant, rules.max_queued]))
+            rules.max_queued_per_tenant, rules.max_queued, free, total]))
         wait = float(_s(res[3])) if len(res) > 3 else -1.0
         return Entered(_s(res[0]), _s(res[1]), _s(res[2]), wait if wait >= 0 else None)
 

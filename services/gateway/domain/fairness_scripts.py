@@ -114,12 +114,18 @@ local function beat(now, worker, ttl)
 end
 """
 
-# ARGV: now, worker, ttl, tenant, klass, cost, weight, burst, max per tenant, max queued
+# ARGV: now, worker, ttl, tenant, klass, cost, weight, burst, max per tenant, max queued, free (this worker's
+# view), total
 ENTER = COMMON + """
 local now, worker, ttl = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
 local tenant, klass, cost, weight = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local burst, per_tenant, max_queued = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
 beat(now, worker, ttl)
+-- slots free now (as RELEASE counts them) take queued entries at the next release: those do not wait, so
+-- they do not count against the bound (a burst's entries all entering before any release filled it)
+local busy = 0
+for k = 0, NCLS - 1 do busy = busy + num(redis.call('HGET', P .. 'inf', k)) end
+local free_now = math.max(0, math.min(tonumber(ARGV[11]) or 0, (tonumber(ARGV[12]) or 0) - busy))
 local eid = string.format('%016d', redis.call('INCR', P .. 'seq'))
 local victim, why, full = '', 'preempted', nil
 if num(redis.call('HGET', P .. 'pt', tenant)) >= per_tenant then
@@ -128,7 +134,7 @@ if num(redis.call('HGET', P .. 'pt', tenant)) >= per_tenant then
     victim = redis.call('ZRANGE', P .. 'tq' .. k .. ':' .. tenant, -1, -1)[1] or ''
     if victim ~= '' then break end
   end
-elseif num(redis.call('GET', P .. 'n')) >= max_queued then
+elseif num(redis.call('GET', P .. 'n')) - free_now >= max_queued then
   full = 'queue_full'
   for k = 0, klass - 1 do  -- a lower class, lowest first: the last in its fair order gives way
     local last = redis.call('ZRANGE', P .. 'q' .. k, -1, -1)

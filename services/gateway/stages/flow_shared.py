@@ -118,7 +118,7 @@ class SharedFlowController:
             return False
         rules = self._local.rules()
         try:
-            got = await self._enter(m, entry, rules)
+            got = await self._enter(m, entry, rules, free, total)
         except self._errors as exc:
             self._failed(exc)
             return await self._acquire_local(model, entry, embed)
@@ -148,11 +148,11 @@ class SharedFlowController:
             raise
         return True
 
-    async def _enter(self, m: _Model, entry: Entry, rules: Rules) -> Entered:
+    async def _enter(self, m: _Model, entry: Entry, rules: Rules, free: int, total: int) -> Entered:
         """Queues ``entry`` in Redis. A cancel (the client went) that lands before Redis answered
         takes the entry out once it has: else it would keep its place, then a slot, until this
         worker dies."""
-        call = asyncio.ensure_future(m.queue.enter(entry, rules, self._now_ms()))
+        call = asyncio.ensure_future(m.queue.enter(entry, rules, self._now_ms(), free, total))
         try:
             return await asyncio.shield(call)
         except asyncio.CancelledError:
