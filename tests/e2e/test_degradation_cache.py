@@ -2,7 +2,8 @@
 slots and no queue, the cache service with the real MiniLM): sim-small's cache is semantic at a
 strict 0.95, and its standard class, once saturated, may be answered at 0.9. With both slots
 held, a paraphrase at ~0.937 of a stored question is answered from the cache, marked
-``x-llmesh-degraded: cache`` and counted in llmesh_degraded_requests_total; idle again, one at
+``x-llmesh-degraded: cache`` (an HTTP header; gRPC metadata on the gRPC front) and counted in
+llmesh_degraded_requests_total; idle again, one at
 ~0.919 misses, unmarked."""
 
 from __future__ import annotations
@@ -11,10 +12,12 @@ import json
 import threading
 import time
 
+import grpc
 import httpx
 import pytest
 
 from llmesh.testing import Mesh, free_layout, wait_until
+from llmesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from tests.e2e.conftest import endpoints
 from tests.e2e.test_degradation import degraded_count, hold_both_slots
 
@@ -60,6 +63,12 @@ def test_a_saturated_model_answers_a_near_paraphrase_from_the_cache_marked(cache
     holders = hold_both_slots(mesh, release)
     try:
         busy = ask(mesh, BUSY)
+        with grpc.insecure_channel(mesh.layout.address("gateway")) as ch:  # the same, marked in gRPC metadata
+            call = gateway_pb2_grpc.GatewayStub(ch).Chat(gateway_pb2.ChatRequest(
+                model=MODEL, messages=[common_pb2.ChatMessage(role="user", content=BUSY)],
+                sampling=common_pb2.SamplingParams(max_tokens=8, temperature=0)), timeout=30)
+            marked = dict(call.initial_metadata())
+            text = "".join(c.text for c in call)
     finally:
         release.set()
         for t in holders:
@@ -67,9 +76,11 @@ def test_a_saturated_model_answers_a_near_paraphrase_from_the_cache_marked(cache
     assert busy.headers.get("x-llmesh-cache") == "hit", busy.headers
     assert busy.headers["x-llmesh-degraded"] == "cache"
     assert busy.json()["choices"][0]["message"]["content"] == first.json()["choices"][0]["message"]["content"]
-    assert degraded_count(mesh, "cache") == 1
+    assert marked.get("x-llmesh-degraded") == "cache" and marked.get("x-llmesh-cache") == "hit", marked
+    assert text == first.json()["choices"][0]["message"]["content"]
+    assert degraded_count(mesh, "cache") == 2
     assert wait_until(lambda: all(e.load.running == 0 for e in endpoints(mesh)), 15)
     time.sleep(0.5)  # the gateway's table follows the scheduler's
     idle = ask(mesh, IDLE)  # idle: the cache's own 0.95 holds, nothing is degraded
     assert idle.headers.get("x-llmesh-cache") != "hit" and "x-llmesh-degraded" not in idle.headers
-    assert degraded_count(mesh, "cache") == 1
+    assert degraded_count(mesh, "cache") == 2
