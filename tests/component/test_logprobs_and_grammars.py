@@ -13,7 +13,7 @@ import pytest
 
 from llmesh.errors import Internal, InvalidArgument
 from llmesh.schema_bounds import LIMITS
-from tests.component.helpers import generated
+from tests.component.helpers import answered, generated
 from llmesh.types import Delta, Message, Prompt, ResponseFormat, Sampling
 from llmesh.engine.admission import Admission
 from llmesh.engine.backends.base import DecodeParams
@@ -160,6 +160,41 @@ async def test_llamacpp_serves_schemas_at_the_bounds(llama):
         "kind": {"enum": [f"k{i}" for i in range(LIMITS.max_enum - 8)]}}}
     text = await straight(llama, json.dumps(at_limits))
     assert text.startswith('{ "tags"') or text.startswith('{"tags"'), text
+
+
+async def test_no_schema_of_the_hostile_set_crashes_or_stalls_llamacpp(llama):
+    """Issue 26 on llama.cpp, as tests/component/test_vllm_real.py does on vLLM: every hostile schema
+    of bench.hostile_schemas (up to 64 KB: each keyword's limit just under, at and just over it, the
+    widest and deepest shapes, odd values), as a response_format and as a required tool's parameters,
+    through the engine core: over a bound it is INVALID_ARGUMENT naming the keyword; within them it
+    converts, llama.cpp parses it and it constrains two tokens (or llama.cpp's parser refuses it,
+    INVALID_ARGUMENT), each within 30 s; the engine serves a plain request after."""
+    from bench.hostile_schemas import cases
+    from llmesh.schema_bounds import check_schema
+    from llmesh.types import Tool, Tools
+
+    core, counts = core_for(llama), {"constrained": 0, "over_a_bound": 0, "refused_by_parser": 0}
+    for _, name, body in cases(LIMITS.max_bytes, MODEL):
+        function = body["tools"][0]["function"] if "tools" in body else None
+        text = json.dumps(function["parameters"] if function else body["response_format"]["json_schema"]["schema"])
+        try:
+            check_schema(text, "schema")
+            within = True
+        except InvalidArgument:
+            within = False
+        tools = Tools((Tool(function["name"], "", text),), "required") if function else None
+        sampling = Sampling(max_tokens=2, temperature=0.0,
+                            response_format=None if function else ResponseFormat("json_schema", text))
+        try:
+            await asyncio.wait_for(answered(core, MODEL, ask("Answer in JSON."), sampling, tools=tools), timeout=30)
+            assert within, name  # nothing over a bound reaches llama.cpp
+            counts["constrained"] += 1
+        except InvalidArgument as exc:
+            counts["over_a_bound" if not within else "refused_by_parser"] += 1
+            assert within or exc.param, (name, str(exc))
+    print(f"\nhostile schemas on llama.cpp: {counts}")
+    assert counts["constrained"] > 0 and counts["over_a_bound"] > 0
+    assert (await run(core, MODEL, ask("Say hi."), Sampling(max_tokens=3, temperature=0.0)))[0]
 
 
 async def test_llamacpp_refuses_a_grammar_its_parser_refuses(llama):
