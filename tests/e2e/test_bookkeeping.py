@@ -21,6 +21,7 @@ import secrets
 import socket
 import string
 import time
+import uuid
 
 import aiohttp
 import grpc
@@ -136,6 +137,36 @@ def test_every_request_has_one_audit_record_whatever_its_request_id(world, value
     assert len(records) == served[rid]
     assert records[-1].get("client_request_id") == expect(received, rid)
     assert records[-1]["status"] == "ok"
+
+
+OTHER_HEADERS = ("x-request-timeout", "x-stainless-timeout", "user-agent", "openai-organization", "openai-project",
+                 "x-stainless-retry-count", "traceparent", "tracestate", "baggage", "x-llmesh-priority", "x-user",
+                 "x-forwarded-for", "idempotency-key", "content-language")
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                   HealthCheck.too_slow])
+@given(extra=st.lists(st.tuples(st.one_of(st.sampled_from(OTHER_HEADERS), st.from_regex(r"x-[a-z0-9-]{1,40}",
+                                                                                          fullmatch=True)),
+                                header_values().filter(lambda v: v is not None)), max_size=6))
+def test_every_request_has_one_audit_record_whatever_its_other_headers(world, extra):
+    """Beside the request id: timeouts, trace context, the SDK's own headers, made-up ones, with any
+    value a client can send (repeated too). Whatever the gateway answers, served or refused, the
+    request has exactly one audit record, under the id it answered with."""
+    rid = f"other-headers-{uuid.uuid4().hex}"
+    headers = [(b"x-request-id", rid.encode())] + [(name.encode(), value.encode()) for name, value in extra]
+    try:
+        resp = world["http"].post("/v1/chat/completions", json=CHAT, headers=headers)
+    except httpx.LocalProtocolError:
+        reject()
+    if resp.status_code == 400 and resp.text == "Invalid HTTP request received.":
+        reject()
+    assert resp.status_code < 500, resp.text
+    assert resp.headers["x-request-id"] == rid
+    served[rid] = served.get(rid, 0) + 1
+    records = world["audit"].wait_for(rid, 1)
+    assert len(records) == 1, records
+    assert (records[0]["status"] == "ok") == (resp.status_code == 200), (resp.status_code, records[0]["status"])
 
 
 def test_grpc_request_ids_are_bounded_the_same_way(world):
