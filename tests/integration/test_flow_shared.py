@@ -190,6 +190,34 @@ async def test_a_preempted_request_gets_the_estimate_as_its_retry_after(client):
     await stop(loops)
 
 
+async def test_an_entry_whose_enter_answer_was_lost_leaves_within_two_beats(client):
+    """An enter Redis ran but whose answer the worker never read (a timeout after the call ran):
+    the entry is this worker's in Redis, unknown to it. Left alone it would reach the head, take the
+    slot and hold it for as long as the worker lives; the worker's beat takes it out instead, and
+    the next request is served."""
+    model, slots = f"flow-shared-{next(_models)}", Slots(1)
+    a, _ = worker(client, slots)
+    loop = asyncio.create_task(a.run())
+    served: list[tuple[str, asyncio.Event]] = []
+    first = asyncio.create_task(serve(a, model, slots, "t", served))
+    assert await one_at_a_time(served, 1) == ["t"]
+    await asyncio.wait_for(first, 5)
+    lost = await SharedQueue(client, model, a.worker).enter(entry("lost"), a._local.rules(), int(time.time() * 1000))
+    assert lost.status == "queued"
+    probe = SharedQueue(client, model, "probe")
+    await asyncio.sleep(0.3)
+    assert await probe.counts() in ((1, 0), (0, 1))  # queued, or given the slot by a tick: held by no one
+    for _ in range(60):  # two beats (1 s each) and a tick
+        if await probe.counts() == (0, 0):
+            break
+        await asyncio.sleep(0.1)
+    assert await probe.counts() == (0, 0)
+    second = asyncio.create_task(serve(a, model, slots, "u", served))
+    assert await one_at_a_time(served, 2) == ["t", "u"]  # the slot was not leaked
+    await asyncio.wait_for(second, 5)
+    await stop([loop])
+
+
 async def test_a_starved_request_is_promoted_whichever_worker_holds_it(client):
     model, slots = f"flow-shared-{next(_models)}", Slots(1)
     classes = {"batch": FlowClass(promote_after_s=0.5)}

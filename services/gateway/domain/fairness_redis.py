@@ -45,6 +45,8 @@ class RedisClient(Protocol):
 
     def hget(self, name: str, key: str) -> Any: ...
 
+    def smembers(self, name: str) -> Any: ...
+
 
 def prefix(model: str) -> str:
     return f"llmesh:fq:{{{model}}}:"
@@ -151,6 +153,10 @@ class SharedQueue:
             pipe.hget(self._p + "e:" + eid, "status")
         res = await _call(pipe.execute())
         return {eid: "" if s is None else _s(s) for eid, s in zip(eids, res)}
+
+    async def owned(self) -> set[str]:
+        """The ids of the entries Redis holds for this worker (queued or released)."""
+        return {_s(x) for x in await _call(self._redis.smembers(self._p + "w:" + self.worker))}
 
     async def counts(self) -> tuple[int, int]:
         """The model's queued entries and its released-and-not-done ones, over every worker."""

@@ -50,6 +50,7 @@ class _Model:
     embed: bool
     waiting: dict[str, tuple[Entry, asyncio.Future[None]]] = field(default_factory=dict)  # by entry id
     held: dict[Entry, str] = field(default_factory=dict)  # released entries -> their ids
+    strays: set[str] = field(default_factory=set)  # ids Redis holds for this worker, unknown here at the last beat
     queued: int = 0  # over every worker, as of the last tick
     busy: int = 0  # released and not done, over every worker, as of the last tick
 
@@ -281,6 +282,8 @@ class SharedFlowController:
         for model, m in self._models.items():
             if not (m.waiting or m.queued or beat):  # each beat looks: a dead worker's entries are reaped
                 continue
+            if beat:
+                await self._sweep(m)
             for eid, (entry, _) in list(m.waiting.items()):
                 if entry.deadline <= now and await m.queue.leave(eid, "expired") != "released":
                     await self._settle(model, m, {eid: "expired"})
@@ -291,6 +294,17 @@ class SharedFlowController:
             if m.waiting:
                 await self._settle(model, m, await m.queue.statuses(list(m.waiting)))
             m.queued, m.busy = await m.queue.counts()
+
+    @staticmethod
+    async def _sweep(m: _Model) -> None:
+        """Takes out the entries Redis holds for this worker that it does not know: an enter whose
+        answer was lost (an error after Redis had run it) would keep its place, then a slot, for as
+        long as this worker lives. An entry unknown on two beats in a row goes (an enter or a leave
+        in flight is unknown for milliseconds, not a beat)."""
+        unknown = await m.queue.owned() - set(m.waiting) - set(m.held.values())
+        for eid in unknown & m.strays:
+            await m.queue.leave(eid)
+        m.strays = unknown - m.strays
 
     def _promoted(self, model: str, m: _Model, eids: list[str]) -> None:
         """This worker's entries among those promoted: counted in their new class."""
