@@ -45,6 +45,7 @@ import httpx
 import orjson
 
 from llmesh.testing import Mesh, free_layout
+from llmesh.workers import nice_session
 from llmesh.gateway.fronts.http import MAX_BODY
 from bench import instant_openai
 from bench.common import child_pid, note, pct
@@ -61,7 +62,7 @@ def victims(url: str, out: str, stop: multiprocessing.synchronize.Event, concurr
     """In its own process: ``concurrency`` loops of small chat requests and one /healthz probe every
     10 ms until ``stop`` (``ready`` set once the first chat is answered); (kind, start, seconds,
     status) rows to ``out`` as JSON. It runs in a session of its own: a scheduling group of its own
-    where Linux groups sessions (``attack_side_niced``)."""
+    where Linux groups sessions (``run``)."""
     os.setsid()
     rows: list[tuple[str, float, float, int]] = []
 
@@ -240,21 +241,6 @@ def config(base_url: str) -> str:
                        "tenants": {"*": {"guards": {"injection": "block"}}}})
 
 
-def attack_side_niced(nice: int) -> bool:
-    """Gives this process's session, the attack side (the attack client's thread and the provider),
-    ``nice`` as a whole. Where Linux groups each session for scheduling (``sched_autogroup_enabled``,
-    on by default here), a thread's nice value weighs only against the threads of its own session:
-    the niced attack side got a whole session's share of the cores next to the gateway's, which
-    raised the victims' p99 over their baseline from 1.5x to 3.3x in one comparison (bodies to 4 MiB).
-    The mesh's services and the victims run in sessions of their own; this process leads its own
-    (``own_session``), so the caller's session is left as it was. False: not grouped so here."""
-    try:
-        Path("/proc/self/autogroup").write_text(str(nice))
-    except OSError:
-        return False
-    return Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1"
-
-
 def run_niced(nice: int, fn: Callable[[], T]) -> T:
     """``fn()`` in a thread of its own at ``nice`` (Linux: a thread's nice value is its own)."""
     result: list[T] = []
@@ -269,7 +255,13 @@ def run_niced(nice: int, fn: Callable[[], T]) -> T:
 
 
 def run(args: argparse.Namespace) -> dict:
-    grouped = attack_side_niced(args.attacker_nice)
+    # This process's session (the attack client's thread and the provider) niced as a whole: where Linux
+    # groups each session for scheduling (sched_autogroup_enabled, on here), a thread's nice value weighs
+    # only within its session, and the niced attack side got a whole session's share of the cores next to
+    # the gateway's (victims' p99 over baseline 1.5x -> 3.3x in one comparison, bodies to 4 MiB). The
+    # mesh's services and the victims run in sessions of their own; this process leads its own
+    # (own_session), so the caller's session is left as it was.
+    grouped = nice_session(args.attacker_nice)
     with tempfile.TemporaryDirectory() as tmp, instant_openai.running(1, nice=args.attacker_nice) as provider:
         cfg = Path(tmp) / "llmesh.yaml"
         cfg.write_text(config(provider))

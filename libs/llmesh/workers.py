@@ -88,8 +88,17 @@ def lower_priority(nice: int) -> None:
         os.setsid()
     except OSError:
         return
-    with contextlib.suppress(OSError):  # no autogroups in this kernel
+    nice_session(level)
+
+
+def nice_session(level: int) -> bool:
+    """Gives this process's session, as one scheduling group, the nice value ``level``; False
+    where the kernel does not group sessions (no autogroups, or switched off)."""
+    try:
         Path("/proc/self/autogroup").write_text(str(level))
+    except OSError:
+        return False
+    return Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1"
 
 
 @dataclass

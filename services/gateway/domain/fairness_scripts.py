@@ -42,17 +42,11 @@ local function enqueue(eid, tenant, klass, start, now, cost)
   redis.call('HINCRBYFLOAT', P .. 'qc', klass, cost)  -- the cost queued in the class, for the wait estimate
   redis.call('HINCRBYFLOAT', P .. 'ptc' .. klass, tenant, cost)  -- and each tenant's part of it
 end
--- Throughput: the cost of the requests served, in one-second buckets over the last WINDOW s: the model's
--- (tp, tn) and each tenant's (ts:<tenant>, fields c<sec> and n<sec>, expiring with the window).
+-- Throughput: the cost of the requests served, in one-second buckets over the last WINDOW s, one hash per
+-- meter (fields c<sec>: cost, n<sec>: requests; it expires with the window): the model's (P .. 'tp') and
+-- each tenant's (P .. 'ts:' .. tenant).
 local WINDOW, MIN_SAMPLES = 30, 4
-local function served(now, cost, tenant)
-  local sec = math.floor(now / 1000)
-  redis.call('HINCRBYFLOAT', P .. 'tp', sec, cost)
-  redis.call('HINCRBY', P .. 'tn', sec, 1)
-  for _, b in ipairs(redis.call('HKEYS', P .. 'tn')) do
-    if tonumber(b) <= sec - WINDOW then redis.call('HDEL', P .. 'tp', b); redis.call('HDEL', P .. 'tn', b) end
-  end
-  local key = P .. 'ts:' .. tenant
+local function count(key, sec, cost)
   redis.call('HINCRBYFLOAT', key, 'c' .. sec, cost)
   redis.call('HINCRBY', key, 'n' .. sec, 1)
   for _, f in ipairs(redis.call('HKEYS', key)) do
@@ -60,28 +54,24 @@ local function served(now, cost, tenant)
   end
   redis.call('PEXPIRE', key, WINDOW * 1000)
 end
-local function over(now, flat)  -- cost per second and a request's mean cost from {sec, n, cost} triples
-  local sec, n, sum, oldest = math.floor(now / 1000), 0, 0, nil
-  for _, t in ipairs(flat) do
-    if t[1] > sec - WINDOW then
-      n, sum = n + t[2], sum + t[3]
-      if not oldest or t[1] < oldest then oldest = t[1] end
+local function served(now, cost, tenant)
+  local sec = math.floor(now / 1000)
+  count(P .. 'tp', sec, cost)
+  count(P .. 'ts:' .. tenant, sec, cost)
+end
+local function rate(now, key)  -- cost per second and a request's mean cost; 0 until MIN_SAMPLES finished
+  key = key or P .. 'tp'
+  local window, n, sum, oldest = math.floor(now / 1000) - WINDOW, 0, 0, nil
+  local fields = redis.call('HGETALL', key)
+  for i = 1, #fields, 2 do
+    local sec = tonumber(string.sub(fields[i], 2))
+    if string.sub(fields[i], 1, 1) == 'n' and sec > window then
+      n, sum = n + tonumber(fields[i + 1]), sum + num(redis.call('HGET', key, 'c' .. sec))
+      if not oldest or sec < oldest then oldest = sec end
     end
   end
   if n < MIN_SAMPLES then return 0, 0 end
   return sum / math.max(now / 1000 - oldest, 1), sum / n
-end
-local function rate(now, key)  -- the model's (no key), else a tenant's; 0 until MIN_SAMPLES finished
-  local flat, fields = {}, redis.call('HGETALL', key or P .. 'tn')
-  for i = 1, #fields, 2 do
-    if not key then
-      flat[#flat + 1] = {tonumber(fields[i]), tonumber(fields[i + 1]), num(redis.call('HGET', P .. 'tp', fields[i]))}
-    elseif string.sub(fields[i], 1, 1) == 'n' then
-      local sec = string.sub(fields[i], 2)
-      flat[#flat + 1] = {tonumber(sec), tonumber(fields[i + 1]), num(redis.call('HGET', key, 'c' .. sec))}
-    end
-  end
-  return over(now, flat)
 end
 local function back_of(now, klass)  -- a refused request's wait, were it at the back of ``klass``; -1: unknown
   local per_s, mean = rate(now)
