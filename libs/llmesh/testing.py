@@ -24,6 +24,30 @@ from prometheus_client.parser import text_string_to_metric_families
 from llmesh.cli.layout import Layout
 
 
+class _Handed:
+    """Ports this process handed out lately: a port is free until the service it was chosen for
+    binds it, so it is not handed out again meanwhile (a Redis started after a mesh's layout was
+    chosen once took the gateway's port). Forgotten after ``keep_s``: by then it is bound or let go."""
+
+    def __init__(self, keep_s: float = 300.0) -> None:
+        self.keep_s = keep_s
+        self._at: dict[int, float] = {}
+        self._lock = threading.Lock()
+
+    def take(self, ports: list[int]) -> bool:
+        """Whether none of ``ports`` was handed out lately; if so, they are now."""
+        now = time.monotonic()
+        with self._lock:
+            self._at = {p: t for p, t in self._at.items() if now - t < self.keep_s}
+            if any(p in self._at for p in ports):
+                return False
+            self._at.update(dict.fromkeys(ports, now))
+            return True
+
+
+_HANDED = _Handed()  # per process, as the ports' users are; tests and benchmarks only
+
+
 def _port_free(port: int) -> bool:
     with socket.socket() as s:
         try:
@@ -42,7 +66,7 @@ def free_layout(n_engines: int = 4) -> Layout:
         base = rng.randrange(10000, 32000)
         ports = ([base + i for i in range(4)] + [base + 20 + i for i in range(4)] + [base + 9]
                  + [base + off + i for off in (100, 200) for i in range(n_engines)])
-        if all(_port_free(p) for p in ports):
+        if all(_port_free(p) for p in ports) and _HANDED.take(ports):
             return Layout(base_port=base, http_port=base + 9)
     raise RuntimeError("no free port range found")
 
@@ -273,7 +297,7 @@ def free_ports(n: int) -> list[int]:
     ports: list[int] = []
     while len(ports) < n:
         port = rng.randrange(10000, 32700)
-        if port not in ports and _port_free(port):
+        if port not in ports and _port_free(port) and _HANDED.take([port]):
             ports.append(port)
     return ports
 
