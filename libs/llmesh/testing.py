@@ -29,7 +29,7 @@ class _Handed:
     binds it, so it is not handed out again meanwhile (a Redis started after a mesh's layout was
     chosen once took the gateway's port). Forgotten after ``keep_s``: by then it is bound or let go."""
 
-    def __init__(self, keep_s: float = 300.0) -> None:
+    def __init__(self, keep_s: float = 120.0) -> None:
         self.keep_s = keep_s
         self._at: dict[int, float] = {}
         self._lock = threading.Lock()
