@@ -29,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -121,29 +121,49 @@ def _ratio(a: float, b: float) -> float | None:
 
 
 def summarize(summaries: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """Per mode the kept figures; ``ratios``: round_robin / kv_router for each TTFT figure."""
+    """Per mode the kept figures (and the second half's ``window``, where the replay counted it);
+    ``ratios``: round_robin / kv_router for each TTFT figure, where both modes ran."""
     out: dict[str, Any] = {mode: {KEPT[k]: _round(s[k]) for k in KEPT if k in s} for mode, s in summaries.items()}
-    kv, rr = out["kv_router"], out["round_robin"]
-    out["ratios"] = {f"{stat}_rr_over_kv": _ratio(rr[stat], kv[stat])
-                     for stat in ("ttft_p50_ms", "ttft_p99_ms", "ttft_mean_ms")}
+    for mode, s in summaries.items():
+        if "window" in s:
+            out[mode]["window"] = dict(s["window"])
+    if "kv_router" in out and "round_robin" in out:
+        kv, rr = out["kv_router"], out["round_robin"]
+        out["ratios"] = {f"{stat}_rr_over_kv": _ratio(rr[stat], kv[stat])
+                         for stat in ("ttft_p50_ms", "ttft_p99_ms", "ttft_mean_ms")}
     return out
+
+
+def second_half(requests: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """Of a replay's requests (``arrival_time_ms``, ``terminal_time_ms``), how many arrived and how
+    many finished in the second half of the arrival window, as ``bench.routing_sweep`` counts a
+    sim run's: whether the workers keep up with arrivals there (``routing_sweep.keeps_up``)."""
+    rows = [(float(r["arrival_time_ms"]), r.get("terminal_time_ms")) for r in requests]
+    span = max((a for a, _ in rows), default=0.0)
+    lo, hi = span / 2, span
+    return {"came": sum(lo <= a < hi for a, _ in rows),
+            "done": sum(t is not None and lo <= float(t) < hi for _, t in rows)}
 
 
 def replay(trace: list[dict[str, Any]], workers: int = 4, block_size: int = BLOCK_SIZE,
            engine: Mapping[str, Any] | None = None, timeout_s: float = 600.0,
-           python: Path = DYNAMO_PYTHON) -> dict[str, Any]:
+           python: Path = DYNAMO_PYTHON, modes: Sequence[str] = MODES, speedup: float = 1.0) -> dict[str, Any]:
     """Dynamo's offline replay of ``trace`` (:func:`to_trace`'s rows) on ``workers`` mock vLLM
-    workers, once with ``kv_router`` and once with ``round_robin``. ``engine``: more of the
+    workers, once in each of ``modes`` (``kv_router``, ``round_robin``). ``engine``: more of the
     mock engine's settings (``num_gpu_blocks``, ``max_num_seqs``, ``max_num_batched_tokens``,
-    ``speedup_ratio``...); ``block_size`` is both the trace's and the engine's. Returns
-    :func:`summarize`'s figures plus ``wall_s`` (the subprocess, both modes), or
+    ``speedup_ratio``...); ``block_size`` is both the trace's and the engine's; ``speedup``
+    divides the arrival times (Dynamo's ``arrival_speedup_ratio``: 2 offers twice the rate).
+    Returns :func:`summarize`'s figures plus ``wall_s`` (the subprocess, every mode), or
     ``{"skipped": ...}`` where ``.venv-dynamo`` is missing. Raises RuntimeError when the
     replay fails."""
     if not python.is_file():
         return dict(SKIPPED)
     if not trace:
         raise ValueError("an empty trace")
-    config = {"workers": workers, "block_size": block_size, "engine": dict(engine or {})}
+    if not modes or any(m not in MODES for m in modes) or not speedup > 0:
+        raise ValueError(f"modes among {MODES} and a positive speedup, got {modes} and {speedup}")
+    config = {"workers": workers, "block_size": block_size, "engine": dict(engine or {}), "modes": list(modes),
+              "speedup": speedup}
     with tempfile.TemporaryDirectory(prefix="dynamo-replay-") as tmp:
         path = Path(tmp) / "trace.jsonl"
         path.write_text("".join(json.dumps(row) + "\n" for row in trace))
@@ -156,8 +176,27 @@ def replay(trace: list[dict[str, Any]], workers: int = 4, block_size: int = BLOC
         raise RuntimeError(f"Dynamo's replay failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
     out = summarize(json.loads(done.stdout))
     out.update(requests=len(trace), workers=workers, block_size=block_size, engine=config["engine"],
-               wall_s=round(wall_s, 3))
+               speedup=speedup, wall_s=round(wall_s, 3))
     return out
+
+
+def saturation(trace: list[dict[str, Any]], keeps_up: Callable[..., bool], mode: str = "round_robin",
+               start: float = 1.0, bisect: int = 4, **replay_args: Any) -> dict[str, Any]:
+    """The highest ``speedup`` of ``trace`` that ``mode`` keeps up with on Dynamo's mock workers
+    (``keeps_up(came, done)`` over each replay's second half: the sim's rule), by ``bench.saturation.highest``.
+    ``{"skipped": ...}`` without ``.venv-dynamo``."""
+    from bench.saturation import highest  # here, not at the top: .venv-dynamo runs this file without llmesh
+
+    if not replay_args.get("python", DYNAMO_PYTHON).is_file():
+        return dict(SKIPPED)
+
+    def probe(speedup: float) -> tuple[bool, dict[str, Any]]:
+        run = replay(trace, modes=(mode,), speedup=speedup, **replay_args)
+        return keeps_up(**run[mode]["window"]), run[mode]
+
+    speedup, run, probes = highest(probe, start, bisect)
+    return {"mode": mode, "speedup": round(speedup, 4), "probes": probes, "window": run["window"],
+            "ttft_p50_ms": run.get("ttft_p50_ms")}
 
 
 def _inner(trace_path: str, config_json: str) -> int:
@@ -167,10 +206,11 @@ def _inner(trace_path: str, config_json: str) -> int:
     config = json.loads(config_json)
     engine = {"block_size": config["block_size"], "enable_prefix_caching": True, **config["engine"]}
     summaries = {}
-    for mode in MODES:
+    for mode in config.get("modes", MODES):
         report = run_trace_replay([trace_path], num_workers=config["workers"], router_mode=mode,
-                                  trace_block_size=config["block_size"], extra_engine_args={"engine": engine})
-        summaries[mode] = report.summary
+                                  trace_block_size=config["block_size"], extra_engine_args={"engine": engine},
+                                  arrival_speedup_ratio=config.get("speedup", 1.0), capture_per_request=True)
+        summaries[mode] = {**report.summary, "window": second_half(report.per_request)}
     print(json.dumps(summaries))
     return 0
 

@@ -43,6 +43,7 @@ from llmesh.types import Message, Prompt
 from llmesh.engine.backends.base import DecodeParams
 from llmesh.engine.backends.sim import SimBackend, SimProfile
 from bench.common import note, pct
+from bench.saturation import highest
 from bench.routing_field import field_args
 from bench.virtual_time import VirtualTimeLoop
 
@@ -258,27 +259,22 @@ def run_sim(args, workload: Workload, policy: str, rate: float, profile: SimProf
 
 
 def find_saturation(args, workload: Workload, profile: SimProfile, policy: str) -> dict:
-    """The highest rate ``policy`` sustains: rates grow by half until a run is not
-    sustained (fewer requests finish than arrive), then bisection between the last
-    sustained rate and the first that was not."""
-    probes, lo, hi, rate = [], None, None, args.start_rate
-    while hi is None or lo is None:
+    """The highest rate ``policy`` sustains (fewer requests finish than arrive past it), by
+    ``bench.saturation.highest``: rates grow by half until a run is not sustained, then
+    bisection between the last sustained rate and the first that was not."""
+    probes: list[dict] = []
+
+    def probe(rate: float) -> tuple[bool, dict]:
         r = run_sim(args, workload, policy, rate, profile)
         probes.append(r)
         note(f"saturation {policy:<14} {rate:7.2f} conv/s: {r['throughput_req_s']} of {r['offered_req_s']} req/s "
              f"p99 {r['ttft_ms_p99']} ms")
-        if r["sustained"]:
-            lo, rate = r, rate * 1.5
-        else:
-            hi, rate = r, rate / 1.5
-        if lo is None and rate < 0.01:
-            raise SystemExit(f"{policy} sustains no rate; is the profile right?")
-    for _ in range(args.bisect):
-        rate = (lo["rate_conversations_per_s"] + hi["rate_conversations_per_s"]) / 2
-        r = run_sim(args, workload, policy, rate, profile)
-        probes.append(r)
-        note(f"saturation {policy:<14} {rate:7.2f} conv/s: {r['throughput_req_s']} of {r['offered_req_s']} req/s")
-        lo, hi = (r, hi) if r["sustained"] else (lo, r)
+        return r["sustained"], r
+
+    try:
+        _, lo, _ = highest(probe, args.start_rate, args.bisect, floor=0.01)
+    except RuntimeError as exc:
+        raise SystemExit(f"{policy}: no saturation found ({exc}); is the profile right?") from None
     return {"policy": policy, "rate_conversations_per_s": lo["rate_conversations_per_s"],
             "throughput_req_s": lo["throughput_req_s"],
             "probes": [{k: p[k] for k in ("rate_conversations_per_s", "throughput_req_s", "offered_req_s",

@@ -31,6 +31,7 @@ from llmesh.gateway.upstream.picking import Endpoint, EndpointPicker, PickInput
 from llmesh.prompt_tokens import sim_token
 from llmesh.types import Message
 from bench.common import note, pct
+from bench.saturation import highest
 from bench.routing_workloads import Sessions, poisson_starts
 from bench.virtual_time import VirtualTimeLoop
 
@@ -206,12 +207,17 @@ async def _drive(fleet: Fleet, sessions: Sessions, rate: float, setup: Setup, ta
     await asyncio.gather(*tasks)
 
 
+def keeps_up(came: int, done: int) -> bool:
+    """Requests finished over a window keep up with those that arrived in it: 98 %, less two
+    standard deviations of a Poisson count (a short window's noise is no backlog)."""
+    return done >= SUSTAINED * came - 2 * math.sqrt(came)
+
+
 async def run_one(sessions: Sessions, policy: str, rate: float, setup: Setup, profile: SimProfile,
                   sent: list | None = None) -> dict:
     """One policy at one rate (sessions started per second; ignored for a closed loop).
     Throughput and ``sustained`` are measured over the second half of the window: sustained
-    while the requests finished there keep up with those that arrived (98 %, less two
-    standard deviations of a Poisson count: a short window's noise is no backlog)."""
+    while the requests finished there keep up with those that arrived (``keeps_up``)."""
     loop = asyncio.get_running_loop()
     engines = {f"engine-{i}": SimBackend(MODEL, 1 << 17, profile) for i in range(setup.engines)}
     fleet = Fleet(engines, policy, setup, profile)
@@ -233,7 +239,7 @@ async def run_one(sessions: Sessions, policy: str, rate: float, setup: Setup, pr
             "ttft_ms_p50": round(pct(tally.ttfts, 50) * 1000, 1), "ttft_ms_p99": round(pct(tally.ttfts, 99) * 1000, 1),
             "throughput_req_s": round(done / (hi - lo), 2), "offered_req_s": round(came / (hi - lo), 2),
             "input_tokens_s": round(sum(n for t, n in tally.input_tokens if lo <= t < hi) / (hi - lo)),
-            "sustained": done >= SUSTAINED * came - 2 * math.sqrt(came), "kv_hit_rate": round(fleet.hit_rate(), 3),
+            "sustained": keeps_up(came, done), "kv_hit_rate": round(fleet.hit_rate(), 3),
             "load_imbalance_max_over_mean": round(max(served) / max(sum(served) / len(served), 1e-9), 2)}
 
 
@@ -272,24 +278,16 @@ def calibrate_prefill(profile: SimProfile = PROFILE, prompt_tokens: int = 2000) 
 
 def find_saturation(sessions: Sessions, policy: str, setup: Setup, start: float, bisect: int,
                     profile: SimProfile = PROFILE) -> dict:
-    """The highest session rate ``policy`` sustains: grow by half until a run is not
-    sustained, then bisect between the last sustained rate and the first that was not."""
-    lo = hi = None
-    rate, probes = start, 0
-    while hi is None or lo is None:
+    """The highest session rate ``policy`` sustains (``bench.saturation.highest``: grow by
+    half until a run is not sustained, then bisect)."""
+    def probe(rate: float) -> tuple[bool, dict]:
         r = run_sim(sessions, policy, rate, setup, profile)
-        probes += 1
-        if r["sustained"]:
-            lo, rate = r, rate * 1.5
-        else:
-            hi, rate = r, rate / 1.5
-        if lo is None and rate < 0.005:
-            raise SystemExit(f"{policy} sustains no rate on {sessions.name}")
-    for _ in range(bisect):
-        rate = (lo["rate_sessions_per_s"] + hi["rate_sessions_per_s"]) / 2
-        r = run_sim(sessions, policy, rate, setup, profile)
-        probes += 1
-        lo, hi = (r, hi) if r["sustained"] else (lo, r)
+        return r["sustained"], r
+
+    try:
+        _, lo, probes = highest(probe, start, bisect, floor=0.005)
+    except RuntimeError as exc:
+        raise SystemExit(f"{policy} on {sessions.name}: no saturation found ({exc})") from None
     note(f"saturation {sessions.name:<14} {policy:<13} {lo['rate_sessions_per_s']:7.3f} sessions/s "
          f"{lo['throughput_req_s']} req/s ({probes} runs)")
     return {"policy": policy, "rate_sessions_per_s": lo["rate_sessions_per_s"],

@@ -7,8 +7,10 @@ import sys
 
 import pytest
 
-from bench.dynamo_replay import (DEMO_ENGINE, DYNAMO_PYTHON, ROOT, demo_requests, from_tokens, replay, summarize,
-                                 to_trace)
+from bench.dynamo_replay import (DEMO_ENGINE, DYNAMO_PYTHON, ROOT, demo_requests, from_tokens, replay, saturation,
+                                 second_half, summarize, to_trace)
+from bench.saturation import highest
+from bench.routing_sweep import keeps_up
 
 HAVE_DYNAMO = DYNAMO_PYTHON.is_file()
 
@@ -72,9 +74,45 @@ def test_summarize_takes_the_ratios_round_robin_over_kv_router():
                              "ttft_mean_ms_rr_over_kv": 1.0}
 
 
+def test_summarize_gives_no_ratio_for_one_mode_and_keeps_its_window():
+    fields = {"median_ttft_ms": 10.0, "window": {"came": 5, "done": 4}}
+    out = summarize({"round_robin": fields})
+    assert out == {"round_robin": {"ttft_p50_ms": 10.0, "window": {"came": 5, "done": 4}}}
+
+
+def test_second_half_counts_arrivals_and_finishes_in_the_arrival_window_s_second_half():
+    requests = [{"arrival_time_ms": a, "terminal_time_ms": t}
+                for a, t in [(0, 40), (30, 60), (50, 70), (60, 130), (80, 99), (100, 500), (90, None)]]
+    # the window is [50, 100): 50, 60, 80, 90 arrived there; 60, 70, 99 finished there
+    assert second_half(requests) == {"came": 4, "done": 3}
+    assert second_half([]) == {"came": 0, "done": 0}
+
+
+@pytest.mark.parametrize("start", [0.1, 1.0, 40.0])
+def test_highest_brackets_then_bisects_to_the_last_value_that_passes(start):
+    seen = []
+
+    def probe(x):
+        seen.append(x)
+        return x <= 3.7, {"at": x}
+
+    value, measured, probes = highest(probe, start, bisect=6)
+    assert value <= 3.7 and measured == {"at": value} and probes == len(seen)
+    failed = min(x for x in seen if x > 3.7)
+    assert failed - value <= 3.7 * 0.5 / 2 ** 6 + 1e-9  # a bracket of at most half the edge, halved 6 times
+
+
+def test_highest_refuses_when_nothing_passes_or_nothing_fails():
+    with pytest.raises(RuntimeError):
+        highest(lambda x: (False, None), 1.0, bisect=2, floor=0.01)
+    with pytest.raises(RuntimeError):
+        highest(lambda x: (True, None), 1.0, bisect=2, limit=10)
+
+
 def test_replay_without_the_dynamo_venv_says_it_was_skipped(tmp_path):
     trace = to_trace(demo_requests(n=4))
     assert replay(trace, python=tmp_path / "no-such-python") == {"skipped": "make bench-tools not run"}
+    assert saturation(trace, keeps_up, python=tmp_path / "no-such-python") == {"skipped": "make bench-tools not run"}
 
 
 @pytest.mark.skipif(not HAVE_DYNAMO, reason=".venv-dynamo missing: make bench-tools (or make dynamo-tools) not run")
@@ -106,3 +144,17 @@ def test_the_cli_replays_a_trace_file(tmp_path):
     assert out["requests"] == 120 and out["engine"] == {"num_gpu_blocks": 800}
     assert out["kv_router"]["completed"] == out["round_robin"]["completed"] == 120
     assert out["kv_router"]["ttft_p50_ms"] > 0 and out["wall_s"] > 0
+
+
+@pytest.mark.skipif(not HAVE_DYNAMO, reason=".venv-dynamo missing: make bench-tools (or make dynamo-tools) not run")
+def test_dynamo_s_saturation_is_the_rate_its_workers_stop_keeping_up_with():
+    """The sim's rule on Dynamo's mock: the trace sped up to the found speedup keeps up, and at
+    twice that a backlog grows (fewer finish in the second half than arrive)."""
+    trace = to_trace(demo_requests(n=400, rate=10.0))
+    found = saturation(trace, keeps_up, engine=DEMO_ENGINE, bisect=3)
+    assert found["mode"] == "round_robin" and found["speedup"] > 0 and keeps_up(**found["window"])
+    below = replay(trace, modes=("round_robin",), speedup=found["speedup"] / 2, engine=DEMO_ENGINE)
+    above = replay(trace, modes=("round_robin",), speedup=found["speedup"] * 2, engine=DEMO_ENGINE)
+    assert "kv_router" not in below and "ratios" not in below and below["speedup"] == found["speedup"] / 2
+    assert keeps_up(**below["round_robin"]["window"]) and not keeps_up(**above["round_robin"]["window"])
+    assert above["round_robin"]["ttft_p50_ms"] > below["round_robin"]["ttft_p50_ms"]

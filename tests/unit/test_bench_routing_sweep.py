@@ -5,6 +5,8 @@ quick run of the whole sweep reports every figure for every policy."""
 import argparse
 import asyncio
 
+import pytest
+
 from bench.routing_field import run_field
 from bench.routing_sweep import MODEL, POLICIES, Fleet, Setup, calibrate_prefill, run_sim
 from bench.routing_workloads import Sessions
@@ -80,3 +82,7 @@ def test_a_quick_sweep_reports_every_cell_and_the_summary():
     (ref,) = out["dynamo_reference"]  # the same workload replayed in Dynamo, where make bench-tools installed it
     assert ref["requests"] > 0 and ref["llmesh"]["ttft_p99_rr_over_prefix_aware"] > 0
     assert ref["dynamo"] == {"skipped": "make bench-tools not run"} or ref["dynamo"]["ttft_p99_ms_rr_over_kv"] > 0
+    if "skipped" not in ref["dynamo"]:  # and at 80 % of the mock workers' own saturation
+        at = ref["dynamo_at_load"]
+        assert at["speedup"] == pytest.approx(0.8 * ref["dynamo_saturation"]["speedup"], abs=1e-4)
+        assert at["ttft_p99_ms_rr_over_kv"] > 0 and 0 <= at["kv_router_reuse"] <= 1
