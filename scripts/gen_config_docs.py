@@ -83,7 +83,8 @@ DESCRIPTIONS: dict[str, str] = {
     # engine
     "EngineSettings.backend": "`llamacpp` (CPU), `vllm` (GPU, the `vllm` extra) or `sim` (timing model, no weights) "
                               "generate text; `minilm` serves embeddings from a sentence-transformers BERT folder "
-                              "(all-minilm-l6-v2), and so does `vllm` for a pooling model "
+                              "(all-minilm-l6-v2), `llamacpp_embed` from a GGUF on llama.cpp "
+                              "(LLMESH_ENGINE_EMBED_POOLING), and `vllm` for a pooling model "
                               "(LLMESH_ENGINE_VLLM_RUNNER)",
     "EngineSettings.model": "the model this engine serves (its name in the model store)",
     "EngineSettings.model_dir": "the model store the engine loads from",
