@@ -29,6 +29,7 @@ CHECKS: list[tuple[str, Callable[[checks.Context], str]]] = [
     ("the openai client streams through the gateway's published port", checks.openai_stream),
     ("the gRPC client completes through the gateway's published port", checks.grpc_client),
     ("Prometheus has scraped every service (its targets all up)", checks.prometheus_scraped),
+    ("the cache container embeds: a paraphrase hits in semantic mode", checks.semantic_cache),
     # the kill before the deploy: a deploy may place the new version on an engine in place of the
     # model the kill's load asks for (a run saw engine-2 serve only smollm2@1 after it: every request
     # 503 once engine-1 was down), and the kill check needs both engines serving that model

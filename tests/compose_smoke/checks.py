@@ -114,6 +114,35 @@ def prometheus_scraped(ctx: Context) -> str:
     return f"{len(targets)} targets up: {', '.join(sorted(map(str, services)))}"
 
 
+def semantic_cache(ctx: Context) -> str:
+    """The cache container loaded its embedder (MiniLM, baked into the image): with the live config's
+    cache in semantic mode, a paraphrase of a question answered before is served from the cache.
+    Without an embedder semantic mode matches exactly only, and the paraphrase would miss."""
+    def mode(value: str) -> None:
+        done = ctx.mesh.exec("gateway", "llmesh", "config", "set", "cache.mode", value)
+        expect(done.returncode == 0, f"config set cache.mode {value}: {done.stdout[-300:]}")
+
+    client = ctx.openai()
+
+    def ask(question: str) -> str | None:
+        raw = client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=[{"role": "user", "content": question}], temperature=0, max_tokens=8)
+        return raw.headers.get("x-llmesh-cache")
+
+    mode("semantic")
+    try:
+        deadline = time.monotonic() + 10  # the gateways apply the config's revision
+        while ask("How do I cancel my subscription?") != "hit" and time.monotonic() < deadline:
+            time.sleep(0.5)  # the first answer is stored behind it, with its embedding
+        expect(ask("How do I cancel my subscription?") == "hit", "the repeated question never hit the cache")
+        paraphrase = ask("How can I cancel my subscription?")
+        expect(paraphrase == "hit", f"the paraphrase was not served from the cache ({paraphrase!r}): "
+               f"no embedder? cache logs: {ctx.mesh.logs('cache', tail=20)[-1500:]}")
+    finally:
+        mode("exact")  # the default again, for the checks after this one
+    return "a paraphrase served from the semantic cache: MiniLM loaded in the cache container"
+
+
 def models_deploy(ctx: Context) -> str:
     """`llmesh models import` and `deploy` with the CLI in the model manager's container; the version
     lands on an engine container and answers through the gateway."""
