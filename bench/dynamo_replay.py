@@ -200,7 +200,8 @@ def saturation(trace: list[dict[str, Any]], keeps_up: Callable[..., bool], mode:
 
 
 def _inner(trace_path: str, config_json: str) -> int:
-    """In ``.venv-dynamo``: both modes over one trace file, their summaries as JSON on stdout."""
+    """In ``.venv-dynamo``: each mode asked for over one trace file, their summaries (with each one's
+    ``second_half`` window) as JSON on stdout."""
     from dynamo.replay import run_trace_replay  # type: ignore[import-not-found]  # .venv-dynamo only
 
     config = json.loads(config_json)

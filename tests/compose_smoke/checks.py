@@ -114,10 +114,20 @@ def prometheus_scraped(ctx: Context) -> str:
     return f"{len(targets)} targets up: {', '.join(sorted(map(str, services)))}"
 
 
+# (question, paraphrase): MiniLM puts each pair at a cosine of 0.99 and no guard refuses it
+PARAPHRASES = [("How do I cancel my subscription?", "How can I cancel my subscription?"),
+               ("How do I reset my password?", "How can I reset my password?"),
+               ("How do I change my email address?", "How can I change my email address?")]
+
+
 def semantic_cache(ctx: Context) -> str:
     """The cache container loaded its embedder (MiniLM, baked into the image): with the live config's
     cache in semantic mode, a paraphrase of a question answered before is served from the cache.
-    Without an embedder semantic mode matches exactly only, and the paraphrase would miss."""
+    Without an embedder semantic mode matches exactly only, and the paraphrase would miss.
+
+    A paraphrase is asked once only (a miss stores it, and it would then hit exactly), after its
+    question hit; a question answered before the cache service applied the mode is stored without
+    its embedding, so a miss moves on to the next pair rather than failing at once."""
     def mode(value: str) -> None:
         done = ctx.mesh.exec("gateway", "llmesh", "config", "set", "cache.mode", value)
         expect(done.returncode == 0, f"config set cache.mode {value}: {done.stdout[-300:]}")
@@ -130,17 +140,22 @@ def semantic_cache(ctx: Context) -> str:
         return raw.headers.get("x-llmesh-cache")
 
     mode("semantic")
+    missed = []
     try:
-        deadline = time.monotonic() + 10  # the gateways apply the config's revision
-        while ask("How do I cancel my subscription?") != "hit" and time.monotonic() < deadline:
-            time.sleep(0.5)  # the first answer is stored behind it, with its embedding
-        expect(ask("How do I cancel my subscription?") == "hit", "the repeated question never hit the cache")
-        paraphrase = ask("How can I cancel my subscription?")
-        expect(paraphrase == "hit", f"the paraphrase was not served from the cache ({paraphrase!r}): "
-               f"no embedder? cache logs: {ctx.mesh.logs('cache', tail=20)[-1500:]}")
+        time.sleep(2)  # the services apply the config's revision
+        for question, paraphrase in PARAPHRASES:
+            deadline = time.monotonic() + 10
+            while ask(question) != "hit" and time.monotonic() < deadline:
+                time.sleep(0.5)  # the answer is stored behind it, with its embedding
+            time.sleep(1)  # the semantic entry is written and indexed after the exact one
+            if ask(paraphrase) == "hit":
+                return (f"{paraphrase!r} served from the semantic cache after {question!r} "
+                        f"({len(missed)} pair(s) missed first): MiniLM loaded in the cache container")
+            missed.append(paraphrase)
     finally:
         mode("exact")  # the default again, for the checks after this one
-    return "a paraphrase served from the semantic cache: MiniLM loaded in the cache container"
+    raise CheckFailed(f"no paraphrase was served from the cache ({missed}): no embedder? "
+                      f"cache logs: {ctx.mesh.logs('cache', tail=20)[-1500:]}")
 
 
 def models_deploy(ctx: Context) -> str:
