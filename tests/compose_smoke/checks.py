@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import httpx
 from openai import OpenAI
+from prometheus_client.parser import text_string_to_metric_families
 
 from llmesh.client import Client
 from tests.compose_smoke.mesh import KEY, ComposeMesh
@@ -120,14 +121,24 @@ PARAPHRASES = [("How do I cancel my subscription?", "How can I cancel my subscri
                ("How do I change my email address?", "How can I change my email address?")]
 
 
+def _semantic_hits(ctx: Context) -> float:
+    """The cache service's own count of semantic hits (its metrics port, read from inside its container)."""
+    done = ctx.mesh.exec("cache", "python", "-c", "import urllib.request; print(urllib.request.urlopen("
+                         "'http://cache:9090/metrics', timeout=10).read().decode())")
+    expect(done.returncode == 0, f"the cache's metrics: {done.stdout[-300:]}")
+    return sum(s.value for family in text_string_to_metric_families(done.stdout) for s in family.samples
+               if s.name == "llmesh_cache_lookups_total" and s.labels.get("result") == "hit_semantic")
+
+
 def semantic_cache(ctx: Context) -> str:
     """The cache container loaded its embedder (MiniLM, baked into the image): with the live config's
-    cache in semantic mode, a paraphrase of a question answered before is served from the cache.
-    Without an embedder semantic mode matches exactly only, and the paraphrase would miss.
+    cache in semantic mode, a paraphrase of a question answered before is a semantic hit in the cache
+    service's own count. Without an embedder semantic mode matches exactly only: none would be.
 
-    A paraphrase is asked once only (a miss stores it, and it would then hit exactly), after its
-    question hit; a question answered before the cache service applied the mode is stored without
-    its embedding, so a miss moves on to the next pair rather than failing at once."""
+    The count, not the answer's header: a semantic lookup (the paraphrase embedded on the cache's
+    CPU) can outlast the gateway's 20 ms lookup budget on a busy machine, and the engine answers
+    then. A paraphrase is asked once only (a miss stores it); a question answered before the cache
+    service applied the mode is stored without its embedding, so a miss moves on to the next pair."""
     def mode(value: str) -> None:
         done = ctx.mesh.exec("gateway", "llmesh", "config", "set", "cache.mode", value)
         expect(done.returncode == 0, f"config set cache.mode {value}: {done.stdout[-300:]}")
@@ -139,6 +150,7 @@ def semantic_cache(ctx: Context) -> str:
             model=MODEL, messages=[{"role": "user", "content": question}], temperature=0, max_tokens=8)
         return raw.headers.get("x-llmesh-cache")
 
+    before = _semantic_hits(ctx)
     mode("semantic")
     missed = []
     try:
@@ -148,13 +160,14 @@ def semantic_cache(ctx: Context) -> str:
             while ask(question) != "hit" and time.monotonic() < deadline:
                 time.sleep(0.5)  # the answer is stored behind it, with its embedding
             time.sleep(1)  # the semantic entry is written and indexed after the exact one
-            if ask(paraphrase) == "hit":
-                return (f"{paraphrase!r} served from the semantic cache after {question!r} "
-                        f"({len(missed)} pair(s) missed first): MiniLM loaded in the cache container")
+            header = ask(paraphrase)
+            if _semantic_hits(ctx) > before:
+                return (f"{paraphrase!r} a semantic hit in the cache after {question!r} (the answer's header: "
+                        f"{header}; {len(missed)} pair(s) missed first): MiniLM loaded in the cache container")
             missed.append(paraphrase)
     finally:
         mode("exact")  # the default again, for the checks after this one
-    raise CheckFailed(f"no paraphrase was served from the cache ({missed}): no embedder? "
+    raise CheckFailed(f"no paraphrase was a semantic hit ({missed}): no embedder? "
                       f"cache logs: {ctx.mesh.logs('cache', tail=20)[-1500:]}")
 
 
