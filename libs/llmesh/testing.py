@@ -297,7 +297,7 @@ def free_ports(n: int) -> list[int]:
     ports: list[int] = []
     while len(ports) < n:
         port = rng.randrange(10000, 32700)
-        if port not in ports and _port_free(port) and _HANDED.take([port]):
+        if _port_free(port) and _HANDED.take([port]):  # one handed out (in ports too) is not again
             ports.append(port)
     return ports
 

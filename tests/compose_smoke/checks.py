@@ -121,13 +121,20 @@ PARAPHRASES = [("How do I cancel my subscription?", "How can I cancel my subscri
                ("How do I change my email address?", "How can I change my email address?")]
 
 
+def _metric(ctx: Context, service: str, name: str, **labels: str) -> float:
+    """The sum of ``name``'s samples with ``labels`` on ``service``'s own metrics port, read from
+    inside its container (the port is published to no one)."""
+    code = ("import urllib.request;print(urllib.request.urlopen("
+            f"'http://{service}:9090/metrics', timeout=10).read().decode())")
+    out = ctx.mesh.exec(service, "python", "-c", code)
+    expect(out.returncode == 0, f"{service} metrics: {out.stdout[-300:]}")
+    return sum(s.value for family in text_string_to_metric_families(out.stdout) for s in family.samples
+               if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+
+
 def _semantic_hits(ctx: Context) -> float:
-    """The cache service's own count of semantic hits (its metrics port, read from inside its container)."""
-    done = ctx.mesh.exec("cache", "python", "-c", "import urllib.request; print(urllib.request.urlopen("
-                         "'http://cache:9090/metrics', timeout=10).read().decode())")
-    expect(done.returncode == 0, f"the cache's metrics: {done.stdout[-300:]}")
-    return sum(s.value for family in text_string_to_metric_families(done.stdout) for s in family.samples
-               if s.name == "llmesh_cache_lookups_total" and s.labels.get("result") == "hit_semantic")
+    """The cache service's own count of semantic hits."""
+    return _metric(ctx, "cache", "llmesh_cache_lookups_total", result="hit_semantic")
 
 
 def semantic_cache(ctx: Context) -> str:
@@ -246,13 +253,8 @@ class Load:
 
 
 def _engine_generations(ctx: Context, service: str) -> float:
-    """The engine's vllm:generation_tokens_total, read on its own metrics port from inside it."""
-    code = ("import urllib.request;print(sum(float(l.split()[-1]) for l in urllib.request.urlopen("
-            f"'http://{service}:9090/metrics').read().decode().splitlines() "
-            "if l.startswith('vllm:generation_tokens_total')))")
-    out = ctx.mesh.exec(service, "python", "-c", code)
-    expect(out.returncode == 0, f"{service} metrics: {out.stdout[-300:]}")
-    return float(out.stdout.strip().splitlines()[-1])
+    """The engine's vllm:generation_tokens_total."""
+    return _metric(ctx, service, "vllm:generation_tokens_total")
 
 
 def engine_killed_under_load(ctx: Context) -> str:
