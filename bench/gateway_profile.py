@@ -35,7 +35,7 @@ from bench.common import child_pid, cpu_seconds, drive, note
 COMPONENTS: tuple[tuple[str, str], ...] = (
     ("audit log (stage, record, hash)", r"gateway/stages/audit\.py|llmesh/audit\.py"),
     ("guards: injection screen", r"gateway/domain/guards/injection\.py"),
-    ("guards: PII masking (prompt and answer)", r"gateway/domain/guards/pii|gateway/stages/guards\.py"),
+    ("guards: PII masking", r"gateway/domain/guards/pii|gateway/stages/guards\.py"),
     ("metrics (prometheus_client)", r"gateway/metrics\.py|prometheus_client/"),
     ("access log", r"/logging/|llmesh/logs\.py|gateway/record\.py"),
     ("request checks (protovalidate, check_request)", r"llmesh/validation\.py|protovalidate|llmesh/convert\.py"),

@@ -22,9 +22,10 @@ spends in the serving path (``path_ttft_ms_mean``), and llmesh's minus the serve
 ``ttft_path_added_ms``: the added TTFT without the engine's queueing and prefill, which make up
 nearly all of a TTFT on a CPU and vary by tens of ms from round to round.
 
-The gateway runs as shipped (PII masking of prompts and answers, the injection screen in
-``flag`` mode) unless ``--guards off``; answer masking holds back a word that could still become
-PII until the next token, one decode step of TTFT (docs/benchmarks.md). The bench also scrapes
+The gateway runs as shipped (PII masking of prompts, the injection screen in ``flag`` mode),
+with every guard off (``--guards off``), or as shipped plus the answers' PII masking
+(``--guards answer``, a tenant's ``output_pii: mask``), which holds back a word that could still
+become PII until the next token: one decode step of TTFT (docs/benchmarks.md). The bench also scrapes
 both /metrics pages and reports any `vllm:` family the engine exports that vLLM's page shows
 otherwise (tests/vllm_metrics.py)."""
 
@@ -54,6 +55,8 @@ MODEL = "smollm2-vllm"
 MODEL_DIR = Path.home() / ".cache/llmesh/models/smollm2-135m-instruct-hf-fp32"
 TOPICS = ("a dragon", "the sea", "a robot", "a lighthouse", "a fox", "a city at night", "a clockmaker",
           "a comet", "a garden", "a violin", "a desert", "a glacier", "a library", "a train", "a storm", "a bee")
+GUARDS = {"shipped": {}, "off": {"pii": "off", "output_pii": "off", "injection": "off"},
+          "answer": {"output_pii": "mask"}}  # --guards: the tenants' guards over the defaults
 QUIET = {"LLMESH_GATEWAY_LOG_LEVEL": "warning", "LLMESH_ENGINE_LOG_LEVEL": "warning",
          "LLMESH_SCHEDULER_LOG_LEVEL": "warning", "LLMESH_MODELMGR_LOG_LEVEL": "warning"}
 
@@ -148,10 +151,10 @@ class LlmeshVllm:
 
     def start_mesh(self) -> None:
         env = dict(QUIET)
-        if self.guards == "off":
+        guards = GUARDS[self.guards]
+        if guards:
             cfg = self.tmp / "llmesh.yaml"
-            cfg.write_text(json.dumps({"tenants": {"*": {"guards": {
-                "pii": "off", "output_pii": "off", "injection": "off"}}}}))
+            cfg.write_text(json.dumps({"tenants": {"*": {"guards": guards}}}))
             env["LLMESH_CONFIG_FILE"] = str(cfg)
         self.mesh = Mesh(layout=free_layout(1), engines="", model_dir=self.tmp / "models",
                          log_dir=self.tmp / "mesh", env=env, args=["--no-cache"])
@@ -421,8 +424,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--requests-per-stream", type=int, default=2, help="requests per level: this x streams")
     parser.add_argument("--min-requests", type=int, default=6, help="at least this many requests per level")
     parser.add_argument("--warmup", type=int, default=2, help="warm-up requests after each start")
-    parser.add_argument("--guards", choices=("shipped", "off"), default="shipped",
-                        help="the gateway's guards as shipped, or all off (pii, output_pii, injection)")
+    parser.add_argument("--guards", choices=tuple(GUARDS), default="shipped",
+                        help="the gateway's guards as shipped, all off (pii, output_pii, injection), or as "
+                        "shipped plus the answers' PII masking (output_pii: mask)")
     parser.add_argument("--one-at-a-time", action="store_true",
                         help="run one vLLM at a time: each round starts and stops each side (needs half the memory)")
     parser.add_argument("--model-dir", type=Path, default=MODEL_DIR)

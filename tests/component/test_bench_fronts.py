@@ -25,7 +25,7 @@ def test_samples_go_to_their_innermost_component_and_idle_is_left_out():
     busy, shares = breakdown(raw)
     assert busy == 5
     assert shares == {"provider client (aiohttp, providers.py)": 60.0,
-                      "guards: PII masking (prompt and answer)": 20.0, LOOP: 20.0}
+                      "guards: PII masking": 20.0, LOOP: 20.0}
 
 
 def test_the_floor_relays_answers_byte_for_byte():

@@ -13,7 +13,7 @@ from functools import partial
 import pytest
 
 from llmesh.errors import Unavailable
-from llmesh.liveconfig.schema import MeshConfig, ModelPolicy, Provider
+from llmesh.liveconfig.schema import Guards, MeshConfig, ModelPolicy, Provider, TenantPolicy
 from llmesh.testing import free_ports, port_open, terminate, wait_until
 from llmesh.types import Delta, Finish, Message, Prompt
 from llmesh.gateway.context import CompletionRequest, Context
@@ -118,8 +118,9 @@ async def test_tool_calls_pass_through_the_provider_and_the_guards(openai_server
                "properties": {"city": {"type": "string", "maxLength": 20}}}
     tools = Tools(functions=(Tool("get_weather", "The weather in a city", json.dumps(weather)),), choice="function",
                   function="get_weather")
-    guarded = MeshConfig(providers={"local": Provider(base_url=openai_server, models={"hosted": REMOTE})})
-    assert guarded.tenant("t").guards.output_pii == "mask"  # the default: PII in answers is masked
+    guarded = MeshConfig(providers={"local": Provider(base_url=openai_server, models={"hosted": REMOTE})},
+                         tenants={"*": TenantPolicy(guards=Guards(output_pii="mask"))})
+    assert guarded.tenant("t").guards.output_pii == "mask"  # the answer's PII is masked too
     providers = ProviderClients()
     pipeline = Pipeline(EndpointPicker(), EngineClients(), EVERY_MODEL, config=lambda: guarded, providers=providers,
                         stages=[ValidateStage(), GuardStage(lambda: guarded, PiiMasker()),

@@ -37,3 +37,14 @@ def test_the_summary_sets_each_round_s_path_against_the_other_side_s():
     assert row["round_ttft_path_added_ms"] == [3.0, 1.0, 4.5]
     assert row["ttft_path_added_ms"] == 3.0
     assert row["llmesh"]["path_ttft_ms_mean"] == 9.0 and row["vllm_server"]["path_ttft_ms_mean"] == 6.0
+
+
+def test_each_guards_choice_is_a_valid_tenant_policy_over_the_defaults():
+    from bench.vllm import GUARDS
+    from llmesh.liveconfig.schema import Guards
+
+    assert Guards(**GUARDS["shipped"]) == Guards()  # as shipped: prompts masked, answers not (issue 27)
+    assert (Guards().pii, Guards().output_pii) == ("mask", "off")
+    assert Guards(**GUARDS["answer"]).output_pii == "mask"
+    off = Guards(**GUARDS["off"])
+    assert (off.pii, off.output_pii, off.injection) == ("off", "off", "off")

@@ -74,7 +74,9 @@ class Guards(_Strict):
     """What the gateway does with a prompt before it leaves for the engine."""
     pii: Literal["mask", "off"] = "mask"
     restore: bool = Field(default=False, description="put the masked values back into the answer")
-    output_pii: Literal["mask", "off"] = Field(default="mask", description="mask PII the model writes")
+    output_pii: Literal["mask", "off"] = Field(
+        default="off", description="mask PII the model writes; streamed, each word is held until the next "
+        "token shows it is no e-mail address (its first token is a decode step later)")
     injection: Literal["block", "flag", "off"] = "flag"
     injection_threshold: float = Field(default=0.6, gt=0, le=1, description="score at which the screen acts")
 
