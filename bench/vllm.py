@@ -365,6 +365,10 @@ def summarise(server: Side, llmesh: Side, levels: list[int]) -> dict:
         row["round_throughput_ratios"] = [round(r, 3) for r in ratios]
         row["round_ttft_added_ms_p50"] = [round(a, 2) for a in added]
         row["goal_met"] = row["throughput_ratio"] >= 0.95 and row["ttft_added_ms_p50"] <= 5
+        # the server against itself, round to round (same requests, same side): wider than 5 ms, and one
+        # side's p50 against the other's cannot tell 5 ms from noise at this level; None: one round
+        own = [r["ttft_ms_p50"] for r in s_rounds]
+        row["server_ttft_p50_spread_ms"] = round(max(own) - min(own), 2) if len(own) > 1 else None
         out[str(c)] = row
     return out
 

@@ -37,6 +37,9 @@ def test_the_summary_sets_each_round_s_path_against_the_other_side_s():
     assert row["round_ttft_path_added_ms"] == [3.0, 1.0, 4.5]
     assert row["ttft_path_added_ms"] == 3.0
     assert row["llmesh"]["path_ttft_ms_mean"] == 9.0 and row["vllm_server"]["path_ttft_ms_mean"] == 6.0
+    assert row["server_ttft_p50_spread_ms"] == 100.0  # 400 to 500 ms: this level cannot resolve 5 ms
+    server.rounds, llmesh.rounds = {1: server.rounds[1][:1]}, {1: llmesh.rounds[1][:1]}
+    assert summarise(server, llmesh, [1])["1"]["server_ttft_p50_spread_ms"] is None  # one round: unknown
 
 
 def test_each_guards_choice_is_a_valid_tenant_policy_over_the_defaults():
