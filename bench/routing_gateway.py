@@ -31,7 +31,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import grpc
@@ -58,6 +58,7 @@ class Plan:
     load: float = 0.8
     duration_s: float = 45.0  # per routing policy
     lone_reps: int = 5
+    profile: Path | None = None  # a sim profile fitted to a real engine: replaces PREFILL_MS and DECODE_MS
 
     @property
     def slots(self) -> int:
@@ -307,13 +308,27 @@ def start_mesh(root: Path, plan: Plan) -> tuple[Mesh, Path]:
     config.write_text(f"models: {{{MODEL}: {{routing: prefix_aware}}}}\n")
     mesh = Mesh(layout=free_layout(n_engines=plan.engines), engines=f"sim:{plan.engines}",
                 model_dir=root / "models", log_dir=root / "logs", args=["--no-cache"],
-                env={"LLMESH_CONFIG_FILE": str(config), "LLMESH_ENGINE_MAX_RUNNING": str(plan.max_running),
-                     "LLMESH_ENGINE_MAX_WAITING": "256", "LLMESH_ENGINE_SIM_PREFILL_MS_PER_TOKEN": str(PREFILL_MS),
-                     "LLMESH_ENGINE_SIM_DECODE_MS_PER_TOKEN": str(DECODE_MS),
-                     "LLMESH_ENGINE_SIM_OUTPUT_TOKENS": str(OUTPUT_TOKENS),
-                     "LLMESH_ENGINE_SELF_TEST_INTERVAL_S": "600"})
+                env={"LLMESH_CONFIG_FILE": str(config), **sim_env(plan)})
     mesh.start(timeout_s=120)
     return mesh, config
+
+
+def sim_env(plan: Plan) -> dict[str, str]:
+    """The sim engines' settings: the plan's slots, the bench's timings or, with ``plan.profile``,
+    a profile fitted to a real engine (``llmesh bench engine --calibrate``) in their place."""
+    timing = ({"LLMESH_ENGINE_SIM_PROFILE": str(plan.profile.resolve())} if plan.profile is not None else
+              {"LLMESH_ENGINE_SIM_PREFILL_MS_PER_TOKEN": str(PREFILL_MS),
+               "LLMESH_ENGINE_SIM_DECODE_MS_PER_TOKEN": str(DECODE_MS)})
+    return {"LLMESH_ENGINE_MAX_RUNNING": str(plan.max_running), "LLMESH_ENGINE_MAX_WAITING": "256", **timing,
+            "LLMESH_ENGINE_SIM_OUTPUT_TOKENS": str(OUTPUT_TOKENS), "LLMESH_ENGINE_SELF_TEST_INTERVAL_S": "600"}
+
+
+def fleet(plan: Plan) -> dict:
+    timing = ({"sim_profile": json.loads(plan.profile.read_text())} if plan.profile is not None else
+              {"sim_prefill_ms_per_token": PREFILL_MS, "sim_decode_ms_per_step": DECODE_MS})
+    return {"engines": plan.engines, "max_running": plan.max_running, "slots": plan.slots, **timing,
+            "output_tokens": OUTPUT_TOKENS, "system_prompt_words": plan.system_words,
+            "shared_system_prompts": plan.prompts, "turns": list(plan.turns)}
 
 
 def bench(plan: Plan) -> dict:
@@ -346,10 +361,7 @@ def report(plan: Plan, idle: list[Turn], policies: list[dict]) -> dict:
     at_load = policies[0]["follow_up_ttft_ms"]["p50"]
     ratio = round(at_load / lone_cached, 2) if lone_cached and at_load else None
     return {"bench": "routing_gateway", "model": MODEL,
-            "fleet": {"engines": plan.engines, "max_running": plan.max_running, "slots": plan.slots,
-                      "sim_prefill_ms_per_token": PREFILL_MS, "sim_decode_ms_per_step": DECODE_MS,
-                      "output_tokens": OUTPUT_TOKENS, "system_prompt_words": plan.system_words,
-                      "shared_system_prompts": plan.prompts, "turns": list(plan.turns)},
+            "fleet": fleet(plan),
             "target_load": plan.load, "conversations": plan.conversations, "duration_s": plan.duration_s,
             "lone": lone_summary(plan, idle, lone_cached),
             "loaded": {p["policy"]: p for p in policies},
@@ -358,14 +370,18 @@ def report(plan: Plan, idle: list[Turn], policies: list[dict]) -> dict:
 
 def plan_from_args(prog: str, description: str, argv: list[str] | None, per: str) -> Plan:
     """The command line of a bench that runs a Plan (this one and bench.routing_replicas):
-    ``--quick`` for QUICK, ``--duration`` seconds of load ``per`` run."""
+    ``--quick`` for QUICK, ``--duration`` seconds of load ``per`` run, ``--profile`` a sim profile."""
     ap = argparse.ArgumentParser(prog=prog, description=description)
     ap.add_argument("--json", action="store_true", help="print the JSON document only (the default prints it too)")
     ap.add_argument("--quick", action="store_true", help="a tiny run (2 engines, seconds): for tests")
     ap.add_argument("--duration", type=float, help=f"seconds of load per {per}")
+    ap.add_argument("--profile", type=Path, help="the engines' timings from a profile fitted to a real engine "
+                    "(`llmesh bench engine --calibrate FILE`) instead of the bench's own")
     args = ap.parse_args(argv)
     plan = QUICK if args.quick else Plan()
-    return Plan(**{**plan.__dict__, "duration_s": args.duration}) if args.duration else plan
+    if args.profile is not None and not args.profile.is_file():
+        ap.error(f"no sim profile at {args.profile}")
+    return replace(plan, **({"duration_s": args.duration} if args.duration else {}), profile=args.profile)
 
 
 def main(argv: list[str] | None = None) -> None:

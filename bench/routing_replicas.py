@@ -33,8 +33,8 @@ from pathlib import Path
 from openai import OpenAI
 
 from bench.common import note
-from bench.routing_gateway import (DECODE_MS, MODEL, OUTPUT_TOKENS, PREFILL_MS, Plan, Turn, attach_endpoints,
-                                   plan_from_args, served_by, summarize, system_prompt, turn)
+from bench.routing_gateway import (MODEL, Plan, Turn, attach_endpoints, fleet, plan_from_args, served_by, sim_env,
+                                   summarize, system_prompt, turn)
 from llmesh.testing import Mesh, RedisServer, free_layout, metric_values, wait_until
 
 GOAL = 0.95
@@ -91,12 +91,7 @@ def start_mesh(root: Path, plan: Plan, workers: int, redis_url: str, share: bool
     mesh = Mesh(layout=free_layout(n_engines=plan.engines), engines=f"sim:{plan.engines}",
                 model_dir=root / "models", log_dir=root / "logs",
                 args=["--no-cache", "--gateway-workers", str(workers)],
-                env={"LLMESH_CONFIG_FILE": str(config), "LLMESH_REDIS_URL": redis_url,
-                     "LLMESH_ENGINE_MAX_RUNNING": str(plan.max_running), "LLMESH_ENGINE_MAX_WAITING": "256",
-                     "LLMESH_ENGINE_SIM_PREFILL_MS_PER_TOKEN": str(PREFILL_MS),
-                     "LLMESH_ENGINE_SIM_DECODE_MS_PER_TOKEN": str(DECODE_MS),
-                     "LLMESH_ENGINE_SIM_OUTPUT_TOKENS": str(OUTPUT_TOKENS),
-                     "LLMESH_ENGINE_SELF_TEST_INTERVAL_S": "600",
+                env={"LLMESH_CONFIG_FILE": str(config), "LLMESH_REDIS_URL": redis_url, **sim_env(plan),
                      **({} if share else {"LLMESH_GATEWAY_LEDGER_SHARE_S": "0"})})
     mesh.start(timeout_s=120)
     if workers > 1 and not wait_until(lambda: len(workers_ready(mesh)) == workers, 60):  # one: no supervisor
@@ -157,8 +152,8 @@ def main(argv: list[str] | None = None) -> None:
     one = runs["one"]["kv_hit_rate"]
     ratios = {name: round(r["kv_hit_rate"] / one, 3) if one and r["kv_hit_rate"] is not None else None
               for name, r in runs.items() if name != "one" and r["load_shared"]}
-    print(json.dumps({"bench": "routing_replicas", "model": MODEL, "engines": plan.engines,
-                      "max_running": plan.max_running, "conversations": plan.conversations,
+    print(json.dumps({"bench": "routing_replicas", "model": MODEL, "fleet": fleet(plan),
+                      "conversations": plan.conversations,
                       "duration_s": plan.duration_s, "runs": runs, "hit_rate_vs_one": ratios,
                       "follow_ups_on_prefix_engine_vs_one": {
                           name: round(r["follow_up_prefix_hit_rate"] / runs["one"]["follow_up_prefix_hit_rate"], 3)

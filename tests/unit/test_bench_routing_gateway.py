@@ -35,3 +35,26 @@ def test_mean_ttft_split_by_who_saw_it():
     assert ttft_split(turns, (1.0, 10), (1.06, 13)) == {"client_ms": 50.0, "gateway_ms": 40.0, "engine_ms": 20.0,
                                                         "engine_requests": 3}
     assert ttft_split([], (0.0, 0), (0.0, 0))["engine_ms"] is None
+
+
+def test_a_fitted_profile_replaces_the_bench_s_timings(tmp_path):
+    import json
+
+    import pytest
+
+    from bench.routing_gateway import DECODE_MS, PREFILL_MS, Plan, fleet, plan_from_args, sim_env
+
+    own = sim_env(Plan())
+    assert own["LLMESH_ENGINE_SIM_PREFILL_MS_PER_TOKEN"] == str(PREFILL_MS) and "LLMESH_ENGINE_SIM_PROFILE" not in own
+    assert fleet(Plan())["sim_decode_ms_per_step"] == DECODE_MS
+    profile = tmp_path / "fitted.json"
+    profile.write_text(json.dumps({"prefill_ms_per_token": 2.8, "decode_ms_base": 8.2, "decode_ms_per_seq": 2.2}))
+    plan = plan_from_args("bench", "", ["--profile", str(profile), "--duration", "5"], "run")
+    assert (plan.profile, plan.duration_s) == (profile, 5.0)
+    env = sim_env(plan)
+    assert env["LLMESH_ENGINE_SIM_PROFILE"] == str(profile.resolve())
+    assert not {"LLMESH_ENGINE_SIM_PREFILL_MS_PER_TOKEN", "LLMESH_ENGINE_SIM_DECODE_MS_PER_TOKEN"} & set(env)
+    assert env["LLMESH_ENGINE_MAX_RUNNING"] == str(plan.max_running)
+    assert fleet(plan)["sim_profile"]["prefill_ms_per_token"] == 2.8 and "sim_decode_ms_per_step" not in fleet(plan)
+    with pytest.raises(SystemExit):
+        plan_from_args("bench", "", ["--profile", str(tmp_path / "missing.json")], "run")
