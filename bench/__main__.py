@@ -26,6 +26,7 @@ BENCHES = (
     Bench("governance", "what auth, limits, guards and audit cost a request"),
     Bench("llamacpp", "single-stream tokens/s through the mesh next to raw llama_cpp.Llama"),
     Bench("engine", "the llama.cpp engine under concurrent streams next to llama-cpp-python's server"),
+    Bench("engine_newcomer", "a request arriving while others decode on the llama.cpp engine: its TTFT, their gaps"),
     Bench("guards", "PII masking, the injection screen and audit appends, in process"),
     Bench("cache", "response cache: hit latency, lookup at scale and with the verifier, quality (dev/held-out), "
                    "an FAQ stream through the gateway"),

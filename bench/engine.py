@@ -177,6 +177,7 @@ def fit_profile(by_level: dict[int, list[list[float]]], prefill: dict, args) -> 
     return {"prefill_ms_per_token": round(prefill_ms, 4), "decode_ms_base": round(base, 3),
             "decode_ms_per_seq": round(per_seq, 3), "kv_blocks": args.slots * args.n_ctx // 16, "block_size": 16,
             "max_batch": args.slots, "output_tokens": args.max_tokens,
+            "prefill_first": True,  # as the llama.cpp engine steps: a newcomer's prefill, then the others' decode
             "fitted_from": {"step_ms_by_batch": dict(points)}}
 
 

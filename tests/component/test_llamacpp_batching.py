@@ -101,3 +101,39 @@ async def test_a_consumer_that_fell_behind_gets_the_backlog_in_one_step(backend)
             await asyncio.sleep(0.15)  # busy elsewhere while the runner decodes on
     assert [p for pieces in steps for p in pieces] == expected
     assert len(steps) < len(expected) and max(len(pieces) for pieces in steps) > 1
+
+
+async def test_a_newcomer_s_first_token_goes_out_before_its_neighbours_next_ones(backend):
+    """A step that holds a prompt and decoding sequences decodes the prompt first, in a call of its
+    own, and hands its first token out before the decoding sequences' tokens of that step (on a CPU a
+    batch costs the sum of its parts, so theirs come no later than in one mixed batch)."""
+    runner = backend._runner
+    handed: list[tuple[int, list]] = []  # (decode calls so far, the sequences of one hand-over)
+    deliver = runner._deliver
+
+    def recording(out: list) -> None:
+        handed.append((runner.steps, [seq for seq, pieces, _, _ in out if pieces]))
+        deliver(out)
+
+    runner._deliver = recording
+    started = asyncio.Event()
+
+    async def neighbour(i: int) -> None:
+        prompt = backend.tokenize(Prompt(messages=(Message("user", f"Tell me a long story about ship {i}."),)))
+        async with aclosing(backend.stream(prompt, DecodeParams(200, 0.0, 1.0, i))) as stream:
+            async for _ in stream:
+                started.set()
+
+    neighbours = [asyncio.create_task(neighbour(i)) for i in range(2)]
+    await started.wait()
+    await asyncio.sleep(0.2)  # both decode
+    newcomer = backend.tokenize(Prompt(messages=(Message("system", SYSTEM), Message("user", "Where is pier 4?"))))
+    await run(backend, newcomer, 1)
+    for task in neighbours:
+        task.cancel()
+    await asyncio.gather(*neighbours, return_exceptions=True)
+    at = next(i for i, (_, seqs) in enumerate(handed) if any(s.prompt == newcomer for s in seqs))
+    steps, seqs = handed[at]
+    assert all(s.prompt == newcomer for s in seqs)  # its first token alone: the neighbours' came next
+    after_steps, after = handed[at + 1]
+    assert after_steps == steps + 1 and after and not any(s.prompt == newcomer for s in after)

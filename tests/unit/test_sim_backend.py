@@ -78,3 +78,43 @@ async def test_waiting_sequences_start_highest_priority_first():
     await asyncio.gather(*tasks)
     assert sorted(firsts, key=firsts.get) == ["low0", "high", "normal", "low1", "low2"]
     await b.close()
+
+
+def test_prefill_first_gives_the_newcomer_its_token_a_decode_step_sooner_and_costs_the_others_nothing():
+    """On the virtual clock: two sequences decode (10 ms steps), a newcomer with 30 uncached tokens
+    (1 ms each) arrives. Mixed, its first token comes after its prefill and their decode together;
+    with ``prefill_first`` one decode step (10 ms) sooner, and the others' tokens at the same times."""
+    from bench.virtual_time import VirtualTimeLoop
+
+    def scenario(prefill_first: bool) -> tuple[float, list[float]]:
+        async def main() -> tuple[float, list[float]]:
+            loop = asyncio.get_running_loop()
+            b = SimBackend("sim-t", 4096, SimProfile(prefill_ms_per_token=1.0, decode_ms_base=10.0, output_tokens=64,
+                                                     prefill_first=prefill_first))
+            stamps: list[float] = []
+
+            async def neighbour(i: int) -> None:
+                prompt = b.tokenize(Prompt(text=f"n{i}"))
+                async with aclosing(b.stream(prompt, DecodeParams(12, 0.0, 1.0, i))) as s:
+                    async for _ in s:
+                        if i == 0:
+                            stamps.append(loop.time())
+
+            others = [asyncio.create_task(neighbour(i)) for i in range(2)]
+            await asyncio.sleep(0.035)  # mid-step: both decode
+            arrived = loop.time()
+            prompt = b.tokenize(Prompt(text=" ".join(f"w{i}" for i in range(30))))
+            async with aclosing(b.stream(prompt, DecodeParams(1, 0.0, 1.0, 0))) as s:
+                async for _ in s:
+                    ttft = loop.time() - arrived
+            await asyncio.gather(*others)
+            await b.close()
+            return ttft, stamps
+
+        with asyncio.Runner(loop_factory=VirtualTimeLoop) as runner:
+            return runner.run(main())
+
+    mixed, first = scenario(False), scenario(True)
+    assert abs(mixed[0] - first[0] - 0.010) < 1e-6, (mixed[0], first[0])  # one decode step sooner
+    assert 0 < first[0] - 0.030 < 0.010  # its prefill, after the step in progress
+    assert first[1] == mixed[1]  # the neighbours' token times: unchanged

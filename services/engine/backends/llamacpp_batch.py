@@ -1,11 +1,11 @@
 """Continuous batching on llama.cpp's low-level API: one context, one decode thread.
 
 Each running request owns a *slot*: a llama.cpp sequence id with room for a full
-context in the KV cache. Every step the thread builds one batch holding the next
-token of every decoding sequence plus prompt chunks of newly admitted ones (up to
-``n_batch`` tokens), runs ``llama_decode`` once, and samples each sequence that
-produced logits with its own sampler chain. Requests join between steps and leave
-as soon as they finish or are cancelled.
+context in the KV cache. Every step the thread decodes the prompt chunks of newly
+admitted sequences (up to ``n_batch`` tokens) and hands their first tokens out, then
+decodes the next token of every sequence that was decoding, and samples each sequence
+that produced logits with its own sampler chain. Requests join between steps and
+leave as soon as they finish or are cancelled.
 
 A slot keeps its tokens' KV after its request ends. A new request takes the free
 slot whose cached tokens share the longest prefix with its prompt and prefills only
@@ -20,7 +20,7 @@ asking for logprobs gets each token's log-softmax over the raw logits, with the
 most likely alternatives.
 
 The thread hands results to the event loop once per step (one wake-up per step,
-not per token)."""
+not per token; two when a step has both prompt chunks and decoding sequences)."""
 
 from __future__ import annotations
 
@@ -255,19 +255,29 @@ class BatchRunner:
         seq.sampler = sampler_chain(lc, self._vocab, self._n_vocab, seq.params, seq.grammar, prompt, seq.answered)
 
     def _step(self, out: list) -> None:
+        """Prompt chunks first, in a decode call of their own, their first tokens handed out at once;
+        then one token for each sequence that was decoding. On a CPU a batch costs the sum of its
+        parts (docs/benchmarks.md), so a newcomer's first token does not wait for its neighbours'
+        tokens, and theirs come when they would have in one batch with the prompts."""
         for seq in [s for s in self._active if s.cancelled]:
             self._finish(seq, out, None)
-        # Decoding sequences first (one token each), then prompt chunks in the room left.
-        plan: list[tuple[Sequence, int]] = []
-        room = self.n_batch
-        for seq in sorted(self._active, key=lambda s: len(s.pending) > 1):
-            if room <= 0:
-                break
-            take = min(len(seq.pending), room)
-            plan.append((seq, take))
-            room -= take
-        if plan:
+        prompts = [s for s in self._active if len(s.pending) > 1]
+        decoding = [s for s in self._active if len(s.pending) == 1]
+        if prompts:
+            plan: list[tuple[Sequence, int]] = []
+            room = self.n_batch
+            for seq in prompts:
+                if room <= 0:
+                    break
+                take = min(len(seq.pending), room)
+                plan.append((seq, take))
+                room -= take
             self._decode(plan, out, isolate=len(plan) > 1)
+            if decoding and out:
+                self._deliver(out[:])
+                out.clear()
+        if decoding:
+            self._decode([(s, 1) for s in decoding], out, isolate=len(decoding) > 1)
 
     def _decode(self, plan: list[tuple[Sequence, int]], out: list, isolate: bool) -> None:
         """One ``llama_decode`` over ``plan``; then each sequence whose prompt is in

@@ -6,6 +6,9 @@ recently used first), then one step that prefills the newcomers' uncached prompt
 tokens and decodes one token for every running sequence. Sequences wait (for batch
 room or KV blocks) highest priority class first. A step lasts
 ``decode_ms_base + decode_ms_per_seq * batch + prefill_ms_per_token * uncached``.
+With ``prefill_first`` (llmesh's llama.cpp engine) the newcomers' prefill runs first
+as a step of its own and their first tokens go out after it; the running sequences'
+decode follows, so their tokens come when they would have in the mixed step.
 Prompt blocks are cached by chained hash, so a request that shares a prefix with an
 earlier one skips that part of its prefill. The profile can be fitted to a real
 engine (``llmesh bench engine --calibrate``). Models are named ``sim-*``."""
@@ -46,6 +49,7 @@ class SimProfile:
     block_size: int = 16
     max_batch: int = 64
     output_tokens: int = 64          # answer length when max_tokens allows
+    prefill_first: bool = False      # newcomers' prefill in a step of its own, first (llmesh's llama.cpp engine)
 
     def step_s(self, batch: int, prefill_tokens: int) -> float:
         decode = self.decode_ms_base + self.decode_ms_per_seq * batch if batch else 0.0
@@ -219,9 +223,21 @@ class SimBackend:
                 await asyncio.sleep(self.profile.decode_ms_base / 1000.0)
             return
         prefill = sum(s.uncached for s in joined) if joined else 0
-        await asyncio.sleep(self.profile.step_s(len(running) - len(joined), prefill))
+        decoding = len(running) - len(joined)
+        if self.profile.prefill_first and prefill and decoding:
+            others = [s for s in running if s not in joined]
+            await asyncio.sleep(self.profile.step_s(0, prefill))
+            self._emit(list(joined))
+            await asyncio.sleep(self.profile.step_s(decoding, 0))
+            self._emit(others)
+            return
+        await asyncio.sleep(self.profile.step_s(decoding, prefill))
+        self._emit(list(running))
+
+    def _emit(self, seqs: list[_Seq]) -> None:
+        """One token for each of ``seqs`` (a cancelled one leaves instead)."""
         block_size, word_tokens = self.profile.block_size, self._word_tokens
-        for seq in list(running):
+        for seq in seqs:
             if seq.cancelled:
                 self._leave(seq)
                 continue
