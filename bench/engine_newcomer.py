@@ -23,10 +23,7 @@ from llmesh.engine.backends.base import DecodeParams
 from llmesh.engine.backends.llamacpp import LlamaCppBackend
 from llmesh.types import Message, Prompt
 from bench.common import note
-
-MODEL = "smollm2-135m-instruct"
-SYSTEM = ("You are a careful assistant for a public library. Answer in plain words. Follow the house rules: "
-          "be brief, be kind, cite the shelf, never invent a title, say so when you do not know. ") * 8
+from bench.engine import MODEL, SYSTEM  # bench.engine's model and long shared system prompt
 
 
 async def measure(backend: LlamaCppBackend, reps: int, decoding: int) -> dict:
@@ -70,7 +67,7 @@ async def measure(backend: LlamaCppBackend, reps: int, decoding: int) -> dict:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.engine_newcomer", description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print only the JSON result")
-    ap.add_argument("--reps", type=int, default=8)
+    ap.add_argument("--reps", type=int, default=16)
     ap.add_argument("--decoding", type=int, default=3, help="sequences decoding when the newcomer arrives")
     ap.add_argument("--model-dir", type=Path, default=Path("var/models"))
     args = ap.parse_args(argv)
