@@ -22,6 +22,7 @@ from llmesh.discovery.base import Instance, unspecified
 from llmesh.liveconfig.live import ConfigUnavailable
 from llmesh.logs import setup_logging
 from llmesh.metrics_http import start_metrics
+from llmesh.orphans import die_with_launcher
 from llmesh.platform import Platform, build_platform
 from llmesh.settings import MeshSettings, ServiceSettings
 from llmesh.discovery.base import Registry
@@ -187,6 +188,7 @@ async def serve(name: str, build: Callable[[Platform], App], settings: ServiceSe
 
 def run(name: str, settings: S, build: Callable[[S, Platform], App],
         worker: Worker | None = None) -> None:
+    die_with_launcher()
     setup_logging(name, settings.log_level, {"worker": worker.index} if worker else None)
     main = serve(name, lambda platform: build(settings, platform), settings, MeshSettings(), worker)
     try:

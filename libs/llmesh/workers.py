@@ -21,13 +21,12 @@ service uses every core. The supervisor (:func:`supervise`):
   window per worker (``RestartPolicy``); past it, it stops everything and exits 1;
 - on SIGTERM or SIGINT deregisters, forwards SIGTERM to every worker (each drains its own
   in-flight work within ``grace_s``), waits for them, SIGKILLs what is left after that.
-Workers get SIGTERM if the supervisor dies (PR_SET_PDEATHSIG), so none is orphaned."""
+Workers get SIGTERM if the supervisor dies (llmesh.orphans), so none is orphaned."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import logging
 import os
 import shutil
@@ -45,6 +44,7 @@ from prometheus_client.multiprocess import MultiProcessCollector, mark_process_d
 
 from llmesh.logs import setup_logging
 from llmesh.metrics_http import start_metrics
+from llmesh.orphans import die_with_launcher, with_parent
 from llmesh.platform import build_registry
 from llmesh.ports import foreign_listeners, split_address
 from llmesh.restarts import RestartBudget, RestartPolicy
@@ -54,7 +54,6 @@ from llmesh.settings import MeshSettings, ServiceSettings
 
 log = logging.getLogger("llmesh.workers")
 READY = b"r"
-_PR_SET_PDEATHSIG = 1
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
@@ -68,11 +67,6 @@ def ready_signal(fd: int) -> Callable[[], None]:
         os.write(fd, READY)
         os.close(fd)
     return ready
-
-
-def die_with_parent() -> None:
-    """For a child's preexec_fn: the kernel sends it SIGTERM when its parent dies, so none is orphaned."""
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def lower_priority(nice: int) -> None:
@@ -144,8 +138,8 @@ class Supervisor:
         r, w = os.pipe()
         try:
             slot.proc = await asyncio.create_subprocess_exec(
-                *self._argv, "--worker", str(slot.index), "--ready-fd", str(w), env=self._env, pass_fds=(w,),
-                stdin=asyncio.subprocess.DEVNULL, preexec_fn=die_with_parent)
+                *self._argv, "--worker", str(slot.index), "--ready-fd", str(w), env=with_parent(self._env),
+                pass_fds=(w,), stdin=asyncio.subprocess.DEVNULL)
         except BaseException:
             os.close(r)
             raise
@@ -293,6 +287,7 @@ def supervise(name: str, settings: ServiceSettings, argv: Sequence[str], count: 
               policy: RestartPolicy = RestartPolicy(), shared: Sequence[str] = ()) -> None:
     """Run ``count`` workers of ``name`` (each started as ``argv``) until SIGTERM or SIGINT;
     ``shared``: the host:port addresses the workers share (default: the service's address)."""
+    die_with_launcher()
     setup_logging(name, settings.log_level, {"role": "supervisor"})
     main = _supervise(name, settings, argv, count, health_service, policy, shared)
     try:

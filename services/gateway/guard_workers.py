@@ -39,7 +39,8 @@ from typing import TypeVar
 
 from llmesh.errors import InvalidArgument, LlmeshError, Overloaded, Unavailable
 from llmesh.malloc import keep_large_blocks
-from llmesh.workers import die_with_parent, lower_priority
+from llmesh.orphans import die_with_parent
+from llmesh.workers import lower_priority
 from llmesh.gateway.domain.guards import screening
 from llmesh.gateway.domain.guards.screening import GuardJob, GuardResult
 

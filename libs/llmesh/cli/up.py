@@ -27,7 +27,7 @@ from llmesh.cli.layout import CORE_SERVICES, Layout
 from llmesh.cli.secure import TRUST_ENV, child_env, make_pki
 from llmesh.ports import BUSY_MSG, reserve_hint
 from llmesh.restarts import RestartBudget, RestartPolicy
-from llmesh.workers import die_with_parent
+from llmesh.orphans import with_parent
 
 @dataclass
 class Child:
@@ -46,9 +46,8 @@ class Child:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("ab")
         self.log_start = log.tell()
-        self.proc = subprocess.Popen([sys.executable, "-m", self.module], env=self.env, stdout=log,
-                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     start_new_session=True, preexec_fn=die_with_parent)
+        self.proc = subprocess.Popen([sys.executable, "-m", self.module], env=with_parent(self.env), stdout=log,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         log.close()
 
     def alive(self) -> bool:
