@@ -3,18 +3,22 @@ while the fleet is at 80 % load? (``python -m bench.routing_gateway --json``)
 
 A mesh started as the README does (``llmesh up`` through ``llmesh.testing.Mesh``, ``sim:4``) with a
 costly prefill (``PREFILL_MS`` per uncached prompt token: a 600-word system prompt costs ~180 ms),
-driven through the HTTP front with the official ``openai`` client, streaming:
+driven through the HTTP front with the official ``openai`` client, streaming
+(``bench.conversation_load``):
 
 1. idle: a lone conversation's first turn (uncached) and then its follow-up alone (its prefix cached):
    TTFT p50 of each over a few repetitions;
-2. 80 % load: a closed loop of conversations (a few shared system prompts, 4-6 turns each, each turn
-   adding the answer and a new user message to the history), as many at once as 80 % of the fleet's
-   running slots (engines x max_running), no think time, so each keeps one request in flight. The load
-   is measured, not assumed: the client's in-flight count and the engines' reported running counts
-   (the scheduler's table) are sampled every 0.2 s. Per turn kind, TTFT p50/p90/p99; per follow-up,
-   whether the access log's endpoint for its x-request-id is the one that served the previous turn
-   (the engine holding its prefix);
-3. the same loop with ``routing: round_robin`` set in live config, for contrast.
+2. capacity: closed loops of conversations (a few shared system prompts, 4-6 turns each, each turn
+   adding the answer and a new user message to the history), no think time, with users for half, three
+   quarters and all of the running slots (engines x max_running): the most turns a second one served is
+   the fleet's capacity;
+3. 80 % load: turns start by a Poisson process at 80 % of that capacity (``bench.routing``'s
+   definition of load: a share of saturation), each the next turn of a free user's conversation. The
+   load is measured, not assumed: the turns a second served, the client's in-flight count and the
+   engines' reported running counts (the scheduler's table, every 0.2 s). Per turn kind, TTFT
+   p50/p90/p99; per follow-up, whether the access log's endpoint for its x-request-id is the one that
+   served the previous turn (the engine holding its prefix);
+4. the same rate with ``routing: round_robin`` set in live config, for contrast.
 
 The JSON's ``ratio`` is follow-up p50 at 80 % over the lone cached-prefix p50; ``goal_met``: <= 1.3.
 """
@@ -24,27 +28,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import statistics
 import tempfile
-import threading
 import time
-import uuid
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-import grpc
 from openai import OpenAI
 
 from bench.common import child_pid, cpu_seconds, note, pct
+from bench.conversation_load import MODEL, OUTPUT_TOKENS, Pacer, Turn, Users, loaded, occupancy, system_prompt, turn
 from llmesh.testing import Mesh, free_layout, metric_values, wait_until, write_config_file
-from llmesh.v1 import scheduler_pb2, scheduler_pb2_grpc
 
-MODEL = "sim-small"
 PREFILL_MS = 0.3        # per uncached prompt token (a sim token is a word)
 DECODE_MS = 10.0        # a decode step
-OUTPUT_TOKENS = 8
 GOAL = 1.3
 
 
@@ -57,6 +55,8 @@ class Plan:
     turns: tuple[int, int] = (4, 6)
     load: float = 0.8
     duration_s: float = 45.0  # per routing policy
+    capacity_s: float = 15.0  # each closed loop that measures the fleet's capacity
+    capacity_users: tuple[float, ...] = (0.5, 0.75, 1.0)  # their users, as shares of the slots
     lone_reps: int = 5
     profile: Path | None = None  # a sim profile fitted to a real engine: replaces PREFILL_MS and DECODE_MS
 
@@ -66,59 +66,15 @@ class Plan:
 
     @property
     def conversations(self) -> int:
+        """bench.routing_replicas' closed-loop users: this share of the running slots."""
         return max(1, round(self.load * self.slots))
 
-
-QUICK = Plan(engines=2, max_running=2, system_words=300, prompts=2, turns=(3, 3), duration_s=6.0, lone_reps=2)
-
-
-@dataclass
-class Turn:
-    conv: str
-    index: int        # 0: the first turn
-    rid: str
-    ttft_s: float
-    endpoint: str = ""
-    gateway_ttft_ms: float | None = None  # the access log's ttft_ms: the gateway's own view
+    def users(self, count: int, pacer: Pacer | None = None) -> Users:
+        return Users(count, self.prompts, self.system_words, self.turns, pacer)
 
 
-@dataclass
-class Gauge:
-    """The client's in-flight requests and the engines' reported running counts, sampled."""
-    in_flight: int = 0
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    client: list[int] = field(default_factory=list)
-    engines: list[int] = field(default_factory=list)
-    waiting: list[int] = field(default_factory=list)
-
-    def add(self, n: int) -> None:
-        with self.lock:
-            self.in_flight += n
-
-
-def system_prompt(i: int, words: int) -> str:
-    return " ".join(f"sys{i}w{k}" for k in range(words))
-
-
-def turn(client: OpenAI, messages: list[dict], gauge: Gauge | None = None) -> tuple[str, float, str]:
-    """(x-request-id, TTFT in s, answer) of one streamed chat completion."""
-    rid = uuid.uuid4().hex
-    if gauge:
-        gauge.add(1)
-    try:
-        started, ttft, parts = time.perf_counter(), None, []
-        for chunk in client.chat.completions.create(model=MODEL, messages=messages, max_tokens=OUTPUT_TOKENS,
-                                                    stream=True, extra_headers={"x-request-id": rid}):
-            if chunk.choices and chunk.choices[0].delta.content:
-                if ttft is None:
-                    ttft = time.perf_counter() - started
-                parts.append(chunk.choices[0].delta.content)
-    finally:
-        if gauge:
-            gauge.add(-1)
-    if ttft is None:
-        raise RuntimeError(f"request {rid} streamed no text")
-    return rid, ttft, "".join(parts)
+QUICK = Plan(engines=2, max_running=2, system_words=300, prompts=2, turns=(3, 3), duration_s=6.0, capacity_s=3.0,
+             capacity_users=(0.5, 1.0), lone_reps=2)
 
 
 def served_by(log: Path) -> dict[str, dict]:
@@ -168,53 +124,6 @@ def lone(client: OpenAI, mesh: Mesh, plan: Plan) -> tuple[list[Turn], list[tuple
     return out, totals
 
 
-def conversation_loop(client: OpenAI, plan: Plan, worker: int, stop_at: float, gauge: Gauge,
-                      out: list[Turn]) -> None:
-    """One closed-loop user: conversations back to back until ``stop_at``, each on one of the
-    shared system prompts, ``turns`` long, each turn adding the answer and a new question."""
-    rng = random.Random(worker)
-    n = 0
-    while time.monotonic() < stop_at:
-        conv, n = f"w{worker}c{n}", n + 1
-        messages = [{"role": "system", "content": system_prompt(rng.randrange(plan.prompts), plan.system_words)},
-                    {"role": "user", "content": f"conversation {conv}: the first question"}]
-        for index in range(rng.randint(*plan.turns)):
-            if time.monotonic() >= stop_at:
-                break
-            rid, ttft, answer = turn(client, messages, gauge)
-            out.append(Turn(conv, index, rid, ttft))
-            messages += [{"role": "assistant", "content": answer},
-                         {"role": "user", "content": f"question {index + 2} of {conv}"}]
-
-
-def sample_load(scheduler: str, gauge: Gauge, stop: threading.Event) -> None:
-    with grpc.insecure_channel(scheduler) as ch:
-        stub = scheduler_pb2_grpc.SchedulerStub(ch)
-        while not stop.wait(0.2):
-            table = stub.ListEndpoints(scheduler_pb2.ListEndpointsRequest(), timeout=2)
-            gauge.engines.append(sum(e.load.running for e in table.endpoints if e.healthy))
-            gauge.waiting.append(sum(e.load.waiting for e in table.endpoints if e.healthy))
-            gauge.client.append(gauge.in_flight)
-
-
-def loaded(client: OpenAI, mesh: Mesh, plan: Plan) -> tuple[list[Turn], Gauge]:
-    """The closed loop at ``plan.conversations`` users for ``duration_s``, load sampled meanwhile."""
-    gauge, out, stop = Gauge(), [], threading.Event()
-    sampler = threading.Thread(target=sample_load, args=(mesh.layout.address("scheduler"), gauge, stop),
-                               daemon=True)
-    stop_at = time.monotonic() + plan.duration_s
-    users = [threading.Thread(target=conversation_loop, args=(client, plan, w, stop_at, gauge, out))
-             for w in range(plan.conversations)]
-    sampler.start()
-    for u in users:
-        u.start()
-    for u in users:
-        u.join()
-    stop.set()
-    sampler.join()
-    return out, gauge
-
-
 def ms(values: list[float], q: float) -> float | None:
     return round(pct(values, q) * 1000, 1) if values else None
 
@@ -235,15 +144,6 @@ def summarize(turns: list[Turn]) -> dict:
             "follow_ups_on_prefix_engine": len(same),
             "follow_up_prefix_hit_rate": round(len(same) / len(follow), 3) if follow else None,
             "turns_per_endpoint": dict(sorted(Counter(t.endpoint for t in turns).items()))}
-
-
-def occupancy(gauge: Gauge, slots: int) -> dict:
-    def mean(xs: list[int]) -> float | None:
-        return round(statistics.fmean(xs) / slots, 3) if xs else None
-
-    return {"slots": slots, "samples": len(gauge.client), "client_in_flight_share": mean(gauge.client),
-            "engines_running_share": mean(gauge.engines),
-            "engines_waiting_mean": round(statistics.fmean(gauge.waiting), 2) if gauge.waiting else None}
 
 
 class CpuWatch:
@@ -292,15 +192,32 @@ def set_routing(mesh: Mesh, config: Path, policy: str) -> None:
     mesh.wait_for_config(write_config_file(config, f"models: {{{MODEL}: {{routing: {policy}}}}}\n"))
 
 
-def run_policy(client: OpenAI, mesh: Mesh, config: Path, plan: Plan, policy: str) -> dict:
+def run_phase(client: OpenAI, mesh: Mesh, config: Path, plan: Plan, policy: str, users: Users,
+              duration: float) -> dict:
+    """``policy`` for ``duration`` seconds of the ``users``' turns."""
     set_routing(mesh, config, policy)
-    note(f"routing_gateway: {policy}, {plan.conversations} conversations for {plan.duration_s:.0f} s")
+    pacer = users.pacer
+    note(f"routing_gateway: {policy}, " + (f"{pacer.rate:.1f} turns/s from " if pacer else "a closed loop of ")
+         + f"{users.count} users for {duration:.0f} s")
     watch, engines_before = CpuWatch(mesh), engine_ttft_totals(mesh)
-    turns, gauge = loaded(client, mesh, plan)
+    turns, gauge, per_s = loaded(client, mesh.layout.address("scheduler"), users, duration)
     cpu, engines_after = watch.cores(), engine_ttft_totals(mesh)
     attach_endpoints(turns, mesh.log_dir / "gateway.log")
-    return {"policy": policy, **summarize(turns), "load": occupancy(gauge, plan.slots), "cpu": cpu,
+    paced = {} if pacer is None else {"rate_turns_per_s": round(pacer.rate, 2), "late_starts": pacer.late,
+                                      "starts": pacer.started}
+    return {"policy": policy, "users": users.count, "turns_per_s": per_s, **paced, **summarize(turns),
+            "load": occupancy(gauge, plan.slots), "cpu": cpu,
             "mean_ttft_split": ttft_split(turns, engines_before, engines_after)}
+
+
+def capacity(client: OpenAI, mesh: Mesh, config: Path, plan: Plan) -> dict:
+    """The fleet's capacity under prefix_aware: the most turns a second a closed loop served, with
+    users for half, three quarters and all of the running slots (with every slot taken, spilling
+    conversations off their prefix's engine can serve fewer than with some slots free)."""
+    runs = [run_phase(client, mesh, config, plan, "prefix_aware", plan.users(max(1, round(share * plan.slots))),
+                      plan.capacity_s) for share in plan.capacity_users]
+    best = max(runs, key=lambda r: r["turns_per_s"])
+    return {"turns_per_s": best["turns_per_s"], "users": best["users"], "runs": runs}
 
 
 def start_mesh(root: Path, plan: Plan) -> tuple[Mesh, Path]:
@@ -342,10 +259,14 @@ def bench(plan: Plan) -> dict:
             idle_cpu = watch.cores()
             attach_endpoints(idle, mesh.log_dir / "gateway.log")
             idle_split = ttft_split([t for t in idle if t.index > 0], *totals)
-            policies = [run_policy(client, mesh, config, plan, p) for p in ("prefix_aware", "round_robin")]
+            fleet_capacity = capacity(client, mesh, config, plan)
+            rate = plan.load * fleet_capacity["turns_per_s"]
+            policies = [run_phase(client, mesh, config, plan, p, plan.users(2 * plan.slots, Pacer(rate)),
+                                  plan.duration_s) for p in ("prefix_aware", "round_robin")]
         finally:
             mesh.stop()
-    return report(plan, idle, policies) | {"idle_cpu": idle_cpu, "lone_follow_up_mean_ttft_split": idle_split}
+    return report(plan, idle, fleet_capacity, policies) | {"idle_cpu": idle_cpu,
+                                                            "lone_follow_up_mean_ttft_split": idle_split}
 
 
 def lone_summary(plan: Plan, idle: list[Turn], cached_p50: float | None) -> dict:
@@ -356,14 +277,15 @@ def lone_summary(plan: Plan, idle: list[Turn], cached_p50: float | None) -> dict
             "follow_ups": both["follow_ups"], "follow_ups_on_prefix_engine": both["follow_ups_on_prefix_engine"]}
 
 
-def report(plan: Plan, idle: list[Turn], policies: list[dict]) -> dict:
+def report(plan: Plan, idle: list[Turn], capacity: dict, policies: list[dict]) -> dict:
     lone_cached = ms([t.ttft_s for t in idle if t.index > 0], 50)
     at_load = policies[0]["follow_up_ttft_ms"]["p50"]
     ratio = round(at_load / lone_cached, 2) if lone_cached and at_load else None
     return {"bench": "routing_gateway", "model": MODEL,
             "fleet": fleet(plan),
-            "target_load": plan.load, "conversations": plan.conversations, "duration_s": plan.duration_s,
-            "lone": lone_summary(plan, idle, lone_cached),
+            "target_load": plan.load, "duration_s": plan.duration_s, "lone": lone_summary(plan, idle, lone_cached),
+            "capacity": capacity,
+            "load_share": {p["policy"]: round(p["turns_per_s"] / capacity["turns_per_s"], 3) for p in policies},
             "loaded": {p["policy"]: p for p in policies},
             "ratio": ratio, "goal": GOAL, "goal_met": ratio is not None and ratio <= GOAL}
 

@@ -33,8 +33,8 @@ from pathlib import Path
 from openai import OpenAI
 
 from bench.common import note
-from bench.routing_gateway import (MODEL, Plan, Turn, attach_endpoints, fleet, plan_from_args, served_by, sim_env,
-                                   summarize, system_prompt, turn)
+from bench.conversation_load import MODEL, Turn, system_prompt, turn
+from bench.routing_gateway import Plan, attach_endpoints, fleet, plan_from_args, served_by, sim_env, summarize
 from llmesh.testing import Mesh, RedisServer, free_layout, metric_values, wait_until
 
 GOAL = 0.95

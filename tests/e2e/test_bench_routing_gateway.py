@@ -1,7 +1,8 @@
 """``python -m bench.routing_gateway --quick --json``: a real sim mesh driven through the HTTP
 front; the JSON has its shape, every idle follow-up landed on the engine that served its first
-turn (the access log says so) and started faster than the uncached first turn, and the loaded
-phases ran both policies at the planned concurrency."""
+turn (the access log says so) and started faster than the uncached first turn, the capacity's closed
+loops kept their users busy, and both policies ran at the planned share of the best one's turns a
+second."""
 
 from __future__ import annotations
 
@@ -25,12 +26,19 @@ def test_quick_run_reports_follow_ups_on_their_prefix_engine():
     assert lone["cached_follow_up_ttft_ms_p50"] < lone["uncached_first_ttft_ms_p50"]
     idle_split = out["lone_follow_up_mean_ttft_split"]
     assert idle_split["engine_requests"] == lone["follow_ups"] and idle_split["engine_ms"] > 0
+    capacity = out["capacity"]
+    assert [r["users"] for r in capacity["runs"]] == [2, 4]  # half and all of the quick fleet's 4 slots
+    assert capacity["turns_per_s"] == max(r["turns_per_s"] for r in capacity["runs"]) > 0
+    assert capacity["users"] in (2, 4) and not any("rate_turns_per_s" in r for r in capacity["runs"])
+    assert capacity["runs"][-1]["load"]["client_in_flight_share"] > 0.8  # a closed loop keeps its users busy
     assert set(out["loaded"]) == {"prefix_aware", "round_robin"}
     for policy, run in out["loaded"].items():
         assert run["policy"] == policy and run["first_turns"] > 0 and run["follow_ups"] > 0
         assert 0 <= run["follow_ups_on_prefix_engine"] <= run["follow_ups"]
         assert run["follow_up_ttft_ms"]["p50"] <= run["follow_up_ttft_ms"]["p99"]
         assert run["load"]["samples"] > 0 and run["load"]["client_in_flight_share"] > 0
+        assert run["rate_turns_per_s"] == round(0.8 * capacity["turns_per_s"], 2) and run["starts"] > 0
+        assert 0.3 < out["load_share"][policy] == round(run["turns_per_s"] / capacity["turns_per_s"], 3) < 1.2
         split = run["mean_ttft_split"]  # the engines counted every turn; each view holds the next
         assert split["engine_requests"] == run["first_turns"] + run["follow_ups"]
         assert split["client_ms"] > split["gateway_ms"] > split["engine_ms"] > 0

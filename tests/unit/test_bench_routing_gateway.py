@@ -1,9 +1,15 @@
 """bench.routing_gateway's tallies: a follow-up counts as on its prefix's engine only when the
-access log puts it where the conversation's previous turn was served."""
+access log puts it where the conversation's previous turn was served; its load: turns started by a
+Poisson process at a share of the measured capacity."""
 
 from __future__ import annotations
 
-from bench.routing_gateway import Gauge, Plan, Turn, occupancy, summarize, ttft_split
+import statistics
+import threading
+import time
+
+from bench.conversation_load import LATE_S, Gauge, Pacer, Turn, occupancy
+from bench.routing_gateway import Plan, summarize, ttft_split
 
 
 def test_follow_ups_counted_on_the_previous_turns_engine():
@@ -20,8 +26,8 @@ def test_follow_ups_counted_on_the_previous_turns_engine():
     assert out["turns_per_endpoint"] == {"": 1, "e0": 3, "e1": 3}
 
 
-def test_conversations_fill_the_target_share_of_slots_and_occupancy_is_measured():
-    assert Plan().slots == 16 and Plan().conversations == 13
+def test_occupancy_is_measured_against_the_slots():
+    assert Plan().slots == 16 and Plan().conversations == 13  # bench.routing_replicas' closed loop
     gauge = Gauge(client=[12, 13, 14], engines=[8, 10, 12], waiting=[0, 1, 2])
     out = occupancy(gauge, 16)
     assert out == {"slots": 16, "samples": 3, "client_in_flight_share": 0.812, "engines_running_share": 0.625,
@@ -58,3 +64,35 @@ def test_a_fitted_profile_replaces_the_bench_s_timings(tmp_path):
     assert fleet(plan)["sim_profile"]["prefill_ms_per_token"] == 2.8 and "sim_decode_ms_per_step" not in fleet(plan)
     with pytest.raises(SystemExit):
         plan_from_args("bench", "", ["--profile", str(tmp_path / "missing.json")], "run")
+
+
+def test_the_pacer_starts_turns_by_a_poisson_process_at_its_rate():
+    times = list(Pacer(20.0, seed=3).times(100.0, 200.0))
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert abs(len(times) / 100.0 - 20.0) < 1.0  # ~2,000 starts in 100 s
+    assert abs(statistics.fmean(gaps) - 0.05) < 0.003 and abs(statistics.stdev(gaps) - 0.05) < 0.005  # exponential
+    assert 100.0 < times[0] and times[-1] < 200.0
+
+
+def test_each_start_goes_to_a_free_user_picked_at_random_and_the_users_are_released_at_the_end():
+    pacer, picks, lock = Pacer(200.0, seed=5), [], threading.Lock()
+
+    def user(i: int) -> None:
+        while pacer.wait():
+            with lock:
+                picks.append(i)
+            time.sleep(0.001)  # its turn: short beside the 5 ms between starts, so all 8 are mostly free
+
+    users = [threading.Thread(target=user, args=(i,)) for i in range(8)]
+    for u in users:
+        u.start()
+    pacer.run(time.monotonic() + 0.8)
+    for u in users:
+        u.join(5)
+    assert not any(u.is_alive() for u in users)  # every waiting user was let go when the starts ended
+    assert len(picks) == pacer.started > 100 and set(picks) == set(range(8))
+    # users freed in turn do not take starts in turn (round robin's rotation would then keep each on one
+    # engine): the picks do not repeat with the users' period (in turn: ~1.0; at random: ~1/8)
+    in_turn = sum(b == a for a, b in zip(picks, picks[8:])) / (len(picks) - 8)
+    assert in_turn < 0.4
+    assert LATE_S > 0 and pacer.late <= pacer.started
