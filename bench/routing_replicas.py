@@ -1,7 +1,7 @@
 """Issue 32's active-active check (``python -m bench.routing_replicas --json``): does a gateway of
-several replicas route as well as one? The same closed loop of multi-turn conversations as
-``bench.routing_gateway`` (a mesh started as the README does, ``sim:4`` with a costly prefill, the
-official ``openai`` client streaming over HTTP, ``prefix_aware`` routing, 80 % of the running slots),
+several replicas route as well as one? A closed loop of multi-turn conversations on
+``bench.routing_gateway``'s fleet (a mesh started as the README does, ``sim:4`` with a costly prefill, the
+official ``openai`` client streaming over HTTP, ``prefix_aware`` routing, users for 80 % of the running slots),
 through a gateway of 1 worker process and of 3 (``llmesh up --gateway-workers 3``: processes sharing
 the ports, each with its own picker and load ledger, each fed the scheduler's KV-block stream; the
 kernel gives each of the client's connections to one of them, so a conversation's turns cross
@@ -62,7 +62,7 @@ def workers_ready(mesh: Mesh) -> dict[int, int]:
 
 
 def users(client: OpenAI, plan: Plan, stop_at: float, out: list[Turn], errors: list[str]) -> list[threading.Thread]:
-    """``plan.conversations`` closed-loop users (as bench.routing_gateway's), each counting the
+    """``plan.conversations`` closed-loop users (bench.routing_gateway's capacity loop), each counting the
     requests that failed at the client and starting a new conversation after one."""
     def user(worker: int) -> None:
         rng, n = random.Random(worker), 0
