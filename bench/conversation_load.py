@@ -81,8 +81,9 @@ class Pacer:
 
     def run(self, stop_at: float) -> None:
         for at in self.times(self._clock(), stop_at):
-            if at > self._clock():
-                self._sleep(at - self._clock())
+            now = self._clock()
+            if at > now:
+                self._sleep(at - now)
             with self._cond:
                 if not self._free and not self._cond.wait_for(lambda: self._free, stop_at - self._clock()):
                     break
