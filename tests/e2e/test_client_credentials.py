@@ -32,8 +32,8 @@ def creds_mesh(tmp_path_factory, real_model_dir):
            "LLMESH_ENGINE_SIM_DECODE_MS_PER_TOKEN": "50"}
     mesh = Mesh(layout=free_layout(n_engines=1), engines="sim", model_dir=real_model_dir,
                 log_dir=root / "logs", env=env, args=["--no-cache"])
-    mesh.start()
-    try:
+    try:  # the redis-server stops even if the mesh does not start
+        mesh.start()
         out = subprocess.run([sys.executable, "-m", "llmesh", "keys", "create", "--tenant", "acme",
                               "--redis-url", redis_server.url], capture_output=True, text=True, timeout=30,
                              stdin=subprocess.DEVNULL)

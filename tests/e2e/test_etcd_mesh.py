@@ -33,11 +33,13 @@ def etcd_mesh(tmp_path_factory):
            "LLMESH_REGISTRY_TTL_S": "2", "LLMESH_STATE_DIR": str(tmp / "state"),
            "LLMESH_ENGINE_SIM_DECODE_MS_PER_TOKEN": "2", "LLMESH_ENGINE_SIM_OUTPUT_TOKENS": "8"}
     mesh = Mesh(layout=free_layout(2), engines="sim,sim", model_dir=tmp / "models", log_dir=tmp / "logs", env=env)
-    mesh.start(timeout_s=60)
-    mesh.etcd = etcd
-    yield mesh
-    mesh.stop()
-    etcd.stop()
+    try:  # etcd stops even if the mesh does not start
+        mesh.start(timeout_s=60)
+        mesh.etcd = etcd
+        yield mesh
+    finally:
+        mesh.stop()
+        etcd.stop()
 
 
 def config_cli(mesh: Mesh, *args: str) -> subprocess.CompletedProcess:

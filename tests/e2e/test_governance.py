@@ -63,12 +63,12 @@ def gov(tmp_path_factory, signer, real_model_dir):
     layout = free_layout(n_engines=1)
     mesh = Mesh(layout=layout, engines="sim", model_dir=real_model_dir, log_dir=root / "logs", env=env,
                 args=["--no-cache"])
-    mesh.start()
     replicas = []
     urls = [layout.http_url]
     grpc_addresses = [layout.address("gateway")]
     metrics_urls = [f"http://127.0.0.1:{layout.metrics_port('gateway')}/metrics"]
-    try:
+    try:  # the replicas, the mesh and the redis-server stop even if one of them does not start
+        mesh.start()
         for i in range(2):
             grpc_port, http_port, metrics_port = free_ports(3)
             metrics_urls.append(f"http://127.0.0.1:{metrics_port}/metrics")
