@@ -70,6 +70,7 @@ class CacheApp:
         self.judge = HttpJudge(secrets)
         self.cache = ResponseCache(self.guarded, self.semantic, lambda: live.current.cache,
                                    on_lookup=lambda outcome: self.metrics.lookups.labels(outcome).inc(),
+                                   on_late=lambda outcome: self.metrics.late_lookups.labels(outcome).inc(),
                                    embedder=lambda cache: self.embedders(cache.embedder),
                                    on_embed_error=lambda error: self.metrics.embed_errors.labels(error).inc(),
                                    judge=self.judge,

@@ -10,6 +10,10 @@ class CacheMetrics:
     def __init__(self, registry: CollectorRegistry):
         self.lookups = Counter("llmesh_cache_lookups", "Lookups by result: hit_exact, hit_semantic, miss, "
                                "uncacheable, bypass (store unavailable).", ("result",), registry=registry)
+        self.late_lookups = Counter("llmesh_cache_late_lookups", "Lookups that ended after their caller had given "
+                                    "up (over the gateway's budget: a miss to it), by what they found: hit_exact, "
+                                    "hit_semantic, miss. A hit here is an answer the budget lost.", ("result",),
+                                    registry=registry)
         self.stores = Counter("llmesh_cache_stores", "Responses stored.", registry=registry)
         self.latency = Histogram("llmesh_cache_lookup_seconds", "Time to answer a lookup.",
                                  buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1),

@@ -36,6 +36,12 @@ class Hit:
 Judge = Callable[[CacheVerifier, str, str], Awaitable[bool]]
 
 Outcome = Literal["hit_exact", "hit_semantic", "miss", "uncacheable", "bypass"]
+
+
+def _outcome(hit: Hit | None) -> Outcome:
+    return "miss" if hit is None else "hit_exact" if hit.kind == "exact" else "hit_semantic"
+
+
 # The loosest semantic threshold a caller may ask for (degradation under load): below it MiniLM's
 # cosine says little about whether two questions share an answer, guards or not.
 LOOSEST = 0.5
@@ -44,6 +50,7 @@ LOOSEST = 0.5
 class ResponseCache:
     def __init__(self, store: FailOpen, semantic: SemanticIndex | None, config: Callable[[], CacheConfig],
                  on_lookup: Callable[[Outcome], None] = lambda outcome: None,
+                 on_late: Callable[[Outcome], None] = lambda outcome: None,
                  embedder: Callable[[CacheConfig], Embedder | None] | None = None,
                  on_embed_error: Callable[[str], None] = lambda error: None, judge: Judge | None = None,
                  on_verdict: Callable[[str, str], None] = lambda stage, verdict: None):
@@ -57,6 +64,7 @@ class ResponseCache:
         self._judge = judge  # the verifier's port: None, no verifier whatever the config says
         self._on_verdict = on_verdict  # (stage, verdict): guards passed; judge yes, no, timeout, error
         self._on_lookup = on_lookup
+        self._on_late = on_late  # a lookup whose caller had given up, by what it found
         self._background = Background()
 
     @property
@@ -79,14 +87,33 @@ class ResponseCache:
         if not self._store.available:
             self._on_lookup("bypass")
             return None
-        hit = await self._lookup(req, policy, min_similarity)
-        outcome: Outcome = "miss" if hit is None else "hit_exact" if hit.kind == "exact" else "hit_semantic"
-        self._on_lookup(outcome)
-        counters = ["misses"] if hit is None else ["hits", "semantic_hits"] if hit.kind == "semantic" else ["hits"]
+        # A caller that gives up (the gateway's budget) cancels this call, not the lookup: it runs to its
+        # end (its embedding runs on a worker thread either way, and the store after the miss takes it
+        # from the memo) and is counted as late, by what it found: a late hit is an answer the budget lost.
+        work = asyncio.ensure_future(self._lookup(req, policy, min_similarity))
+        try:
+            hit = await asyncio.shield(work)
+        except asyncio.CancelledError:
+            self._background.spawn(self._finish_late(req, work))
+            raise
+        self._on_lookup(_outcome(hit))
+        self._count(req.tenant, ["misses"] if hit is None else ["hits", "semantic_hits"] if hit.kind == "semantic"
+                    else ["hits"])
+        return hit
+
+    async def _finish_late(self, req: Request, work: asyncio.Future[Hit | None]) -> None:
+        try:
+            hit = await work
+        except Exception:  # nobody waits for it any more: logged, not raised
+            log.exception("a late cache lookup failed")
+            return
+        self._on_late(_outcome(hit))
+        self._count(req.tenant, ["misses"])  # the tenant's caller got none
+
+    def _count(self, tenant: str, counters: list[str]) -> None:
         for counter in counters:
             self._background.spawn(
-                self._store.call("count", partial(self._store.store.count, req.tenant, counter), None))
-        return hit
+                self._store.call("count", partial(self._store.store.count, tenant, counter), None))
 
     async def _lookup(self, req: Request, policy: CachePolicy, loose: float | None) -> Hit | None:
         key = exact_key(req)

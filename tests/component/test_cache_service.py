@@ -232,3 +232,40 @@ async def test_a_looser_threshold_asked_for_under_load_is_honoured_and_marked_an
     assert usual.hit and not usual.loosened
     exact = await loose(query("How do I reset my password?"), 0.9)
     assert exact.hit and exact.kind == cache_pb2.HIT_KIND_EXACT and not exact.loosened
+
+
+async def test_a_lookup_its_caller_gave_up_on_finishes_counts_as_late_and_leaves_its_embedding(start, monkeypatch):
+    """A lookup over the caller's deadline is not lost work: it ends on the cache, is counted as a
+    late semantic hit (an answer the gateway's budget lost), not as a hit the caller got, and the store
+    that follows the engine's answer takes the embedding from the memo instead of embedding again."""
+    r = await start()
+    try:
+        assert await r.store(query("How do I reset my password?"), "Use the reset link.")
+        minilm = r.app.semantic.embedder
+        encode, asked = minilm.encode, []
+
+        def slow(text: str):
+            asked.append(text)
+            time.sleep(0.3)  # an embedder on a CPU the engines keep busy
+            return encode(text)
+
+        monkeypatch.setattr(minilm, "encode", slow)
+        paraphrase = query("How can I reset my password?")
+        with pytest.raises(grpc.aio.AioRpcError) as over:
+            await r.stub.Lookup(cache_pb2.LookupRequest(query=paraphrase), timeout=0.05)
+        assert over.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        late = r.app.metrics.late_lookups.labels("hit_semantic")
+        deadline = time.monotonic() + 5
+        while late._value.get() < 1 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert late._value.get() == 1
+        assert r.app.metrics.lookups.labels("hit_semantic")._value.get() == 0
+        assert await r.store(paraphrase, "Use the reset link.")
+        assert asked == ["How can I reset my password?"]  # the store's embedding came from the memo
+        deadline = time.monotonic() + 5  # the tenant's counters are written off the request path
+        while (tenant := (await r.stub.Stats(cache_pb2.StatsRequest(tenant="acme"), timeout=5)).tenants[0]).misses < 1:
+            assert time.monotonic() < deadline, tenant
+            await asyncio.sleep(0.05)
+        assert tenant.misses == 1 and tenant.semantic_hits == 0 and tenant.hits == 0
+    finally:
+        await r.stop()

@@ -51,7 +51,7 @@ def mesh(model_dir: Path, config_file: Path, tmp_path_factory):
              log_dir=tmp_path_factory.mktemp("logs"),
              env={"LLMESH_ENGINE_N_CTX": str(N_CTX), "LLMESH_ENGINE_SIM_DECODE_MS_PER_TOKEN": "2",
                   "LLMESH_ENGINE_MAX_RUNNING": "3",
-                  # the 20 ms cache lookup budget is for a machine of its own; a shared, busy test machine
+                  # the 50 ms cache lookup budget is for a machine of its own; a shared, busy test machine
                   # would turn some expected hits into (correct) fail-open misses
                   "LLMESH_GATEWAY_CACHE_BUDGET_S": "0.25",
                   "LLMESH_CONFIG_FILE": str(config_file)})
