@@ -19,9 +19,13 @@ PARENT_ENV = "LLMESH_PARENT_PID"
 _PR_SET_PDEATHSIG = 1
 
 
-def die_with_parent() -> None:
-    """The kernel sends this process SIGTERM when its parent (the thread that started it) ends."""
+def die_with(parent: int) -> None:
+    """The kernel sends this process SIGTERM when ``parent``, the process (its thread) that started
+    it, ends; it exits at once if that one already died before this took effect (the kernel then
+    gave this process another parent)."""
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:
+        os._exit(0)
 
 
 def with_parent(env: Mapping[str, str]) -> dict[str, str]:
@@ -34,8 +38,5 @@ def die_with_launcher() -> None:
     exits at once if the parent already died before this took effect. The variable is removed,
     so this process's own children do not take its parent for theirs."""
     parent = os.environ.pop(PARENT_ENV, None)
-    if parent is None:
-        return
-    die_with_parent()
-    if os.getppid() != int(parent):
-        os._exit(0)
+    if parent is not None:
+        die_with(int(parent))

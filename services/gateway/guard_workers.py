@@ -39,7 +39,7 @@ from typing import TypeVar
 
 from llmesh.errors import InvalidArgument, LlmeshError, Overloaded, Unavailable
 from llmesh.malloc import keep_large_blocks
-from llmesh.orphans import die_with_parent
+from llmesh.orphans import die_with
 from llmesh.workers import lower_priority
 from llmesh.gateway.domain.guards import screening
 from llmesh.gateway.domain.guards.screening import GuardJob, GuardResult
@@ -81,9 +81,7 @@ def _worker_init(gateway_pid: int) -> None:
     """In each worker: it dies with the gateway (a killed gateway left its workers blocked on their
     queue forever: they hold its pipe's other end, so no EOF comes), and runs at a lower priority
     than any normal process of the machine, the gateway's own loop included (``lower_priority``)."""
-    die_with_parent()
-    if os.getppid() != gateway_pid:  # the gateway died before the line above took effect
-        os._exit(0)
+    die_with(gateway_pid)
     lower_priority(NICE)
     keep_large_blocks()
 
