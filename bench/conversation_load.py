@@ -143,10 +143,11 @@ class Users:
     pacer: Pacer | None = None
 
 
-def conversation_loop(client: OpenAI, users: Users, worker: int, stop_at: float, gauge: Gauge,
-                      out: list[Turn]) -> None:
+def conversation_loop(client: OpenAI, users: Users, worker: int, stop_at: float, gauge: Gauge | None,
+                      out: list[Turn], errors: list[str] | None = None) -> None:
     """One user: conversations back to back until ``stop_at``, each on one of the shared system
-    prompts, each turn adding the answer and a new question."""
+    prompts, each turn adding the answer and a new question. With ``errors``, a turn that fails is
+    counted there by its exception's name and the user starts a new conversation; without, it raises."""
     rng = random.Random(worker)
     n = 0
     while time.monotonic() < stop_at:
@@ -156,7 +157,13 @@ def conversation_loop(client: OpenAI, users: Users, worker: int, stop_at: float,
         for index in range(rng.randint(*users.turns)):
             if users.pacer is not None and not users.pacer.wait() or time.monotonic() >= stop_at:
                 return
-            rid, ttft, answer = turn(client, messages, gauge)
+            try:
+                rid, ttft, answer = turn(client, messages, gauge)
+            except Exception as exc:
+                if errors is None:
+                    raise
+                errors.append(type(exc).__name__)
+                break
             out.append(Turn(conv, index, rid, ttft))
             messages += [{"role": "assistant", "content": answer},
                          {"role": "user", "content": f"question {index + 2} of {conv}"}]

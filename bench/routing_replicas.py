@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -33,7 +32,7 @@ from pathlib import Path
 from openai import OpenAI
 
 from bench.common import note
-from bench.conversation_load import MODEL, Turn, system_prompt, turn
+from bench.conversation_load import MODEL, Turn, conversation_loop
 from bench.routing_gateway import Plan, attach_endpoints, fleet, plan_from_args, served_by, sim_env, summarize
 from llmesh.testing import Mesh, RedisServer, free_layout, metric_values, wait_until
 
@@ -64,25 +63,9 @@ def workers_ready(mesh: Mesh) -> dict[int, int]:
 def users(client: OpenAI, plan: Plan, stop_at: float, out: list[Turn], errors: list[str]) -> list[threading.Thread]:
     """``plan.conversations`` closed-loop users (bench.routing_gateway's capacity loop), each counting the
     requests that failed at the client and starting a new conversation after one."""
-    def user(worker: int) -> None:
-        rng, n = random.Random(worker), 0
-        while time.monotonic() < stop_at:
-            conv, n = f"w{worker}c{n}", n + 1
-            messages = [{"role": "system", "content": system_prompt(rng.randrange(plan.prompts), plan.system_words)},
-                        {"role": "user", "content": f"conversation {conv}: the first question"}]
-            for index in range(rng.randint(*plan.turns)):
-                if time.monotonic() >= stop_at:
-                    break
-                try:
-                    rid, ttft, answer = turn(client, messages)
-                except Exception as exc:  # noqa: BLE001 - every failure is counted, the user goes on
-                    errors.append(type(exc).__name__)
-                    break
-                out.append(Turn(conv, index, rid, ttft))
-                messages += [{"role": "assistant", "content": answer},
-                             {"role": "user", "content": f"question {index + 2} of {conv}"}]
-
-    return [threading.Thread(target=user, args=(w,)) for w in range(plan.conversations)]
+    closed = plan.users(plan.conversations)
+    return [threading.Thread(target=conversation_loop, args=(client, closed, w, stop_at, None, out, errors))
+            for w in range(closed.count)]
 
 
 def start_mesh(root: Path, plan: Plan, workers: int, redis_url: str, share: bool) -> Mesh:
