@@ -269,3 +269,17 @@ async def test_a_lookup_its_caller_gave_up_on_finishes_counts_as_late_and_leaves
         assert tenant.misses == 1 and tenant.semantic_hits == 0 and tenant.hits == 0
     finally:
         await r.stop()
+
+
+async def test_the_cache_embeds_on_one_blas_thread(start):
+    """Lookups embed side by side on worker threads; BLAS's own threads on top of them made a lookup
+    several times slower on a busy CPU (the figures at EMBED_BLAS_THREADS)."""
+    from threadpoolctl import threadpool_info
+
+    r = await start()
+    try:
+        blas = [pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"]
+        assert blas and set(blas) == {1}
+        assert (await r.lookup(query("How do I reset my password?"))).hit is False  # and it still embeds
+    finally:
+        await r.stop()
