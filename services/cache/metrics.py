@@ -12,7 +12,8 @@ class CacheMetrics:
                                "uncacheable, bypass (store unavailable).", ("result",), registry=registry)
         self.late_lookups = Counter("llmesh_cache_late_lookups", "Lookups that ended after their caller had given "
                                     "up (over the gateway's budget: a miss to it), by what they found: hit_exact, "
-                                    "hit_semantic, miss. A hit here is an answer the budget lost.", ("result",),
+                                    "hit_semantic, miss; dropped: shed, LATE_MAX late ones were running. A hit "
+                                    "here is an answer the budget lost.", ("result",),
                                     registry=registry)
         self.stores = Counter("llmesh_cache_stores", "Responses stored.", registry=registry)
         self.latency = Histogram("llmesh_cache_lookup_seconds", "Time to answer a lookup.",

@@ -35,10 +35,17 @@ class Hit:
 # The verifier's port: (its config, the stored question, the asked one) -> may the stored answer serve?
 Judge = Callable[[CacheVerifier, str, str], Awaitable[bool]]
 
-Outcome = Literal["hit_exact", "hit_semantic", "miss", "uncacheable", "bypass"]
+Found = Literal["hit_exact", "hit_semantic", "miss"]
+Outcome = Literal[Found, "uncacheable", "bypass"]
+# A lookup whose caller gave up: what it found, or "dropped" (LATE_MAX late ones were running: it was
+# cancelled, and its embedding, if still queued for a worker thread, never runs).
+Late = Literal[Found, "dropped"]
+# Late lookups finishing at once: past it an overloaded cache sheds them, as it did before they finished
+# (a cancelled embedding still queued for a thread is dropped), instead of piling up work nobody awaits.
+LATE_MAX = 8
 
 
-def _outcome(hit: Hit | None) -> Outcome:
+def _outcome(hit: Hit | None) -> Found:
     return "miss" if hit is None else "hit_exact" if hit.kind == "exact" else "hit_semantic"
 
 
@@ -50,7 +57,7 @@ LOOSEST = 0.5
 class ResponseCache:
     def __init__(self, store: FailOpen, semantic: SemanticIndex | None, config: Callable[[], CacheConfig],
                  on_lookup: Callable[[Outcome], None] = lambda outcome: None,
-                 on_late: Callable[[Outcome], None] = lambda outcome: None,
+                 on_late: Callable[[Late], None] = lambda outcome: None,
                  embedder: Callable[[CacheConfig], Embedder | None] | None = None,
                  on_embed_error: Callable[[str], None] = lambda error: None, judge: Judge | None = None,
                  on_verdict: Callable[[str, str], None] = lambda stage, verdict: None):
@@ -66,6 +73,7 @@ class ResponseCache:
         self._on_lookup = on_lookup
         self._on_late = on_late  # a lookup whose caller had given up, by what it found
         self._background = Background()
+        self._late = 0  # late lookups running
 
     @property
     def semantic_indexed(self) -> int:
@@ -94,7 +102,12 @@ class ResponseCache:
         try:
             hit = await asyncio.shield(work)
         except asyncio.CancelledError:
-            self._background.spawn(self._finish_late(req, work))
+            if self._late < LATE_MAX:
+                self._late += 1
+                self._background.spawn(self._finish_late(req, work))
+            else:
+                work.cancel()
+                self._on_late("dropped")
             raise
         self._on_lookup(_outcome(hit))
         self._count(req.tenant, ["misses"] if hit is None else ["hits", "semantic_hits"] if hit.kind == "semantic"
@@ -107,6 +120,8 @@ class ResponseCache:
         except Exception:  # nobody waits for it any more: logged, not raised
             log.exception("a late cache lookup failed")
             return
+        finally:
+            self._late -= 1
         self._on_late(_outcome(hit))
         self._count(req.tenant, ["misses"])  # the tenant's caller got none
 

@@ -283,3 +283,32 @@ async def test_the_cache_embeds_on_one_blas_thread(start):
         assert (await r.lookup(query("How do I reset my password?"))).hit is False  # and it still embeds
     finally:
         await r.stop()
+
+
+async def test_late_lookups_past_late_max_are_shed(start, monkeypatch):
+    """An overloaded cache does not pile up work nobody awaits: past LATE_MAX late lookups running,
+    the next one a caller gives up on is cancelled and counted as dropped."""
+    from llmesh.cache import responses
+
+    monkeypatch.setattr(responses, "LATE_MAX", 1)
+    r = await start()
+    try:
+        minilm = r.app.semantic.embedder
+        encode = minilm.encode
+
+        def slow(text: str):
+            time.sleep(0.3)
+            return encode(text)
+
+        monkeypatch.setattr(minilm, "encode", slow)
+        asks = [r.stub.Lookup(cache_pb2.LookupRequest(query=query(q)), timeout=0.05)
+                for q in ("How can I reset my password?", "How can I change my email address?")]
+        outcomes = await asyncio.gather(*asks, return_exceptions=True)
+        assert all(isinstance(o, grpc.aio.AioRpcError) for o in outcomes), outcomes
+        late = r.app.metrics.late_lookups
+        deadline = time.monotonic() + 5
+        while late.labels("miss")._value.get() < 1 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert late.labels("miss")._value.get() == 1 and late.labels("dropped")._value.get() == 1
+    finally:
+        await r.stop()
