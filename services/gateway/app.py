@@ -169,7 +169,7 @@ class GatewayApp:
         self.redis = _redis(mesh.redis_url) if mesh.redis_url else None
         self.ledger = self._ledger_share(settings, mesh.redis_url, platform.metrics)
         self._authentication(settings, mesh)
-        prompt_tokens = PromptTokens(settings.model_dir)  # one tokenizer per model for limits and picking
+        self.prompt_tokens = prompt_tokens = PromptTokens(settings.model_dir)  # one tokenizer a model: limits, picks
         self.audit = (AuditLog(settings.audit_file or mesh.state_dir / "audit.jsonl", fsync=settings.audit_fsync,
                                on_lost=self.metrics.audit_failures.inc)
                       if settings.audit else None)
@@ -392,3 +392,4 @@ class GatewayApp:
             await asyncio.to_thread(self.audit.close)
         if self.guard_workers is not None:
             self.guard_workers.close()
+        self.prompt_tokens.close()

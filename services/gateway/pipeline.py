@@ -19,7 +19,7 @@ from llmesh.background import Background
 from llmesh.errors import LlmeshError
 from llmesh.liveconfig.schema import MeshConfig
 from llmesh.telemetry import bind_trace_id, extract
-from llmesh.types import Delta, Finish, Prompt
+from llmesh.types import Delta, Finish
 from llmesh.gateway.context import Catalog, CompletionRequest, Context, Items
 from llmesh.gateway.output import LogprobGate, filtered, tail
 from llmesh.gateway.record import RequestRecord, clipped
@@ -30,7 +30,9 @@ from llmesh.gateway.stages.route import RouteStage
 from llmesh.gateway.stages.validate import ValidateStage
 from llmesh.gateway.upstream.picking import EndpointPicker
 from llmesh.gateway.upstream.resilience import Breakers, RetryBudgetGate
-from llmesh.gateway.upstream.router import EngineClient, ProviderPort, Router
+from llmesh.gateway.domain.prompt_tokens import NoTokens, Tokenizer
+from llmesh.gateway.upstream.ports import EngineClient, ProviderPort
+from llmesh.gateway.upstream.router import Router
 
 log = logging.getLogger("llmesh.gateway.access")
 _NONE = 1 << 30  # "no stage finishes": past any count of admitted stages
@@ -44,7 +46,7 @@ class Pipeline:
                  cache: ResponseCache | None = None, config: Callable[[], MeshConfig] = MeshConfig,
                  observe: Callable[[RequestRecord], None] = lambda record: None, tracer: Tracer | None = None,
                  clock: Callable[[], float] = time.monotonic, stages: Sequence[Stage] | None = None,
-                 prompt_tokens: Callable[[str, Prompt], Sequence[int]] = lambda model, prompt: (),
+                 prompt_tokens: Tokenizer = NoTokens(),
                  breakers: Breakers | None = None, budget: RetryBudgetGate | None = None,
                  providers: ProviderPort | None = None, retry_after_s: float = 1.0, lost_engine_hold_s: float = 30.0):
         self._stages = list(stages) if stages is not None else [ValidateStage(), RouteStage(catalog, config)]

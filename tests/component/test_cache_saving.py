@@ -21,6 +21,7 @@ from llmesh.cache.app import CacheApp
 from llmesh.cache.config import CacheSettings
 from llmesh.gateway.domain.limits_redis import RedisLimiter
 from llmesh.gateway.domain.tokens import TokenCounter
+from llmesh.gateway.domain.prompt_tokens import NoTokens
 from llmesh.gateway.metrics import GatewayMetrics
 from llmesh.gateway.pipeline import Pipeline
 from llmesh.gateway.stages.audit import AuditStage
@@ -54,7 +55,7 @@ async def world(tmp_path, redis_server, minilm_dir, engines):
     audit = AuditLog(tmp_path / "audit.jsonl")
     metrics = GatewayMetrics(CollectorRegistry(), lambda model: model == MODEL)
     stages = [AuditStage(audit), ValidateStage(), RouteStage(Catalog(MODEL), current),
-              LimitStage(RedisLimiter(client), current, TokenCounter(lambda model, prompt: ()))]
+              LimitStage(RedisLimiter(client), current, TokenCounter(NoTokens()))]
     pipeline = Pipeline(picker, engine_clients, Catalog(MODEL), cache_client, config=current, stages=stages,
                         observe=metrics.observe)
     yield {"pipeline": pipeline, "redis": client, "metrics": metrics, "audit": audit, "cache": cache}

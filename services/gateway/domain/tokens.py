@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from llmesh.types import Prompt
-from llmesh.gateway.domain.prompt_tokens import PromptTokens
+from llmesh.gateway.domain.prompt_tokens import Tokenizer
 
 PER_MESSAGE = 4
 PER_REPLY = 3
@@ -26,15 +26,17 @@ def utf8_size(text: str) -> int:
 
 
 class TokenCounter:
-    def __init__(self, tokens: PromptTokens):
+    def __init__(self, tokens: Tokenizer):
         self._tokens = tokens
 
-    def count_texts(self, model: str, texts: tuple[str, ...]) -> int:
+    async def count_texts(self, model: str, texts: tuple[str, ...]) -> int:
         """An embeddings request's inputs: each as a raw text (no chat template)."""
-        return sum(self.count(model, Prompt(text=t)) for t in texts)
+        return sum([await self.count(model, Prompt(text=t)) for t in texts])
 
-    def count(self, model: str, prompt: Prompt) -> int:
-        ids = self._tokens(model, prompt)
+    async def count(self, model: str, prompt: Prompt) -> int:
+        ids = await self._tokens.ahead(model, prompt)  # a long prompt: off the event loop
+        if ids is None:
+            ids = self._tokens(model, prompt)
         if ids:
             return len(ids)
         texts = [m.content for m in prompt.messages] if prompt.messages is not None else [prompt.text or ""]

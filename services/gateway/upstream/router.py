@@ -29,18 +29,21 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, replace
-from typing import Protocol, cast
+from typing import cast
 
-from opentelemetry.trace import INVALID_SPAN, Span
+from opentelemetry.trace import INVALID_SPAN
 
 from llmesh.errors import (DeadlineExceeded, EngineLost, Internal, InvalidArgument, LlmeshError, NotEmbedding,
                            NotGenerative, Overloaded, PoisonRequest, QueueFull, Unavailable)
 from llmesh.liveconfig.schema import MeshConfig, ModelPolicy, Provider
-from llmesh.types import Delta, Finish, FinishReason, Priority, Prompt, Usage
+from llmesh.types import Delta, Finish, FinishReason, Priority, Usage
 from llmesh.tool_prompt import render  # tools as an engine shows them (its prompt tokens, for prefix affinity)
 from llmesh.validation import uses_tools
 from llmesh.gateway.context import CompletionRequest, Context, Items, Upstream, Wrap
 from llmesh.gateway.record import RequestRecord
+from llmesh.gateway.domain.prompt_tokens import NoTokens, Tokenizer
+from llmesh.gateway.upstream.ports import EngineClient, ProviderPort
+from llmesh.gateway.upstream.prompt_ids import RequestTokens
 from llmesh.gateway.upstream.lost import LostEngineHold
 from llmesh.gateway.upstream.picking import EndpointPicker, PickInput
 from llmesh.gateway.upstream.picking.types import work_tokens
@@ -54,23 +57,6 @@ MAX_ENGINES_LOST = 2  # losses under one request: the first, and the one retry a
 log = logging.getLogger("llmesh.gateway.upstream")
 
 Attempt = Callable[[CompletionRequest, float], Items]  # (request, seconds left) -> one upstream's answer
-
-
-class EngineClient(Protocol):
-    def generate(self, address: str, req: CompletionRequest, timeout_s: float, parent: Span) -> Items: ...
-
-    def embed(self, address: str, req: CompletionRequest, timeout_s: float, parent: Span) -> Items:
-        """An embeddings request's answer: one ``Vectors`` item."""
-        ...
-
-    def connected(self, address: str) -> bool:
-        """Whether a call to ``address`` would go out now (asks to connect when not)."""
-        ...
-
-
-class ProviderPort(Protocol):
-    """External OpenAI-compatible APIs (the live config's ``providers``)."""
-    def generate(self, provider: Provider, remote_model: str, req: CompletionRequest, timeout_s: float) -> Items: ...
 
 
 @dataclass(slots=True)
@@ -91,11 +77,24 @@ class _Attempts:
     low: bool = False  # a lowest-priority request (a batch line): counted apart in the load ledger
 
 
+def _carried(item: Delta | Finish, state: _Attempts, emitted: list[str], failovers: int) -> Delta | Finish:
+    """An item of the answer, as the client gets it: a delta is kept for a failover to carry on from;
+    after a failover, the finish's usage is over the whole answer, not the last leg."""
+    if isinstance(item, Delta):
+        emitted.append(item.text)
+        state.carried_tokens += item.tokens
+    elif failovers:
+        before = state.carried_before_leg
+        item = Finish(item.reason, Usage(max(0, item.usage.prompt_tokens - before),
+                                         item.usage.completion_tokens + before))
+    return item
+
+
 class Router:
     def __init__(self, picker: EndpointPicker, engines: EngineClient, config: Callable[[], MeshConfig] = MeshConfig,
-                 prompt_tokens: Callable[[str, Prompt], Sequence[int]] = lambda model, prompt: (),
-                 breakers: Breakers | None = None, budget: RetryBudgetGate | None = None,
-                 providers: ProviderPort | None = None, retry_after_s: float = 1.0,
+                 prompt_tokens: Tokenizer = NoTokens(), breakers: Breakers | None = None,
+                 budget: RetryBudgetGate | None = None, providers: ProviderPort | None = None,
+                 retry_after_s: float = 1.0,
                  clock: Callable[[], float] = time.monotonic, lost_engine_hold_s: float = 30.0):
         self._picker = picker
         self._hold = LostEngineHold(picker, breakers, lambda address: self._engines.connected(address),
@@ -139,10 +138,11 @@ class Router:
             budget.deposit()
         try:
             (record := ctx.record).policy = ctx.policy.routing
-            state, emitted = _Attempts(low=req.priority is Priority.LOW), []
+            state, emitted = _Attempts(low=req.priority is Priority.LOW), list[str]()
             work = work_tokens(req.prompt, req.sampling.max_tokens, inputs=req.inputs)  # what a queue gains from it
             chain = (req.model, *policy.fallbacks)
             needs_tools = uses_tools(req.prompt, req.tools)
+            tokens = RequestTokens(self._prompt_tokens, render(req.prompt, req.tools))  # as an engine sees it
             config = self._config()
             for model in chain:
                 if state.mid_stream is not None:
@@ -154,10 +154,12 @@ class Router:
                     continue
                 tried: set[str] = set()
                 engines = 1 if provider is not None else policy.max_attempts
+                if provider is None:
+                    await tokens.ready(model)
                 while len(tried) < engines or state.only is not None:  # a lost engine's second try is no new one
                     now = self._clock()
                     chosen = self._choose(model, provider, target, policy, tried, now, work, model == chain[-1], ctx,
-                                          state.only)
+                                          tokens.of(model), state.only)
                     state.only = None
                     if chosen is None:
                         break
@@ -166,14 +168,7 @@ class Router:
                     state.can_continue = provider is None and not req.embeds and needs_tools is None
                     async with aclosing(self._attempt(key, call(target, remaining), now, state, work)) as items:
                         async for item in items:
-                            if isinstance(item, Delta):
-                                emitted.append(item.text)
-                                state.carried_tokens += item.tokens
-                            elif record.failovers:  # usage over the whole answer, not the last leg
-                                before = state.carried_before_leg
-                                item = Finish(item.reason, Usage(max(0, item.usage.prompt_tokens - before),
-                                                                 item.usage.completion_tokens + before))
-                            yield item
+                            yield _carried(item, state, emitted, record.failovers)
                     if state.lost:
                         state.only = await self._lost(ctx, req, key, model, state, deadline)
                     if state.done:
@@ -193,7 +188,7 @@ class Router:
 
     def _choose(self, model: str, provider: tuple[str, Provider] | None, target: CompletionRequest,
                 policy: ModelPolicy, tried: set[str], now: float, work: int, last_model: bool, ctx: Context,
-                only: str | None = None) -> tuple[str, Attempt] | None:
+                tokens: Callable[[], Sequence[int]], only: str | None = None) -> tuple[str, Attempt] | None:
         """The next upstream to try for ``model`` (``only``: that endpoint or none): its key
         (for breakers and the record) and the call; None when there is none left."""
         refusing = self._breakers.refusing(now) if self._breakers is not None else frozenset()
@@ -204,9 +199,8 @@ class Router:
             p, providers = provider[1], cast(ProviderPort, self._providers)  # found only with a port
             return key, lambda t, remaining: providers.generate(p, p.models[model], t, remaining)
         pick = PickInput(model=model, now=now, exclude=frozenset(tried) | refusing, session=target.user,
-                         work_tokens=work,
-                         tokens=lambda: self._prompt_tokens(model, render(target.prompt, target.tools)),
-                         max_tokens=target.sampling.max_tokens, filters=tuple(policy.filters), embed=target.embeds,
+                         work_tokens=work, tokens=tokens, max_tokens=target.sampling.max_tokens,
+                         filters=tuple(policy.filters), embed=target.embeds,
                          tools=uses_tools(target.prompt, target.tools) is not None)
         if only is not None:
             pick.exclude = refusing

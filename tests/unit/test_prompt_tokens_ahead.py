@@ -1,0 +1,120 @@
+"""A long prompt is tokenized off the gateway's event loop (``PromptTokens.ahead``), once per
+request however many picks it takes (``RequestTokens``); a short one, or the sim's, where a
+pick needs it. The real tokenizers: llama.cpp's (SmolLM2's GGUF) and a byte-level BPE built with
+the ``tokenizers`` library."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from llmesh.gateway.domain.prompt_tokens import AHEAD_CHARS, NoTokens, PromptTokens
+from llmesh.gateway.domain.tokens import TokenCounter
+from llmesh.gateway.upstream.prompt_ids import RequestTokens
+from llmesh.prompt_tokens import GgufChatTokenizer, HfChatTokenizer
+from llmesh.types import Message, Prompt
+from tests.unit.test_hf_chat_tokenizer import byte_level_dir
+
+SMOL = "smollm2-135m-instruct"
+LONG = Prompt(messages=(Message("system", "You answer briefly."),
+                        Message("user", "the harbour, the boats and the tides " * (AHEAD_CHARS // 30))))
+SHORT = Prompt(messages=(Message("user", "hello there"),))
+
+
+def on_threads(monkeypatch, cls) -> list[int]:
+    """The threads ``cls``'s tokenizer runs on, from now on."""
+    seen: list[int] = []
+    call = cls.__call__
+
+    def recording(self, prompt):
+        seen.append(threading.get_ident())
+        return call(self, prompt)
+    monkeypatch.setattr(cls, "__call__", recording)
+    return seen
+
+
+@pytest.mark.parametrize("kind", ["gguf", "hf"])
+async def test_a_long_prompt_is_tokenized_on_a_thread_as_the_pick_would_and_a_short_one_is_left_to_it(
+        kind, real_model_dir, tmp_path, monkeypatch):
+    if kind == "gguf":
+        tokens, model, cls = PromptTokens(real_model_dir), SMOL, GgufChatTokenizer
+    else:
+        byte_level_dir(tmp_path)
+        tokens, model, cls = PromptTokens(tmp_path), "byte-level", HfChatTokenizer
+    seen = on_threads(monkeypatch, cls)
+    try:
+        assert await tokens.ahead(model, SHORT) is None and seen == []
+        ahead = await tokens.ahead(model, LONG)
+        assert seen and seen[-1] != threading.get_ident()  # not the event loop's thread
+        assert list(ahead) == tokens(model, LONG) and len(ahead) > AHEAD_CHARS // 8
+        assert seen[-1] == threading.get_ident()
+    finally:
+        tokens.close()
+
+
+async def test_the_sim_tokenizer_and_a_model_without_one_are_not_sent_to_a_thread():
+    tokens = PromptTokens(None)
+    try:
+        assert await tokens.ahead("sim-small", LONG) is None  # Python: it would hold the GIL anyway
+        assert await tokens.ahead("unknown", LONG) is None
+        assert len(tokens("sim-small", LONG)) > AHEAD_CHARS // 8
+    finally:
+        tokens.close()
+
+
+class Counting:
+    """A tokenizer double that counts its calls: one token per word."""
+
+    def __init__(self, ahead: bool) -> None:
+        self.inline = self.threaded = 0
+        self._ahead = ahead
+
+    def __call__(self, model: str, prompt: Prompt) -> list[int]:
+        self.inline += 1
+        return list(range(sum(len(m.content.split()) for m in prompt.messages or ())))
+
+    async def ahead(self, model: str, prompt: Prompt) -> list[int] | None:
+        if not self._ahead:
+            return None
+        self.threaded += 1
+        return await asyncio.to_thread(lambda: list(range(sum(len(m.content.split()) for m in prompt.messages))))
+
+
+async def test_one_request_is_tokenized_once_per_model_over_all_its_picks():
+    long, short = Counting(ahead=True), Counting(ahead=False)
+    for tok in (long, short):
+        request = RequestTokens(tok, LONG)
+        for _ in range(3):  # a retry, then a failover
+            await request.ready("m")
+            assert len(request.of("m")()) == len(request.of("m")())
+        await request.ready("fallback")
+        request.of("fallback")()
+    assert (long.threaded, long.inline) == (2, 0)
+    assert (short.threaded, short.inline) == (0, 2)
+    lazy = Counting(ahead=False)
+    RequestTokens(lazy, LONG).of("m")  # a policy that never reads the tokens
+    assert lazy.inline == 0
+
+
+async def test_the_token_count_for_limits_takes_the_tokens_worked_out_ahead():
+    tok = Counting(ahead=True)
+    assert await TokenCounter(tok).count("m", LONG) == sum(len(m.content.split()) for m in LONG.messages)
+    assert (tok.threaded, tok.inline) == (1, 0)
+    assert await TokenCounter(NoTokens()).count("m", SHORT) > 0  # no tokenizer: the estimate
+
+
+def test_the_sim_tokenizer_memo_keeps_short_words_only_and_changes_no_token():
+    import hashlib
+
+    from llmesh.prompt_tokens import SIM_WORD_MEMO, _memo_token, sim_token
+
+    def hashed(word: str) -> int:
+        return int.from_bytes(hashlib.blake2s(word.encode(), digest_size=2).digest(), "big")
+    short, long = "harbour", "x" * (SIM_WORD_MEMO + 1)
+    assert sim_token(short) == sim_token(short) == hashed(short)
+    held = _memo_token.cache_info().currsize
+    assert sim_token(long) == hashed(long)
+    assert _memo_token.cache_info().currsize == held  # a long word (a hostile one) is never kept
+    assert _memo_token.cache_info().maxsize == 1 << 16
