@@ -28,6 +28,7 @@ BENCHES = (
     Bench("engine", "the llama.cpp engine under concurrent streams next to llama-cpp-python's server"),
     Bench("engine_newcomer", "a request arriving while others decode on the llama.cpp engine: its TTFT, their gaps"),
     Bench("guards", "PII masking, the injection screen and audit appends, in process"),
+    Bench("prompt_tokens", "tokenizing long prompts in the gateway: its event loop's stall, inline vs on a thread"),
     Bench("cache", "response cache: hit latency, lookup at scale and with the verifier, quality (dev/held-out), "
                    "an FAQ stream through the gateway"),
     Bench("routing", "routing policies compared on one fleet of sim engines"),

@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from llmesh.gateway.domain.prompt_tokens import AHEAD_CHARS, NoTokens, PromptTokens
+from llmesh.gateway.domain.prompt_tokens import AHEAD_CHARS, NoTokens, PromptTokens, worth_a_thread
 from llmesh.gateway.domain.tokens import TokenCounter
 from llmesh.gateway.upstream.prompt_ids import RequestTokens
 from llmesh.prompt_tokens import GgufChatTokenizer, HfChatTokenizer
@@ -52,6 +52,12 @@ async def test_a_long_prompt_is_tokenized_on_a_thread_as_the_pick_would_and_a_sh
         assert seen[-1] == threading.get_ident()
     finally:
         tokens.close()
+
+
+def test_a_chat_of_many_short_messages_is_worth_a_thread_and_a_lone_question_is_not():
+    assert not worth_a_thread(SHORT) and worth_a_thread(LONG)
+    assert worth_a_thread(Prompt(messages=tuple(Message("user", "hi") for _ in range(6))))  # the template's work
+    assert worth_a_thread(Prompt(text="x" * AHEAD_CHARS)) and not worth_a_thread(Prompt(text="x" * (AHEAD_CHARS - 1)))
 
 
 async def test_the_sim_tokenizer_and_a_model_without_one_are_not_sent_to_a_thread():
