@@ -124,3 +124,13 @@ def test_the_sim_tokenizer_memo_keeps_short_words_only_and_changes_no_token():
     assert sim_token(long) == hashed(long)
     assert _memo_token.cache_info().currsize == held  # a long word (a hostile one) is never kept
     assert _memo_token.cache_info().maxsize == 1 << 16
+
+
+async def test_the_tokens_are_the_chat_s_as_an_engine_sees_it_with_the_offered_tools():
+    from llmesh.tool_prompt import render
+    from llmesh.types import Tool, Tools
+
+    tools = Tools((Tool("get_weather", "The weather in a city", '{"type": "object"}'),))
+    tok = Counting(ahead=False)
+    with_tools = RequestTokens(tok, SHORT, tools).of("m")()
+    assert len(with_tools) == len(tok("m", render(SHORT, tools))) > len(tok("m", SHORT))

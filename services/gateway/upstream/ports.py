@@ -26,4 +26,3 @@ class EngineClient(Protocol):
 class ProviderPort(Protocol):
     """External OpenAI-compatible APIs (the live config's ``providers``)."""
     def generate(self, provider: Provider, remote_model: str, req: CompletionRequest, timeout_s: float) -> Items: ...
-

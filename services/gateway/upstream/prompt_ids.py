@@ -5,16 +5,23 @@ one's when a pick first needs them."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
-from llmesh.types import Prompt
+from llmesh.tool_prompt import render
+from llmesh.types import Prompt, Tools
 from llmesh.gateway.domain.prompt_tokens import Tokenizer
 
 
 class RequestTokens:
-    def __init__(self, tokenizer: Tokenizer, prompt: Prompt) -> None:
-        self._tokenizer, self._prompt = tokenizer, prompt
+    def __init__(self, tokenizer: Tokenizer, prompt: Prompt, tools: Tools | None = None) -> None:
+        self._tokenizer, self._chat, self._tools = tokenizer, prompt, tools
         self._ids: dict[str, Sequence[int]] = {}
+
+    @functools.cached_property
+    def _prompt(self) -> Prompt:
+        """The chat as an engine sees it: the offered tools in its system message (``render``)."""
+        return render(self._chat, self._tools)
 
     async def ready(self, model: str) -> None:
         """Tokenizes the prompt for ``model`` now, on a thread, if it is long enough to be worth it."""

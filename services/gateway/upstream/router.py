@@ -37,7 +37,6 @@ from llmesh.errors import (DeadlineExceeded, EngineLost, Internal, InvalidArgume
                            NotGenerative, Overloaded, PoisonRequest, QueueFull, Unavailable)
 from llmesh.liveconfig.schema import MeshConfig, ModelPolicy, Provider
 from llmesh.types import Delta, Finish, FinishReason, Priority, Usage
-from llmesh.tool_prompt import render  # tools as an engine shows them (its prompt tokens, for prefix affinity)
 from llmesh.validation import uses_tools
 from llmesh.gateway.context import CompletionRequest, Context, Items, Upstream, Wrap
 from llmesh.gateway.record import RequestRecord
@@ -142,7 +141,7 @@ class Router:
             work = work_tokens(req.prompt, req.sampling.max_tokens, inputs=req.inputs)  # what a queue gains from it
             chain = (req.model, *policy.fallbacks)
             needs_tools = uses_tools(req.prompt, req.tools)
-            tokens = RequestTokens(self._prompt_tokens, render(req.prompt, req.tools))  # as an engine sees it
+            tokens = RequestTokens(self._prompt_tokens, req.prompt, req.tools)
             config = self._config()
             for model in chain:
                 if state.mid_stream is not None:
