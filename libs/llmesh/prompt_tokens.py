@@ -21,7 +21,7 @@ from llmesh.types import Prompt
 if TYPE_CHECKING:
     from llama_cpp.llama_types import ChatCompletionRequestMessage
 
-SIM_WORD_MEMO = 32  # words up to this long keep their token in a memo (bounded: ~10 MB at most)
+SIM_WORD_MEMO = 32  # words up to this long keep their token in a memo (bounded: 12.7 MB full of 32-letter words)
 
 
 def sim_token(word: str) -> int:

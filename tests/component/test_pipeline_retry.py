@@ -91,3 +91,48 @@ async def test_no_endpoint_at_all_is_unavailable():
     with pytest.raises(Unavailable) as info:
         await collect(pipeline, request())
     assert info.value.reason == "no_healthy_endpoint"
+
+
+
+class SmolTokens:
+    """The gateway's tokenizers (``PromptTokens``), tokenizing every model's prompt with SmolLM2's
+    GGUF vocabulary (the sim engines' model has no tokenizer that goes to a thread), counting the
+    tokenizations done in place and those done on a thread."""
+
+    def __init__(self, model_dir) -> None:
+        from llmesh.gateway.domain.prompt_tokens import PromptTokens
+
+        self.tokens, self.in_place, self.on_a_thread = PromptTokens(model_dir), 0, 0
+
+    def __call__(self, model, prompt):
+        self.in_place += 1
+        return self.tokens("smollm2-135m-instruct", prompt)
+
+    async def ahead(self, model, prompt):
+        ids = await self.tokens.ahead("smollm2-135m-instruct", prompt)
+        self.on_a_thread += ids is not None
+        return ids
+
+
+@pytest.mark.parametrize("system, on_a_thread, in_place", [("the harbour and the tides " * 60, 1, 0),
+                                                            ("be brief", 0, 1)])
+async def test_a_retried_request_is_tokenized_once_for_all_its_picks_a_long_one_off_the_loop(
+        engines, real_model_dir, system, on_a_thread, in_place):
+    from llmesh.liveconfig.schema import MeshConfig
+
+    live = await engines("live", MODEL)
+    dead = dead_endpoint("dead", MODEL)
+    picker = EndpointPicker()
+    picker.replace_all([dead, live])
+    picker.acquire("live")  # the dead one looks less loaded: it is picked first, then live on the retry
+    clients, tokens = EngineClients(), SmolTokens(real_model_dir)
+    config = MeshConfig.model_validate({"models": {MODEL: {"routing": "prefix_aware"}}})  # its picks read tokens
+    pipeline = Pipeline(picker, clients, Catalog(MODEL), config=lambda: config, prompt_tokens=tokens)
+    try:
+        text, finish, *_ = await collect(pipeline, request(system=system))
+        assert text and finish.usage.completion_tokens == 5
+        assert picker.pick(PickInput(MODEL, time.monotonic())).endpoint_id == "live"  # dead was tried, marked down
+        assert (tokens.on_a_thread, tokens.in_place) == (on_a_thread, in_place)
+    finally:
+        tokens.tokens.close()
+        await clients.close()

@@ -10,9 +10,8 @@ import threading
 
 import pytest
 
-from llmesh.gateway.domain.prompt_tokens import AHEAD_CHARS, NoTokens, PromptTokens, worth_a_thread
+from llmesh.gateway.domain.prompt_tokens import AHEAD_CHARS, NoTokens, PromptTokens, RequestTokens, worth_a_thread
 from llmesh.gateway.domain.tokens import TokenCounter
-from llmesh.gateway.upstream.prompt_ids import RequestTokens
 from llmesh.prompt_tokens import GgufChatTokenizer, HfChatTokenizer
 from llmesh.types import Message, Prompt
 from tests.unit.test_hf_chat_tokenizer import byte_level_dir

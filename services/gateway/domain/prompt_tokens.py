@@ -14,6 +14,7 @@ meanwhile. The sim tokenizer is Python (it holds the GIL) and stays on the loop.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -22,7 +23,8 @@ from typing import Protocol
 
 from llmesh.modelstore import ModelStore
 from llmesh.prompt_tokens import GgufChatTokenizer, HfChatTokenizer, hf_model_dir, sim_tokenize
-from llmesh.types import Prompt
+from llmesh.tool_prompt import render
+from llmesh.types import Prompt, Tools
 
 log = logging.getLogger("llmesh.gateway.prompt_tokens")
 # A prompt is tokenized on a thread from this much work on: its characters, and for each message as many
@@ -52,6 +54,35 @@ class NoTokens:
 
     async def ahead(self, model: str, prompt: Prompt) -> Sequence[int] | None:
         return None
+
+
+class RequestTokens:
+    """One request's prompt tokens for each model it may go to, worked out once for all its picks
+    (a retry, a failover to another engine, a fallback model's) and its limits' count. A long
+    prompt's are worked out by ``ready``, off the event loop where the tokenizer can (``ahead``);
+    a short one's when first needed."""
+
+    def __init__(self, tokenizer: Tokenizer, prompt: Prompt, tools: Tools | None = None) -> None:
+        self._tokenizer, self._chat, self._tools = tokenizer, prompt, tools
+        self._ids: dict[str, Sequence[int]] = {}
+
+    @functools.cached_property
+    def _prompt(self) -> Prompt:
+        """The chat as an engine sees it: the offered tools in its system message (``render``)."""
+        return render(self._chat, self._tools)
+
+    async def ready(self, model: str) -> None:
+        """Tokenizes the prompt for ``model`` now, on a thread, if it is long enough to be worth it."""
+        if model not in self._ids and (ids := await self._tokenizer.ahead(model, self._prompt)) is not None:
+            self._ids[model] = ids
+
+    def of(self, model: str) -> Callable[[], Sequence[int]]:
+        """The prompt's tokens for ``model``, when called: those ``ready`` found, else tokenized then."""
+        def tokens() -> Sequence[int]:
+            if model not in self._ids:
+                self._ids[model] = self._tokenizer(model, self._prompt)
+            return self._ids[model]
+        return tokens
 
 
 def worth_a_thread(prompt: Prompt) -> bool:

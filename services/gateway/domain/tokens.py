@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from llmesh.types import Prompt
-from llmesh.gateway.domain.prompt_tokens import Tokenizer
+from llmesh.gateway.domain.prompt_tokens import RequestTokens, Tokenizer
 
 PER_MESSAGE = 4
 PER_REPLY = 3
@@ -34,10 +34,9 @@ class TokenCounter:
         return sum([await self.count(model, Prompt(text=t)) for t in texts])
 
     async def count(self, model: str, prompt: Prompt) -> int:
-        ids = await self._tokens.ahead(model, prompt)  # a long prompt: off the event loop
-        if ids is None:
-            ids = self._tokens(model, prompt)
-        if ids:
+        tokens = RequestTokens(self._tokens, prompt)
+        await tokens.ready(model)  # a long prompt: off the event loop
+        if ids := tokens.of(model)():
             return len(ids)
         texts = [m.content for m in prompt.messages] if prompt.messages is not None else [prompt.text or ""]
         n = sum(math.ceil(utf8_size(t) / 3) for t in texts)

@@ -40,9 +40,8 @@ from llmesh.types import Delta, Finish, FinishReason, Priority, Usage
 from llmesh.validation import uses_tools
 from llmesh.gateway.context import CompletionRequest, Context, Items, Upstream, Wrap
 from llmesh.gateway.record import RequestRecord
-from llmesh.gateway.domain.prompt_tokens import NoTokens, Tokenizer
+from llmesh.gateway.domain.prompt_tokens import NoTokens, RequestTokens, Tokenizer
 from llmesh.gateway.upstream.ports import EngineClient, ProviderPort
-from llmesh.gateway.upstream.prompt_ids import RequestTokens
 from llmesh.gateway.upstream.lost import LostEngineHold
 from llmesh.gateway.upstream.picking import EndpointPicker, PickInput
 from llmesh.gateway.upstream.picking.types import work_tokens
