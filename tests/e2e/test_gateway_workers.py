@@ -18,6 +18,7 @@ import grpc
 import httpx
 import openai
 import pytest
+import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmesh.audit import read_records, verify
@@ -56,6 +57,7 @@ class Gateway:
             "LLMESH_CONFIG_BACKEND": "file", "LLMESH_CONFIG_FILE": str(config),
             "LLMESH_GATEWAY_BATCH_CLAIM_IDLE_S": "2"}, log_path)
         self.sent = 0
+        self.redis_url = redis_url
 
     @property
     def url(self) -> str:
@@ -190,7 +192,9 @@ def test_a_batch_completes_once_per_line_when_a_worker_process_is_killed_mid_bat
     batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")
     assert wait_until(lambda: client.batches.retrieve(batch.id).request_counts.completed >= 8, 30)
     victim = gateway.ready_pids()[0]
+    held = _stopped_holding_lines(victim, gateway.redis_url)
     os.kill(victim, signal.SIGKILL)
+    assert held > 0
     assert wait_until(lambda: gateway.ready_pids().get(0) not in (None, victim), 30)
     assert wait_until(lambda: client.batches.retrieve(batch.id).status in ("completed", "failed"), 90)
     done = client.batches.retrieve(batch.id)
@@ -198,7 +202,32 @@ def test_a_batch_completes_once_per_line_when_a_worker_process_is_killed_mid_bat
     out = [json.loads(x) for x in client.files.content(done.output_file_id).text.splitlines()]
     assert sorted(x["custom_id"] for x in out) == sorted(x["custom_id"] for x in lines)  # each exactly once
     assert {x["response"]["status_code"] for x in out} == {200} and done.error_file_id is None
-    assert any(r.get("msg") == "batch lines claimed" for r in gateway.log())  # the dead worker's lines ran again
+    # the dead worker's lines were claimed (a line it had recorded but not acknowledged may be claimed after the
+    # batch completed: run again, recorded once) and none is left pending
+    assert wait_until(lambda: any(r.get("msg") == "batch lines claimed" for r in gateway.log()), 15)
+    assert wait_until(lambda: _pending(gateway.redis_url)["pending"] == 0, 15)
+
+
+def _pending(redis_url: str) -> dict:
+    client = redis.Redis.from_url(redis_url)
+    try:
+        return client.xpending("llmesh:batch:queue", "llmesh-batches")
+    finally:
+        client.close()
+
+
+def _stopped_holding_lines(pid: int, redis_url: str) -> int:
+    """Stops the worker (SIGSTOP) at a moment its consumer holds lines it took and has not acknowledged, and
+    returns how many: the lines of a wave finish together, and a kill between the wave's acks and the next take
+    would leave nothing to claim. The caller kills it."""
+    for _ in range(200):
+        os.kill(pid, signal.SIGSTOP)
+        held = sum(c["pending"] for c in _pending(redis_url)["consumers"] if f":{pid}:" in c["name"].decode())
+        if held:
+            return held
+        os.kill(pid, signal.SIGCONT)
+        time.sleep(0.01)
+    return 0
 
 
 def test_sigterm_drains_every_worker_and_stops(gateway):
