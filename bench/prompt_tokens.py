@@ -59,8 +59,8 @@ async def served(tokens: PromptTokens, model: str, prompt: Prompt, requests: int
 
     async def one() -> int:
         await asyncio.sleep(0)
-        ids = await tokens.ahead(model, prompt) if ahead else None
-        return len(ids if ids is not None else tokens(model, prompt))
+        ids = await tokens.ahead(model, [prompt]) if ahead else None
+        return len(ids[0] if ids is not None else tokens(model, prompt))
 
     tick = asyncio.create_task(ticker())
     await asyncio.sleep(0.005)
@@ -85,7 +85,7 @@ async def measure(tokens: PromptTokens, model: str, requests: int, rounds: int) 
             times.append(time.perf_counter() - start)
         messages = prompt.messages or ()
         row = {"messages": len(messages), "prompt_chars": sum(len(m.content) for m in messages), "prompt_tokens": n,
-               "tokenize_ms_p50": round(statistics.median(times) * 1000, 2), "worth_a_thread": worth_a_thread(prompt)}
+               "tokenize_ms_p50": round(statistics.median(times) * 1000, 2), "worth_a_thread": worth_a_thread([prompt])}
         for mode in ("inline", "ahead"):
             runs = [await served(tokens, model, prompt, requests, mode == "ahead") for _ in range(rounds)]
             row[mode] = {k: round(statistics.median(r[k] for r in runs), 2) for k in runs[0]}

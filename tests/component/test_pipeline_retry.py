@@ -108,8 +108,8 @@ class SmolTokens:
         self.in_place += 1
         return self.tokens("smollm2-135m-instruct", prompt)
 
-    async def ahead(self, model, prompt):
-        ids = await self.tokens.ahead("smollm2-135m-instruct", prompt)
+    async def ahead(self, model, prompts):
+        ids = await self.tokens.ahead("smollm2-135m-instruct", prompts)
         self.on_a_thread += ids is not None
         return ids
 

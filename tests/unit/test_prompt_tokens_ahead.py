@@ -44,8 +44,8 @@ async def test_a_long_prompt_is_tokenized_on_a_thread_as_the_pick_would_and_a_sh
         tokens, model, cls = PromptTokens(tmp_path), "byte-level", HfChatTokenizer
     seen = on_threads(monkeypatch, cls)
     try:
-        assert await tokens.ahead(model, SHORT) is None and seen == []
-        ahead = await tokens.ahead(model, LONG)
+        assert await tokens.ahead(model, [SHORT]) is None and seen == []
+        [ahead] = await tokens.ahead(model, [LONG])
         assert seen and seen[-1] != threading.get_ident()  # not the event loop's thread
         assert list(ahead) == tokens(model, LONG) and len(ahead) > AHEAD_CHARS // 8
         assert seen[-1] == threading.get_ident()
@@ -54,16 +54,18 @@ async def test_a_long_prompt_is_tokenized_on_a_thread_as_the_pick_would_and_a_sh
 
 
 def test_a_chat_of_many_short_messages_is_worth_a_thread_and_a_lone_question_is_not():
-    assert not worth_a_thread(SHORT) and worth_a_thread(LONG)
-    assert worth_a_thread(Prompt(messages=tuple(Message("user", "hi") for _ in range(6))))  # the template's work
-    assert worth_a_thread(Prompt(text="x" * AHEAD_CHARS)) and not worth_a_thread(Prompt(text="x" * (AHEAD_CHARS - 1)))
+    assert not worth_a_thread([SHORT]) and worth_a_thread([LONG])
+    assert worth_a_thread([Prompt(messages=tuple(Message("user", "hi") for _ in range(6)))])  # the template's work
+    assert worth_a_thread([Prompt(text="x" * AHEAD_CHARS)])
+    assert not worth_a_thread([Prompt(text="x" * (AHEAD_CHARS - 1))])
+    assert worth_a_thread([Prompt(text="x" * 64)] * (AHEAD_CHARS // 64))  # many short texts: long together
 
 
 async def test_the_sim_tokenizer_and_a_model_without_one_are_not_sent_to_a_thread():
     tokens = PromptTokens(None)
     try:
-        assert await tokens.ahead("sim-small", LONG) is None  # Python: it would hold the GIL anyway
-        assert await tokens.ahead("unknown", LONG) is None
+        assert await tokens.ahead("sim-small", [LONG]) is None  # Python: it would hold the GIL anyway
+        assert await tokens.ahead("unknown", [LONG]) is None
         assert len(tokens("sim-small", LONG)) > AHEAD_CHARS // 8
     finally:
         tokens.close()
@@ -80,11 +82,12 @@ class Counting:
         self.inline += 1
         return list(range(sum(len(m.content.split()) for m in prompt.messages or ())))
 
-    async def ahead(self, model: str, prompt: Prompt) -> list[int] | None:
+    async def ahead(self, model: str, prompts: list[Prompt]) -> list[list[int]] | None:
         if not self._ahead:
             return None
         self.threaded += 1
-        return await asyncio.to_thread(lambda: list(range(sum(len(m.content.split()) for m in prompt.messages))))
+        return await asyncio.to_thread(lambda: [list(range(sum(len(m.content.split()) for m in p.messages)))
+                                                for p in prompts])
 
 
 async def test_one_request_is_tokenized_once_per_model_over_all_its_picks():
@@ -108,6 +111,24 @@ async def test_the_token_count_for_limits_takes_the_tokens_worked_out_ahead():
     assert await TokenCounter(tok).count("m", LONG) == sum(len(m.content.split()) for m in LONG.messages)
     assert (tok.threaded, tok.inline) == (1, 0)
     assert await TokenCounter(NoTokens()).count("m", SHORT) > 0  # no tokenizer: the estimate
+
+
+async def test_an_embeddings_request_s_many_short_inputs_are_counted_in_one_trip_to_a_thread(real_model_dir,
+                                                                                              monkeypatch):
+    tokens = PromptTokens(real_model_dir)
+    texts = tuple(f"input {i}: " + "the harbour and the tides " * 3 for i in range(64))  # ~90 characters each
+    seen = on_threads(monkeypatch, GgufChatTokenizer)
+    try:
+        counted = await TokenCounter(tokens).count_texts(SMOL, texts)
+        assert len(seen) == len(texts) and len(set(seen)) == 1 and seen[0] != threading.get_ident()
+        assert counted == sum(len(tokens(SMOL, Prompt(text=t))) for t in texts)
+        seen.clear()
+        two = await TokenCounter(tokens).count_texts(SMOL, texts[:2])
+        assert seen == [threading.get_ident()] * 2  # two short texts: in place
+        assert two == sum(len(tokens(SMOL, Prompt(text=t))) for t in texts[:2])
+    finally:
+        tokens.close()
+    assert await TokenCounter(NoTokens()).count_texts(SMOL, texts) == sum(-(-len(t) // 3) for t in texts)
 
 
 def test_the_sim_tokenizer_memo_keeps_short_words_only_and_changes_no_token():

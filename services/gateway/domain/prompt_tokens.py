@@ -41,8 +41,8 @@ class Tokenizer(Protocol):
 
     def __call__(self, model: str, prompt: Prompt) -> Sequence[int]: ...
 
-    async def ahead(self, model: str, prompt: Prompt) -> Sequence[int] | None:
-        """The prompt's tokens, worked out off the event loop where that pays; None: tokenize it in place."""
+    async def ahead(self, model: str, prompts: Sequence[Prompt]) -> list[Sequence[int]] | None:
+        """Each prompt's tokens, worked out off the event loop where that pays; None: tokenize them in place."""
         ...
 
 
@@ -52,7 +52,7 @@ class NoTokens:
     def __call__(self, model: str, prompt: Prompt) -> Sequence[int]:
         return ()
 
-    async def ahead(self, model: str, prompt: Prompt) -> Sequence[int] | None:
+    async def ahead(self, model: str, prompts: Sequence[Prompt]) -> list[Sequence[int]] | None:
         return None
 
 
@@ -73,8 +73,8 @@ class RequestTokens:
 
     async def ready(self, model: str) -> None:
         """Tokenizes the prompt for ``model`` now, on a thread, if it is long enough to be worth it."""
-        if model not in self._ids and (ids := await self._tokenizer.ahead(model, self._prompt)) is not None:
-            self._ids[model] = ids
+        if model not in self._ids and (ids := await self._tokenizer.ahead(model, (self._prompt,))) is not None:
+            self._ids[model] = ids[0]
 
     def of(self, model: str) -> Callable[[], Sequence[int]]:
         """The prompt's tokens for ``model``, when called: those ``ready`` found, else tokenized then."""
@@ -85,11 +85,16 @@ class RequestTokens:
         return tokens
 
 
-def worth_a_thread(prompt: Prompt) -> bool:
-    """Whether tokenizing ``prompt`` costs enough to go to a thread (``AHEAD_CHARS``)."""
+def worth_a_thread(prompts: Sequence[Prompt]) -> bool:
+    """Whether tokenizing ``prompts`` costs enough to go to a thread (``AHEAD_CHARS``): an embeddings
+    request's many short inputs may, together."""
+    return sum(_work(p) for p in prompts) >= AHEAD_CHARS
+
+
+def _work(prompt: Prompt) -> int:
     if prompt.messages is None:
-        return len(prompt.text or "") >= AHEAD_CHARS
-    return sum(len(m.content) + MESSAGE_CHARS for m in prompt.messages) >= AHEAD_CHARS
+        return len(prompt.text or "")
+    return sum(len(m.content) + MESSAGE_CHARS for m in prompt.messages)
 
 
 def _plain(name: str) -> bool:
@@ -127,18 +132,18 @@ class PromptTokens:
         tok = self._tokenizer(model)
         return tok(prompt) if tok is not None else []
 
-    async def ahead(self, model: str, prompt: Prompt) -> Sequence[int] | None:
-        """``prompt``'s tokens for ``model``, worked out on a thread, when it is long enough to hold
-        the event loop (``worth_a_thread``) and its tokenizer lets go of the GIL; None otherwise (the
-        caller tokenizes it in place, when it needs the tokens)."""
-        if not worth_a_thread(prompt):
+    async def ahead(self, model: str, prompts: Sequence[Prompt]) -> list[Sequence[int]] | None:
+        """Each prompt's tokens for ``model``, worked out in one trip to a thread, when together they
+        are long enough to hold the event loop (``worth_a_thread``) and the tokenizer lets go of the
+        GIL; None otherwise (the caller tokenizes them in place, when it needs the tokens)."""
+        if not worth_a_thread(prompts):
             return None
         tok = self._tokenizer(model)
         if tok is None or tok is sim_tokenize:
             return None
         if self._pool is None:
             self._pool = ThreadPoolExecutor(THREADS, thread_name_prefix="tokenize")
-        return await asyncio.get_running_loop().run_in_executor(self._pool, tok, prompt)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, lambda: [tok(p) for p in prompts])
 
     def close(self) -> None:
         if self._pool is not None:

@@ -30,16 +30,26 @@ class TokenCounter:
         self._tokens = tokens
 
     async def count_texts(self, model: str, texts: tuple[str, ...]) -> int:
-        """An embeddings request's inputs: each as a raw text (no chat template)."""
-        return sum([await self.count(model, Prompt(text=t)) for t in texts])
+        """An embeddings request's inputs: each as a raw text (no chat template); many short ones that
+        are long together go off the event loop in one trip."""
+        prompts = [Prompt(text=t) for t in texts]
+        ids = await self._tokens.ahead(model, prompts)
+        if ids is None:
+            ids = [self._tokens(model, p) for p in prompts]
+        return sum(len(i) if i else _estimate(p) for i, p in zip(ids, prompts, strict=True))
 
     async def count(self, model: str, prompt: Prompt) -> int:
         tokens = RequestTokens(self._tokens, prompt)
         await tokens.ready(model)  # a long prompt: off the event loop
         if ids := tokens.of(model)():
             return len(ids)
-        texts = [m.content for m in prompt.messages] if prompt.messages is not None else [prompt.text or ""]
-        n = sum(math.ceil(utf8_size(t) / 3) for t in texts)
-        if prompt.messages is not None:
-            n += PER_MESSAGE * len(prompt.messages) + PER_REPLY
-        return n
+        return _estimate(prompt)
+
+
+def _estimate(prompt: Prompt) -> int:
+    """A token per 3 bytes, 4 per message and 3 for the reply (no tokenizer for the model)."""
+    texts = [m.content for m in prompt.messages] if prompt.messages is not None else [prompt.text or ""]
+    n = sum(math.ceil(utf8_size(t) / 3) for t in texts)
+    if prompt.messages is not None:
+        n += PER_MESSAGE * len(prompt.messages) + PER_REPLY
+    return n
