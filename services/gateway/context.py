@@ -17,6 +17,7 @@ from opentelemetry.trace import INVALID_SPAN, Span
 
 from llmesh.liveconfig.schema import ModelPolicy
 from llmesh.types import Delta, Finish, Priority, Prompt, Sampling, Tools
+from llmesh.gateway.domain.prompt_tokens import RequestTokens
 from llmesh.gateway.record import RequestRecord
 
 T = TypeVar("T")
@@ -177,6 +178,7 @@ class Context:
     # common (the guards screen it once, not once per choice). None: a request of one choice.
     shared: dict[Any, Any] | None = None
     loose_cache: LooseCache | None = None  # set by the degradation stage under load
+    tokens: RequestTokens | None = None  # the prompt's tokens as the limits counted them (the router's, if unchanged)
 
     def wrap(self, wrap: Wrap) -> None:
         """Puts ``wrap`` around the upstream, as the stages before left it: a wrap put later

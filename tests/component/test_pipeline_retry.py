@@ -116,8 +116,15 @@ class SmolTokens:
 
 @pytest.mark.parametrize("system, on_a_thread, in_place", [("the harbour and the tides " * 60, 1, 0),
                                                             ("be brief", 0, 1)])
+@pytest.mark.parametrize("limited", [False, True])
 async def test_a_retried_request_is_tokenized_once_for_all_its_picks_a_long_one_off_the_loop(
-        engines, real_model_dir, system, on_a_thread, in_place):
+        engines, real_model_dir, system, on_a_thread, in_place, limited):
+    """With a token limit, the limits' count and the picks share one tokenization too."""
+    from llmesh.gateway.domain.limits import LocalLimiter
+    from llmesh.gateway.domain.tokens import TokenCounter
+    from llmesh.gateway.stages.validate import ValidateStage
+    from llmesh.gateway.stages.route import RouteStage
+    from llmesh.gateway.stages.limits import LimitStage
     from llmesh.liveconfig.schema import MeshConfig
 
     live = await engines("live", MODEL)
@@ -126,8 +133,11 @@ async def test_a_retried_request_is_tokenized_once_for_all_its_picks_a_long_one_
     picker.replace_all([dead, live])
     picker.acquire("live")  # the dead one looks less loaded: it is picked first, then live on the retry
     clients, tokens = EngineClients(), SmolTokens(real_model_dir)
-    config = MeshConfig.model_validate({"models": {MODEL: {"routing": "prefix_aware"}}})  # its picks read tokens
-    pipeline = Pipeline(picker, clients, Catalog(MODEL), config=lambda: config, prompt_tokens=tokens)
+    config = MeshConfig.model_validate({"models": {MODEL: {"routing": "prefix_aware"}},  # its picks read tokens
+                                        "rate_limits": {"t": {"tokens_per_minute": 10**6}} if limited else {}})
+    stages = [ValidateStage(), RouteStage(Catalog(MODEL), lambda: config),
+              LimitStage(LocalLimiter(), lambda: config, TokenCounter(tokens))]
+    pipeline = Pipeline(picker, clients, Catalog(MODEL), config=lambda: config, prompt_tokens=tokens, stages=stages)
     try:
         text, finish, *_ = await collect(pipeline, request(system=system))
         assert text and finish.usage.completion_tokens == 5

@@ -108,9 +108,10 @@ async def test_one_request_is_tokenized_once_per_model_over_all_its_picks():
 
 async def test_the_token_count_for_limits_takes_the_tokens_worked_out_ahead():
     tok = Counting(ahead=True)
-    assert await TokenCounter(tok).count("m", LONG) == sum(len(m.content.split()) for m in LONG.messages)
+    counter = TokenCounter(tok)
+    assert await counter.count("m", counter.tokens(LONG)) == sum(len(m.content.split()) for m in LONG.messages)
     assert (tok.threaded, tok.inline) == (1, 0)
-    assert await TokenCounter(NoTokens()).count("m", SHORT) > 0  # no tokenizer: the estimate
+    assert await TokenCounter(NoTokens()).count("m", counter.tokens(SHORT)) > 0  # no tokenizer: the estimate
 
 
 async def test_an_embeddings_request_s_many_short_inputs_are_counted_in_one_trip_to_a_thread(real_model_dir,
@@ -154,3 +155,12 @@ async def test_the_tokens_are_the_chat_s_as_an_engine_sees_it_with_the_offered_t
     tok = Counting(ahead=False)
     with_tools = RequestTokens(tok, SHORT, tools).of("m")()
     assert len(with_tools) == len(tok("m", render(SHORT, tools))) > len(tok("m", SHORT))
+    # the limits count what the engine will: the offered tools too, with a tokenizer or by the estimate
+    counter = TokenCounter(tok)
+    assert await counter.count("m", counter.tokens(SHORT, tools)) == len(with_tools)
+    estimate = TokenCounter(NoTokens())
+    assert await estimate.count("m", estimate.tokens(SHORT, tools)) > await estimate.count("m", estimate.tokens(SHORT))
+    # the router takes the limits' tokens only for the same prompt and tools (a masked prompt is a new one)
+    counted = counter.tokens(SHORT, tools)
+    assert counted.serves(SHORT, tools)
+    assert not counted.serves(Prompt(messages=SHORT.messages), tools) and not counted.serves(SHORT, None)

@@ -67,20 +67,25 @@ class RequestTokens:
         self._ids: dict[str, Sequence[int]] = {}
 
     @functools.cached_property
-    def _prompt(self) -> Prompt:
+    def prompt(self) -> Prompt:
         """The chat as an engine sees it: the offered tools in its system message (``render``)."""
         return render(self._chat, self._tools)
 
+    def serves(self, chat: Prompt, tools: Tools | None) -> bool:
+        """Whether these are the tokens of ``chat`` with ``tools`` (the same objects: a stage that
+        changes a request's prompt, as masking does, makes new ones)."""
+        return chat is self._chat and tools is self._tools
+
     async def ready(self, model: str) -> None:
         """Tokenizes the prompt for ``model`` now, on a thread, if it is long enough to be worth it."""
-        if model not in self._ids and (ids := await self._tokenizer.ahead(model, (self._prompt,))) is not None:
+        if model not in self._ids and (ids := await self._tokenizer.ahead(model, (self.prompt,))) is not None:
             self._ids[model] = ids[0]
 
     def of(self, model: str) -> Callable[[], Sequence[int]]:
         """The prompt's tokens for ``model``, when called: those ``ready`` found, else tokenized then."""
         def tokens() -> Sequence[int]:
             if model not in self._ids:
-                self._ids[model] = self._tokenizer(model, self._prompt)
+                self._ids[model] = self._tokenizer(model, self.prompt)
             return self._ids[model]
         return tokens
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from llmesh.types import Prompt
+from llmesh.types import Prompt, Tools
 from llmesh.gateway.domain.prompt_tokens import RequestTokens, Tokenizer
 
 PER_MESSAGE = 4
@@ -38,12 +38,17 @@ class TokenCounter:
             ids = [self._tokens(model, p) for p in prompts]
         return sum(len(i) if i else _estimate(p) for i, p in zip(ids, prompts, strict=True))
 
-    async def count(self, model: str, prompt: Prompt) -> int:
-        tokens = RequestTokens(self._tokens, prompt)
+    def tokens(self, prompt: Prompt, tools: Tools | None = None) -> RequestTokens:
+        """A request's tokens, to count here and to pick its engines with (the router takes them
+        when the prompt and tools are still these)."""
+        return RequestTokens(self._tokens, prompt, tools)
+
+    async def count(self, model: str, tokens: RequestTokens) -> int:
+        """The prompt's tokens for ``model``, with the offered tools as the engine renders them."""
         await tokens.ready(model)  # a long prompt: off the event loop
         if ids := tokens.of(model)():
             return len(ids)
-        return _estimate(prompt)
+        return _estimate(tokens.prompt)
 
 
 def _estimate(prompt: Prompt) -> int:

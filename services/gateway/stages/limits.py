@@ -44,7 +44,8 @@ class LimitStage(Stage):
         elif req.inputs is not None:
             input_tokens = await self._counter.count_texts(req.model, req.inputs)
         else:
-            input_tokens = await self._counter.count(req.model, req.prompt)
+            ctx.tokens = self._counter.tokens(req.prompt, req.tools)
+            input_tokens = await self._counter.count(req.model, ctx.tokens)
         output = 0 if req.embeds else req.sampling.max_tokens or self._reserve  # embeddings: prompt tokens only
         ask = Ask(tenant=req.tenant, rid=req.request_id, tokens=input_tokens + output if counted else 0,
                   rpm=(rl.requests_per_minute or 0) if rl else 0, tpm=(rl.tokens_per_minute or 0) if rl else 0,

@@ -140,7 +140,9 @@ class Router:
             work = work_tokens(req.prompt, req.sampling.max_tokens, inputs=req.inputs)  # what a queue gains from it
             chain = (req.model, *policy.fallbacks)
             needs_tools = uses_tools(req.prompt, req.tools)
-            tokens = RequestTokens(self._prompt_tokens, req.prompt, req.tools)
+            tokens = ctx.tokens
+            if tokens is None or not tokens.serves(req.prompt, req.tools):  # none counted, or masked since
+                tokens = RequestTokens(self._prompt_tokens, req.prompt, req.tools)
             config = self._config()
             for model in chain:
                 if state.mid_stream is not None:
