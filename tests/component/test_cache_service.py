@@ -3,6 +3,7 @@ MiniLM: hits shared by two cache instances and kept across a restart, no hit acr
 tenants or system prompts, live config read per request, fail-open when Redis stops."""
 
 import asyncio
+import threading
 import time
 import uuid
 
@@ -14,7 +15,7 @@ from llmesh.cache.config import CacheSettings
 from llmesh.liveconfig.schema import MeshConfig
 from llmesh.platform import standalone_platform
 from llmesh.rpc.channels import mesh_channel
-from llmesh.testing import RedisServer
+from llmesh.testing import RedisServer, wait_until_async
 from llmesh.v1 import cache_pb2, cache_pb2_grpc, common_pb2
 
 SEMANTIC = MeshConfig.model_validate({"cache": {"mode": "semantic", "semantic_threshold": 0.8}})
@@ -292,23 +293,30 @@ async def test_late_lookups_past_late_max_are_shed(start, monkeypatch):
 
     monkeypatch.setattr(responses, "LATE_MAX", 1)
     r = await start()
+    gate = threading.Event()
     try:
         minilm = r.app.semantic.embedder
         encode = minilm.encode
 
-        def slow(text: str):
-            time.sleep(0.3)
+        def held(text: str):  # every embedding waits for the gate: the first lookup stays late
+            gate.wait(10)
             return encode(text)
 
-        monkeypatch.setattr(minilm, "encode", slow)
-        asks = [r.stub.Lookup(cache_pb2.LookupRequest(query=query(q)), timeout=0.05)
-                for q in ("How can I reset my password?", "How can I change my email address?")]
-        outcomes = await asyncio.gather(*asks, return_exceptions=True)
-        assert all(isinstance(o, grpc.aio.AioRpcError) for o in outcomes), outcomes
+        monkeypatch.setattr(minilm, "encode", held)
         late = r.app.metrics.late_lookups
-        deadline = time.monotonic() + 5
-        while late.labels("miss")._value.get() < 1 and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        assert late.labels("miss")._value.get() == 1 and late.labels("dropped")._value.get() == 1
+
+        async def given_up(q: str) -> None:
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await r.stub.Lookup(cache_pb2.LookupRequest(query=query(q)), timeout=0.3)
+            assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+
+        await given_up("How can I reset my password?")
+        assert await wait_until_async(lambda: r.app.cache._late == 1)  # it runs on, late
+        await given_up("How can I change my email address?")  # LATE_MAX late ones running: this one is shed
+        assert await wait_until_async(lambda: late.labels("dropped")._value.get() == 1)
+        gate.set()
+        assert await wait_until_async(lambda: late.labels("miss")._value.get() == 1)  # the late one finished: a miss
+        assert r.app.cache._late == 0 and late.labels("dropped")._value.get() == 1
     finally:
+        gate.set()
         await r.stop()
