@@ -16,7 +16,8 @@ class CacheMetrics:
                                     "here is an answer the budget lost.", ("result",),
                                     registry=registry)
         self.stores = Counter("llmesh_cache_stores", "Responses stored.", registry=registry)
-        self.latency = Histogram("llmesh_cache_lookup_seconds", "Time to answer a lookup.",
+        self.latency = Histogram("llmesh_cache_lookup_seconds", "Time to answer a lookup (a lookup whose "
+                                 "caller gave up first is in llmesh_cache_late_lookups instead).",
                                  buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1),
                                  registry=registry)
         self.store_errors = Counter("llmesh_cache_store_errors", "Store calls that failed or ran over budget "

@@ -317,6 +317,10 @@ async def test_late_lookups_past_late_max_are_shed(start, monkeypatch):
         gate.set()
         assert await wait_until_async(lambda: late.labels("miss")._value.get() == 1)  # the late one finished: a miss
         assert r.app.cache._late == 0 and late.labels("dropped")._value.get() == 1
+        # neither was answered: the lookup latency histogram holds neither (it held both, timed to their cancels)
+        assert r.app.metrics.latency._sum.get() == 0
+        await r.stub.Lookup(cache_pb2.LookupRequest(query=query("How do I delete my account?")), timeout=10)
+        assert r.app.metrics.latency._sum.get() > 0  # an answered one is
     finally:
         gate.set()
         await r.stop()
