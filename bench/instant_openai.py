@@ -27,7 +27,7 @@ def running(chunks: int, nice: int = 0) -> Iterator[str]:
     machine; niced, its CPU here counts less against what the bench measures)."""
     port = free_ports(1)[0]
     server = subprocess.Popen([sys.executable, "-m", "bench.instant_openai", "--port", str(port),
-                               "--chunks", str(chunks)], preexec_fn=(lambda: os.nice(nice)) if nice else None)
+                               "--chunks", str(chunks), "--nice", str(nice)])  # no preexec_fn: llmesh.orphans
     try:
         assert wait_until(lambda: port_open(port), 20), "the instant server did not start"
         yield f"http://127.0.0.1:{port}/v1"
@@ -77,7 +77,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--chunks", type=int, default=32)
+    parser.add_argument("--nice", type=int, default=0, help="added to this process's nice value")
     args = parser.parse_args()
+    if args.nice:
+        os.nice(args.nice)
     uvicorn.run(app_for(args.chunks), host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
 
 
