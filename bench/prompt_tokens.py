@@ -2,17 +2,19 @@
 counts and picks with (llama.cpp's, from SmolLM2's GGUF in the model store; a Hugging Face
 folder's when one is there: ``make vllm-model``'s SmolLM2), on chats of growing length.
 
-Per tokenizer and length (a lone question, then chats of 12 messages), ``--requests`` requests arrive
-at once on one event loop, as the gateway's limits and picks meet them, while a ticker on the same
-loop asks to wake every millisecond:
+Per tokenizer and length (a lone question, chats of 12 messages, then an embeddings request of
+``--inputs`` short texts, as the token limits count them), ``--requests`` requests arrive at once on
+one event loop, as the gateway's limits and picks meet them, while a ticker on the same loop asks to
+wake every millisecond:
 
-- ``inline``: each tokenized on the loop, as the gateway did before ``PromptTokens.ahead``;
+- ``inline``: each tokenized on the loop, as the gateway did before ``PromptTokens.ahead`` (and the
+  embeddings inputs, each too short for a thread alone, before ``ahead`` took them together);
 - ``ahead``: each through ``PromptTokens.ahead`` (a thread when ``worth_a_thread``, else inline).
 
 Reported: the prompt's tokens, one tokenization's median time, and per mode the loop's longest
 stall (the ticker's worst lateness) and p99, and the wall time until every request had its tokens.
 
-    python -m bench.prompt_tokens [--json] [--requests 8] [--rounds 5]
+    python -m bench.prompt_tokens [--json] [--requests 8] [--rounds 5] [--inputs 2048]
 """
 
 from __future__ import annotations
@@ -46,8 +48,14 @@ def chat(words: int, rng: random.Random) -> Prompt:
     return Prompt(messages=(*turns, Message("user", "And what now?")))
 
 
-async def served(tokens: PromptTokens, model: str, prompt: Prompt, requests: int, ahead: bool) -> dict:
-    """``requests`` requests for ``prompt``'s tokens at once, with a 1 ms ticker on the loop."""
+def inputs(n: int) -> list[Prompt]:
+    """An embeddings request's ``n`` inputs of ~470 characters each: each under ``AHEAD_CHARS``."""
+    return [Prompt(text=f"document {i}: " + "the harbour, the boats and the tides of the northern sea " * 8)
+            for i in range(n)]
+
+
+async def served(tokens: PromptTokens, model: str, prompts: list[Prompt], requests: int, ahead: bool) -> dict:
+    """``requests`` requests for ``prompts``' tokens at once, with a 1 ms ticker on the loop."""
     late: list[float] = []
     done = asyncio.Event()
 
@@ -59,8 +67,8 @@ async def served(tokens: PromptTokens, model: str, prompt: Prompt, requests: int
 
     async def one() -> int:
         await asyncio.sleep(0)
-        ids = await tokens.ahead(model, [prompt]) if ahead else None
-        return len(ids[0] if ids is not None else tokens(model, prompt))
+        ids = await tokens.ahead(model, prompts) if ahead else None
+        return sum(map(len, ids if ids is not None else [tokens(model, p) for p in prompts]))
 
     tick = asyncio.create_task(ticker())
     await asyncio.sleep(0.005)
@@ -74,20 +82,22 @@ async def served(tokens: PromptTokens, model: str, prompt: Prompt, requests: int
             "wall_ms": round(wall * 1000, 1)}
 
 
-async def measure(tokens: PromptTokens, model: str, requests: int, rounds: int) -> list[dict]:
+async def measure(tokens: PromptTokens, model: str, requests: int, rounds: int, n_inputs: int) -> list[dict]:
     rng, rows = random.Random(7), []
     tokens(model, chat(20, rng))  # loads the vocabulary
-    for prompt in (QUESTION, *(chat(words, rng) for words in WORDS)):
+    for prompts in ([QUESTION], *([chat(words, rng)] for words in WORDS), inputs(n_inputs)):
         times = []
         for _ in range(rounds):
             start = time.perf_counter()
-            n = len(tokens(model, prompt))
+            n = sum(len(tokens(model, p)) for p in prompts)
             times.append(time.perf_counter() - start)
-        messages = prompt.messages or ()
-        row = {"messages": len(messages), "prompt_chars": sum(len(m.content) for m in messages), "prompt_tokens": n,
-               "tokenize_ms_p50": round(statistics.median(times) * 1000, 2), "worth_a_thread": worth_a_thread([prompt])}
+        texts = [m.content for p in prompts for m in p.messages] if prompts[0].messages else [p.text for p in prompts]
+        row = {"kind": "chat" if prompts[0].messages else "embeddings", "inputs": len(prompts),
+               "messages": sum(len(p.messages or ()) for p in prompts), "prompt_chars": sum(map(len, texts)),
+               "prompt_tokens": n, "tokenize_ms_p50": round(statistics.median(times) * 1000, 2),
+               "worth_a_thread": worth_a_thread(prompts)}
         for mode in ("inline", "ahead"):
-            runs = [await served(tokens, model, prompt, requests, mode == "ahead") for _ in range(rounds)]
+            runs = [await served(tokens, model, prompts, requests, mode == "ahead") for _ in range(rounds)]
             row[mode] = {k: round(statistics.median(r[k] for r in runs), 2) for k in runs[0]}
         note(f"prompt_tokens: {model} {n} tokens: {row}")
         rows.append(row)
@@ -99,11 +109,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--json", action="store_true", help="print the JSON document only (the default prints it too)")
     ap.add_argument("--requests", type=int, default=8, help="requests that arrive together (default 8)")
     ap.add_argument("--rounds", type=int, default=5, help="rounds per cell; medians are reported (default 5)")
+    ap.add_argument("--inputs", type=int, default=2048, help="the embeddings request's inputs (default 2048)")
     args = ap.parse_args(argv)
     found = {"gguf": (GGUF_STORE, GGUF_MODEL) if (GGUF_STORE / GGUF_MODEL / "model.json").is_file() else None,
              "hf": (HF_FOLDER.parent, HF_FOLDER.name) if (HF_FOLDER / "tokenizer.json").is_file() else None}
     out: dict = {"bench": "prompt_tokens", "ahead_chars": AHEAD_CHARS, "requests": args.requests,
-                 "rounds": args.rounds, "tokenizers": {}}
+                 "rounds": args.rounds, "inputs": args.inputs, "tokenizers": {}}
     for kind, where in found.items():
         if where is None:
             out["tokenizers"][kind] = None
@@ -111,7 +122,8 @@ def main(argv: list[str] | None = None) -> None:
         tokens = PromptTokens(where[0])
         try:
             out["tokenizers"][kind] = {"model": where[1],
-                                       "cells": asyncio.run(measure(tokens, where[1], args.requests, args.rounds))}
+                                       "cells": asyncio.run(measure(tokens, where[1], args.requests, args.rounds,
+                                                                          args.inputs))}
         finally:
             tokens.close()
     print(json.dumps(out, indent=None if args.json else 2))

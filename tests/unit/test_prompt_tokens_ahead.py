@@ -164,3 +164,28 @@ async def test_the_tokens_are_the_chat_s_as_an_engine_sees_it_with_the_offered_t
     counted = counter.tokens(SHORT, tools)
     assert counted.serves(SHORT, tools)
     assert not counted.serves(Prompt(messages=SHORT.messages), tools) and not counted.serves(SHORT, None)
+
+
+async def test_the_limits_stage_counts_the_offered_tools_and_leaves_its_tokens_for_the_router():
+    """Through the real LimitStage and the sim tokenizer: the tokens a limited request is charged grow by its
+    offered tools as the engine renders them, and the request's tokens stay on its context for the picks."""
+    from llmesh.gateway.context import CompletionRequest, Context
+    from llmesh.gateway.domain.limits import LocalLimiter
+    from llmesh.gateway.stages.limits import LimitStage
+    from llmesh.liveconfig.schema import MeshConfig
+    from llmesh.prompt_tokens import sim_tokenize
+    from llmesh.tool_prompt import render
+    from llmesh.types import Sampling, Tool, Tools
+
+    tools = Tools((Tool("get_weather", "The weather in a city", '{"type": "object"}'),))
+    config = MeshConfig.model_validate({"rate_limits": {"t": {"tokens_per_minute": 100_000}}})
+    remaining = []
+    for offered in (None, tools):
+        stage = LimitStage(LocalLimiter(), lambda: config, TokenCounter(PromptTokens(None)))
+        ctx = Context.of(CompletionRequest(request_id="r", tenant="t", model="sim-a", prompt=SHORT,
+                                           sampling=Sampling(max_tokens=10), timeout_s=5, tools=offered))
+        await stage.admit(ctx)
+        remaining.append(int(ctx.headers["x-ratelimit-remaining-tokens"]))
+        assert ctx.tokens is not None and ctx.tokens.serves(ctx.req.prompt, offered)
+    assert remaining[0] == 100_000 - 10 - len(sim_tokenize(SHORT))
+    assert remaining[0] - remaining[1] == len(sim_tokenize(render(SHORT, tools))) - len(sim_tokenize(SHORT)) > 0
