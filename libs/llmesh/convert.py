@@ -35,8 +35,8 @@ _KV_KIND_TO_PB = {"stored": scheduler_pb2.KvEvent.STORED, "removed": scheduler_p
 _KV_KIND_FROM_PB = {v: k for k, v in _KV_KIND_TO_PB.items()}
 
 
-def kv_event_to_pb(kind: str, hashes: tuple[int, ...], parent: int = 0) -> scheduler_pb2.KvEvent:
-    return scheduler_pb2.KvEvent(kind=_KV_KIND_TO_PB[kind], block_hashes=hashes, parent_hash=parent)
+def kv_event_to_pb(kind: str, hashes: tuple[int, ...]) -> scheduler_pb2.KvEvent:
+    return scheduler_pb2.KvEvent(kind=_KV_KIND_TO_PB[kind], block_hashes=hashes)
 
 
 def kv_event_from_pb(pb: scheduler_pb2.KvEvent) -> tuple[str, tuple[int, ...]]:

@@ -21,7 +21,6 @@ __all__ = ["BLOCK_SIZE", "BlockLedger", "KvEvent", "KvEventLog", "chain_hashes"]
 class KvEvent:
     kind: str                 # "stored", "removed" or "cleared" (everything is gone)
     hashes: tuple[int, ...] = ()
-    parent: int = 0           # stored: the hash the first block chains from (0: sequence start)
 
 
 class KvEventLog:
@@ -41,10 +40,10 @@ class KvEventLog:
     def present(self) -> int:
         return len(self._present)
 
-    def stored(self, hashes: Sequence[int], parent: int = 0) -> None:
+    def stored(self, hashes: Sequence[int]) -> None:
         with self._lock:
             self._present.update(dict.fromkeys(hashes))
-            self._append(KvEvent("stored", tuple(hashes), parent))
+            self._append(KvEvent("stored", tuple(hashes)))
 
     def removed(self, hashes: Sequence[int]) -> None:
         with self._lock:
@@ -110,7 +109,7 @@ class BlockLedger:
             hits = keep
             while hits < len(new) and (self._refs[new[hits]] > 0 or new[hits] in self._cached):
                 hits += 1
-            self._ref(new[keep:], parent=held[-1] if held else 0)
+            self._ref(new[keep:])
             held.extend(new[keep:])
             return hits * self.block_size
 
@@ -123,7 +122,7 @@ class BlockLedger:
                 return
             parent = held[-1] if held else 0
             new = chain_hashes(tokens[len(held) * self.block_size:full * self.block_size], self.block_size, parent)
-            self._ref(new, parent)
+            self._ref(new)
             held.extend(new)
 
     def release(self, owner: Hashable) -> None:
@@ -152,19 +151,15 @@ class BlockLedger:
     def resync(self) -> list[KvEvent]:
         return self.log.resync()
 
-    def _ref(self, hashes: list[int], parent: int) -> None:
+    def _ref(self, hashes: list[int]) -> None:
         fresh: list[int] = []
-        first_parent, prev = parent, parent
         for h in hashes:
             if self._refs[h] == 0 and h not in self._cached:
-                if not fresh:
-                    first_parent = prev
                 fresh.append(h)
             self._cached.pop(h, None)  # cached -> held again
             self._refs[h] += 1
-            prev = h
         if fresh:
-            self.log.stored(fresh, first_parent)
+            self.log.stored(fresh)
 
     def _unref(self, hashes: list[int]) -> None:
         gone = []

@@ -106,7 +106,7 @@ class Reporter:
                 current = self._kv()  # a model swap brings a new source: start over from it
                 events = current.take_events() if current is source else current.resync()
                 source = current
-                report.kv_events.extend(kv_event_to_pb(e.kind, e.hashes, e.parent) for e in events)
+                report.kv_events.extend(kv_event_to_pb(e.kind, e.hashes) for e in events)
                 # always set: an engine whose hashes match nothing (no model) says so too
                 report.kv_hash.CopyFrom(kv_hash_to_pb(current.scheme) or scheduler_pb2.KvHashScheme())
             yield report

@@ -117,7 +117,7 @@ def test_vllms_batches_decode_with_their_shape_and_hashes():
     assert [e.kind for e in events] == ["cleared", "stored", "removed"]
     # a bytes hash is kept as vLLM itself turns it into an int (its default for events)
     assert events[1].hashes == (maybe_convert_block_hash(digest), 7) == (hash64(digest), 7)
-    assert events[1].parent == maybe_convert_block_hash(digest) and events[2].hashes == (7,)
+    assert events[2].hashes == (7,)
 
 
 def test_the_block_size_in_use_comes_from_vllms_events():
@@ -231,7 +231,7 @@ async def test_prefix_aware_picking_for_a_vllm_and_a_llamacpp_engine(real_vllm, 
     index = KvIndex()
     for eid, source in (("vllm-1", vllm_backend.kv_blocks), ("llama-1", llama)):
         index.set_scheme(eid, kv_hash_from_pb(kv_hash_to_pb(source.scheme)))
-        index.apply(eid, (kv_event_from_pb(kv_event_to_pb(e.kind, e.hashes, e.parent))
+        index.apply(eid, (kv_event_from_pb(kv_event_to_pb(e.kind, e.hashes))
                           for e in source.resync()))
     assert index.scheme("vllm-1").kind == "vllm" and index.scheme("llama-1").kind == "llmesh"
 

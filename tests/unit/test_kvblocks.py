@@ -19,7 +19,7 @@ def test_shared_blocks_are_stored_once_and_removed_with_the_last_owner():
     assert led.hold("s1", prefix + [2] * 16) == 32  # two blocks held by s0 already
     second = led.take_events()
     assert [e.kind for e in second] == ["stored"] and len(second[0].hashes) == 1
-    assert second[0].parent == first[0].hashes[1]
+    assert second[0].hashes == (chain_hashes([2] * 16, 16, parent=first[0].hashes[1])[0],)  # chained from s0's
     led.release("s0")
     gone = led.take_events()
     assert gone == [KvEvent("removed", (first[0].hashes[2],))]

@@ -268,7 +268,6 @@ def vllm_hash_scheme(cache_config) -> HashScheme | None:
 
 class BlockStored(msgspec.Struct, tag=True):
     block_hashes: list[bytes | int]
-    parent_block_hash: bytes | int | None = None
     token_ids: list[int] = []
     block_size: int = 0
     lora_name: str | None = None
@@ -304,8 +303,7 @@ def apply_vllm_events(payload: bytes, sink: KvEventLog) -> int:
             continue
         if isinstance(event, BlockStored):
             _learn_block_size(sink, event)
-            parent = hash64(event.parent_block_hash) if event.parent_block_hash is not None else 0
-            sink.stored([hash64(h) for h in event.block_hashes], parent)
+            sink.stored([hash64(h) for h in event.block_hashes])
         elif isinstance(event, BlockRemoved):
             sink.removed([hash64(h) for h in event.block_hashes])
         else:
