@@ -146,3 +146,27 @@ async def test_a_retried_request_is_tokenized_once_for_all_its_picks_a_long_one_
     finally:
         tokens.tokens.close()
         await clients.close()
+
+
+@pytest.mark.parametrize("policy, tokenized", [({"routing": "least_loaded"}, 0),
+                                               ({"routing": "round_robin", "filters": ["context_fits"]}, 1),
+                                               ({"routing": "least_loaded", "scorers": {"token_load": 1}}, 1),
+                                               ({"routing": "prefix_aware"}, 1)])
+async def test_a_long_prompt_is_tokenized_only_where_the_model_s_picks_read_its_tokens(
+        engines, real_model_dir, policy, tokenized):
+    """No token limit here: a policy whose scorers and filters never read the prompt's tokens (the
+    default, least_loaded) leaves a long prompt untokenized; one that does has it tokenized once."""
+    from llmesh.liveconfig.schema import MeshConfig
+
+    picker = EndpointPicker()
+    picker.replace_all([await engines("a", MODEL), await engines("b", MODEL)])
+    clients, tokens = EngineClients(), SmolTokens(real_model_dir)
+    config = MeshConfig.model_validate({"models": {MODEL: policy}})
+    pipeline = Pipeline(picker, clients, Catalog(MODEL), config=lambda: config, prompt_tokens=tokens)
+    try:
+        text, finish, *_ = await collect(pipeline, request(system="the harbour and the tides " * 60))
+        assert text and finish.usage.completion_tokens == 5
+        assert tokens.on_a_thread + tokens.in_place == tokenized
+    finally:
+        tokens.tokens.close()
+        await clients.close()

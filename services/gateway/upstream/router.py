@@ -154,7 +154,7 @@ class Router:
                     continue
                 tried: set[str] = set()
                 engines = 1 if provider is not None else policy.max_attempts
-                if provider is None:
+                if provider is None and self._picker.reads_prompt(policy.routing, policy.scorers, policy.filters):
                     await tokens.ready(model)
                 while len(tried) < engines or state.only is not None:  # a lost engine's second try is no new one
                     now = self._clock()

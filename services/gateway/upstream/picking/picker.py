@@ -169,6 +169,12 @@ class EndpointPicker:
         return free, total, ours
 
     @staticmethod
+    def reads_prompt(routing: str, weights: Mapping[ScorerName, float] | None, filters: Sequence[str] = ()) -> bool:
+        """Whether a pick under this policy reads the prompt's tokens (a scorer or the optional
+        ``context_fits`` filter): only then is a long prompt worth tokenizing before it."""
+        return EndpointPicker._prompt_known(weights or PRESETS[routing]) or "context_fits" in filters
+
+    @staticmethod
     def _prompt_known(weights: Mapping[ScorerName, float]) -> bool:
         """Whether the policy reads the prompt's tokens (so the pick can count what is uncached
         at no extra cost); a policy that never tokenizes counts the request by its work estimate."""
