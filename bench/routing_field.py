@@ -11,7 +11,7 @@ from dataclasses import asdict
 
 from bench.common import note
 from bench.routing_dynamo import dynamo_reference
-from bench.routing_report import closed_loop, lag_study, markdown, summary, workload
+from bench.routing_report import closed_loop, lag_study, markdown, pooled, pooled_summary, summary, workload
 from bench.routing_sweep import POLICIES, PROFILE, Setup, calibrate_prefill
 from bench.routing_workloads import WORKLOADS
 
@@ -26,6 +26,9 @@ def field_args(ap: argparse.ArgumentParser) -> None:
                     help="llmd_sticky's time bound: penalty = calibrated peak prefill tokens/s x this")
     ap.add_argument("--closed-users", type=int, default=32, help="the closed loop's users (agentic; 0: none)")
     ap.add_argument("--no-peaks", action="store_true", help="skip each policy's own saturation search")
+    ap.add_argument("--pooled-seeds", type=int, default=8,
+                    help="seeds 1..N of each --pooled-workloads cell, requests pooled for its p99 (0: none)")
+    ap.add_argument("--pooled-workloads", default="reasoning", help="workloads of the pooled runs")
 
 
 def run_field(args: argparse.Namespace) -> dict:
@@ -61,6 +64,11 @@ def run_field(args: argparse.Namespace) -> dict:
         out["lag_study"] = [r for n in args.lag_workloads.split(",") if n in names and lags
                             for w in per if w["workload"] == n
                             for r in lag_study(n, lags, setup, scale, 0.8 * w["saturation"]["rate_sessions_per_s"])]
+        if args.pooled_seeds:
+            out["pooled"] = [r for w in per if w["workload"] in args.pooled_workloads.split(",")
+                             for r in pooled(w["workload"], policies, loads, setup, scale,
+                                             w["saturation"]["rate_sessions_per_s"], args.pooled_seeds)]
+            out["pooled_summary"] = pooled_summary(out["pooled"])
         if args.closed_users and "agentic" in names:
             out["closed_loop"] = closed_loop("agentic", policies, args.closed_users, setup, scale)
     out["wall_s"] = round(time.monotonic() - t0, 1)

@@ -214,7 +214,7 @@ def keeps_up(came: int, done: int) -> bool:
 
 
 async def run_one(sessions: Sessions, policy: str, rate: float, setup: Setup, profile: SimProfile,
-                  sent: list | None = None) -> dict:
+                  sent: list | None = None, ttfts: list[float] | None = None) -> dict:
     """One policy at one rate (sessions started per second; ignored for a closed loop).
     Throughput and ``sustained`` are measured over the second half of the window: sustained
     while the requests finished there keep up with those that arrived (``keeps_up``)."""
@@ -234,6 +234,8 @@ async def run_one(sessions: Sessions, policy: str, rate: float, setup: Setup, pr
     came = sum(lo <= t < hi for t in tally.arrived)
     done = sum(lo <= t < hi for t in tally.finished)
     served = [fleet.served[e] for e in engines] or [0]
+    if ttfts is not None:
+        ttfts.extend(tally.ttfts)
     return {"workload": sessions.name, "policy": policy, "rate_sessions_per_s": round(rate, 3),
             "requests": len(tally.ttfts),
             "ttft_ms_p50": round(pct(tally.ttfts, 50) * 1000, 1), "ttft_ms_p99": round(pct(tally.ttfts, 99) * 1000, 1),
@@ -244,10 +246,11 @@ async def run_one(sessions: Sessions, policy: str, rate: float, setup: Setup, pr
 
 
 def run_sim(sessions: Sessions, policy: str, rate: float, setup: Setup, profile: SimProfile = PROFILE,
-            sent: list | None = None) -> dict:
-    """``sent``: a list to record each request in (arrival s from the run's start, tokens, max_tokens)."""
+            sent: list | None = None, ttfts: list[float] | None = None) -> dict:
+    """``sent``: a list to record each request in (arrival s from the run's start, tokens, max_tokens);
+    ``ttfts``: a list to add each request's TTFT (seconds) to."""
     with asyncio.Runner(loop_factory=VirtualTimeLoop) as runner:
-        out = runner.run(run_one(sessions, policy, rate, setup, profile, sent))
+        out = runner.run(run_one(sessions, policy, rate, setup, profile, sent, ttfts))
     if sent:
         t0 = sent[0][0]
         sent[:] = [(t - t0, tokens, m) for t, tokens, m in sent]

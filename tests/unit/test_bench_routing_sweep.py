@@ -86,3 +86,22 @@ def test_a_quick_sweep_reports_every_cell_and_the_summary():
         at = ref["dynamo_at_load"]
         assert at["speedup"] == pytest.approx(0.8 * ref["dynamo_saturation"]["speedup"], abs=1e-4)
         assert at["ttft_p99_ms_rr_over_kv"] > 0 and 0 <= at["kv_router_reuse"] <= 1
+
+
+def test_pooled_runs_pool_every_seeds_requests_for_one_p99_per_policy():
+    from bench.routing_report import markdown, pooled, pooled_summary
+
+    setup = Setup(engines=2, duration_s=4.0, report_s=0.2)
+    rows = pooled("reasoning", ["least_loaded", "prefix_aware"], [0.5], setup, 0.1, 2.0, seeds=2)
+    assert [(r["policy"], r["seeds"], len(r["per_seed_ttft_ms_p99"])) for r in rows] == [
+        ("least_loaded", 2, 2), ("prefix_aware", 2, 2)]
+    one = [run_sim(Sessions("reasoning", s, 0.1), "least_loaded", 1.0, Setup(engines=2, duration_s=4.0,
+                                                                          report_s=0.2, seed=s))
+           for s in (1, 2)]
+    assert rows[0]["requests"] == sum(r["requests"] for r in one)  # both seeds' requests, pooled
+    assert rows[0]["per_seed_ttft_ms_p99"] == [r["ttft_ms_p99"] for r in one]
+    assert min(rows[0]["per_seed_ttft_ms_p99"]) <= rows[0]["ttft_ms_p99"] <= max(rows[0]["per_seed_ttft_ms_p99"])
+    (summary,) = pooled_summary(rows)
+    assert summary["p99_vs_least_loaded"] == round(rows[1]["ttft_ms_p99"] / rows[0]["ttft_ms_p99"], 2)
+    out = {"workloads": [], "pooled": rows}
+    assert markdown(out).count("| reasoning | 50% |") == 2
