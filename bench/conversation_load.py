@@ -40,12 +40,14 @@ class Turn:
 
 @dataclass
 class Gauge:
-    """The client's in-flight requests and the engines' reported running counts, sampled."""
+    """The client's in-flight requests and the engines' reported running counts, sampled; the
+    turns that failed, by their exception's name (the user then starts a new conversation)."""
     in_flight: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
     client: list[int] = field(default_factory=list)
     engines: list[int] = field(default_factory=list)
     waiting: list[int] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
 
     def add(self, n: int) -> None:
         with self.lock:
@@ -186,7 +188,7 @@ def loaded(client: OpenAI, scheduler: str, users: Users, duration_s: float) -> t
     sampler = threading.Thread(target=sample_load, args=(scheduler, gauge, stop), daemon=True)
     began = time.monotonic()
     stop_at = began + duration_s
-    threads = [threading.Thread(target=conversation_loop, args=(client, users, w, stop_at, gauge, out))
+    threads = [threading.Thread(target=conversation_loop, args=(client, users, w, stop_at, gauge, out, gauge.errors))
                for w in range(users.count)]
     if users.pacer is not None:
         threads.append(threading.Thread(target=users.pacer.run, args=(stop_at,)))

@@ -206,7 +206,7 @@ def run_phase(client: OpenAI, mesh: Mesh, config: Path, plan: Plan, policy: str,
     paced = {} if pacer is None else {"rate_turns_per_s": round(pacer.rate, 2), "late_starts": pacer.late,
                                       "starts": pacer.started}
     return {"policy": policy, "users": users.count, "turns_per_s": per_s, **paced, **summarize(turns),
-            "load": occupancy(gauge, plan.slots), "cpu": cpu,
+            "load": occupancy(gauge, plan.slots), "cpu": cpu, "client_errors": dict(Counter(gauge.errors)),
             "mean_ttft_split": ttft_split(turns, engines_before, engines_after)}
 
 
