@@ -131,7 +131,8 @@ class Fleet:
         if self.oracle:
             self._deliver(self._snapshot())  # the exact cache and load of every engine, right now
         routing = "prefix_aware" if self.oracle else self.routing
-        pick = PickInput(MODEL, loop.time(), work_tokens=len(tokens) + max_tokens, tokens=lambda: tokens)
+        pick = PickInput(MODEL, loop.time(), work_tokens=len(tokens) + max_tokens, tokens=lambda: tokens,
+                         max_tokens=max_tokens)  # as the gateway's pick carries the request's
         eid = self.picker.pick(pick, routing).endpoint_id
         ticket = self.picker.acquire(eid, pick.work_tokens, pick) if self.ledger else None
         self.waiting[eid] += 1

@@ -66,7 +66,7 @@ def test_token_aware_weighs_queued_tokens_not_request_counts():
 
 
 def test_prefix_aware_scores_the_leading_run_of_cached_tokens_in_each_engines_scheme():
-    # full_at_tokens=0: the share alone, however short the cached part (the discount: next test)
+    # proportional=False: the share alone, however short the cached part against the answer (next test)
     kv = KvView()
     kv.apply("a", True, H[:3], [])
     kv.apply("b", True, [H[0], H[2], H[3]], [])   # holds blocks 3 and 4 but not 2: only the first counts
@@ -74,23 +74,26 @@ def test_prefix_aware_scores_the_leading_run_of_cached_tokens_in_each_engines_sc
     kv.apply("v", True, vllm.block_hashes(TOKENS)[:1], [])   # a vLLM engine: 32-token blocks, its own hashes
     cands = [ep("a"), ep("b"), ep("c"), ep("v", kv_hash=vllm), ep("unknown", kv_hash=None)]
     kv.apply("unknown", True, H, [])
-    share = PrefixAware(kv, full_at_tokens=0)
+    share = PrefixAware(kv, proportional=False)
     assert share.scores(cands, req(tokens=lambda: TOKENS), LocalState()) == [0.75, 0.25, 0.0, 0.5, 0.0]
     kv.apply("a", False, [], [H[0]])               # an eviction of the first block ends a's run
     assert share.scores([ep("a")], req(tokens=lambda: TOKENS), LocalState()) == [0.0]
     assert share.scores([ep("b")], req(tokens=lambda: []), LocalState()) == [0.0]
 
 
-def test_prefix_aware_counts_a_short_cached_prefix_in_proportion_to_its_tokens():
-    """A share counts in full from ``full_at_tokens`` cached tokens: 48 cached of a 64-token prompt
-    (0.75) is a small prefill saved, so it counts 48/512 of that; 1,536 of 2,048 counts in full."""
+def test_prefix_aware_counts_a_cached_prefix_shorter_than_the_answer_in_proportion():
+    """A share counts in full where the cached part is at least the answer asked for: 48 cached tokens
+    of a 64-token prompt (0.75) asking for 384 count 48/384 of that; asking for 32, in full; with no
+    max_tokens, against DEFAULT_OUTPUT_TOKENS (256). 1,536 of 2,048 count in full."""
     long = list(range(2048))
     kv = KvView()
     kv.apply("short", True, H[:3], [])
     kv.apply("long", True, LLMESH_SCHEME.block_hashes(long)[:96], [])
-    assert PrefixAware(kv).scores([ep("short")], req(tokens=lambda: TOKENS), LocalState()) == [0.75 * 48 / 512]
-    assert PrefixAware(kv).scores([ep("long")], req(tokens=lambda: long), LocalState()) == [0.75]
-    assert PrefixAware(kv, full_at_tokens=48).scores([ep("short")], req(tokens=lambda: TOKENS), LocalState()) == [0.75]
+    short = [ep("short")]
+    assert PrefixAware(kv).scores(short, req(tokens=lambda: TOKENS, max_tokens=384), LocalState()) == [0.75 * 48 / 384]
+    assert PrefixAware(kv).scores(short, req(tokens=lambda: TOKENS, max_tokens=32), LocalState()) == [0.75]
+    assert PrefixAware(kv).scores(short, req(tokens=lambda: TOKENS), LocalState()) == [0.75 * 48 / 256]
+    assert PrefixAware(kv).scores([ep("long")], req(tokens=lambda: long, max_tokens=384), LocalState()) == [0.75]
 
 
 def test_kv_view_resync_replaces_and_keep_only_forgets():

@@ -63,7 +63,7 @@ class TokenLoad:
     ``decode_tokens`` 32 rather than 16 (issue 32): at 16, a cached prefix of ~110 tokens was worth
     seven more sequences on its engine, and at saturation those held the slots a queue waits for
     (bench.routing's pooled reasoning runs at 100 %: prefix_aware's TTFT p99 1.05x least_loaded's at 16,
-    1.03x at 32; at 80 % 0.97x and 0.99x)."""
+    1.03x at 32; at 80 % 0.97x and 1.01x)."""
     name = "token_load"
 
     def __init__(self, kv: KvView, decode_tokens: int = 32, slot_tokens: int = 8192):

@@ -11,7 +11,7 @@ from typing import Literal, get_args
 
 from llmesh.gateway.upstream.picking.kvview import KvView
 from llmesh.gateway.upstream.picking.load import held_blocks
-from llmesh.gateway.upstream.picking.types import Endpoint, LocalState, PickInput
+from llmesh.gateway.upstream.picking.types import DEFAULT_OUTPUT_TOKENS, Endpoint, LocalState, PickInput
 
 
 def _spread(values: Sequence[float]) -> list[float]:
@@ -46,16 +46,16 @@ class PrefixAware:
     """Precise prefix affinity: the share of the request's tokens, from the start, that
     each engine holds in its KV cache, as its KV events (via the scheduler) say; the
     tokens are hashed with each engine's own scheme (an engine of unknown scheme: 0).
-    A share counts in full once the cached part reaches ``full_at_tokens``, in proportion
-    below: a short cached prefix saves little prefill, yet its share of a short prompt is
-    large, and it drew decode-heavy requests to busier engines (bench.routing's pooled reasoning
-    runs at saturation, token_load's decode weight at 16: prefix_aware's TTFT p99 1.14x
-    least_loaded's counted in full, 1.05x this way)."""
+    A share counts in full where the cached part is at least the answer the request asks for
+    (``max_tokens``, else ``DEFAULT_OUTPUT_TOKENS``), in proportion below: a decode-heavy request
+    saves little prefill there, yet holds its slot for long, and a cached instruction of ~110
+    tokens (55 % of its prompt) drew such requests to busier engines (bench.routing's pooled
+    reasoning runs at saturation: prefix_aware's TTFT p99 1.14x least_loaded's; see ``TokenLoad``)."""
     name = "prefix_aware"
 
-    def __init__(self, kv: KvView, full_at_tokens: int = 512):
+    def __init__(self, kv: KvView, proportional: bool = True):
         self._kv = kv
-        self._full_at = full_at_tokens
+        self._proportional = proportional
 
     def scores(self, cands: list[Endpoint], req: PickInput, local: LocalState) -> list[float]:
         n = len(req.prompt_tokens())
@@ -65,7 +65,8 @@ class PrefixAware:
         for e in cands:
             s = e.kv_hash
             held = 0 if s is None else held_blocks(self._kv, e, req) * s.block_size
-            out.append(held / n * (min(held / self._full_at, 1.0) if self._full_at > 0 else 1.0))
+            answer = req.max_tokens or DEFAULT_OUTPUT_TOKENS
+            out.append(held / n * (min(held / answer, 1.0) if self._proportional else 1.0))
         return out
 
 
