@@ -66,7 +66,7 @@ def test_token_aware_weighs_queued_tokens_not_request_counts():
 
 
 def test_prefix_aware_scores_the_leading_run_of_cached_tokens_in_each_engines_scheme():
-    # proportional=False: the share alone, however short the cached part against the answer (next test)
+    # max_tokens=1: the share alone, every cached part at least the answer (the proportion: next test)
     kv = KvView()
     kv.apply("a", True, H[:3], [])
     kv.apply("b", True, [H[0], H[2], H[3]], [])   # holds blocks 3 and 4 but not 2: only the first counts
@@ -74,11 +74,11 @@ def test_prefix_aware_scores_the_leading_run_of_cached_tokens_in_each_engines_sc
     kv.apply("v", True, vllm.block_hashes(TOKENS)[:1], [])   # a vLLM engine: 32-token blocks, its own hashes
     cands = [ep("a"), ep("b"), ep("c"), ep("v", kv_hash=vllm), ep("unknown", kv_hash=None)]
     kv.apply("unknown", True, H, [])
-    share = PrefixAware(kv, proportional=False)
-    assert share.scores(cands, req(tokens=lambda: TOKENS), LocalState()) == [0.75, 0.25, 0.0, 0.5, 0.0]
+    share = PrefixAware(kv)
+    assert share.scores(cands, req(tokens=lambda: TOKENS, max_tokens=1), LocalState()) == [0.75, 0.25, 0.0, 0.5, 0.0]
     kv.apply("a", False, [], [H[0]])               # an eviction of the first block ends a's run
-    assert share.scores([ep("a")], req(tokens=lambda: TOKENS), LocalState()) == [0.0]
-    assert share.scores([ep("b")], req(tokens=lambda: []), LocalState()) == [0.0]
+    assert share.scores([ep("a")], req(tokens=lambda: TOKENS, max_tokens=1), LocalState()) == [0.0]
+    assert share.scores([ep("b")], req(tokens=lambda: [], max_tokens=1), LocalState()) == [0.0]
 
 
 def test_prefix_aware_counts_a_cached_prefix_shorter_than_the_answer_in_proportion():

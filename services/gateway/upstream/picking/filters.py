@@ -80,3 +80,5 @@ class ContextFits:
 
 
 OPTIONAL_FILTERS = {f.name: f for f in (ContextFits(),)}
+# The optional filters that read the prompt's tokens (a pick under them tokenizes first).
+PROMPT_FILTERS: tuple[str, ...] = (ContextFits.name,)

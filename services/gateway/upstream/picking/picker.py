@@ -7,7 +7,7 @@ import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from llmesh.gateway.upstream.picking.filters import FILTERS, OPTIONAL_FILTERS, PREFERENCES, Filter
+from llmesh.gateway.upstream.picking.filters import FILTERS, OPTIONAL_FILTERS, PREFERENCES, PROMPT_FILTERS, Filter
 from llmesh.gateway.upstream.picking.kvview import KvView
 from llmesh.gateway.upstream.picking.load import KvCost, StickyAffinity, TokenLoad, uncached
 from llmesh.gateway.upstream.picking.scorers import (PRESETS, PROMPT_SCORERS, LeastLoad, LoraAffinity, PrefixAware,
@@ -172,7 +172,7 @@ class EndpointPicker:
     def reads_prompt(routing: str, weights: Mapping[ScorerName, float] | None, filters: Sequence[str] = ()) -> bool:
         """Whether a pick under this policy reads the prompt's tokens (a scorer or the optional
         ``context_fits`` filter): only then is a long prompt worth tokenizing before it."""
-        return EndpointPicker._prompt_known(weights or PRESETS[routing]) or "context_fits" in filters
+        return EndpointPicker._prompt_known(weights or PRESETS[routing]) or any(f in PROMPT_FILTERS for f in filters)
 
     @staticmethod
     def _prompt_known(weights: Mapping[ScorerName, float]) -> bool:

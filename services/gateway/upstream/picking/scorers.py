@@ -53,9 +53,8 @@ class PrefixAware:
     reasoning runs at saturation: prefix_aware's TTFT p99 1.14x least_loaded's; see ``TokenLoad``)."""
     name = "prefix_aware"
 
-    def __init__(self, kv: KvView, proportional: bool = True):
+    def __init__(self, kv: KvView):
         self._kv = kv
-        self._proportional = proportional
 
     def scores(self, cands: list[Endpoint], req: PickInput, local: LocalState) -> list[float]:
         n = len(req.prompt_tokens())
@@ -66,7 +65,7 @@ class PrefixAware:
             s = e.kv_hash
             held = 0 if s is None else held_blocks(self._kv, e, req) * s.block_size
             answer = req.max_tokens or DEFAULT_OUTPUT_TOKENS
-            out.append(held / n * (min(held / answer, 1.0) if self._proportional else 1.0))
+            out.append(held / n * min(held / answer, 1.0))
         return out
 
 
