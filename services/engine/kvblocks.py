@@ -84,7 +84,10 @@ class KvEventLog:
 class BlockLedger:
     """Which full blocks each owner (a sequence or a KV slot) holds. A block two owners
     share is stored once and removed when the last lets go, unless ``keep_released``,
-    where it stays cached (evictable, least recently released first) as in vLLM."""
+    where it stays cached (evictable, least recently released first) as in vLLM. As vLLM
+    frees a request's blocks (its prefix-caching design notes), an owner's blocks join the
+    cache tail first: the last block covers the most tokens, is the least likely to be
+    shared, and goes first, so a shared prefix outlives the histories behind it."""
 
     def __init__(self, block_size: int = BLOCK_SIZE, keep_released: bool = False):
         self.block_size = block_size
@@ -106,12 +109,24 @@ class BlockLedger:
                 keep += 1
             self._unref(held[keep:])
             del held[keep:]
-            hits = keep
-            while hits < len(new) and (self._refs[new[hits]] > 0 or new[hits] in self._cached):
-                hits += 1
+            hits = self._present(new)  # at least keep: those are held
             self._ref(new[keep:])
             held.extend(new[keep:])
             return hits * self.block_size
+
+    def present(self, tokens: Sequence[int]) -> tuple[int, frozenset[int]]:
+        """Without changing anything: how many leading full blocks of ``tokens`` are held or
+        cached, and which of those are only cached (evicting them would lose the hit)."""
+        new = chain_hashes(tokens, self.block_size)
+        with self._lock:
+            n = self._present(new)
+            return n, frozenset(h for h in new[:n] if h in self._cached)
+
+    def _present(self, hashes: list[int]) -> int:
+        n = 0
+        while n < len(hashes) and (self._refs[hashes[n]] > 0 or hashes[n] in self._cached):
+            n += 1
+        return n
 
     def grow(self, owner: Hashable, tokens: Sequence[int]) -> None:
         """``tokens`` extends what ``owner`` held; records any block it completed."""
@@ -129,10 +144,22 @@ class BlockLedger:
         with self._lock:
             self._unref(self._owned.pop(owner, []))
 
-    def evict(self, n: int) -> int:
-        """Drops up to ``n`` cached blocks, least recently released first."""
+    def owned(self, owner: Hashable) -> int:
+        """How many full blocks ``owner`` holds (shared ones included)."""
         with self._lock:
-            gone = [self._cached.popitem(last=False)[0] for _ in range(min(n, len(self._cached)))]
+            return len(self._owned.get(owner, ()))
+
+    def evict(self, n: int, spare: frozenset[int] = frozenset()) -> int:
+        """Drops up to ``n`` cached blocks, least recently released first, never one in ``spare``."""
+        with self._lock:
+            gone: list[int] = []
+            for h in self._cached:
+                if len(gone) >= n:
+                    break
+                if h not in spare:
+                    gone.append(h)
+            for h in gone:
+                del self._cached[h]
             if gone:
                 self.log.removed(gone)
             return len(gone)
@@ -144,6 +171,11 @@ class BlockLedger:
     @property
     def cached_blocks(self) -> int:
         return len(self._cached)
+
+    @property
+    def held_blocks(self) -> int:
+        """Distinct blocks some owner holds (a block two owners share counts once)."""
+        return len(self._refs)
 
     def take_events(self) -> list[KvEvent]:
         return self.log.take_events()
@@ -163,7 +195,7 @@ class BlockLedger:
 
     def _unref(self, hashes: list[int]) -> None:
         gone = []
-        for h in hashes:
+        for h in reversed(hashes):  # the tail first (see the class)
             self._refs[h] -= 1
             if self._refs[h] <= 0:
                 del self._refs[h]

@@ -54,6 +54,32 @@ def test_released_blocks_stay_cached_until_evicted_lru():
     assert led.take_events() == [KvEvent("removed", tuple(chain_hashes([5, 6, 7, 8], 4)))]
 
 
+def test_a_released_owners_tail_is_evicted_before_its_prefix():
+    """As vLLM frees a request's blocks: the last first, so eviction takes a history before the prefix
+    it grew from, and never a block it is told to spare."""
+    led = BlockLedger(4, keep_released=True)
+    tokens = list(range(12))
+    blocks = chain_hashes(tokens, 4)
+    led.hold("a", tokens)
+    led.release("a")
+    led.take_events()
+    assert led.evict(1) == 1 and led.take_events() == [KvEvent("removed", (blocks[2],))]
+    assert led.present(tokens) == (2, frozenset(blocks[:2]))
+    assert led.evict(1, spare=frozenset({blocks[1]})) == 1
+    assert led.take_events() == [KvEvent("removed", (blocks[0],))]
+    assert led.present(tokens) == (0, frozenset())  # the chain is broken at its head
+
+
+def test_held_blocks_count_a_shared_block_once():
+    led = BlockLedger(4, keep_released=True)
+    led.hold("a", list(range(8)) + [1, 1, 1, 1])
+    led.hold("b", list(range(8)) + [2, 2, 2, 2])
+    assert led.held_blocks == 4 and led.owned("a") == led.owned("b") == 3
+    assert led.present(list(range(8)) + [3, 3, 3, 3]) == (2, frozenset())  # held, not only cached
+    led.release("a")
+    assert led.held_blocks == 3 and led.cached_blocks == 1
+
+
 def test_resync_lists_everything_present():
     led = BlockLedger(4, keep_released=True)
     led.hold("a", list(range(8)))

@@ -51,6 +51,23 @@ async def test_a_full_kv_cache_makes_the_next_request_wait():
     await b.close()
 
 
+async def test_running_sequences_share_their_prefix_blocks():
+    """Two requests over one 64-token prefix: the KV cache has room for both only if the prefix's
+    blocks count once, as in vLLM, and then they run together."""
+    prefix = " ".join(f"p{i}" for i in range(64))
+    a, c = prefix + " " + " ".join(f"a{i}" for i in range(8)), prefix + " " + " ".join(f"c{i}" for i in range(8))
+    probe = SimBackend("sim-t", 4096)
+    tokens_a, tokens_c = probe.tokenize(Prompt(text=a)), probe.tokenize(Prompt(text=c))
+    shared = next(i for i, (x, y) in enumerate(zip(tokens_a, tokens_c)) if x != y) // 16
+    each = -(-(len(tokens_a) + 20) // 16)
+    assert shared >= 3
+    b = SimBackend("sim-t", 4096, SimProfile(decode_ms_base=5.0, kv_blocks=2 * each - shared, output_tokens=64))
+    first, second = await asyncio.gather(timed(b, a, 20), timed(b, c, 20))
+    assert second[0] < first[1] / 2  # started beside the first, not after it
+    assert b.kv_usage() == 0.0
+    await b.close()
+
+
 def test_profile_round_trips(tmp_path):
     p = SimProfile(prefill_ms_per_token=0.7, decode_ms_base=3.0, decode_ms_per_seq=1.5, kv_blocks=99, max_batch=7)
     p.save(tmp_path / "p.json")

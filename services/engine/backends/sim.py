@@ -1,9 +1,10 @@
 """A simulated engine: no model, deterministic words, timed like a batching engine.
 
 One scheduler loop runs steps the way vLLM's does: admit waiting sequences while the
-batch has room and the KV cache has blocks for them (evicting cached blocks, least
-recently used first), then one step that prefills the newcomers' uncached prompt
-tokens and decodes one token for every running sequence. Sequences wait (for batch
+batch has room and the KV cache has blocks for them (a block of their prefix already
+held or cached costs none; cached blocks are evicted least recently used first), then
+one step that prefills the newcomers' uncached prompt tokens and decodes one token for
+every running sequence. Sequences wait (for batch
 room or KV blocks) highest priority class first. A step lasts
 ``decode_ms_base + decode_ms_per_seq * batch + prefill_ms_per_token * uncached``.
 With ``prefill_first`` (llmesh's llama.cpp engine) the newcomers' prefill runs first
@@ -111,7 +112,6 @@ class SimBackend:
         self.kv_blocks = BlockLedger(profile.block_size, keep_released=True)
         self._waiting: deque[_Seq] = deque()
         self._running: list[_Seq] = []
-        self._reserved = 0
         self._work = asyncio.Event()
         self._loop_task: asyncio.Task[Any] | None = None
         self._gone = False  # a stream has ended since the last step
@@ -129,9 +129,8 @@ class SimBackend:
         return [sim_token(w) for w in text.split()]
 
     def kv_usage(self) -> float:
-        bs = self.profile.block_size
-        used = sum(math.ceil(len(s.tokens) / bs) for s in self._running)
-        return used / self.profile.kv_blocks
+        """Blocks in use by running sequences (a shared one once, each one's partial last block)."""
+        return (self.kv_blocks.held_blocks + len(self._running)) / self.profile.kv_blocks
 
     def prefix_cache_stats(self) -> tuple[int, int]:
         return self.prefix_queries, self.prefix_hits
@@ -189,24 +188,31 @@ class SimBackend:
             while self._waiting or self._running:
                 await self._step()
 
+    def _occupied(self) -> int:
+        """KV blocks in use, as vLLM counts them: each distinct block held (a prefix two running
+        sequences share, once), the cached ones, and what each running sequence has yet to fill
+        of the blocks it reserved for its prompt and answer."""
+        led = self.kv_blocks
+        return led.held_blocks + led.cached_blocks + sum(s.blocks - led.owned(s) for s in self._running)
+
     def _admit(self) -> list[_Seq]:
-        p, joined = self.profile, []
+        p, led, joined = self.profile, self.kv_blocks, []
         while self._waiting and len(self._running) < p.max_batch:
             seq = self._waiting[0]
             if seq.cancelled:
                 self._waiting.popleft()
                 continue
-            short = self._reserved + self.kv_blocks.cached_blocks + seq.blocks - p.kv_blocks
+            present, cached_hits = led.present(seq.tokens)  # its prefix's blocks cost nothing new
+            short = self._occupied() + seq.blocks - present - p.kv_blocks
             if short > 0:
-                self.kv_blocks.evict(short)
-                if self._reserved + self.kv_blocks.cached_blocks + seq.blocks > p.kv_blocks:
+                if led.cached_blocks - len(cached_hits) < short:
                     break  # waits for running sequences to finish
+                led.evict(short, spare=cached_hits)
             self._waiting.popleft()
-            hit = min(self.kv_blocks.hold(seq, seq.tokens), len(seq.tokens) - 1)
+            hit = min(led.hold(seq, seq.tokens), len(seq.tokens) - 1)
             self.prefix_queries += len(seq.tokens)
             self.prefix_hits += max(hit, 0)
             seq.uncached = len(seq.tokens) - max(hit, 0)
-            self._reserved += seq.blocks
             self._running.append(seq)
             joined.append(seq)
         return joined
@@ -259,7 +265,6 @@ class SimBackend:
 
     def _leave(self, seq: _Seq) -> None:
         self._running.remove(seq)
-        self._reserved -= seq.blocks
         self.kv_blocks.release(seq)
 
     async def close(self) -> None:
