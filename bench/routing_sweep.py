@@ -66,19 +66,21 @@ def apply_kv_events(picker: EndpointPicker, eid: str, events: Iterable) -> None:
             picker.kv.apply(eid, False, (), ev.hashes)
 
 class Tokenizer:
-    """The sim engines' tokenizer (one token per word), remembering words it has seen."""
+    """The sim engines' tokenizer (one token per word), remembering words it has seen. It renders
+    a history as a chat template does with its generation prompt: the prompt ends in the answer's
+    ``assistant:`` header, so the next turn's history repeats the prompt and the answer the engine
+    produced token for token, and can hit the blocks the answer filled."""
 
     def __init__(self) -> None:
         self._known: dict[str, int] = {}
 
     def __call__(self, messages: list[Message]) -> list[int]:
         known, out = self._known, []
-        for m in messages:
-            for w in f"{m.role}: {m.content}".split():
-                t = known.get(w)
-                if t is None:
-                    t = known[w] = sim_token(w)
-                out.append(t)
+        for w in " ".join([f"{m.role}: {m.content}" for m in messages] + ["assistant:"]).split():
+            t = known.get(w)
+            if t is None:
+                t = known[w] = sim_token(w)
+            out.append(t)
         return out
 
 
@@ -122,8 +124,8 @@ class Fleet:
             else:
                 self._deliver(snap)
 
-    async def serve(self, history: list[Message], max_tokens: int) -> tuple[float, int]:
-        """One request: its TTFT and its answer's words."""
+    async def serve(self, history: list[Message], max_tokens: int) -> tuple[float, str]:
+        """One request: its TTFT and its answer."""
         loop = asyncio.get_running_loop()
         tokens = self.tokenize(history)
         if self.sent is not None:
@@ -154,7 +156,7 @@ class Fleet:
             if ticket is not None:
                 self.picker.release(eid, pick.work_tokens, ticket)
         self.served[eid] += 1
-        return ttft or 0.0, len(parts)
+        return ttft or 0.0, "".join(p if isinstance(p, str) else p.text for p in parts)
 
     def hit_rate(self) -> float:
         q = h = 0
@@ -183,11 +185,11 @@ async def _session(fleet: Fleet, sessions: Sessions, n: int, tally: Tally) -> No
             await asyncio.sleep(think.expovariate(1 / sessions.think_s))
         history += turn.messages
         tally.arrived.append(loop.time())
-        ttft, produced = await fleet.serve(history, turn.max_tokens)
+        ttft, answer = await fleet.serve(history, turn.max_tokens)
         tally.finished.append(loop.time())
         tally.ttfts.append(ttft)
         tally.input_tokens.append((loop.time(), sum(len(m.content.split()) + 1 for m in history)))
-        history.append(Message("assistant", " ".join(["w"] * produced)))
+        history.append(Message("assistant", answer))  # as a chat client sends it back
 
 
 async def _drive(fleet: Fleet, sessions: Sessions, rate: float, setup: Setup, tally: Tally) -> None:

@@ -22,6 +22,30 @@ def test_calibration_reads_back_the_engines_peak_prefill_rate():
                                             kv_blocks=4096)) - 2_000) < 20
 
 
+def test_a_follow_up_turn_hits_the_blocks_its_previous_answer_filled():
+    """The history a client sends back repeats the previous prompt and answer token for token (the
+    prompt ends in the answer's header, as a chat template's generation prompt does): on one engine
+    a follow-up's uncached part is its own new message and what the partial blocks left."""
+    profile = SimProfile(decode_ms_base=1.0, output_tokens=64)
+
+    async def main():
+        engine = SimBackend(MODEL, 1 << 14, profile)
+        fleet = Fleet({"engine-0": engine}, "round_robin", Setup(engines=1), profile)
+        history = [Message("user", " ".join(f"w{i}" for i in range(100)))]
+        _, answer = await fleet.serve(history, 64)
+        history += [Message("assistant", answer), Message("user", "and then")]
+        before = engine.prefix_cache_stats()
+        await fleet.serve(history, 8)
+        after = engine.prefix_cache_stats()
+        await engine.close()
+        return len(answer.split()), len(fleet.tokenize(history)), after[0] - before[0], after[1] - before[1]
+
+    with asyncio.Runner(loop_factory=VirtualTimeLoop) as runner:
+        words, tokens, queried, hit = runner.run(main())
+    assert words == 64 and queried == tokens
+    assert hit == (101 + 1 + 64) // 16 * 16  # the first prompt (its header included) and the answer, by full block
+
+
 def test_reports_reach_the_picker_lag_seconds_late_and_the_ledger_does_not_wait():
     profile = SimProfile(prefill_ms_per_token=1.0, decode_ms_base=10, max_batch=4, output_tokens=400)
 
