@@ -59,6 +59,7 @@ class Plan:
     capacity_users: tuple[float, ...] = (0.5, 0.75, 1.0)  # their users, as shares of the slots
     lone_reps: int = 5
     profile: Path | None = None  # a sim profile fitted to a real engine: replaces PREFILL_MS and DECODE_MS
+    gpu_steps: bool = False      # the bench's timings, a step lasting the longer of decode and prefill (a GPU's)
 
     @property
     def slots(self) -> int:
@@ -235,14 +236,16 @@ def sim_env(plan: Plan) -> dict[str, str]:
     a profile fitted to a real engine (``llmesh bench engine --calibrate``) in their place."""
     timing = ({"LLMESH_ENGINE_SIM_PROFILE": str(plan.profile.resolve())} if plan.profile is not None else
               {"LLMESH_ENGINE_SIM_PREFILL_MS_PER_TOKEN": str(PREFILL_MS),
-               "LLMESH_ENGINE_SIM_DECODE_MS_PER_TOKEN": str(DECODE_MS)})
+               "LLMESH_ENGINE_SIM_DECODE_MS_PER_TOKEN": str(DECODE_MS),
+               "LLMESH_ENGINE_SIM_PIGGYBACK": str(plan.gpu_steps).lower()})
     return {"LLMESH_ENGINE_MAX_RUNNING": str(plan.max_running), "LLMESH_ENGINE_MAX_WAITING": "256", **timing,
             "LLMESH_ENGINE_SIM_OUTPUT_TOKENS": str(OUTPUT_TOKENS), "LLMESH_ENGINE_SELF_TEST_INTERVAL_S": "600"}
 
 
 def fleet(plan: Plan) -> dict:
     timing = ({"sim_profile": json.loads(plan.profile.read_text())} if plan.profile is not None else
-              {"sim_prefill_ms_per_token": PREFILL_MS, "sim_decode_ms_per_step": DECODE_MS})
+              {"sim_prefill_ms_per_token": PREFILL_MS, "sim_decode_ms_per_step": DECODE_MS,
+               "sim_piggyback": plan.gpu_steps})
     return {"engines": plan.engines, "max_running": plan.max_running, "slots": plan.slots, **timing,
             "output_tokens": OUTPUT_TOKENS, "system_prompt_words": plan.system_words,
             "shared_system_prompts": plan.prompts, "turns": list(plan.turns)}
@@ -299,11 +302,16 @@ def plan_from_args(prog: str, description: str, argv: list[str] | None, per: str
     ap.add_argument("--duration", type=float, help=f"seconds of load per {per}")
     ap.add_argument("--profile", type=Path, help="the engines' timings from a profile fitted to a real engine "
                     "(`llmesh bench engine --calibrate FILE`) instead of the bench's own")
+    ap.add_argument("--gpu-steps", action="store_true", help="the bench's timings as a GPU steps: a step lasts the "
+                    "longer of its decode and its prefill (the default adds them, as llama.cpp on CPUs does)")
     args = ap.parse_args(argv)
     plan = QUICK if args.quick else Plan()
     if args.profile is not None and not args.profile.is_file():
         ap.error(f"no sim profile at {args.profile}")
-    return replace(plan, **({"duration_s": args.duration} if args.duration else {}), profile=args.profile)
+    if args.profile is not None and args.gpu_steps:
+        ap.error("--gpu-steps sets the bench's own timings; a --profile replaces them")
+    return replace(plan, **({"duration_s": args.duration} if args.duration else {}), profile=args.profile,
+                   gpu_steps=args.gpu_steps)
 
 
 def main(argv: list[str] | None = None) -> None:

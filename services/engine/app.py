@@ -42,7 +42,7 @@ def build_backend(settings: EngineSettings) -> Backend:
                                  decode_ms_base=settings.sim_decode_ms_per_token,
                                  decode_ms_per_seq=settings.sim_decode_ms_per_seq,
                                  kv_blocks=settings.sim_kv_blocks, max_batch=settings.max_running,
-                                 output_tokens=settings.sim_output_tokens)
+                                 output_tokens=settings.sim_output_tokens, piggyback=settings.sim_piggyback)
         return SimBackend(model=settings.model, context_length=settings.sim_context_length, profile=profile,
                           die_on=settings.sim_die_on)
     if settings.backend == "vllm":

@@ -114,6 +114,8 @@ class EngineSettings(ServiceSettings):
     sim_decode_ms_per_token: float = Field(default=5.0, ge=0, description="a decode step's fixed cost")
     sim_decode_ms_per_seq: float = Field(default=0.0, ge=0, description="added per sequence in a step")
     sim_kv_blocks: int = Field(default=4096, ge=1, description="KV cache size in 16-token blocks")
+    sim_piggyback: bool = Field(default=False, description="a GPU's step: it lasts the longer of its decode and "
+                                "its prefill, not their sum (a CPU's)")
     sim_output_tokens: int = Field(default=64, ge=1)
     sim_profile: Path | None = Field(default=None, description="a profile fitted by `llmesh bench engine "
                                      "--calibrate`; replaces the sim_* timings above")

@@ -64,6 +64,21 @@ def test_a_fitted_profile_replaces_the_bench_s_timings(tmp_path):
     assert fleet(plan)["sim_profile"]["prefill_ms_per_token"] == 2.8 and "sim_decode_ms_per_step" not in fleet(plan)
     with pytest.raises(SystemExit):
         plan_from_args("bench", "", ["--profile", str(tmp_path / "missing.json")], "run")
+    assert own["LLMESH_ENGINE_SIM_PIGGYBACK"] == "false"
+    gpu = plan_from_args("bench", "", ["--gpu-steps"], "run")
+    assert sim_env(gpu)["LLMESH_ENGINE_SIM_PIGGYBACK"] == "true" and fleet(gpu)["sim_piggyback"] is True
+    with pytest.raises(SystemExit):  # a fitted profile has its own step model
+        plan_from_args("bench", "", ["--gpu-steps", "--profile", str(profile)], "run")
+
+
+def test_the_engine_builds_a_piggyback_sim_from_its_settings():
+    from llmesh.engine.app import build_backend
+    from llmesh.engine.config import EngineSettings
+
+    backend = build_backend(EngineSettings(backend="sim", model="sim-x", sim_piggyback=True,
+                                           sim_prefill_ms_per_token=0.3, sim_decode_ms_per_token=10.0))
+    assert backend.profile.piggyback and backend.profile.step_s(4, 20) == 0.010
+    assert not build_backend(EngineSettings(backend="sim", model="sim-x")).profile.piggyback
 
 
 def test_the_pacer_starts_turns_by_a_poisson_process_at_its_rate():

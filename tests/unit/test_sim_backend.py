@@ -75,6 +75,13 @@ def test_profile_round_trips(tmp_path):
     assert p.step_s(4, 10) == (3.0 + 1.5 * 4 + 0.7 * 10) / 1000
 
 
+def test_a_piggyback_step_lasts_the_longer_of_its_decode_and_its_prefill():
+    p = SimProfile(prefill_ms_per_token=0.5, decode_ms_base=10.0, decode_ms_per_seq=1.0, piggyback=True)
+    assert p.step_s(4, 10) == 14 / 1000        # 5 ms of prefill rides in a 14 ms decode step
+    assert p.step_s(4, 100) == 50 / 1000       # a long prefill bounds the step
+    assert p.step_s(0, 100) == 50 / 1000 and p.step_s(4, 0) == 14 / 1000
+
+
 async def test_waiting_sequences_start_highest_priority_first():
     """One sequence at a time: those queued behind it start by class, in arrival order within one."""
     b = SimBackend("sim-t", 4096, SimProfile(decode_ms_base=2.0, max_batch=1, output_tokens=64))

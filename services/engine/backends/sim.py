@@ -51,10 +51,16 @@ class SimProfile:
     max_batch: int = 64
     output_tokens: int = 64          # answer length when max_tokens allows
     prefill_first: bool = False      # newcomers' prefill in a step of its own, first (llmesh's llama.cpp engine)
+    piggyback: bool = False          # a GPU's step: prefill rides a decode step's time (see step_s)
 
     def step_s(self, batch: int, prefill_tokens: int) -> float:
+        """Additive by default, as measured on llama.cpp on CPUs (docs/benchmarks.md). With
+        ``piggyback``, a GPU's roofline: decoding is bound by reading the weights, prefill by
+        compute, so a step lasts the longer of the two and a short prefill rides in a decode
+        step nearly free (the premise of Sarathi-Serve's chunked prefill)."""
         decode = self.decode_ms_base + self.decode_ms_per_seq * batch if batch else 0.0
-        return (decode + self.prefill_ms_per_token * prefill_tokens) / 1000.0
+        prefill = self.prefill_ms_per_token * prefill_tokens
+        return (max(decode, prefill) if self.piggyback else decode + prefill) / 1000.0
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=2) + "\n")
