@@ -98,10 +98,11 @@ class BlockLedger:
         self.log = KvEventLog(scheme=HashScheme("llmesh", block_size))
         self._lock = threading.Lock()
 
-    def hold(self, owner: Hashable, tokens: Sequence[int]) -> int:
-        """``owner`` now holds exactly ``tokens``; returns how many leading tokens were
-        already cached or held by others (the prefix a prefill can skip)."""
-        new = chain_hashes(tokens, self.block_size)
+    def hold(self, owner: Hashable, tokens: Sequence[int], hashes: list[int] | None = None) -> int:
+        """``owner`` now holds exactly ``tokens`` (``hashes``: their ``chain_hashes``, where the
+        caller has them); returns how many leading tokens were already cached or held by others
+        (the prefix a prefill can skip)."""
+        new = chain_hashes(tokens, self.block_size) if hashes is None else hashes
         with self._lock:
             held = self._owned.setdefault(owner, [])
             keep = 0
@@ -114,13 +115,12 @@ class BlockLedger:
             held.extend(new[keep:])
             return hits * self.block_size
 
-    def present(self, tokens: Sequence[int]) -> tuple[int, frozenset[int]]:
-        """Without changing anything: how many leading full blocks of ``tokens`` are held or
-        cached, and which of those are only cached (evicting them would lose the hit)."""
-        new = chain_hashes(tokens, self.block_size)
+    def present(self, hashes: list[int]) -> tuple[int, frozenset[int]]:
+        """Without changing anything: how many leading blocks of a prompt (its ``chain_hashes``)
+        are held or cached, and which of those are only cached (evicting them would lose the hit)."""
         with self._lock:
-            n = self._present(new)
-            return n, frozenset(h for h in new[:n] if h in self._cached)
+            n = self._present(hashes)
+            return n, frozenset(h for h in hashes[:n] if h in self._cached)
 
     def _present(self, hashes: list[int]) -> int:
         n = 0

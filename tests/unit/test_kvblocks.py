@@ -64,10 +64,10 @@ def test_a_released_owners_tail_is_evicted_before_its_prefix():
     led.release("a")
     led.take_events()
     assert led.evict(1) == 1 and led.take_events() == [KvEvent("removed", (blocks[2],))]
-    assert led.present(tokens) == (2, frozenset(blocks[:2]))
+    assert led.present(blocks) == (2, frozenset(blocks[:2]))
     assert led.evict(1, spare=frozenset({blocks[1]})) == 1
     assert led.take_events() == [KvEvent("removed", (blocks[0],))]
-    assert led.present(tokens) == (0, frozenset())  # the chain is broken at its head
+    assert led.present(blocks) == (0, frozenset())  # the chain is broken at its head
 
 
 def test_held_blocks_count_a_shared_block_once():
@@ -75,7 +75,7 @@ def test_held_blocks_count_a_shared_block_once():
     led.hold("a", list(range(8)) + [1, 1, 1, 1])
     led.hold("b", list(range(8)) + [2, 2, 2, 2])
     assert led.held_blocks == 4 and led.owned("a") == led.owned("b") == 3
-    assert led.present(list(range(8)) + [3, 3, 3, 3]) == (2, frozenset())  # held, not only cached
+    assert led.present(chain_hashes(list(range(8)) + [3, 3, 3, 3], 4)) == (2, frozenset())  # held, not only cached
     led.release("a")
     assert led.held_blocks == 3 and led.cached_blocks == 1
 

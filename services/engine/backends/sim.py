@@ -33,7 +33,7 @@ from llmesh.errors import InvalidArgument, NotFound
 from llmesh.prompt_tokens import sim_token, sim_tokenize
 from llmesh.types import Prompt, TokenLogprob
 from llmesh.engine.backends.base import Capabilities, DecodeParams, Piece, Token
-from llmesh.engine.kvblocks import BlockLedger
+from llmesh.engine.kvblocks import BlockLedger, chain_hashes
 
 _WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel",
           "india", "juliet", "kilo", "lima", "mike", "november", "oscar", "papa")
@@ -77,6 +77,7 @@ class _Seq:
     rng: random.Random
     limit: int               # tokens it produces: max_new_tokens, capped by the profile's answer length
     blocks: int = 0          # reserved for prompt + answer
+    hashes: list[int] = field(default_factory=list)  # the prompt's block hashes, once (admission reads them each step)
     uncached: int = 0
     produced: int = 0
     cancelled: bool = False
@@ -158,6 +159,7 @@ class SimBackend:
         rng = random.Random(hash((tuple(tokens), seed, params.temperature)))
         seq = _Seq(list(tokens), params, rng, min(params.max_new_tokens, self.profile.output_tokens))
         seq.blocks = math.ceil((len(tokens) + seq.limit) / self.profile.block_size)
+        seq.hashes = chain_hashes(tokens, self.profile.block_size)
         if seq.blocks > self.profile.kv_blocks:
             raise InvalidArgument(f"the request needs {seq.blocks} KV blocks; the engine has {self.profile.kv_blocks}")
         self._enqueue(seq)
@@ -208,14 +210,14 @@ class SimBackend:
             if seq.cancelled:
                 self._waiting.popleft()
                 continue
-            present, cached_hits = led.present(seq.tokens)  # its prefix's blocks cost nothing new
+            present, cached_hits = led.present(seq.hashes)  # its prefix's blocks cost nothing new
             short = self._occupied() + seq.blocks - present - p.kv_blocks
             if short > 0:
                 if led.cached_blocks - len(cached_hits) < short:
                     break  # waits for running sequences to finish
                 led.evict(short, spare=cached_hits)
             self._waiting.popleft()
-            hit = min(led.hold(seq, seq.tokens), len(seq.tokens) - 1)
+            hit = min(led.hold(seq, seq.tokens, seq.hashes), len(seq.tokens) - 1)
             self.prefix_queries += len(seq.tokens)
             self.prefix_hits += max(hit, 0)
             seq.uncached = len(seq.tokens) - max(hit, 0)
