@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from llmesh.engine.backends.base import DecodeParams
 from llmesh.engine.backends.sim import SimBackend, SimProfile
 from llmesh.gateway.upstream.picking import Endpoint, EndpointPicker, PickInput
-from llmesh.prompt_tokens import sim_token
+from llmesh.prompt_tokens import sim_chat_words, sim_token
 from llmesh.types import Message
 from bench.common import note, pct
 from bench.saturation import highest
@@ -66,17 +66,15 @@ def apply_kv_events(picker: EndpointPicker, eid: str, events: Iterable) -> None:
             picker.kv.apply(eid, False, (), ev.hashes)
 
 class Tokenizer:
-    """The sim engines' tokenizer (one token per word), remembering words it has seen. It renders
-    a history as a chat template does with its generation prompt: the prompt ends in the answer's
-    ``assistant:`` header, so the next turn's history repeats the prompt and the answer the engine
-    produced token for token, and can hit the blocks the answer filled."""
+    """The sim engines' tokenizer (``sim_chat_words``: the prompt ends in the answer's header, so a
+    follow-up can hit the blocks its previous answer filled), remembering words it has seen."""
 
     def __init__(self) -> None:
         self._known: dict[str, int] = {}
 
     def __call__(self, messages: list[Message]) -> list[int]:
         known, out = self._known, []
-        for w in " ".join([f"{m.role}: {m.content}" for m in messages] + ["assistant:"]).split():
+        for w in sim_chat_words(messages):
             t = known.get(w)
             if t is None:
                 t = known[w] = sim_token(w)

@@ -2,7 +2,8 @@
 the KV blocks an engine would cache for a request without asking it (the hashing
 itself: ``llmesh.kvhash``). Engines and gateways share these, so the names agree.
 
-- ``sim_tokenize``: the sim backend's tokenizer (one token per word of "role: content").
+- ``sim_tokenize``: the sim backend's tokenizer (one token per word of "role: content", then the
+  answer's header).
 - ``GgufChatTokenizer``: a GGUF's vocabulary and chat template, as llama.cpp applies them.
 - ``HfChatTokenizer``: a Hugging Face model directory's tokenizer.json and chat template, as
   vLLM applies them (transformers' ``apply_chat_template``)."""
@@ -13,10 +14,11 @@ import ctypes
 import functools
 import hashlib
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from llmesh.types import Prompt
+from llmesh.types import Message, Prompt
 
 if TYPE_CHECKING:
     from llama_cpp.llama_types import ChatCompletionRequestMessage
@@ -36,12 +38,17 @@ def _token(word: str) -> int:
 _memo_token = functools.lru_cache(maxsize=1 << 16)(_token)
 
 
+def sim_chat_words(messages: Iterable[Message]) -> list[str]:
+    """A chat as the sim renders it: "role: content" for each message, then the answer's header
+    (``assistant:``), as a chat template's generation prompt ends it. So the next turn's history
+    repeats this prompt and the answer generated after it word for word, and can hit the blocks
+    that answer filled."""
+    return " ".join([f"{m.role}: {m.content}" for m in messages] + ["assistant:"]).split()
+
+
 def sim_tokenize(prompt: Prompt) -> list[int]:
-    if prompt.messages is not None:
-        text = " ".join(f"{m.role}: {m.content}" for m in prompt.messages)
-    else:
-        text = prompt.text or ""
-    return [sim_token(w) for w in text.split()]
+    words = sim_chat_words(prompt.messages) if prompt.messages is not None else (prompt.text or "").split()
+    return [sim_token(w) for w in words]
 
 
 class GgufChatTokenizer:

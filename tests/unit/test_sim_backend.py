@@ -8,7 +8,7 @@ import asyncio
 import time
 from contextlib import aclosing
 
-from llmesh.types import Priority, Prompt
+from llmesh.types import Message, Priority, Prompt
 from llmesh.engine.backends.base import DecodeParams
 from llmesh.engine.backends.sim import SimBackend, SimProfile
 
@@ -66,6 +66,26 @@ async def test_running_sequences_share_their_prefix_blocks():
     assert second[0] < first[1] / 2  # started beside the first, not after it
     assert b.kv_usage() == 0.0
     await b.close()
+
+
+async def test_a_chat_follow_up_hits_the_blocks_its_previous_answer_filled():
+    """The engine's own chat rendering ends a prompt in the answer's header (as a chat template's
+    generation prompt), so the history a client sends back repeats the prompt and the answer token
+    for token: a follow-up's prefill is its new message and the partial blocks' tail, nothing more."""
+    b = SimBackend("sim-t", 4096, SimProfile(decode_ms_base=0.5, output_tokens=64))
+    history = [Message("system", " ".join(f"s{i}" for i in range(100))), Message("user", "the first question")]
+    first = b.tokenize(Prompt(messages=tuple(history)))
+    async with aclosing(b.stream(first, DecodeParams(64, 0.0, 1.0, 0))) as s:
+        answer = "".join([piece async for piece in s])
+    history += [Message("assistant", answer), Message("user", "and then")]
+    follow_up = b.tokenize(Prompt(messages=tuple(history)))
+    before = b.prefix_cache_stats()
+    async with aclosing(b.stream(follow_up, DecodeParams(1, 0.0, 1.0, 0))) as s:
+        [_ async for _ in s]
+    after = b.prefix_cache_stats()
+    await b.close()
+    assert follow_up[:len(first) + 64] == first + b.tokenize(Prompt(text=answer))
+    assert after[1] - before[1] == (len(first) + 64) // 16 * 16  # the first prompt and its answer, by full block
 
 
 def test_profile_round_trips(tmp_path):
