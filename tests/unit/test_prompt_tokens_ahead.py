@@ -189,3 +189,14 @@ async def test_the_limits_stage_counts_the_offered_tools_and_leaves_its_tokens_f
         assert ctx.tokens is not None and ctx.tokens.serves(ctx.req.prompt, offered)
     assert remaining[0] == 100_000 - 10 - len(sim_tokenize(SHORT))
     assert remaining[0] - remaining[1] == len(sim_tokenize(render(SHORT, tools))) - len(sim_tokenize(SHORT)) > 0
+
+
+def test_the_sim_floor_is_its_token_count_when_the_prompt_is_short_and_stops_at_enough():
+    """The sim's floor counts what ``sim_tokenize`` makes (each "role:", the words, the answer's
+    header), so under ``enough`` it is exact, and past it the count stops."""
+    tokens = PromptTokens(None)
+    chat = Prompt(messages=(Message("system", "be brief"), Message("user", "one two three")))
+    assert tokens.floor("sim-small", chat, 100) == len(tokens("sim-small", chat)) == 8
+    text = Prompt(text="a b c d e")
+    assert tokens.floor("sim-small", text, 100) == len(tokens("sim-small", text)) == 5
+    assert 3 < tokens.floor("sim-small", Prompt(text="w " * 10_000), 3) <= 5

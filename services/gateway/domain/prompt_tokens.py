@@ -157,15 +157,16 @@ class PromptTokens:
     def floor(self, model: str, prompt: Prompt, enough: int) -> int:
         """At least this many tokens are in ``prompt`` for ``model`` (0: nothing known), found in time
         that does not grow with the prompt past ``enough`` tokens: counting stops there. The sim
-        tokenizer counts words ("role:" and each word of the content), so its floor is the count of
-        the first ``enough`` + 1 words; a GGUF's tokens are at most its longest token's bytes long,
-        so a text of n characters has at least n / that many. Tokenizing the prompt itself costs
-        time in its length, and more (llama.cpp's special-token split is quadratic: 1 MB of
-        "<|im_start|>" took 100 s), so it comes after a prompt over the context is refused."""
+        tokenizer counts words ("role:" and each word of the content, then the answer's header), so
+        its floor is the count of the first ``enough`` + 1 words; a GGUF's tokens are at most its
+        longest token's bytes long, so a text of n characters has at least n / that many. Tokenizing
+        the prompt itself costs time in its length, and more (llama.cpp's special-token split is
+        quadratic: 1 MB of "<|im_start|>" took 100 s), so it comes after a prompt over the context
+        is refused."""
         tok = self._tokenizer(model)
         parts = [m.content for m in prompt.messages] if prompt.messages is not None else [prompt.text or ""]
         if tok is sim_tokenize:
-            counted = len(parts) if prompt.messages is not None else 0  # each message's "role:"
+            counted = len(parts) + 1 if prompt.messages is not None else 0  # each "role:", "assistant:"
             for text in parts:
                 if counted > enough:
                     break
