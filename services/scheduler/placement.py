@@ -59,7 +59,7 @@ class Ask:
 @dataclass(frozen=True, slots=True)
 class Slot:
     node: Node
-    gpus: tuple[int, ...] = ()             # the GPUs the replica takes; empty: CPU memory or already serving
+    gpus: tuple[int, ...] = ()  # GPUs with room for a share each: why it fits (the engine runs it on its own devices)
     already_serving: bool = False
 
 

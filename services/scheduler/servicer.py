@@ -157,7 +157,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                   avoid_models=frozenset(request.avoid_models))
         nodes = [n for n in map(node_of, self._table.snapshot()) if n is not None]
         return scheduler_pb2.PlaceResponse(placements=[
-            scheduler_pb2.Placement(endpoint_id=s.node.endpoint_id, address=s.node.address, gpu_indices=s.gpus,
+            scheduler_pb2.Placement(endpoint_id=s.node.endpoint_id, address=s.node.address,
                                     already_serving=s.already_serving) for s in plan(nodes, ask)])
 
     async def ReportDemand(self, request, context):
