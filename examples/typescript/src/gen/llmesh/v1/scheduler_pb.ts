@@ -649,7 +649,7 @@ export type Placement = Message<"llmesh.v1.Placement"> & {
   /**
    * Never set. It was to name the GPUs the replica takes, but an engine runs a model on
    * the devices it was started with (its pod's GPUs, its tensor parallel size), and no
-   * engine API takes GPU indices; the number stays reserved for wire compatibility.
+   * engine API takes GPU indices; the field stays (deprecated) for wire compatibility.
    *
    * @generated from field: repeated uint32 gpu_indices = 3 [deprecated = true];
    * @deprecated
