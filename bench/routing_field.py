@@ -13,11 +13,11 @@ from bench.common import note
 from bench.routing_dynamo import dynamo_reference
 from bench.routing_report import closed_loop, lag_study, markdown, pooled, pooled_summary, summary, workload
 from bench.routing_sweep import POLICIES, PROFILE, Setup, calibrate_prefill
-from bench.routing_workloads import WORKLOADS
+from bench.routing_workloads import SHAPES, WORKLOADS
 
 
 def field_args(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated, of " + ", ".join(WORKLOADS))
+    ap.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated, of " + ", ".join(SHAPES))
     ap.add_argument("--quick", action="store_true", help="small and short: every figure, not its value")
     ap.add_argument("--lag-s", type=float, default=0.0, help="reports reach the picker this late")
     ap.add_argument("--lags", default="0,1,3", help="the lag study's report lags, seconds (empty: none)")

@@ -12,6 +12,16 @@ joins the history, as a chat client sends it back).
 - ``agentic``: multi-turn agents: a long tool-laden system prompt per agent kind, then turns
   that each add a tool's output; most of each turn's input is the previous turn's context.
 
+Two more, not in the default run (``--workloads`` names them), each the field's own generator:
+- ``shared_prefix_llmd``: llm-d's shared-prefix benchmark (inference-perf's ``shared_prefix`` data,
+  its X-70R report: 150 groups of 5 prompts, 6,000-token system prompts, 1,200-token questions,
+  1,000-token answers, 8 pods of 307,328 KV tokens) scaled by KV room to 4 engines of 65,536: half
+  the groups, every length x 0.213. As inference-perf does, each group's questions are a fixed pool
+  and the whole set of prompts repeats, in one shuffled order.
+- ``agentic_replay``: ``agentic`` plus each session's own system prompt appended to the shared one
+  (inference-perf's ``conversation_replay``: 8,359 shared and ~14,000 per-conversation tokens, which
+  the shared 1,500 words scale to 2,500), the rest as ``agentic``.
+
 Arrivals: ``open`` starts sessions by a Poisson process at a rate (a session's later turns
 follow its answers after a think time); ``closed`` keeps a fixed number of users, each
 starting its next session when the last ends."""
@@ -40,6 +50,8 @@ class Shape:
     answer_tokens: int
     turns: tuple[int, int] = (1, 1)  # turns per session, lowest and highest
     think_s: float = 0.5             # between a session's turns (a tool's run, a user's reading)
+    prompts_per_group: int = 0       # > 0: a fixed pool of this many own parts a group, all prompts cycled
+    session_words: int = 0           # each session's own system prompt, after the shared one
 
 
 SHAPES: dict[str, Shape] = {s.name: s for s in (
@@ -49,7 +61,12 @@ SHAPES: dict[str, Shape] = {s.name: s for s in (
     Shape("zero_reuse", groups=0, prefix_words=0, own_words=1200, answer_tokens=48),
     Shape("agentic", groups=4, prefix_words=1500, own_words=300, answer_tokens=64, turns=(4, 8), think_s=0.3),
 )}
-WORKLOADS = tuple(SHAPES)
+WORKLOADS = tuple(SHAPES)  # the default run
+SHAPES.update({s.name: s for s in (
+    Shape("shared_prefix_llmd", groups=75, prefix_words=1280, own_words=256, answer_tokens=213, prompts_per_group=5),
+    Shape("agentic_replay", groups=4, prefix_words=1500, own_words=300, answer_tokens=64, turns=(4, 8), think_s=0.3,
+          session_words=2500),
+)})
 
 
 def words(rng: random.Random, tag: str, n: int) -> str:
@@ -66,6 +83,9 @@ class Sessions:
         self._scale = scale
         rng = random.Random(f"{self.shape.name}/{seed}")
         self.prefixes = [words(rng, f"g{g}p", self._n(self.shape.prefix_words)) for g in range(self.shape.groups)]
+        self.pool = [(g, words(rng, f"g{g}q{k}", self._n(self.shape.own_words)))
+                     for g in range(self.shape.groups) for k in range(self.shape.prompts_per_group)]
+        rng.shuffle(self.pool)  # inference-perf shuffles its prompts once, then sends them in turn
 
     @property
     def name(self) -> str:
@@ -82,9 +102,15 @@ class Sessions:
         """Session ``n``'s turns: its first names the shared prefix (none for the control)."""
         s, rng = self.shape, random.Random(f"{self.shape.name}/{self.seed}/{n}")
         answer = max(self._n(s.answer_tokens), 1)
+        if self.pool:
+            group, own = self.pool[n % len(self.pool)]
+            return [Turn((Message("system", self.prefixes[group]), Message("user", own)), answer)]
         first: list[Message] = []
         if self.prefixes:
-            first.append(Message("system", rng.choice(self.prefixes)))
+            system = rng.choice(self.prefixes)
+            if s.session_words:
+                system += " " + words(rng, f"s{n}d", self._n(s.session_words))
+            first.append(Message("system", system))
         first.append(Message("user", words(rng, f"s{n}u", self._n(s.own_words))))
         turns = [Turn(tuple(first), answer)]
         for k in range(1, rng.randint(*s.turns)):  # later turns: a tool's output, about as long

@@ -14,7 +14,8 @@ def shared_share(s: Sessions, n: int) -> float:
 
 
 def test_every_workload_is_fixed_by_its_seed():
-    for name in WORKLOADS:
+    assert set(WORKLOADS) < set(SHAPES)                                   # the field's generators run on request
+    for name in SHAPES:
         assert [Sessions(name, 3).session(n) for n in range(10)] == [Sessions(name, 3).session(n) for n in range(10)]
         assert Sessions(name, 3).session(0) != Sessions(name, 4).session(0)
 
@@ -53,6 +54,26 @@ def test_agentic_sessions_grow_and_reuse_most_of_each_turn():
         assert all(b > a for a, b in zip(x, x[1:]))                        # the context grows
         reused = [a / b for a, b in zip(x, x[1:])]                         # the last turn's context, resent
         assert min(reused) > 0.8 and x[-1] - x[0] >= (len(x) - 1) * 300    # each turn adds a tool's output
+
+
+def test_llmd_shared_prefix_repeats_a_fixed_pool_of_prompts_as_inference_perf_does():
+    s, shape = Sessions("shared_prefix_llmd"), SHAPES["shared_prefix_llmd"]
+    every = shape.groups * shape.prompts_per_group
+    prompts = [s.session(n)[0].messages for n in range(2 * every)]
+    assert len(set(prompts)) == every                                     # each prompt once a round
+    assert prompts[:every] == prompts[every:]                             # then the same round again
+    assert len({p[0].content for p in prompts[:every]}) == shape.groups   # 5 questions under each system prompt
+    assert len({p[0].content for p in prompts[:shape.prompts_per_group]}) > 1  # shuffled, not group by group
+
+
+def test_agentic_replay_gives_each_session_its_own_system_prompt_after_the_shared_one():
+    s, shape = Sessions("agentic_replay"), SHAPES["agentic_replay"]
+    systems = [s.session(n)[0].messages[0].content.split() for n in range(40)]
+    heads = {" ".join(w[:shape.prefix_words]) for w in systems}
+    tails = {" ".join(w[shape.prefix_words:]) for w in systems}
+    assert len(heads) == shape.groups and len(tails) == 40                # shared by kind, then the session's own
+    assert all(len(w) == shape.prefix_words + shape.session_words for w in systems)
+    assert all(len(s.session(n)) >= 4 for n in range(40))
 
 
 def test_scale_shrinks_every_size():
