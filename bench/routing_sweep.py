@@ -165,11 +165,13 @@ class Fleet:
 
 
 class Tally:
-    """What a run measured: each request's arrival, end, TTFT and tokens."""
+    """What a run measured: each request's arrival, end, TTFT and tokens; each session's start and end."""
 
     def __init__(self) -> None:
         self.arrived: list[float] = []
         self.finished: list[float] = []
+        self.started: list[float] = []   # sessions
+        self.ended: list[float] = []
         self.ttfts: list[float] = []
         self.input_tokens: list[tuple[float, int]] = []
 
@@ -178,6 +180,7 @@ async def _session(fleet: Fleet, sessions: Sessions, n: int, tally: Tally) -> No
     loop = asyncio.get_running_loop()
     history: list[Message] = []
     think = random.Random(n)
+    tally.started.append(loop.time())
     for k, turn in enumerate(sessions.session(n)):
         if k:
             await asyncio.sleep(think.expovariate(1 / sessions.think_s))
@@ -188,6 +191,7 @@ async def _session(fleet: Fleet, sessions: Sessions, n: int, tally: Tally) -> No
         tally.ttfts.append(ttft)
         tally.input_tokens.append((loop.time(), sum(len(m.content.split()) + 1 for m in history)))
         history.append(Message("assistant", answer))  # as a chat client sends it back
+    tally.ended.append(loop.time())
 
 
 async def _drive(fleet: Fleet, sessions: Sessions, rate: float, setup: Setup, tally: Tally) -> None:
@@ -218,7 +222,9 @@ async def run_one(sessions: Sessions, policy: str, rate: float, setup: Setup, pr
                   sent: list | None = None, ttfts: list[float] | None = None) -> dict:
     """One policy at one rate (sessions started per second; ignored for a closed loop).
     Throughput and ``sustained`` are measured over the second half of the window: sustained
-    while the requests finished there keep up with those that arrived (``keeps_up``)."""
+    while the requests finished there keep up with those that arrived, and the sessions ended
+    there with those started (``keeps_up``). A session's next turn arrives only when its last
+    ends, so a fleet falling behind slows its own arrivals; sessions still in progress pile up."""
     loop = asyncio.get_running_loop()
     engines = {f"engine-{i}": SimBackend(MODEL, 1 << 17, profile) for i in range(setup.engines)}
     fleet = Fleet(engines, policy, setup, profile)
@@ -234,6 +240,8 @@ async def run_one(sessions: Sessions, policy: str, rate: float, setup: Setup, pr
     lo, hi = t0 + setup.duration_s / 2, t0 + setup.duration_s
     came = sum(lo <= t < hi for t in tally.arrived)
     done = sum(lo <= t < hi for t in tally.finished)
+    began = sum(lo <= t < hi for t in tally.started)
+    ended = sum(lo <= t < hi for t in tally.ended)
     served = [fleet.served[e] for e in engines] or [0]
     if ttfts is not None:
         ttfts.extend(tally.ttfts)
@@ -242,7 +250,8 @@ async def run_one(sessions: Sessions, policy: str, rate: float, setup: Setup, pr
             "ttft_ms_p50": round(pct(tally.ttfts, 50) * 1000, 1), "ttft_ms_p99": round(pct(tally.ttfts, 99) * 1000, 1),
             "throughput_req_s": round(done / (hi - lo), 2), "offered_req_s": round(came / (hi - lo), 2),
             "input_tokens_s": round(sum(n for t, n in tally.input_tokens if lo <= t < hi) / (hi - lo)),
-            "sustained": keeps_up(came, done), "kv_hit_rate": round(fleet.hit_rate(), 3),
+            "sessions_started": began, "sessions_ended": ended,
+            "sustained": keeps_up(came, done) and keeps_up(began, ended), "kv_hit_rate": round(fleet.hit_rate(), 3),
             "load_imbalance_max_over_mean": round(max(served) / max(sum(served) / len(served), 1e-9), 2)}
 
 

@@ -1,6 +1,7 @@
 """The routing sweep: its calibration reads the sim's prefill rate back, reports reach the
-picker as late as the lag knob says, the ledger is booked and released per request, and a
-quick run of the whole sweep reports every figure for every policy."""
+picker as late as the lag knob says, the ledger is booked and released per request, a rate is
+sustained only while sessions end as fast as they start, and a quick run of the whole sweep
+reports every figure for every policy."""
 
 import argparse
 import asyncio
@@ -8,7 +9,7 @@ import asyncio
 import pytest
 
 from bench.routing_field import run_field
-from bench.routing_sweep import MODEL, POLICIES, Fleet, Setup, calibrate_prefill, run_sim
+from bench.routing_sweep import MODEL, POLICIES, Fleet, Setup, calibrate_prefill, keeps_up, run_sim
 from bench.routing_workloads import Sessions
 from bench.virtual_time import VirtualTimeLoop
 from llmesh.engine.backends.sim import SimBackend, SimProfile
@@ -81,6 +82,17 @@ def test_every_policy_runs_and_reports_its_figures():
         r = run_sim(sessions, policy, 2.0, Setup(engines=2, duration_s=4.0, report_s=0.2))
         assert r["requests"] > 5 and r["ttft_ms_p50"] > 0 and 0 < r["kv_hit_rate"] < 1, policy
         assert r["input_tokens_s"] > 0 and r["throughput_req_s"] > 0
+
+
+def test_a_fleet_whose_sessions_pile_up_is_not_sustained_though_their_turns_keep_pace():
+    """A session's next turn arrives when its last answer ends, so an overloaded fleet slows its own
+    arrivals: finished turns keep up with arrived ones while the sessions in progress pile up."""
+    sessions, setup = Sessions("agentic", seed=2, scale=0.25), Setup(engines=2, duration_s=20.0, report_s=0.2)
+    over, under = (run_sim(sessions, "round_robin", rate, setup) for rate in (16.0, 4.0))
+    half = setup.duration_s / 2
+    assert keeps_up(round(over["offered_req_s"] * half), round(over["throughput_req_s"] * half))
+    assert over["sessions_ended"] < 0.8 * over["sessions_started"] and not over["sustained"]
+    assert keeps_up(under["sessions_started"], under["sessions_ended"]) and under["sustained"]
 
 
 def test_a_closed_loop_keeps_its_users_busy():
