@@ -29,7 +29,7 @@ starting its next session when the last ends."""
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from llmesh.types import Message
 
@@ -54,19 +54,17 @@ class Shape:
     session_words: int = 0           # each session's own system prompt, after the shared one
 
 
+_AGENTIC = Shape("agentic", groups=4, prefix_words=1500, own_words=300, answer_tokens=64, turns=(4, 8), think_s=0.3)
 SHAPES: dict[str, Shape] = {s.name: s for s in (
     Shape("shared_prefix", groups=48, prefix_words=1500, own_words=60, answer_tokens=48),
     Shape("code_gen", groups=24, prefix_words=3000, own_words=400, answer_tokens=64),
     Shape("reasoning", groups=4, prefix_words=120, own_words=80, answer_tokens=384),
     Shape("zero_reuse", groups=0, prefix_words=0, own_words=1200, answer_tokens=48),
-    Shape("agentic", groups=4, prefix_words=1500, own_words=300, answer_tokens=64, turns=(4, 8), think_s=0.3),
-)}
-WORKLOADS = tuple(SHAPES)  # the default run
-SHAPES.update({s.name: s for s in (
+    _AGENTIC,
     Shape("shared_prefix_llmd", groups=75, prefix_words=1280, own_words=256, answer_tokens=213, prompts_per_group=5),
-    Shape("agentic_replay", groups=4, prefix_words=1500, own_words=300, answer_tokens=64, turns=(4, 8), think_s=0.3,
-          session_words=2500),
-)})
+    replace(_AGENTIC, name="agentic_replay", session_words=2500),
+)}
+WORKLOADS = ("shared_prefix", "code_gen", "reasoning", "zero_reuse", "agentic")  # the default run
 
 
 def words(rng: random.Random, tag: str, n: int) -> str:
