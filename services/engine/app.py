@@ -21,7 +21,7 @@ from llmesh.engine.backends.vllm_args import VllmEngineOptions
 from llmesh.engine.config import EngineSettings
 from llmesh.engine.core import Defaults, EngineCore
 from llmesh.engine.fetcher import FetchLimits, ModelFetcher
-from llmesh.engine.hardware import probe
+from llmesh.engine.hardware import probe, replica_gpus
 from llmesh.engine.lifecycle import ModelLifecycle, NoModel
 from llmesh.engine.metrics import EngineMetrics
 from llmesh.engine.modelsource import GrpcArtifactSource
@@ -177,13 +177,15 @@ class EngineApp:
     async def start(self) -> None:
         await self.server.start()
         if self.settings.scheduler_address:
+            await self._check()  # the first report already says what we run on and that we work
             identity = scheduler_pb2.EngineReport(
                 endpoint_id=self.settings.endpoint_id,
                 address=self.advertise_address,
-                backend=self.backend.name, models=list(self.backend.models))
+                backend=self.backend.name, models=list(self.backend.models),
+                replica_gpus=replica_gpus(self.settings.backend, self.settings.vllm_tensor_parallel_size,
+                                          len(self.hardware.gpus)))
             address = self.settings.scheduler_address
             resolve = self._platform.resolver("scheduler", address) if self._platform else fixed(address)
-            await self._check()  # the first report already says what we run on and that we work
             self.reporter = Reporter(resolve, identity, lambda: load_pb(self.core), self.settings.report_interval_s,
                                      extra=lambda: (self.hardware, self.self_test),
                                      kv=lambda: self.core.backend.kv_blocks,

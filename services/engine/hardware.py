@@ -69,3 +69,10 @@ def probe() -> Hardware:
     total, available = parse_meminfo(_read("/proc/meminfo"))
     return Hardware(cpu_model=parse_cpu_model(_read("/proc/cpuinfo")), cpu_cores=os.cpu_count() or 0,
                     memory_total_bytes=total, memory_available_bytes=available, gpus=nvidia_gpus())
+
+
+def replica_gpus(backend: str, tensor_parallel_size: int, gpus_here: int) -> int:
+    """GPUs one replica spans on an engine, as placement must ask for them: vLLM on GPUs runs a
+    model over its ``tensor_parallel_size`` of them; other backends, and vLLM's CPU build (no
+    GPUs here), do not fix it (0)."""
+    return tensor_parallel_size if backend == "vllm" and gpus_here else 0

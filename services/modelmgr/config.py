@@ -29,8 +29,9 @@ class ModelMgrSettings(ServiceSettings):
     import_max_bytes: int = Field(default=1 << 40, ge=1, description="bytes a safetensors directory may hold")
     import_max_depth: int = Field(default=4, ge=0, description="folders deep a safetensors directory may go")
     vllm_gpus_per_replica: int = Field(default=1, ge=0, description="GPUs one replica of a safetensors "
-                                       "version takes on a vllm engine (its tensor parallel size); 0: placed "
-                                       "by CPU memory (vLLM's CPU build)")
+                                       "version takes on a vllm engine (its tensor parallel size: engines "
+                                       "started with another LLMESH_ENGINE_VLLM_TENSOR_PARALLEL_SIZE are left "
+                                       "out); 0: placed by CPU memory (vLLM's CPU build)")
 
     warmup_generations: int = Field(default=3, ge=0, description="real generations before a replica is ready")
     memory_budget: float = Field(default=0.85, gt=0, le=1, description="share of an engine's free memory a "

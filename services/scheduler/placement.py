@@ -4,8 +4,10 @@ Each engine serves one model at a time, so a replica takes one engine (and the n
 it runs on). A replica needs ``memory_bytes``: in CPU memory when ``gpus`` is 0, else
 split evenly over ``gpus`` GPUs of that one node (tensor parallelism), and then it is
 placed on all of them or not at all (gang): a node with too few GPUs that have room
-for their share gets no part of it. The request as a whole is all or nothing too:
-either every replica has a place, or the plan is refused saying why, node by node.
+for their share gets no part of it, nor does an engine started to run a replica over
+another number of GPUs (``Node.replica_gpus``: vLLM's tensor parallel size). The
+request as a whole is all or nothing too: either every replica has a place, or the
+plan is refused saying why, node by node.
 
 Engines already serving the model keep their replica. Among the others, idle engines
 come before engines serving another model (a load would replace it), then the best
@@ -34,6 +36,7 @@ class Node:
     gpu_free_bytes: tuple[int, ...] = ()   # per GPU, by its index in the engine's hardware profile
     memory_free_bytes: int = 0             # available RAM
     load: int = 0                          # requests running + waiting
+    replica_gpus: int = 0                  # GPUs a replica spans there, as the engine was started; 0: not fixed
 
 
 def node_of(e: EndpointState) -> Node | None:
@@ -43,7 +46,7 @@ def node_of(e: EndpointState) -> Node | None:
     hw = e.hardware
     return Node(e.endpoint_id, e.address, e.backend, e.models,
                 tuple(max(g.memory_total_bytes - g.memory_used_bytes, 0) for g in hw.gpus),
-                hw.memory_available_bytes, e.load.running + e.load.waiting)
+                hw.memory_available_bytes, e.load.running + e.load.waiting, e.replica_gpus)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +62,6 @@ class Ask:
 @dataclass(frozen=True, slots=True)
 class Slot:
     node: Node
-    gpus: tuple[int, ...] = ()  # GPUs with room for a share each: why it fits (the engine runs it on its own devices)
     already_serving: bool = False
 
 
@@ -67,21 +69,20 @@ def _gib(n: int) -> str:
     return f"{n / GIB:.1f} GiB"
 
 
-def fit(node: Node, ask: Ask) -> tuple[tuple[int, ...], int] | str:
-    """(the GPUs a new replica of ``ask`` takes there, the node's memory left over) or
-    why it does not fit. On GPUs: the ``ask.gpus`` GPUs with the least room that still
-    hold their share; left over counts all the node's GPUs, so nodes with many free
-    GPUs stay whole for the replicas that need many."""
+def fit(node: Node, ask: Ask) -> int | str:
+    """The node's memory left over once a new replica of ``ask`` is there, or why it does
+    not fit. On GPUs it fits when ``ask.gpus`` of them hold a share each; which ones is the
+    engine's business (it runs a model on the devices it was started with). Left over
+    counts all the node's GPUs, so nodes with many free GPUs stay whole for the replicas
+    that need many."""
     if not ask.gpus:
         left = node.memory_free_bytes - ask.memory_bytes
-        return ((), left) if left >= 0 else \
-            f"{_gib(node.memory_free_bytes)} memory free, {_gib(ask.memory_bytes)} needed"
+        return left if left >= 0 else f"{_gib(node.memory_free_bytes)} memory free, {_gib(ask.memory_bytes)} needed"
     share = math.ceil(ask.memory_bytes / ask.gpus)
-    roomy = sorted((free, i) for i, free in enumerate(node.gpu_free_bytes) if free >= share)
-    if len(roomy) < ask.gpus:
-        return (f"{len(roomy)} of its {len(node.gpu_free_bytes)} GPU(s) have {_gib(share)} free; "
-                f"{ask.gpus} needed")
-    return tuple(sorted(i for _, i in roomy[:ask.gpus])), sum(node.gpu_free_bytes) - ask.memory_bytes
+    roomy = sum(free >= share for free in node.gpu_free_bytes)
+    if roomy < ask.gpus:
+        return f"{roomy} of its {len(node.gpu_free_bytes)} GPU(s) have {_gib(share)} free; {ask.gpus} needed"
+    return sum(node.gpu_free_bytes) - ask.memory_bytes
 
 
 def plan(nodes: Iterable[Node], ask: Ask) -> list[Slot]:
@@ -100,6 +101,10 @@ def plan(nodes: Iterable[Node], ask: Ask) -> list[Slot]:
     what = f"{ask.replicas} replica(s) of {ask.model}"
     eligible = [n for n in nodes if (not ask.backends or n.backend in ask.backends)
                 and (ask.model in n.models or not set(n.models) & ask.avoid_models)]
+    # an engine runs a replica over the GPUs it was started with: one started for another count is no place
+    other_tp = sorted(n.endpoint_id for n in eligible if n.replica_gpus and n.replica_gpus != ask.gpus
+                      and ask.model not in n.models)
+    eligible = [n for n in eligible if n.endpoint_id not in other_tp]
     if ask.gpus:
         most = max((len(n.gpu_free_bytes) for n in eligible), default=0)
         if most < ask.gpus:
@@ -107,9 +112,11 @@ def plan(nodes: Iterable[Node], ask: Ask) -> list[Slot]:
                                      f"engine's node has is {most} (a replica is never split across nodes)",
                                      reason="gang_unplaceable")
     if len(eligible) < ask.replicas:
+        left_out = f"; left out, as they run a replica over another number of GPUs than {ask.gpus}: " \
+            f"{', '.join(other_tp)}" if other_tp else ""
         raise FailedPrecondition(f"{what} need {ask.replicas} healthy engine(s) of "
                                  f"{'/'.join(sorted(ask.backends)) or 'any backend'} not serving traffic for "
-                                 f"another alias; {len(eligible)} found", reason="too_few_engines")
+                                 f"another alias; {len(eligible)} found{left_out}", reason="too_few_engines")
     serving = sorted((n for n in eligible if ask.model in n.models), key=lambda n: (n.load, n.endpoint_id))
     slots = [Slot(n, already_serving=True) for n in serving[:ask.replicas]]
     fitting, refused = [], []
@@ -120,7 +127,7 @@ def plan(nodes: Iterable[Node], ask: Ask) -> list[Slot]:
         if isinstance(got, str):
             refused.append(f"{n.endpoint_id}: {got}")
         else:
-            fitting.append((bool(n.models), got[1], n.load, n.endpoint_id, n, got[0]))
+            fitting.append((bool(n.models), got, n.load, n.endpoint_id, n))
     fitting.sort(key=lambda f: f[:4])
     missing = ask.replicas - len(slots)
     if len(fitting) < missing:
@@ -128,4 +135,4 @@ def plan(nodes: Iterable[Node], ask: Ask) -> list[Slot]:
             if ask.gpus else f"{_gib(ask.memory_bytes)} of memory"
         raise ResourceExhausted(f"{what} need {need}; {len(slots) + len(fitting)} of {ask.replicas} place(s) "
                                 f"found ({'; '.join(refused)}); nothing was placed", reason="insufficient_memory")
-    return slots + [Slot(f[4], f[5]) for f in fitting[:missing]]
+    return slots + [Slot(f[4]) for f in fitting[:missing]]

@@ -64,7 +64,8 @@ def state_from_report(r: scheduler_pb2.EngineReport, now: float, hardware: Hardw
                             latency_ms=self_test.latency_ms),
         hardware=hardware, self_test=self_test,
         served=tuple(Served(m.name, m.context_length, m.base_model, m.in_flight, m.embeddings, m.tools)
-                     for m in r.served))
+                     for m in r.served),
+        replica_gpus=r.replica_gpus)
 
 
 def served_pb(s: Served) -> scheduler_pb2.ServedModel:

@@ -49,6 +49,7 @@ class EndpointState:
     hardware: Hardware | None = None    # as last reported; not part of change detection
     self_test: SelfTest | None = None   # as last reported; not part of change detection
     served: tuple[Served, ...] = ()
+    replica_gpus: int = 0  # GPUs one replica spans on this engine; 0: not fixed by the engine
 
 
 class EndpointTable:

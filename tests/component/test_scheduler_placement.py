@@ -22,9 +22,9 @@ from llmesh.v1 import engine_pb2, scheduler_pb2, scheduler_pb2_grpc
 GIB = 2**30
 
 
-def report(eid: str, gpus_free_gib=(), models=(), backend="vllm", ok=True, ram_gib=64, draining=False):
+def report(eid: str, gpus_free_gib=(), models=(), backend="vllm", ok=True, ram_gib=64, draining=False, tp=0):
     return scheduler_pb2.EngineReport(
-        endpoint_id=eid, address=f"10.0.0.{len(eid)}:50051", backend=backend, models=list(models),
+        endpoint_id=eid, address=f"10.0.0.{len(eid)}:50051", backend=backend, models=list(models), replica_gpus=tp,
         load=engine_pb2.EngineLoad(max_running=4), draining=draining,
         hardware=scheduler_pb2.HardwareProfile(
             cpu_cores=32, memory_total_bytes=128 * GIB, memory_available_bytes=ram_gib * GIB,
@@ -39,6 +39,7 @@ FLEET = [
     report("node-b", (80, 80, 5, 5)),                   # 2 with room, 2 nearly full
     report("node-c", (80, 80), models=["chat@1"]),      # serves a model an alias routes to
     report("node-d", (80, 80, 80, 80, 80, 80, 80, 80), ok=False),  # failing its self-test
+    report("node-e", (80, 80, 80, 80), tp=2),           # 4 free H100s, but its vLLM runs a replica over 2
     report("cpu-1", (), backend="llamacpp", ram_gib=6),
     report("cpu-2", (), backend="llamacpp", ram_gib=20),
 ]
@@ -95,7 +96,7 @@ async def test_gang_placement_through_the_scheduler(scheduler):
     # 4 GPUs x 60 GiB: only node-a (node-d has 8 but fails its self-test)
     [p] = await place(stub, model="llama-70b", replicas=1, memory_bytes=240 * GIB, gpus_per_replica=4)
     assert p.endpoint_id == "node-a"
-    # two such replicas: one node can, so none is placed
+    # two such replicas: one node can (node-e has the room, but was started for 2 GPUs a replica), so none is
     code, why = await refusal(stub, model="llama-70b", replicas=2, memory_bytes=240 * GIB, gpus_per_replica=4,
                               backends=["vllm"])
     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -107,6 +108,11 @@ async def test_gang_placement_through_the_scheduler(scheduler):
     code, why = await refusal(stub, model="m", replicas=3, memory_bytes=GIB, gpus_per_replica=1,
                               backends=["vllm"], avoid_models=["chat@1"])
     assert code == grpc.StatusCode.FAILED_PRECONDITION and "2 found" in why
+    assert "left out, as they run a replica over another number of GPUs than 1: node-e" in why
+    # node-e takes replicas of its own size
+    placed = await place(stub, model="m", replicas=3, memory_bytes=120 * GIB, gpus_per_replica=2, backends=["vllm"],
+                         avoid_models=["chat@1"])
+    assert [p.endpoint_id for p in placed] == ["node-b", "node-a", "node-e"]
     # the engine already serving a model keeps its replica (no GPUs taken anew)
     [p] = await place(stub, model="chat@1", replicas=1, memory_bytes=GIB, gpus_per_replica=1)
     assert (p.endpoint_id, p.already_serving) == ("node-c", True)

@@ -1,4 +1,4 @@
-from llmesh.engine.hardware import parse_cpu_model, parse_meminfo, probe
+from llmesh.engine.hardware import parse_cpu_model, parse_meminfo, probe, replica_gpus
 
 CPUINFO = """processor\t: 0
 vendor_id\t: GenuineIntel
@@ -22,3 +22,9 @@ def test_probe_describes_this_machine_without_a_gpu_library():
     hw = probe()
     assert hw.cpu_cores >= 1 and hw.memory_total_bytes > hw.memory_available_bytes > 0
     assert hw.gpus == ()  # nvidia-ml-py is not installed here (the `gpu` extra)
+
+
+def test_only_vllm_on_gpus_fixes_the_gpus_a_replica_spans():
+    assert replica_gpus("vllm", 4, gpus_here=8) == 4
+    assert replica_gpus("vllm", 1, gpus_here=0) == 0  # vLLM's CPU build: the ask decides
+    assert replica_gpus("llamacpp", 2, gpus_here=8) == 0 and replica_gpus("sim", 2, gpus_here=0) == 0
