@@ -39,8 +39,10 @@ MODEL = "sim-bench"
 POLICIES = ("round_robin", "least_loaded", "llmd_sticky", "dynamo_kv", "prefix_aware", "prefix_aware_v1",
             "prefix_oracle")
 SUSTAINED = 0.98
+# max_batch: vLLM's default max_num_seqs for its OpenAI server (256; 1024 on GPUs of 70 GiB or more), so
+# that KV room bounds an engine's batch, as it does there
 PROFILE = SimProfile(prefill_ms_per_token=0.1, decode_ms_base=15.0, decode_ms_per_seq=0.3, kv_blocks=4096,
-                     max_batch=32, output_tokens=1024)
+                     max_batch=256, output_tokens=1024)
 
 
 @dataclass
@@ -194,19 +196,20 @@ async def _session(fleet: Fleet, sessions: Sessions, n: int, tally: Tally) -> No
     tally.ended.append(loop.time())
 
 
-async def _drive(fleet: Fleet, sessions: Sessions, rate: float, setup: Setup, tally: Tally) -> None:
+async def _drive(fleet: Fleet, sessions: Sessions, rate: float, duration_s: float, setup: Setup,
+                 tally: Tally) -> None:
     loop = asyncio.get_running_loop()
     t0 = loop.time()
     if setup.users:  # closed loop: each user starts its next session when its last ends
         counter = iter(range(1 << 30))
 
         async def user() -> None:
-            while loop.time() - t0 < setup.duration_s:
+            while loop.time() - t0 < duration_s:
                 await _session(fleet, sessions, next(counter), tally)
         await asyncio.gather(*(user() for _ in range(setup.users)))
         return
     tasks = []
-    for n, at in enumerate(poisson_starts(rate, setup.duration_s, setup.seed)):
+    for n, at in enumerate(poisson_starts(rate, duration_s, setup.seed)):
         await asyncio.sleep(max(0.0, t0 + at - loop.time()))
         tasks.append(asyncio.create_task(_session(fleet, sessions, n, tally)))
     await asyncio.gather(*tasks)
@@ -220,7 +223,8 @@ def keeps_up(came: int, done: int) -> bool:
 
 async def run_one(sessions: Sessions, policy: str, rate: float, setup: Setup, profile: SimProfile,
                   sent: list | None = None, ttfts: list[float] | None = None) -> dict:
-    """One policy at one rate (sessions started per second; ignored for a closed loop).
+    """One policy at one rate (sessions started per second; ignored for a closed loop), for
+    ``setup.duration_s`` times the workload's ``window``.
     Throughput and ``sustained`` are measured over the second half of the window: sustained
     while the requests finished there keep up with those that arrived, and the sessions ended
     there with those started (``keeps_up``). A session's next turn arrives only when its last
@@ -230,14 +234,14 @@ async def run_one(sessions: Sessions, policy: str, rate: float, setup: Setup, pr
     fleet = Fleet(engines, policy, setup, profile)
     fleet.sent = sent
     reporter = asyncio.create_task(fleet.reporter())
-    tally, t0 = Tally(), loop.time()
+    tally, t0, duration = Tally(), loop.time(), setup.duration_s * sessions.window
     try:
-        await _drive(fleet, sessions, rate, setup, tally)
+        await _drive(fleet, sessions, rate, duration, setup, tally)
     finally:
         reporter.cancel()
         for backend in engines.values():
             await backend.close()
-    lo, hi = t0 + setup.duration_s / 2, t0 + setup.duration_s
+    lo, hi = t0 + duration / 2, t0 + duration
     came = sum(lo <= t < hi for t in tally.arrived)
     done = sum(lo <= t < hi for t in tally.finished)
     began = sum(lo <= t < hi for t in tally.started)
@@ -245,7 +249,7 @@ async def run_one(sessions: Sessions, policy: str, rate: float, setup: Setup, pr
     served = [fleet.served[e] for e in engines] or [0]
     if ttfts is not None:
         ttfts.extend(tally.ttfts)
-    return {"workload": sessions.name, "policy": policy, "rate_sessions_per_s": round(rate, 3),
+    return {"workload": sessions.name, "policy": policy, "rate_sessions_per_s": round(rate, 3), "window_s": duration,
             "requests": len(tally.ttfts),
             "ttft_ms_p50": round(pct(tally.ttfts, 50) * 1000, 1), "ttft_ms_p99": round(pct(tally.ttfts, 99) * 1000, 1),
             "throughput_req_s": round(done / (hi - lo), 2), "offered_req_s": round(came / (hi - lo), 2),

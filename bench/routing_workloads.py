@@ -52,9 +52,13 @@ class Shape:
     think_s: float = 0.5             # between a session's turns (a tool's run, a user's reading)
     prompts_per_group: int = 0       # > 0: a fixed pool of this many own parts a group, all prompts cycled
     session_words: int = 0           # each session's own system prompt, after the shared one
+    # a run's window, in Setup.duration_s: sessions are counted over its second half, which must hold
+    # whole ones (an agent's session at saturation lasts up to ~30 s) or fewer end there than start
+    window: float = 1.0
 
 
-_AGENTIC = Shape("agentic", groups=4, prefix_words=1500, own_words=300, answer_tokens=64, turns=(4, 8), think_s=0.3)
+_AGENTIC = Shape("agentic", groups=4, prefix_words=1500, own_words=300, answer_tokens=64, turns=(4, 8), think_s=0.3,
+                  window=2.0)
 SHAPES: dict[str, Shape] = {s.name: s for s in (
     Shape("shared_prefix", groups=48, prefix_words=1500, own_words=60, answer_tokens=48),
     Shape("code_gen", groups=24, prefix_words=3000, own_words=400, answer_tokens=64),
@@ -92,6 +96,10 @@ class Sessions:
     @property
     def think_s(self) -> float:
         return self.shape.think_s
+
+    @property
+    def window(self) -> float:
+        return self.shape.window
 
     def _n(self, n: int) -> int:
         return max(int(n * self._scale), 1) if n else 0

@@ -5,12 +5,13 @@ reports every figure for every policy."""
 
 import argparse
 import asyncio
+from dataclasses import replace
 
 import pytest
 
 from bench.routing_field import run_field
 from bench.routing_sweep import MODEL, POLICIES, Fleet, Setup, calibrate_prefill, keeps_up, run_sim
-from bench.routing_workloads import Sessions
+from bench.routing_workloads import SHAPES, Sessions
 from bench.virtual_time import VirtualTimeLoop
 from llmesh.engine.backends.sim import SimBackend, SimProfile
 from llmesh.types import Message
@@ -87,12 +88,25 @@ def test_every_policy_runs_and_reports_its_figures():
 def test_a_fleet_whose_sessions_pile_up_is_not_sustained_though_their_turns_keep_pace():
     """A session's next turn arrives when its last answer ends, so an overloaded fleet slows its own
     arrivals: finished turns keep up with arrived ones while the sessions in progress pile up."""
-    sessions, setup = Sessions("agentic", seed=2, scale=0.25), Setup(engines=2, duration_s=20.0, report_s=0.2)
+    sessions, setup = Sessions("agentic", seed=2, scale=0.25), Setup(engines=2, duration_s=10.0, report_s=0.2)  # 20 s
     over, under = (run_sim(sessions, "round_robin", rate, setup) for rate in (16.0, 4.0))
-    half = setup.duration_s / 2
+    half = over["window_s"] / 2
     assert keeps_up(round(over["offered_req_s"] * half), round(over["throughput_req_s"] * half))
     assert over["sessions_ended"] < 0.8 * over["sessions_started"] and not over["sustained"]
     assert keeps_up(under["sessions_started"], under["sessions_ended"]) and under["sustained"]
+
+
+def test_an_agents_window_holds_whole_sessions_so_a_fleet_that_keeps_up_is_sustained():
+    """Sessions are counted over a window's second half. Where that is shorter than a session, the
+    sessions ending there started before the window, some before the run: fewer end than start
+    though the fleet keeps up (TTFT p99 ~0.1 s here). So a workload's ``window`` scales the run."""
+    setup, agentic = Setup(engines=2, duration_s=5.0, report_s=0.2), SHAPES["agentic"]
+    short, whole = (run_sim(Sessions(replace(agentic, window=w), seed=2, scale=0.25), "prefix_aware", 16.0, setup)
+                    for w in (1.0, 4.0))
+    assert (short["window_s"], whole["window_s"]) == (5.0, 20.0)
+    assert short["sessions_ended"] < 0.6 * short["sessions_started"] and not short["sustained"]
+    assert whole["sustained"] and whole["ttft_ms_p99"] < 1000
+    assert agentic.window == SHAPES["agentic_replay"].window == 2.0 and SHAPES["shared_prefix"].window == 1.0
 
 
 def test_a_closed_loop_keeps_its_users_busy():
