@@ -143,9 +143,9 @@ PRESETS: dict[str, dict[ScorerName, float]] = {
     "token_aware": {"token_aware": 1.0},
     # the prefix share, the prefill ahead of the first token (the load ledger: queued uncached tokens
     # plus what this request lacks there, and a wait for a slot) and requests per slot; bench.routing's
-    # field workloads (issue 32, docs/benchmarks.md, 2026-12-06): TTFT p99 0.24-0.97x the re-implemented
-    # llm-d sticky-until-saturated's on shared prefix, code generation and agents, 0.95-1.03x
-    # least_loaded's on reasoning (8 seeds pooled). The share weighs 2: at 1.5 token_load's spread
+    # field workloads (issue 32, docs/benchmarks.md, 2026-12-06, 256-sequence engines): TTFT p99 0.39-0.97x
+    # the re-implemented llm-d sticky-until-saturated's on shared prefix, code generation and agents,
+    # 1.01-1.02x least_loaded's on reasoning (8 seeds pooled). The share weighs 2: at 1.5 token_load's spread
     # moved agent turns off the engine holding their history (p99 at 80 % 464 ms against 161)
     "prefix_aware": {"prefix_aware": 2.0, "token_load": 1.0, "least_load": 1.0},
     # until issue 32: a whole cached prompt worth going from idle to 3 queued requests per slot
