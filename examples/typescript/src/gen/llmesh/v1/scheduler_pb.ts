@@ -883,7 +883,8 @@ export const Scheduler: GenService<{
    * Plans where a model's replicas go over the fleet as last reported (it reserves
    * nothing): bin-packs them onto engines by memory need (best fit; idle engines
    * first), a tensor-parallel replica on gpus_per_replica GPUs of one node or not at
-   * all, and only on engines whose replica_gpus is 0 or that count. All or nothing: FAILED_PRECONDITION when the fleet cannot hold the request
+   * all, and only on engines whose replica_gpus is 0 or that count. All or nothing:
+   * FAILED_PRECONDITION when the fleet cannot hold the request
    * however free it were (too few eligible engines, no node with that many GPUs),
    * RESOURCE_EXHAUSTED when memory is short now; INVALID_ARGUMENT for a bad request.
    *
