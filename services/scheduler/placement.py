@@ -102,18 +102,17 @@ def plan(nodes: Iterable[Node], ask: Ask) -> list[Slot]:
     eligible = [n for n in nodes if (not ask.backends or n.backend in ask.backends)
                 and (ask.model in n.models or not set(n.models) & ask.avoid_models)]
     # an engine runs a replica over the GPUs it was started with: one started for another count is no place
-    other_tp = sorted(n.endpoint_id for n in eligible if n.replica_gpus and n.replica_gpus != ask.gpus
-                      and ask.model not in n.models)
-    eligible = [n for n in eligible if n.endpoint_id not in other_tp]
+    other_tp = [n for n in eligible if n.replica_gpus and n.replica_gpus != ask.gpus and ask.model not in n.models]
+    eligible = [n for n in eligible if n not in other_tp]
+    left_out = (f"; left out, as they run a replica over another number of GPUs than {ask.gpus}: "
+                + ", ".join(sorted(n.endpoint_id for n in other_tp))) if other_tp else ""
     if ask.gpus:
         most = max((len(n.gpu_free_bytes) for n in eligible), default=0)
         if most < ask.gpus:
             raise FailedPrecondition(f"{what} need {ask.gpus} GPUs each on one node; the most any eligible "
-                                     f"engine's node has is {most} (a replica is never split across nodes)",
-                                     reason="gang_unplaceable")
+                                     f"engine's node has is {most} (a replica is never split across nodes)"
+                                     f"{left_out}", reason="gang_unplaceable")
     if len(eligible) < ask.replicas:
-        left_out = f"; left out, as they run a replica over another number of GPUs than {ask.gpus}: " \
-            f"{', '.join(other_tp)}" if other_tp else ""
         raise FailedPrecondition(f"{what} need {ask.replicas} healthy engine(s) of "
                                  f"{'/'.join(sorted(ask.backends)) or 'any backend'} not serving traffic for "
                                  f"another alias; {len(eligible)} found{left_out}", reason="too_few_engines")
@@ -134,5 +133,6 @@ def plan(nodes: Iterable[Node], ask: Ask) -> list[Slot]:
         need = f"{_gib(math.ceil(ask.memory_bytes / ask.gpus))} on each of {ask.gpus} GPU(s) of one node" \
             if ask.gpus else f"{_gib(ask.memory_bytes)} of memory"
         raise ResourceExhausted(f"{what} need {need}; {len(slots) + len(fitting)} of {ask.replicas} place(s) "
-                                f"found ({'; '.join(refused)}); nothing was placed", reason="insufficient_memory")
+                                f"found ({'; '.join(refused)}); nothing was placed{left_out}",
+                                reason="insufficient_memory")
     return slots + [Slot(f[4]) for f in fitting[:missing]]

@@ -72,6 +72,11 @@ def test_an_engine_started_for_another_tensor_parallel_size_is_no_place():
         plan(nodes, Ask("m", 3, 100 * GIB, gpus=2))
     assert exc.value.reason == "too_few_engines"
     assert "2 found; left out, as they run a replica over another number of GPUs than 2: b" in exc.value.message
+    # every refusal names the engines left out: too few GPUs anywhere else, or too little memory now
+    with pytest.raises(FailedPrecondition, match="the most .* is 2 .*; left out, .* than 8: a, b"):
+        plan(nodes, Ask("m", 1, 100 * GIB, gpus=8))
+    with pytest.raises(ResourceExhausted, match=r"c: 0 of its 2 GPU\(s\).*nothing was placed; left out, .* than 2: b"):
+        plan(nodes, Ask("m", 1, 400 * GIB, gpus=2))
     # an engine already serving the model keeps its replica whatever it was started with
     nodes = [gpu_node("a", 80, 80, models=["m"], tp=2), gpu_node("b", 80, 80, 80, 80, tp=4)]
     assert ids(plan(nodes, Ask("m", 1, 100 * GIB, gpus=4))) == ["a"]
