@@ -48,3 +48,11 @@ def test_quick_run_reports_follow_ups_on_their_prefix_engine():
     assert pa["follow_up_prefix_hit_rate"] > rr["follow_up_prefix_hit_rate"]
     assert out["ratio"] == round(pa["follow_up_ttft_ms"]["p50"] / lone["cached_follow_up_ttft_ms_p50"], 2)
     assert out["goal_met"] == (out["ratio"] <= 1.3)
+    closed = out["closed_loop"]  # the same check under a closed loop, users for 80 % of capacity
+    assert 1 <= closed["users"] <= 4 and set(closed["loaded"]) == {"prefix_aware", "round_robin"}
+    for policy, run in closed["loaded"].items():
+        assert run["users"] == closed["users"] and "rate_turns_per_s" not in run and run["follow_ups"] > 0
+        assert closed["load_share"][policy] == round(run["turns_per_s"] / capacity["turns_per_s"], 3) > 0.3
+    assert closed["ratio"] == round(closed["loaded"]["prefix_aware"]["follow_up_ttft_ms"]["p50"]
+                                    / lone["cached_follow_up_ttft_ms_p50"], 2)
+    assert closed["goal_met"] == (closed["ratio"] <= 1.3)

@@ -111,3 +111,16 @@ def test_each_start_goes_to_a_free_user_picked_at_random_and_the_users_are_relea
     in_turn = sum(b == a for a, b in zip(picks, picks[8:])) / (len(picks) - 8)
     assert in_turn < 0.4
     assert LATE_S > 0 and pacer.late <= pacer.started
+
+
+def test_the_closed_loop_at_80_percent_takes_the_users_interpolated_from_the_capacity_loops():
+    from bench.routing_gateway import closed_users
+
+    runs = [{"users": 8, "turns_per_s": 60.0}, {"users": 12, "turns_per_s": 90.0}, {"users": 16, "turns_per_s": 100.0}]
+    # 80 % of 100 turns/s lies two thirds of the way from 8 users' 60 to 12 users' 90
+    assert closed_users(Plan(), {"turns_per_s": 100.0, "users": 16, "runs": runs}) == 11
+    # below the lightest loop: from (0, 0)
+    assert closed_users(Plan(), {"turns_per_s": 100.0, "users": 16, "runs": [{"users": 16, "turns_per_s": 100.0}]}) \
+        == 13
+    # a capacity that no loop's rate climbs past 80 % of (it cannot happen: capacity is the best) keeps the best's users
+    assert closed_users(Plan(load=1.0), {"turns_per_s": 100.0, "users": 16, "runs": runs}) == 16
