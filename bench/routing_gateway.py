@@ -275,9 +275,8 @@ def bench(plan: Plan) -> dict:
             closed = [run_phase(client, mesh, config, plan, p, plan.users(users), plan.duration_s) for p in POLICIES]
         finally:
             mesh.stop()
-    return report(plan, idle, fleet_capacity, policies) | {
-        "closed_loop": closed_report(idle, fleet_capacity, closed), "idle_cpu": idle_cpu,
-        "lone_follow_up_mean_ttft_split": idle_split}
+    return report(plan, idle, fleet_capacity, policies, closed) | {"idle_cpu": idle_cpu,
+                                                                    "lone_follow_up_mean_ttft_split": idle_split}
 
 
 def closed_users(plan: Plan, capacity: dict) -> int:
@@ -291,15 +290,6 @@ def closed_users(plan: Plan, capacity: dict) -> int:
     return capacity["users"]
 
 
-def closed_report(idle: list[Turn], capacity: dict, runs: list[dict]) -> dict:
-    """The same check with the load from a closed loop (the issue's probe: conversations in
-    flight, each user sending its next turn when the last one ends) instead of Poisson starts."""
-    ratio = follow_up_ratio(idle, runs[0])
-    return {"users": runs[0]["users"],
-            "load_share": load_shares(capacity, runs),
-            "loaded": {r["policy"]: r for r in runs}, "ratio": ratio, "goal_met": ratio is not None and ratio <= GOAL}
-
-
 def lone_summary(plan: Plan, idle: list[Turn], cached_p50: float | None) -> dict:
     both = summarize(idle)
     return {"reps": plan.lone_reps, "uncached_first_ttft_ms_p50": both["first_ttft_ms"]["p50"],
@@ -308,27 +298,23 @@ def lone_summary(plan: Plan, idle: list[Turn], cached_p50: float | None) -> dict
             "follow_ups": both["follow_ups"], "follow_ups_on_prefix_engine": both["follow_ups_on_prefix_engine"]}
 
 
-def load_shares(capacity: dict, runs: list[dict]) -> dict[str, float]:
-    return {r["policy"]: round(r["turns_per_s"] / capacity["turns_per_s"], 3) for r in runs}
+def check(lone_cached: float | None, capacity: dict, runs: list[dict]) -> dict:
+    """The check under one arrival model: each policy's phase and its share of the capacity, and
+    the first's (prefix_aware's) follow-up TTFT p50 over a lone cached follow-up's."""
+    at_load = runs[0]["follow_up_ttft_ms"]["p50"]
+    ratio = round(at_load / lone_cached, 2) if lone_cached and at_load else None
+    return {"load_share": {r["policy"]: round(r["turns_per_s"] / capacity["turns_per_s"], 3) for r in runs},
+            "loaded": {r["policy"]: r for r in runs}, "ratio": ratio, "goal_met": ratio is not None and ratio <= GOAL}
 
 
-def follow_up_ratio(idle: list[Turn], run: dict) -> float | None:
-    """The check: the run's follow-up TTFT p50 over a lone cached follow-up's."""
+def report(plan: Plan, idle: list[Turn], capacity: dict, policies: list[dict], closed: list[dict]) -> dict:
+    """Poisson starts' check at the top level; ``closed_loop`` the same under a closed loop (the
+    issue's probe: conversations in flight, each user's next turn sent when its last one ends)."""
     lone_cached = ms([t.ttft_s for t in idle if t.index > 0], 50)
-    at_load = run["follow_up_ttft_ms"]["p50"]
-    return round(at_load / lone_cached, 2) if lone_cached and at_load else None
-
-
-def report(plan: Plan, idle: list[Turn], capacity: dict, policies: list[dict]) -> dict:
-    lone_cached = ms([t.ttft_s for t in idle if t.index > 0], 50)
-    ratio = follow_up_ratio(idle, policies[0])
-    return {"bench": "routing_gateway", "model": MODEL,
-            "fleet": fleet(plan),
+    return {"bench": "routing_gateway", "model": MODEL, "fleet": fleet(plan),
             "target_load": plan.load, "duration_s": plan.duration_s, "lone": lone_summary(plan, idle, lone_cached),
-            "capacity": capacity,
-            "load_share": load_shares(capacity, policies),
-            "loaded": {p["policy"]: p for p in policies},
-            "ratio": ratio, "goal": GOAL, "goal_met": ratio is not None and ratio <= GOAL}
+            "capacity": capacity, **check(lone_cached, capacity, policies), "goal": GOAL,
+            "closed_loop": {"users": closed[0]["users"], **check(lone_cached, capacity, closed)}}
 
 
 def plan_from_args(prog: str, description: str, argv: list[str] | None, per: str) -> Plan:

@@ -122,5 +122,8 @@ def test_the_closed_loop_at_80_percent_takes_the_users_interpolated_from_the_cap
     # below the lightest loop: from (0, 0)
     assert closed_users(Plan(), {"turns_per_s": 100.0, "users": 16, "runs": [{"users": 16, "turns_per_s": 100.0}]}) \
         == 13
-    # a capacity that no loop's rate climbs past 80 % of (it cannot happen: capacity is the best) keeps the best's users
+    # all of the capacity: the best loop's users, reached on the last segment
     assert closed_users(Plan(load=1.0), {"turns_per_s": 100.0, "users": 16, "runs": runs}) == 16
+    # a target no loop's rate reaches (a load above 1, or a fleet that served nothing) keeps the best loop's users
+    assert closed_users(Plan(load=1.2), {"turns_per_s": 100.0, "users": 16, "runs": runs}) == 16
+    assert closed_users(Plan(), {"turns_per_s": 0.0, "users": 8, "runs": [{"users": 8, "turns_per_s": 0.0}]}) == 8
